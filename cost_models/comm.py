@@ -1,0 +1,43 @@
+"""Communication times: one primitive (latency + size / bandwidth), parameterised by collective."""
+
+import numpy as np
+
+__all__ = ["p2p_time_s", "ring_allreduce_time_s", "sharded_exchange_time_s"]
+
+
+def p2p_time_s(message_bytes: float, latency_s: float, bandwidth_bytes_per_s: float) -> float:
+    """One message over one link: ``latency + n / bandwidth`` (the alpha-beta model, formulas.md)."""
+    return latency_s + message_bytes / bandwidth_bytes_per_s
+
+
+def ring_allreduce_time_s(message_bytes: float, hop_latency_s, hop_bandwidth_bytes_per_s) -> float:
+    """Ring all-reduce of ``n`` bytes over ``k`` members, given the ``k`` hops of the ring in order.
+
+    ``2(k-1)/k * n / min_bw + 2(k-1) * max_latency`` (Patarasuk & Yuan 2009, sec. 3; NCCL's
+    bus-bandwidth convention): 2(k-1) steps of ``n/k`` bytes, each as slow as the slowest hop.
+    One member needs no communication.
+    """
+    hop_latency_s = np.asarray(hop_latency_s, dtype=float)
+    hop_bandwidth_bytes_per_s = np.asarray(hop_bandwidth_bytes_per_s, dtype=float)
+    k = hop_latency_s.size
+    if k <= 1:
+        return 0.0
+    steps = 2 * (k - 1)
+    return steps / k * message_bytes / hop_bandwidth_bytes_per_s.min() + steps * hop_latency_s.max()
+
+
+def sharded_exchange_time_s(message_bytes: float, latency_s, bandwidth_bytes_per_s) -> float:
+    """DTFM's sharded all-to-all (reduce-scatter + all-gather, each member exchanging ``n/k`` with all).
+
+    Per member d: ``sum_{e != d} 2 * (alpha[d][e] + n / (k * beta[d][e]))``; the group takes the
+    slowest member (Yuan et al. 2022, sec. 3.2). ``latency_s`` and ``bandwidth_bytes_per_s`` are the
+    ``k x k`` matrices among the members; the diagonal is ignored.
+    """
+    latency_s = np.asarray(latency_s, dtype=float)
+    bandwidth_bytes_per_s = np.asarray(bandwidth_bytes_per_s, dtype=float)
+    k = latency_s.shape[0]
+    if k <= 1:
+        return 0.0
+    off = ~np.eye(k, dtype=bool)
+    per_pair = np.where(off, 2.0 * (latency_s + message_bytes / (k * np.where(off, bandwidth_bytes_per_s, 1.0))), 0.0)
+    return float(per_pair.sum(axis=1).max())

@@ -1,0 +1,132 @@
+"""DTFM's own objective, for comparison on its own terms (Yuan et al., NeurIPS'22, sec. 3).
+
+``COST = COST_DP + 2 * COST_PP`` over an allocation of devices into ``D_PP`` groups of ``D_DP``:
+a sharded all-to-all within each group, plus an open travelling-salesman path over the groups whose
+edge weights are bottleneck perfect matchings. No compute, memory or bubble term.
+"""
+
+import itertools
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import maximum_bipartite_matching
+
+from cost_models.comm import sharded_exchange_time_s
+
+__all__ = ["DTFM_C_DP_BYTES", "DTFM_C_PP_BYTES", "dtfm_cost", "dp_cost_s", "pp_edge_cost_s",
+           "bottleneck_matching", "open_path_tsp", "DtfmCost"]
+
+# Their released constants, verbatim: c_dp = 1.3e9 params * 4 B * 3/24 layers (GB); c_pp keeps the
+# "2024" typo for hidden 2048 and divides by 2^30; their time formula multiplies GB by 8 and
+# divides by Gbit/s, so the GB here are 1e9 bytes.
+DTFM_C_DP_BYTES = 1.3e9 * 4 * 3 / 24
+DTFM_C_PP_BYTES = 2024 * 2048 * 2 * (1.25e5 / 2048) / 2**30 * 1e9
+
+
+class DtfmCost(tuple):
+    """(total_s, dp_s, pp_s, stage order) as a named tuple-like result."""
+
+    @property
+    def total_s(self): return self[0]
+
+    @property
+    def dp_s(self): return self[1]
+
+    @property
+    def pp_s(self): return self[2]
+
+    @property
+    def order(self): return self[3]
+
+
+def dp_cost_s(latency_s, bandwidth_bytes_per_s, groups, c_dp_bytes: float = DTFM_C_DP_BYTES) -> float:
+    """``COST_DP = max_j max_{d in C_j} sum_{e != d} 2 (alpha[d][e] + c_dp / (D_DP beta[d][e]))``."""
+    worst = 0.0
+    for group in groups:
+        g = np.asarray(group)
+        worst = max(worst, sharded_exchange_time_s(c_dp_bytes, latency_s[np.ix_(g, g)],
+                                                   bandwidth_bytes_per_s[np.ix_(g, g)]))
+    return worst
+
+
+def pp_edge_cost_s(latency_s, bandwidth_bytes_per_s, c_pp_bytes: float = DTFM_C_PP_BYTES) -> np.ndarray:
+    """Edge cost of one device feeding another: ``alpha[d][e] + c_pp / beta[d][e]`` (seconds)."""
+    with np.errstate(divide="ignore"):
+        return latency_s + c_pp_bytes / bandwidth_bytes_per_s
+
+
+def bottleneck_matching(cost: np.ndarray) -> tuple:
+    """``min over bijections pi of max_d cost[d, pi(d)]`` and one optimal bijection.
+
+    Threshold search over the sorted distinct costs with a bipartite perfect-matching test
+    (Hopcroft-Karp in scipy); the final matching minimises the sum among bottleneck-optimal ones.
+    """
+    k = cost.shape[0]
+    values = np.unique(cost)
+    lo, hi = 0, len(values) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        graph = csr_matrix((cost <= values[mid]).astype(np.int8))
+        if (maximum_bipartite_matching(graph, perm_type="column") >= 0).sum() == k:
+            hi = mid
+        else:
+            lo = mid + 1
+    bottleneck = values[lo]
+    rows, cols = linear_sum_assignment(np.where(cost <= bottleneck, cost, 1e18))
+    return float(bottleneck), cols
+
+
+def open_path_tsp(weight: np.ndarray) -> tuple:
+    """Shortest Hamiltonian path (any start, any end) by Held-Karp dynamic programming.
+
+    Exact; ``O(2^n n^2)``, fine up to about 16 groups. Returns (length, order).
+    """
+    n = weight.shape[0]
+    if n == 1:
+        return 0.0, [0]
+    if n > 16:
+        raise ValueError("open_path_tsp is exact and limited to 16 nodes")
+    full = 1 << n
+    dp = np.full((full, n), np.inf)
+    parent = np.full((full, n), -1, dtype=int)
+    for j in range(n):
+        dp[1 << j, j] = 0.0
+    for mask in range(1, full):
+        row = dp[mask]
+        if not np.isfinite(row).any():
+            continue
+        for j in np.flatnonzero(np.isfinite(row)):
+            if not (mask >> j) & 1:
+                continue
+            base = row[j]
+            for k in range(n):
+                if (mask >> k) & 1:
+                    continue
+                nxt = mask | (1 << k)
+                value = base + weight[j, k]
+                if value < dp[nxt, k]:
+                    dp[nxt, k] = value
+                    parent[nxt, k] = j
+    end = int(np.argmin(dp[full - 1]))
+    order, mask = [end], full - 1
+    while parent[mask, order[-1]] >= 0:
+        previous = parent[mask, order[-1]]
+        mask ^= 1 << order[-1]
+        order.append(int(previous))
+    return float(dp[full - 1, end]), order[::-1]
+
+
+def dtfm_cost(latency_s, bandwidth_bytes_per_s, groups, *, c_dp_bytes: float = DTFM_C_DP_BYTES,
+              c_pp_bytes: float = DTFM_C_PP_BYTES) -> DtfmCost:
+    """``COST_DP + 2 * COST_PP`` for ``groups`` (one list of device indices per stage)."""
+    latency_s = np.asarray(latency_s, dtype=float)
+    bandwidth_bytes_per_s = np.asarray(bandwidth_bytes_per_s, dtype=float)
+    dp = dp_cost_s(latency_s, bandwidth_bytes_per_s, groups, c_dp_bytes)
+    edge = pp_edge_cost_s(latency_s, bandwidth_bytes_per_s, c_pp_bytes)
+    n = len(groups)
+    between = np.zeros((n, n))
+    for a, b in itertools.permutations(range(n), 2):
+        between[a, b] = bottleneck_matching(edge[np.ix_(groups[a], groups[b])])[0]
+    pp, order = open_path_tsp(between)
+    return DtfmCost((dp + 2.0 * pp, dp, pp, order))

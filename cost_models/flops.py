@@ -1,0 +1,82 @@
+"""Parameter and FLOP counts of a GPT-style decoder.
+
+Symbols: b micro-batch (sequences), s sequence length, h hidden, f MLP hidden (4h for GPT), V
+vocabulary, l layers. One multiply-add = 2 FLOPs.
+"""
+
+__all__ = [
+    "layer_parameters",
+    "embedding_parameters",
+    "head_parameters",
+    "model_parameters",
+    "layer_forward_flops",
+    "head_forward_flops",
+    "training_flops_multiplier",
+    "megatron_iteration_flops",
+]
+
+
+def layer_parameters(h: int, f: int, *, gated_mlp: bool = False, biases: bool = True) -> int:
+    """Parameters of one transformer block.
+
+    GPT (f = 4h, biases, LayerNorm): ``12h^2 + 13h`` = QKV ``3h^2+3h`` + output projection
+    ``h^2+h`` + MLP ``8h^2+5h`` + two LayerNorms ``4h`` (Narayanan et al. SC'21, sec. 5.1;
+    Kaplan et al. 2020, Table 1). LLaMA's SwiGLU MLP has three ``h x f`` matrices, RMSNorm
+    only a scale, and no biases (Touvron et al. 2023, sec. 2.2).
+    """
+    mlp_matrices = 3 if gated_mlp else 2
+    weights = 4 * h * h + mlp_matrices * h * f
+    if biases:
+        return weights + 3 * h + h + f + h + 4 * h  # qkv, proj, fc1, fc2, two LayerNorms (scale+shift)
+    return weights + 2 * h  # two RMSNorm scales
+
+
+def embedding_parameters(v: int, h: int, s: int, *, learned_positions: bool = True) -> int:
+    """Token embedding ``V*h`` plus learned positions ``s*h`` (GPT-2/3; none with RoPE)."""
+    return v * h + (s * h if learned_positions else 0)
+
+
+def head_parameters(v: int, h: int, *, tied: bool = True, biases: bool = True) -> int:
+    """Final norm (``2h`` LayerNorm, ``h`` RMSNorm) plus the LM head ``V*h`` unless tied to the embedding."""
+    return (2 * h if biases else h) + (0 if tied else v * h)
+
+
+def model_parameters(l: int, h: int, f: int, v: int, s: int, *, gated_mlp: bool = False, biases: bool = True,
+                     tied: bool = True, learned_positions: bool = True) -> int:
+    """Whole model: ``l`` blocks + embeddings + head. GPT-3 XL gives 1.316e9 (paper: 1.3B)."""
+    return (l * layer_parameters(h, f, gated_mlp=gated_mlp, biases=biases)
+            + embedding_parameters(v, h, s, learned_positions=learned_positions)
+            + head_parameters(v, h, tied=tied, biases=biases))
+
+
+def layer_forward_flops(b: int, s: int, h: int, f: int, *, gated_mlp: bool = False) -> float:
+    """Forward FLOPs of one block for a micro-batch.
+
+    Matrix products ``2*b*s*(4h^2 + m*h*f)`` (m = 2 MLP matrices, 3 for SwiGLU) plus attention
+    scores and their product with values ``4*b*s^2*h``. For GPT (f = 4h) this is Narayanan et al.
+    SC'21, Appendix: ``24*b*s*h^2 + 4*b*s^2*h``.
+    """
+    mlp_matrices = 3 if gated_mlp else 2
+    return 2.0 * b * s * (4 * h * h + mlp_matrices * h * f) + 4.0 * b * s * s * h
+
+
+def head_forward_flops(b: int, s: int, h: int, v: int) -> float:
+    """Forward FLOPs of the LM head (logits): ``2*b*s*h*V`` (Narayanan et al. SC'21, Appendix)."""
+    return 2.0 * b * s * h * v
+
+
+def training_flops_multiplier(recompute: bool) -> float:
+    """Forward + backward as a multiple of forward: backward is 2x forward, recomputation adds 1x."""
+    return 4.0 if recompute else 3.0
+
+
+def megatron_iteration_flops(batch: int, s: int, l: int, h: int, v: int, *, recompute: bool) -> float:
+    """Whole-iteration FLOPs of a GPT model (f = 4h), Narayanan et al. SC'21, eq. (3) and Appendix.
+
+    ``72*B*s*l*h^2*(1 + s/(6h) + V/(12*l*h))`` without recomputation,
+    ``96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h))`` with it. The head term counts forward and backward
+    (3x) in both: Megatron recomputes blocks, not the head.
+    """
+    if recompute:
+        return 96.0 * batch * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    return 72.0 * batch * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))

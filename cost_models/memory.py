@@ -1,0 +1,55 @@
+"""Memory per device: model and optimizer state, activations of micro-batches in flight, extras."""
+
+__all__ = [
+    "state_bytes_per_parameter",
+    "layer_activation_bytes",
+    "in_flight_microbatches",
+    "logits_bytes",
+]
+
+
+def state_bytes_per_parameter(precision: str, optimizer: str) -> float:
+    """Bytes of weights + gradients + optimizer state per parameter.
+
+    Mixed-precision Adam: 2 (fp16/bf16 weights) + 2 (grads) + 12 (fp32 master, momentum, variance)
+    = 16 B (Rajbhandari et al. 2020, ZeRO, sec. 3.1). fp32 Adam: 4 + 4 + 8 = 16 B. SGD with
+    momentum: mixed 2 + 2 + 4 + 4 = 12 B, fp32 4 + 4 + 4 = 12 B.
+    """
+    if optimizer == "adam":
+        return 16.0
+    if optimizer == "sgd":
+        return 12.0
+    raise ValueError(f"unknown optimizer {optimizer!r}")
+
+
+def layer_activation_bytes(s: int, b: int, h: int, a: int, *, dtype_bytes: int = 2, flash_attention: bool = False,
+                           recompute: bool = False) -> float:
+    """Activations one block keeps for backward, per micro-batch.
+
+    16-bit, no tensor parallelism: ``s*b*h*(34 + 5*a*s/h)`` bytes (Korthikanti et al. 2022, sec. 4.1,
+    eq. 1); flash attention drops the ``5as/h`` score term; full recomputation keeps only the block
+    input, ``2*s*b*h``. Scaled by ``dtype_bytes / 2`` for other precisions.
+    """
+    scale = dtype_bytes / 2.0
+    if recompute:
+        return 2.0 * s * b * h * scale
+    per_token = 34.0 + (0.0 if flash_attention else 5.0 * a * s / h)
+    return s * b * h * per_token * scale
+
+
+def in_flight_microbatches(schedule: str, stage: int, stages: int, microbatches: int) -> int:
+    """Micro-batches whose activations stage ``stage`` (0-based) of ``stages`` holds at its peak.
+
+    GPipe keeps all ``M`` (Huang et al. 2019); 1F1B at most ``min(S - i, M)`` (Narayanan et al. 2021,
+    PipeDream-Flush, sec. 2.2).
+    """
+    if schedule == "gpipe":
+        return microbatches
+    if schedule == "1f1b":
+        return min(stages - stage, microbatches)
+    raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def logits_bytes(s: int, b: int, v: int) -> float:
+    """fp32 logits and their gradient on the last stage: ``4*s*b*V`` bytes each (formulas.md)."""
+    return 4.0 * s * b * v

@@ -1,0 +1,63 @@
+"""Per-stage op lists of the pipeline schedules: the one source that both the simulator and the
+runtime execute, so that predicted and measured timelines can be compared op by op.
+
+An op is ``(kind, microbatch)``. Kinds: ``recv_fwd``/``fwd``/``send_fwd`` move activations from
+stage s to s+1, ``recv_bwd``/``bwd``/``send_bwd`` move gradients from s+1 to s, ``sync`` is the
+stage's gradient all-reduce over its replicas and ``step`` the optimizer update (microbatch -1).
+"""
+
+from typing import NamedTuple
+
+__all__ = ["Op", "stage_ops", "OP_KINDS"]
+
+OP_KINDS = ("recv_fwd", "fwd", "send_fwd", "recv_bwd", "bwd", "send_bwd", "sync", "step")
+
+
+class Op(NamedTuple):
+    kind: str
+    microbatch: int
+
+
+def _forward(stage: int, stages: int, mb: int) -> list:
+    ops = [] if stage == 0 else [Op("recv_fwd", mb)]
+    ops.append(Op("fwd", mb))
+    if stage < stages - 1:
+        ops.append(Op("send_fwd", mb))
+    return ops
+
+
+def _backward(stage: int, stages: int, mb: int) -> list:
+    ops = [] if stage == stages - 1 else [Op("recv_bwd", mb)]
+    ops.append(Op("bwd", mb))
+    if stage > 0:
+        ops.append(Op("send_bwd", mb))
+    return ops
+
+
+def stage_ops(schedule: str, stage: int, stages: int, microbatches: int) -> list:
+    """The ordered ops of one device holding ``stage`` (0-based) of ``stages``, for ``microbatches``.
+
+    GPipe: all forwards, then all backwards, both in micro-batch order (Huang et al. 2019).
+    1F1B (PipeDream-Flush, Narayanan et al. 2021, sec. 2.2): ``min(S - s - 1, M)`` warm-up
+    forwards, then alternate one forward and one backward, then drain the remaining backwards.
+    """
+    if not 0 <= stage < stages or microbatches < 1:
+        raise ValueError(f"bad stage {stage} of {stages} or microbatches {microbatches}")
+    ops = []
+    if schedule == "gpipe":
+        for mb in range(microbatches):
+            ops += _forward(stage, stages, mb)
+        for mb in range(microbatches):
+            ops += _backward(stage, stages, mb)
+    elif schedule == "1f1b":
+        warmup = min(stages - stage - 1, microbatches)
+        for mb in range(warmup):
+            ops += _forward(stage, stages, mb)
+        for i in range(microbatches - warmup):
+            ops += _forward(stage, stages, warmup + i)
+            ops += _backward(stage, stages, i)
+        for mb in range(microbatches - warmup, microbatches):
+            ops += _backward(stage, stages, mb)
+    else:
+        raise ValueError(f"unknown schedule {schedule!r}")
+    return ops + [Op("sync", -1), Op("step", -1)]

@@ -1,0 +1,219 @@
+"""Discrete-event simulation of one training iteration over the per-stage op lists.
+
+Each worker (replica r, stage s) runs its op list in order. A compute op starts when its device is
+free; a receive blocks until the message has arrived; a send is asynchronous and starts when the
+sender reaches it and every resource it crosses is free (the directed link, and the sender's
+egress and receiver's ingress NIC where the host has a shared NIC). A message occupies its
+resources for ``bytes / bandwidth`` and arrives ``latency`` later (formulas.md, Communication).
+The gradient sync of stage s starts when every replica's stage s has finished its last backward
+and its ring's links are free; the iteration ends when the last optimizer step ends (formulas.md,
+Pipeline schedules).
+"""
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cost_models.schedule import stage_ops
+
+__all__ = ["PipelineJob", "Timeline", "simulate"]
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class PipelineJob:
+    """Everything the simulator needs, as plain arrays in SI units.
+
+    ``device[r, s]`` is the device index of replica r, stage s; ``forward_s``/``backward_s`` are
+    per-micro-batch compute times of that worker; ``boundary_bytes[s]`` is the message between
+    stage s and s+1 (activation forward, gradient backward); ``sync_s[s]`` the all-reduce time of
+    stage s and ``sync_links[s]`` the directed links (a, b) its ring uses; ``host[d]`` the host id
+    of device d and ``nic_egress``/``nic_ingress`` per host (inf where the host has no shared NIC).
+    """
+
+    schedule: str
+    device: np.ndarray
+    microbatches: np.ndarray
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    boundary_bytes: np.ndarray
+    latency_s: np.ndarray
+    bandwidth_bytes_per_s: np.ndarray
+    host: np.ndarray
+    nic_egress: np.ndarray
+    nic_ingress: np.ndarray
+    sync_s: np.ndarray
+    sync_links: tuple = ()
+    optimizer_s: np.ndarray = None
+
+    @property
+    def replicas(self) -> int:
+        return self.device.shape[0]
+
+    @property
+    def stages(self) -> int:
+        return self.device.shape[1]
+
+
+@dataclass(kw_only=True)
+class Timeline:
+    """Result: the iteration time, per-op records and a breakdown along the critical worker."""
+
+    iteration_s: float
+    records: list = field(default_factory=list)  # (replica, stage, kind, microbatch, start_s, end_s)
+    stage_finish_s: np.ndarray = None  # last backward of each stage over its replicas
+    sync_window_s: np.ndarray = None  # (S, 2) start and end of each stage's all-reduce
+    breakdown_s: dict = field(default_factory=dict)
+    critical: tuple = (0, 0)
+
+
+class _Resources:
+    def __init__(self):
+        self.free_at = {}
+
+    def reserve(self, keys, ready_s: float, busy_s: float) -> float:
+        start = max([ready_s] + [self.free_at.get(k, 0.0) for k in keys])
+        for k in keys:
+            self.free_at[k] = start + busy_s
+        return start
+
+
+def _transfer(job: PipelineJob, resources: _Resources, a: int, b: int, nbytes: float, ready_s: float) -> tuple:
+    keys = [("link", a, b)]
+    bandwidth = job.bandwidth_bytes_per_s[a, b]
+    ha, hb = job.host[a], job.host[b]
+    if ha != hb:
+        if np.isfinite(job.nic_egress[ha]):
+            keys.append(("egress", ha))
+            bandwidth = min(bandwidth, job.nic_egress[ha])
+        if np.isfinite(job.nic_ingress[hb]):
+            keys.append(("ingress", hb))
+            bandwidth = min(bandwidth, job.nic_ingress[hb])
+    busy = nbytes / bandwidth
+    start = resources.reserve(keys, ready_s, busy)
+    return start, start + busy + job.latency_s[a, b]
+
+
+def _sync_keys(job: PipelineJob, stage: int) -> list:
+    keys = []
+    for a, b in (job.sync_links[stage] if job.sync_links else ()):
+        keys.append(("link", a, b))
+        ha, hb = job.host[a], job.host[b]
+        if ha != hb:
+            if np.isfinite(job.nic_egress[ha]):
+                keys.append(("egress", ha))
+            if np.isfinite(job.nic_ingress[hb]):
+                keys.append(("ingress", hb))
+    return list(dict.fromkeys(keys))
+
+
+def simulate(job: PipelineJob, *, keep_records: bool = True) -> Timeline:
+    """Simulate one iteration of ``job`` and return its ``Timeline``."""
+    R, S = job.replicas, job.stages
+    optimizer_s = job.optimizer_s if job.optimizer_s is not None else np.zeros((R, S))
+    ops = {(r, s): stage_ops(job.schedule, s, S, int(job.microbatches[r])) for r in range(R) for s in range(S)}
+    pointer = dict.fromkeys(ops, 0)
+    parked_at = {}  # worker -> time it started waiting for a message
+    arrivals = {}  # (r, "act"|"grad", boundary, mb) -> (send_start, arrival)
+    parked = {}  # message key -> worker waiting for it
+    waits = {w: [] for w in ops}  # (wait_start, arrival, send_start)
+    compute_s = dict.fromkeys(ops, 0.0)
+    sync_ready = {s: [] for s in range(S)}
+    sync_window = np.zeros((S, 2))
+    stage_finish = np.zeros(S)
+    resources = _Resources()
+    records = []
+    heap = [(0.0, r * S + s, (r, s)) for r in range(R) for s in range(S)]
+    heapq.heapify(heap)
+    done = {}
+
+    def record(w, kind, mb, start, end):
+        if keep_records:
+            records.append((w[0], w[1], kind, mb, start, end))
+
+    while heap:
+        now, order, w = heapq.heappop(heap)
+        r, s = w
+        ops_w = ops[w]
+        while pointer[w] < len(ops_w):
+            kind, mb = ops_w[pointer[w]]
+            if kind in ("fwd", "bwd"):
+                duration = (job.forward_s if kind == "fwd" else job.backward_s)[r, s]
+                record(w, kind, mb, now, now + duration)
+                compute_s[w] += duration
+                pointer[w] += 1
+                now += duration
+                if kind == "bwd":
+                    stage_finish[s] = max(stage_finish[s], now)
+                heapq.heappush(heap, (now, order, w))
+                break
+            if kind in ("send_fwd", "send_bwd"):
+                forward = kind == "send_fwd"
+                boundary = s if forward else s - 1
+                peer = job.device[r, s + 1] if forward else job.device[r, s - 1]
+                start, arrival = _transfer(job, resources, job.device[r, s], peer, job.boundary_bytes[boundary], now)
+                key = (r, "act" if forward else "grad", boundary, mb)
+                arrivals[key] = (start, arrival)
+                record(w, kind, mb, start, arrival)
+                pointer[w] += 1
+                if key in parked:
+                    waiter = parked.pop(key)
+                    heapq.heappush(heap, (max(parked_at[waiter], arrival), waiter[0] * S + waiter[1], waiter))
+                continue
+            if kind in ("recv_fwd", "recv_bwd"):
+                key = (r, "act", s - 1, mb) if kind == "recv_fwd" else (r, "grad", s, mb)
+                if key not in arrivals:
+                    parked_at[w] = now
+                    parked[key] = w
+                    break
+                send_start, arrival = arrivals[key]
+                wait_start = min(parked_at.pop(w, now), now)
+                waits[w].append((wait_start, arrival, send_start))
+                record(w, kind, mb, wait_start, max(wait_start, arrival))
+                pointer[w] += 1
+                now = max(now, arrival)
+                continue
+            if kind == "sync":
+                sync_ready[s].append((now, w))
+                if len(sync_ready[s]) < R:
+                    break
+                ready = max(t for t, _ in sync_ready[s])
+                start = resources.reserve(_sync_keys(job, s), ready, job.sync_s[s])
+                end = start + job.sync_s[s]
+                sync_window[s] = (start, end)
+                for t_w, member in sync_ready[s]:
+                    record(member, "sync", -1, start, end)
+                    pointer[member] += 1
+                    heapq.heappush(heap, (end, member[0] * S + member[1], member))
+                break
+            if kind == "step":
+                end = now + optimizer_s[r, s]
+                record(w, "step", -1, now, end)
+                pointer[w] += 1
+                done[w] = end
+                break
+
+    if len(done) != R * S:
+        stuck = sorted(set(ops) - set(done))
+        raise RuntimeError(f"simulation deadlocked; workers {stuck[:4]} never finished")
+    iteration = max(done.values())
+    critical = max(done, key=lambda w: (done[w], compute_s[w]))
+    breakdown = _breakdown(job, critical, iteration, compute_s, waits, sync_window, optimizer_s)
+    return Timeline(iteration_s=iteration, records=records, stage_finish_s=stage_finish, sync_window_s=sync_window,
+                    breakdown_s=breakdown, critical=critical)
+
+
+def _breakdown(job, critical, iteration, compute_s, waits, sync_window, optimizer_s) -> dict:
+    """Split the iteration along the critical worker: compute + transfer wait + bubble + sync + step."""
+    r, s = critical
+    compute = compute_s[critical]
+    sync = float(sync_window[s, 1] - sync_window[s, 0])
+    step = float(optimizer_s[r, s])
+    transfer = 0.0
+    for wait_start, arrival, send_start in waits[critical]:
+        if arrival > wait_start:
+            transfer += arrival - max(wait_start, send_start)
+    idle = max(iteration - compute - sync - step, 0.0)
+    transfer = min(transfer, idle)
+    return {"compute_s": compute, "pipeline_transfer_s": transfer, "bubble_s": idle - transfer,
+            "gradient_sync_s": sync, "optimizer_s": step}

@@ -1,0 +1,147 @@
+"""What is trained (``ModelSpec``) and how (``TrainingSpec``), read from YAML or a shipped preset."""
+
+import functools
+from dataclasses import dataclass
+from importlib import resources
+
+import yaml
+
+from planner.errors import InputError
+from planner.fields import Fields
+
+__all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "parse_model", "parse_training", "model_preset", "preset_names"]
+
+SCHEDULES = ("1f1b", "gpipe")
+_PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A GPT-style decoder: ``layers`` blocks of ``hidden`` width, ``heads`` heads, ``sequence`` tokens."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    sequence: int
+    vocabulary: int
+    ffn_hidden: int = 0  # 0 means 4 * hidden
+    gated_mlp: bool = False  # SwiGLU (LLaMA): three MLP matrices instead of two
+    tied_embeddings: bool = True
+    learned_positions: bool = True
+    biases: bool = True
+
+    def __post_init__(self):
+        for name in ("layers", "hidden", "heads", "sequence", "vocabulary"):
+            if getattr(self, name) < 1:
+                raise InputError(f"must be at least 1, got {getattr(self, name)}", field=f"model.{name}")
+        if self.hidden % self.heads:
+            raise InputError(f"hidden {self.hidden} is not divisible by heads {self.heads}: "
+                             "pick heads that divide it", field="model.heads")
+        if self.ffn_hidden == 0:
+            object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingSpec:
+    """The iteration: global batch in sequences, micro-batch size, precision, optimizer, schedule."""
+
+    global_batch: int
+    micro_batch: int = 0  # 0: the search picks it
+    precision: str = "bf16"
+    optimizer: str = "adam"
+    recompute: bool = False
+    flash_attention: bool = False
+    schedule: str = "auto"  # "auto": the search picks gpipe or 1f1b
+
+    def __post_init__(self):
+        if self.global_batch < 1:
+            raise InputError("must be at least 1", field="training.global_batch")
+        if self.micro_batch and self.global_batch % self.micro_batch:
+            raise InputError(f"global_batch {self.global_batch} is not a multiple of micro_batch "
+                             f"{self.micro_batch}: change either", field="training.micro_batch")
+        if self.precision not in _PRECISION_BYTES:
+            raise InputError(f"{self.precision!r} is not one of fp32, bf16, fp16", field="training.precision")
+        if self.optimizer not in ("adam", "sgd"):
+            raise InputError(f"{self.optimizer!r} is not one of adam, sgd", field="training.optimizer")
+        if self.schedule not in SCHEDULES + ("auto",):
+            raise InputError(f"{self.schedule!r} is not one of 1f1b, gpipe, auto", field="training.schedule")
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes per activation element at the training precision."""
+        return _PRECISION_BYTES[self.precision]
+
+
+def parse_model(document, *, where: str = "model") -> ModelSpec:
+    """A model mapping, or a preset name (optionally a mapping with ``preset:`` plus overrides)."""
+    if isinstance(document, str):
+        return model_preset(document)
+    f = Fields(document, where)
+    base = {}
+    if f.has("preset"):
+        preset = model_preset(f.str("preset"))
+        base = {k: getattr(preset, k) for k in preset.__dataclass_fields__}
+    need = (lambda key: base[key]) if base else (lambda key: f.raw(key))
+    values = dict(
+        name=f.str("name", base.get("name", "custom")),
+        layers=f.int("layers", need("layers")),
+        hidden=f.int("hidden", need("hidden")),
+        heads=f.int("heads", need("heads")),
+        sequence=f.int("sequence", need("sequence")),
+        vocabulary=f.int("vocabulary", need("vocabulary")),
+        ffn_hidden=f.int("ffn_hidden", base.get("ffn_hidden", 0), minimum=0),
+        gated_mlp=f.bool("gated_mlp", base.get("gated_mlp", False)),
+        tied_embeddings=f.bool("tied_embeddings", base.get("tied_embeddings", True)),
+        learned_positions=f.bool("learned_positions", base.get("learned_positions", True)),
+        biases=f.bool("biases", base.get("biases", True)),
+    )
+    f.raw("source", "")
+    f.finish()
+    return ModelSpec(**values)
+
+
+def parse_training(document, *, where: str = "training") -> TrainingSpec:
+    f = Fields(document, where)
+    schedule = f.str("schedule", "auto", choices=SCHEDULES + ("auto",))
+    micro = f.raw("micro_batch", 0)
+    if micro == "auto":
+        micro = 0
+    elif isinstance(micro, bool) or not isinstance(micro, int) or micro < 0:
+        raise InputError(f"expected a whole number or 'auto', got {micro!r}", field=f.path("micro_batch"))
+    result = TrainingSpec(
+        global_batch=f.int("global_batch"),
+        micro_batch=micro,
+        precision=f.str("precision", "bf16", choices=tuple(_PRECISION_BYTES)),
+        optimizer=f.str("optimizer", "adam", choices=("adam", "sgd")),
+        recompute=f.bool("recompute", False),
+        flash_attention=f.bool("flash_attention", False),
+        schedule=schedule,
+    )
+    f.finish()
+    return result
+
+
+@functools.cache
+def _presets() -> dict:
+    folder = resources.files("topologies") / "models"
+    found = {}
+    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".yaml"):
+            document = yaml.safe_load(entry.read_text())
+            found[entry.name[:-5]] = document
+    return found
+
+
+def preset_names() -> list:
+    return sorted(_presets())
+
+
+def model_preset(name: str) -> ModelSpec:
+    presets = _presets()
+    if name not in presets:
+        raise InputError(f"unknown model preset {name!r}: use one of {', '.join(sorted(presets))} "
+                         "or describe the model (layers, hidden, heads, sequence, vocabulary)", field="model")
+    document = dict(presets[name])
+    document.setdefault("name", name)
+    return parse_model(document, where=f"topologies/models/{name}.yaml")

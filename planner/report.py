@@ -1,0 +1,54 @@
+"""Human-readable rendering of a plan (what ``plan TOPOLOGY`` prints)."""
+
+from planner.units import format_bytes, format_flops, format_seconds
+
+__all__ = ["render_plan"]
+
+
+def _table(header: list, rows: list) -> list:
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
+    return [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+def render_plan(plan, topology, model, training, *, result=None) -> str:
+    p = plan.prediction
+    S, R = plan.stages, plan.replicas
+    out = [f"Plan for {topology.name}: {model.name} ({model.layers} layers, h {model.hidden}), "
+           f"global batch {training.global_batch} x {model.sequence} tokens, {training.precision}",
+           f"Degrees: {S} pipeline stage(s) x {R} data-parallel replica(s) = {S * R} of {topology.size} devices"
+           + (f"; {len(plan.idle)} idle" if plan.idle else ""),
+           f"Schedule: {plan.schedule}, micro-batch size {plan.micro_batch_size}, gradient sync: {plan.sync}", ""]
+    header = ["replica", "micro-batches"] + [f"stage {s} [{plan.layer_bounds[s]}, {plan.layer_bounds[s + 1]})"
+                                             for s in range(S)]
+    rows = [[r, plan.microbatches[r]] + list(plan.assignment[r]) for r in range(R)]
+    if S > 8:
+        header = ["replica", "micro-batches", "devices by stage"]
+        rows = [[r, plan.microbatches[r], " ".join(plan.assignment[r])] for r in range(R)]
+        out.append("Stages (layers): " + ", ".join(f"{s}: [{plan.layer_bounds[s]}, {plan.layer_bounds[s + 1]})"
+                                                   for s in range(S)))
+    out += _table(header, rows)
+    if plan.idle:
+        out += ["", "Idle devices (using them would not speed up the iteration): " + ", ".join(plan.idle)]
+    if p is not None:
+        out += ["", f"Predicted iteration time: {format_seconds(p.iteration_s)}"]
+        total = p.iteration_s
+        for key, label in (("compute_s", "compute"), ("pipeline_transfer_s", "pipeline transfers"),
+                           ("bubble_s", "bubble"), ("gradient_sync_s", "gradient sync"),
+                           ("optimizer_s", "optimizer step")):
+            value = p.breakdown_s.get(key, 0.0)
+            out.append(f"  {label:<20} {format_seconds(value):>12}  {100 * value / total:5.1f}%")
+        out.append("  (along the critical device's timeline)")
+        out.append(f"Throughput: {p.tokens_per_s:,.0f} tokens/s, {format_flops(p.achieved_flops)} achieved "
+                   f"(MFU {100 * p.mfu:.1f}% of the used devices' peak)")
+        if result is not None:
+            out.append(f"Lower bound: {format_seconds(result.lower_bound_s)}  gap {100 * result.gap:.1f}%  "
+                       f"({result.evaluations} candidates in {result.wall_s:.2f} s)")
+        out += ["", "Memory (predicted peak / capacity):"]
+        mem_rows = []
+        for name in sorted(p.memory_bytes, key=topology.index):
+            used, cap = p.memory_bytes[name], p.capacity_bytes[name]
+            mem_rows.append([name, topology.devices[topology.index(name)].type_name, format_bytes(used),
+                             format_bytes(cap), f"{100 * used / cap:.0f}%"])
+        out += _table(["device", "type", "used", "capacity", "%"], mem_rows)
+    return "\n".join(out)

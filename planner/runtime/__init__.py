@@ -1,0 +1,1 @@
+"""The torch.distributed runtime and its launcher (needs the [runtime] extra)."""

@@ -1,0 +1,171 @@
+"""Exact layer split and batch split for a fixed placement (the inner problems of the search).
+
+Layer split: stage boundaries shared by all replicas; minimise the slowest (replica, stage) time per
+micro-batch subject to memory on every device. Every stage's constraints depend only on its own
+layer count, so a greedy fill that gives each stage as many layers as the threshold allows decides
+feasibility exactly, and a binary search over the candidate thresholds gives the optimum (the
+linear-partition / line-balancing problem; cf. OR-Tools' line_balancing_sat example, which
+``planner.search.cpsat.exact_layer_split`` solves as a CP-SAT model for cross-checking).
+
+Batch split: replica r with ``M`` micro-batches takes about ``fill_r + (M - 1) * bottleneck_r``
+(flow-shop makespan for identical jobs, formulas.md with per-stage times); giving micro-batches one
+at a time to the replica that finishes earliest with one more is optimal for this min-max.
+"""
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models import flops, memory
+
+__all__ = ["LayerCosts", "layer_costs", "stage_seconds", "stage_memory_bytes", "split_layers", "split_batch"]
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class LayerCosts:
+    """Per-layer and per-stage-extra work and memory for one micro-batch of ``micro_batch`` sequences."""
+
+    layers: int
+    layer_flops: float  # forward + backward (+ recompute) of one block
+    head_flops: float  # forward + backward of the LM head, last stage
+    layer_params: float
+    first_params: float  # embeddings
+    last_params: float  # final norm + head (+ tied copy)
+    layer_kept_bytes: float
+    first_kept_bytes: float
+    last_kept_bytes: float
+    transient_bytes: float
+    last_transient_bytes: float
+    state_bytes_per_param: float
+    boundary_bytes: float
+
+
+def layer_costs(model, training, micro_batch: int, stages: int) -> LayerCosts:
+    b, s, h, a, v = micro_batch, model.sequence, model.hidden, model.heads, model.vocabulary
+    dtype = training.activation_bytes
+    fwd = flops.layer_forward_flops(b, s, h, model.ffn_hidden, gated_mlp=model.gated_mlp)
+    kept = memory.layer_activation_bytes(s, b, h, a, dtype_bytes=dtype, flash_attention=training.flash_attention,
+                                         recompute=training.recompute)
+    full = memory.layer_activation_bytes(s, b, h, a, dtype_bytes=dtype, flash_attention=training.flash_attention)
+    boundary = float(b * s * h * dtype)
+    last_params = flops.head_parameters(v, h, tied=model.tied_embeddings, biases=model.biases)
+    if model.tied_embeddings and stages > 1:
+        last_params += v * h
+    first_params = flops.embedding_parameters(v, h, s, learned_positions=model.learned_positions)
+    if stages == 1:
+        first_params += last_params
+        last_params = 0.0
+    transient = 2.0 * boundary + (full if training.recompute else 0.0)
+    return LayerCosts(
+        layers=model.layers, layer_flops=fwd * flops.training_flops_multiplier(training.recompute),
+        head_flops=3.0 * flops.head_forward_flops(b, s, h, v),
+        layer_params=float(flops.layer_parameters(h, model.ffn_hidden, gated_mlp=model.gated_mlp,
+                                                  biases=model.biases)),
+        first_params=float(first_params), last_params=float(last_params), layer_kept_bytes=kept,
+        first_kept_bytes=boundary, last_kept_bytes=memory.logits_bytes(s, b, v), transient_bytes=transient,
+        last_transient_bytes=memory.logits_bytes(s, b, v),
+        state_bytes_per_param=memory.state_bytes_per_parameter(training.precision, training.optimizer),
+        boundary_bytes=boundary)
+
+
+def stage_seconds(costs: LayerCosts, n_layers, stage: int, stages: int, speed):
+    """Forward+backward seconds per micro-batch of a stage with ``n_layers`` on devices of ``speed`` FLOP/s."""
+    work = n_layers * costs.layer_flops + (costs.head_flops if stage == stages - 1 else 0.0)
+    return work / speed
+
+
+def stage_memory_bytes(costs: LayerCosts, n_layers, stage: int, stages: int, in_flight):
+    """Peak bytes of a stage with ``n_layers`` (state + in-flight activations + transient)."""
+    params = n_layers * costs.layer_params + (costs.first_params if stage == 0 else 0.0) \
+        + (costs.last_params if stage == stages - 1 else 0.0)
+    kept = n_layers * costs.layer_kept_bytes + (costs.first_kept_bytes if stage == 0 else 0.0) \
+        + (costs.last_kept_bytes if stage == stages - 1 else 0.0)
+    transient = costs.transient_bytes + (costs.last_transient_bytes if stage == stages - 1 else 0.0)
+    return params * costs.state_bytes_per_param + in_flight * kept + transient
+
+
+def _in_flight(schedule: str, stages: int, microbatches: np.ndarray) -> np.ndarray:
+    """(R, S) in-flight micro-batches per worker."""
+    return np.array([[memory.in_flight_microbatches(schedule, s, stages, int(m)) for s in range(stages)]
+                     for m in microbatches])
+
+
+def _max_layers(costs, stage, stages, speed_col, capacity_col, in_flight_col, limit_s) -> int:
+    """Most layers stage ``stage`` can hold within ``limit_s`` per micro-batch and memory, on all replicas."""
+    head = costs.head_flops if stage == stages - 1 else 0.0
+    by_time = np.floor((limit_s * speed_col - head) / costs.layer_flops + 1e-9).min()
+    mem_zero = stage_memory_bytes(costs, 0, stage, stages, in_flight_col)
+    per_layer = costs.layer_params * costs.state_bytes_per_param + in_flight_col * costs.layer_kept_bytes
+    by_memory = np.floor((capacity_col - mem_zero) / per_layer + 1e-9).min()
+    return int(max(min(by_time, by_memory, costs.layers), -1))
+
+
+def _fill(costs, stages, speed, capacity, in_flight, limit_s):
+    counts = []
+    left = costs.layers
+    for s in range(stages):
+        most = _max_layers(costs, s, stages, speed[:, s], capacity[:, s], in_flight[:, s], limit_s)
+        if s == stages - 1:
+            if most < left:
+                return None
+            counts.append(left)
+            return counts
+        take = min(most, left - (stages - 1 - s))
+        if take < 1:
+            return None
+        counts.append(take)
+        left -= take
+    return counts
+
+
+def split_layers(costs: LayerCosts, schedule: str, speed: np.ndarray, capacity_bytes: np.ndarray,
+                 microbatches: np.ndarray):
+    """Optimal layer counts per stage (min of the max per-micro-batch stage time, memory respected).
+
+    ``speed`` and ``capacity_bytes`` are (R, S) arrays of the placed devices. Returns the list of
+    counts, or None when no split fits in memory.
+    """
+    R, S = speed.shape
+    if S > costs.layers:
+        return None
+    in_flight = _in_flight(schedule, S, microbatches)
+    candidates = []
+    for s in range(S):
+        n = np.arange(1, costs.layers - S + 2)
+        head = costs.head_flops if s == S - 1 else 0.0
+        candidates.append(((n[None, :] * costs.layer_flops + head) / speed[:, s][:, None]).ravel())
+    values = np.unique(np.concatenate(candidates))
+    if _fill(costs, S, speed, capacity_bytes, in_flight, values[-1]) is None:
+        return None
+    lo, hi = 0, len(values) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _fill(costs, S, speed, capacity_bytes, in_flight, values[mid]) is not None:
+            hi = mid
+        else:
+            lo = mid + 1
+    return _fill(costs, S, speed, capacity_bytes, in_flight, values[lo])
+
+
+def split_batch(total: int, fill_s: np.ndarray, bottleneck_s: np.ndarray, cap: np.ndarray | None = None):
+    """Micro-batch counts per replica minimising ``max_r fill_r + (M_r - 1) * bottleneck_r``.
+
+    ``cap[r]`` bounds ``M_r`` (GPipe keeps every micro-batch in flight). None when ``total`` cannot
+    be placed (fewer micro-batches than replicas, or caps too small).
+    """
+    R = len(fill_s)
+    cap = np.full(R, total, dtype=np.int64) if cap is None else np.minimum(cap, total)
+    if total < R or (cap < 1).any() or cap.sum() < total:
+        return None
+    counts = np.ones(R, dtype=np.int64)
+    heap = [(fill_s[r] + bottleneck_s[r], r) for r in range(R) if counts[r] < cap[r]]
+    heapq.heapify(heap)
+    for _ in range(total - R):
+        if not heap:
+            return None
+        _, r = heapq.heappop(heap)
+        counts[r] += 1
+        if counts[r] < cap[r]:
+            heapq.heappush(heap, (fill_s[r] + counts[r] * bottleneck_s[r], r))
+    return counts

@@ -1,0 +1,127 @@
+"""Score a placement fast: balance layers and batch exactly, then estimate the iteration time.
+
+The estimate is the flow-shop makespan of each pipeline (``fill + (M - 1) * bottleneck`` with
+links as extra machines; formulas.md, Pipeline schedules) plus each stage's all-reduce after its
+last backward. It ranks candidates in the search; the event simulator gives the final prediction.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models import comm
+from planner.search.balance import layer_costs, split_batch, split_layers, stage_memory_bytes
+
+__all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement"]
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SearchContext:
+    topology: object
+    model: object
+    training: object
+    speed: np.ndarray  # effective FLOP/s per device
+    capacity: np.ndarray  # usable bytes per device
+    mem_bw: np.ndarray
+    costs: dict  # (micro_batch, stages) -> LayerCosts
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Candidate:
+    assign: np.ndarray  # (R, S) device indices
+    layer_counts: tuple
+    microbatches: tuple
+    micro_batch: int
+    schedule: str
+    score_s: float
+
+    def key(self) -> tuple:
+        return (self.assign.tobytes(), self.layer_counts, self.microbatches, self.micro_batch, self.schedule)
+
+
+def make_context(topology, model, training) -> SearchContext:
+    return SearchContext(topology=topology, model=model, training=training,
+                         speed=topology.effective_flops(training.precision), capacity=topology.memory_bytes(),
+                         mem_bw=np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices]), costs={})
+
+
+def _costs(ctx: SearchContext, micro_batch: int, stages: int):
+    key = (micro_batch, stages)
+    if key not in ctx.costs:
+        ctx.costs[key] = layer_costs(ctx.model, ctx.training, micro_batch, stages)
+    return ctx.costs[key]
+
+
+def _gpipe_caps(costs, counts, capacity):
+    """Largest micro-batch count each replica can keep in flight under GPipe."""
+    R, S = capacity.shape
+    caps = np.full(R, 1 << 40, dtype=np.int64)
+    for s in range(S):
+        fixed = stage_memory_bytes(costs, counts[s], s, S, 0.0)
+        per_mb = stage_memory_bytes(costs, counts[s], s, S, 1.0) - fixed
+        caps = np.minimum(caps, np.floor((capacity[:, s] - fixed) / per_mb).astype(np.int64))
+    return caps
+
+
+def evaluate_placement(ctx: SearchContext, assign: np.ndarray, micro_batch: int, schedule: str,
+                       microbatches=None) -> Candidate | None:
+    """Best layer and batch split for ``assign`` and its estimated iteration time (None if it cannot fit)."""
+    R, S = assign.shape
+    total = ctx.training.global_batch // micro_batch
+    if total < R:
+        return None
+    costs = _costs(ctx, micro_batch, S)
+    speed = ctx.speed[assign]
+    capacity = ctx.capacity[assign]
+    topo = ctx.topology
+    # Pipeline links: busy time per micro-batch and latency, both directions.
+    if S > 1:
+        a, b = assign[:, :-1], assign[:, 1:]
+        busy = costs.boundary_bytes * (1.0 / topo.bandwidth_bytes_per_s[a, b] + 1.0 / topo.bandwidth_bytes_per_s[b, a])
+        link_bottleneck = np.maximum(costs.boundary_bytes / topo.bandwidth_bytes_per_s[a, b],
+                                     costs.boundary_bytes / topo.bandwidth_bytes_per_s[b, a]).max(axis=1)
+        link_fill = (busy + topo.latency_s[a, b] + topo.latency_s[b, a]).sum(axis=1)
+    else:
+        link_bottleneck = np.zeros(R)
+        link_fill = np.zeros(R)
+    if microbatches is None:
+        harmonic = 1.0 / (1.0 / speed).sum(axis=1)
+        microbatches = np.maximum(1, np.round(total * harmonic / harmonic.sum())).astype(np.int64)
+    microbatches = np.asarray(microbatches)
+    counts = None
+    for _ in range(2):
+        counts = split_layers(costs, schedule, speed, capacity, microbatches)
+        if counts is None:
+            return None
+        work = np.array(counts, dtype=float) * costs.layer_flops
+        work[-1] += costs.head_flops
+        tau = work[None, :] / speed  # (R, S) forward + backward per micro-batch
+        fill = tau.sum(axis=1) + link_fill
+        bottleneck = np.maximum(tau.max(axis=1), link_bottleneck)
+        cap = _gpipe_caps(costs, counts, capacity) if schedule == "gpipe" else None
+        new = split_batch(total, fill, bottleneck, cap)
+        if new is None:
+            return None
+        if np.array_equal(new, microbatches):
+            break
+        microbatches = new
+    if total != int(np.sum(microbatches)):
+        return None
+    pipeline = fill + (microbatches - 1) * bottleneck  # (R,)
+    backward_share = 2.0 / 3.0 if not ctx.training.recompute else 0.75
+    # Stage s finishes its last backward before the stages upstream of it do theirs.
+    upstream = np.concatenate([np.zeros((R, 1)), np.cumsum(tau[:, :-1] * backward_share, axis=1)], axis=1)
+    finish = (pipeline[:, None] - upstream).max(axis=0)  # (S,)
+    grads = (np.array(counts) * costs.layer_params * ctx.training.activation_bytes)
+    grads[0] += costs.first_params * ctx.training.activation_bytes
+    grads[-1] += costs.last_params * ctx.training.activation_bytes
+    sync = np.zeros(S)
+    if R > 1:
+        nxt = np.roll(assign, -1, axis=0)
+        hop_lat = topo.latency_s[assign, nxt]
+        hop_bw = topo.bandwidth_bytes_per_s[assign, nxt]
+        sync = np.array([comm.ring_allreduce_time_s(grads[s], hop_lat[:, s], hop_bw[:, s]) for s in range(S)])
+    score = float((finish + sync).max())
+    return Candidate(assign=assign, layer_counts=tuple(int(c) for c in counts),
+                     microbatches=tuple(int(m) for m in microbatches), micro_batch=micro_batch,
+                     schedule=schedule, score_s=score)

@@ -1,0 +1,184 @@
+"""The front door: ``search(topology, model, training, options, rng=..., callback=...)``.
+
+1. Enumerate degrees (stages S x replicas D <= N), micro-batch sizes and schedules.
+2. For each, place devices by the constructive layouts and balance layers and batch exactly.
+3. Improve the best placements by local search (swap two devices, or swap in an idle one), with a
+   seeded ``rng`` and an evaluation budget, so the same seed gives the same plan.
+4. Simulate the best distinct candidates with the event simulator and keep the fastest.
+5. Report a lower bound on any plan's iteration time and the gap to it.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.costing import greedy_ring_order, predict
+from planner.errors import InputError
+from planner.plan import Plan, validate_plan
+from planner.search.bounds import lower_bound_s
+from planner.search.construct import layouts
+from planner.search.evaluate import Candidate, evaluate_placement, make_context
+
+__all__ = ["SearchOptions", "SearchResult", "search", "candidate_to_plan"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchOptions:
+    seed: int = 0
+    time_limit_s: float = 30.0
+    max_evaluations: int = 4000  # local-search moves; the deterministic stopping rule
+    stages: int | None = None  # pin S
+    replicas: int | None = None  # pin D
+    micro_batches: tuple = (1, 2, 4, 8)  # sizes tried when training.micro_batch is 0
+    simulate_top: int = 4
+
+
+@dataclass(kw_only=True)
+class SearchResult:
+    plan: Plan
+    predicted_s: float
+    lower_bound_s: float
+    gap: float  # (predicted - bound) / predicted
+    evaluations: int
+    wall_s: float
+    history: list = field(default_factory=list)  # (evaluations, wall_s, best estimate)
+    algorithm: str = "construct+local"
+
+
+def _micro_batches(training, options) -> list:
+    if training.micro_batch:
+        return [training.micro_batch]
+    return [b for b in options.micro_batches if training.global_batch % b == 0] or [1]
+
+
+def _schedules(training) -> list:
+    return ["1f1b", "gpipe"] if training.schedule == "auto" else [training.schedule]
+
+
+def _degree_pairs(n: int, layers: int, options) -> list:
+    pairs = []
+    for s in range(1, min(layers, n) + 1):
+        if options.stages and s != options.stages:
+            continue
+        for d in range(1, n // s + 1):
+            if options.replicas and d != options.replicas:
+                continue
+            pairs.append((s, d))
+    return pairs
+
+
+def _local_search(ctx, start: Candidate, rng, budget: int, deadline: float) -> tuple:
+    best = start
+    n = ctx.topology.size
+    R, S = start.assign.shape
+    evaluations = 0
+    stale = 0
+    while evaluations < budget and time.perf_counter() < deadline and stale < max(60, 4 * R * S):
+        assign = best.assign.copy()
+        used = set(assign.ravel().tolist())
+        idle = [d for d in range(n) if d not in used]
+        cell = divmod(int(rng.integers(R * S)), S)
+        if idle and rng.random() < 0.3:
+            assign[cell] = idle[int(rng.integers(len(idle)))]
+        else:
+            other = divmod(int(rng.integers(R * S)), S)
+            if other == cell:
+                continue
+            assign[cell], assign[other] = assign[other], assign[cell]
+        evaluations += 1
+        candidate = evaluate_placement(ctx, assign, best.micro_batch, best.schedule, best.microbatches)
+        if candidate is not None and candidate.score_s < best.score_s - 1e-12:
+            best, stale = candidate, 0
+        else:
+            stale += 1
+    return best, evaluations
+
+
+def candidate_to_plan(ctx, candidate: Candidate) -> Plan:
+    topo = ctx.topology
+    names = topo.names
+    bounds = np.concatenate([[0], np.cumsum(candidate.layer_counts)]).tolist()
+    assignment = tuple(tuple(names[d] for d in row) for row in candidate.assign)
+    R, S = candidate.assign.shape
+    rings = tuple(tuple(greedy_ring_order(topo, [assignment[r][s] for r in range(R)])) for s in range(S))
+    used = set(candidate.assign.ravel().tolist())
+    return Plan(layer_bounds=tuple(bounds), assignment=assignment, microbatches=candidate.microbatches,
+                micro_batch_size=candidate.micro_batch, schedule=candidate.schedule, ring_orders=rings,
+                topology_name=topo.name, topology_sha256=topo.sha256,
+                idle=tuple(names[d] for d in range(topo.size) if d not in used))
+
+
+def search(topology, model, training, options: SearchOptions = SearchOptions(), *, rng=None,
+           callback=None) -> SearchResult:
+    """Find a fast plan that fits in memory. ``callback(info)`` may return True to stop early."""
+    started = time.perf_counter()
+    deadline = started + options.time_limit_s
+    rng = rng if rng is not None else np.random.default_rng(options.seed)
+    ctx = make_context(topology, model, training)
+    history = []
+    evaluations = 0
+    candidates = []
+    for stages, replicas in _degree_pairs(topology.size, model.layers, options):
+        for layout_name, assign in layouts(topology, ctx.speed, ctx.capacity, stages, replicas).items():
+            for micro_batch in _micro_batches(training, options):
+                for schedule in _schedules(training):
+                    evaluations += 1
+                    candidate = evaluate_placement(ctx, assign, micro_batch, schedule)
+                    if candidate is not None:
+                        candidates.append(candidate)
+        if time.perf_counter() > deadline:
+            break
+    if not candidates:
+        raise InputError("no plan fits in memory on these devices: add devices or memory, enable "
+                         "recompute, or lower micro_batch", field="training")
+    candidates.sort(key=lambda c: c.score_s)
+    best_estimate = candidates[0].score_s
+    history.append((evaluations, time.perf_counter() - started, best_estimate))
+    if callback and callback({"evaluations": evaluations, "best_s": best_estimate, "phase": "construct"}):
+        deadline = 0.0
+    # Local search from the best few distinct degree/schedule configurations.
+    seen, starts = set(), []
+    for c in candidates:
+        key = (c.assign.shape, c.micro_batch, c.schedule)
+        if key not in seen:
+            seen.add(key)
+            starts.append(c)
+        if len(starts) == 3:
+            break
+    improved = []
+    per_start = options.max_evaluations // max(len(starts), 1)
+    for start in starts:
+        result, used = _local_search(ctx, start, rng, per_start, deadline)
+        evaluations += used
+        improved.append(result)
+        best_estimate = min(best_estimate, result.score_s)
+        history.append((evaluations, time.perf_counter() - started, best_estimate))
+        if callback and callback({"evaluations": evaluations, "best_s": best_estimate, "phase": "local"}):
+            deadline = 0.0
+    pool = sorted(improved + candidates, key=lambda c: c.score_s)
+    unique, keys = [], set()
+    for c in pool:
+        if c.key() not in keys:
+            keys.add(c.key())
+            unique.append(c)
+        if len(unique) == options.simulate_top:
+            break
+    best_plan, best_time = None, np.inf
+    for c in unique:
+        plan = candidate_to_plan(ctx, c)
+        prediction, _ = predict(plan, topology, model, training)
+        if prediction.fits and prediction.iteration_s < best_time:
+            best_plan, best_time = plan.with_prediction(prediction), prediction.iteration_s
+    if best_plan is None:
+        raise InputError("no plan fits in memory on these devices: add devices or memory, enable "
+                         "recompute, or lower micro_batch", field="training")
+    validate_plan(best_plan, topology, model, training)
+    bound = lower_bound_s(topology, model, training)
+    wall = time.perf_counter() - started
+    gap = max(0.0, (best_time - bound) / best_time)
+    best_plan = Plan(**{**best_plan.__dict__, "search": {
+        "algorithm": "construct+local", "seed": options.seed, "evaluations": evaluations,
+        "wall_s": round(wall, 3), "lower_bound_s": bound, "gap": gap}})
+    return SearchResult(plan=best_plan, predicted_s=best_time, lower_bound_s=bound, gap=gap,
+                        evaluations=evaluations, wall_s=wall, history=history)

@@ -1,0 +1,306 @@
+"""The hardware: devices (speed, memory, host, region) and the directed network between them.
+
+``parse_topology`` reads the ``devices`` and ``network`` sections of a topology document into a
+frozen ``Topology`` holding N x N matrices of latency (s) and bandwidth (B/s); entry ``[i, j]`` is
+the link from device i to device j, so asymmetric networks are first-class.
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.catalog import PRECISIONS, device_type
+from planner.errors import InputError
+from planner.fields import Fields
+from planner.units import parse_bandwidth_bytes_per_s, parse_bytes, parse_flops, parse_seconds
+
+__all__ = ["Device", "Topology", "parse_topology"]
+
+_LEVELS = ("host", "region", "global")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    """One accelerator. Speeds are per precision; calibration factors come from the catalog or the file."""
+
+    name: str
+    type_name: str
+    memory_bytes: float
+    peak_flops: dict = field(hash=False, compare=False)
+    efficiency: float
+    memory_bandwidth_bytes_per_s: float
+    memory_reserved_bytes: float
+    host: str
+    region: str
+
+    def effective_flops(self, precision: str) -> float:
+        """Achieved FLOP/s at ``precision``: peak times the calibrated efficiency."""
+        if precision in self.peak_flops:
+            peak = self.peak_flops[precision]
+        elif precision == "bf16" and "fp16" in self.peak_flops:
+            peak = self.peak_flops["fp16"]
+        else:
+            peak = self.peak_flops["fp32"]
+        return peak * self.efficiency
+
+    def peak_flops_for(self, precision: str) -> float:
+        return self.effective_flops(precision) / self.efficiency
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Topology:
+    """Devices plus directed link matrices and per-host shared NICs (egress, ingress in B/s)."""
+
+    name: str
+    devices: tuple
+    latency_s: np.ndarray
+    bandwidth_bytes_per_s: np.ndarray
+    nic_bytes_per_s: dict = field(default_factory=dict)  # host -> (egress, ingress)
+    sha256: str = ""
+    source: str = ""
+
+    def __post_init__(self):
+        n = len(self.devices)
+        assert self.latency_s.shape == (n, n) and self.bandwidth_bytes_per_s.shape == (n, n)
+        names = [d.name for d in self.devices]
+        object.__setattr__(self, "_index", {name: i for i, name in enumerate(names)})
+        hosts = sorted({d.host for d in self.devices})
+        regions = sorted({d.region for d in self.devices})
+        object.__setattr__(self, "host_ids", np.array([hosts.index(d.host) for d in self.devices]))
+        object.__setattr__(self, "region_ids", np.array([regions.index(d.region) for d in self.devices]))
+        object.__setattr__(self, "hosts", tuple(hosts))
+        object.__setattr__(self, "regions", tuple(regions))
+
+    @property
+    def size(self) -> int:
+        return len(self.devices)
+
+    @property
+    def names(self) -> list:
+        return [d.name for d in self.devices]
+
+    def index(self, name: str) -> int:
+        return self._index[name]
+
+    def has_device(self, name: str) -> bool:
+        return name in self._index
+
+    def effective_flops(self, precision: str) -> np.ndarray:
+        return np.array([d.effective_flops(precision) for d in self.devices])
+
+    def memory_bytes(self) -> np.ndarray:
+        return np.array([d.memory_bytes - d.memory_reserved_bytes for d in self.devices])
+
+    def nic_of(self, host: str):
+        return self.nic_bytes_per_s.get(host)
+
+
+def _parse_peak(value, where: str) -> dict:
+    if isinstance(value, dict):
+        f = Fields(value, where)
+        result = {p: f.quantity(p, parse_flops) for p in PRECISIONS if f.has(p)}
+        f.finish()
+        if not result:
+            raise InputError("give at least one of fp32, tf32, fp16, bf16", field=where)
+        result.setdefault("fp32", min(result.values()))
+        return result
+    flops = parse_flops(value, field=where)
+    return {p: flops for p in PRECISIONS}
+
+
+def _parse_devices(entries) -> list:
+    if not isinstance(entries, list) or not entries:
+        raise InputError("expected a non-empty list of devices", field="devices")
+    devices = []
+    for position, entry in enumerate(entries):
+        where = f"devices[{position}]"
+        f = Fields(entry, where)
+        count = f.int("count", 1)
+        per_host = f.int("gpus_per_host", 0, minimum=0)
+        name = f.str("name", None)
+        type_name = f.str("type", None)
+        if name is None and type_name is None:
+            raise InputError("give a name or a type", field=where)
+        base = name or type_name
+        if type_name is not None:
+            try:
+                kind = device_type(type_name)
+            except InputError as error:
+                raise error.located(field_prefix=where) from None
+            peak, memory, eff = dict(kind.peak_flops), kind.memory_bytes, kind.efficiency
+            mem_bw, reserved = kind.memory_bandwidth_bytes_per_s, kind.memory_reserved_bytes
+        else:
+            peak = memory = None
+            eff, mem_bw, reserved = 0.4, 1e12, 2.0**30
+        if f.has("peak_flops"):
+            peak = _parse_peak(f.raw("peak_flops"), f.path("peak_flops"))
+        if peak is None:
+            raise InputError("is missing: give a catalog 'type' or 'peak_flops'", field=f.path("peak_flops"))
+        memory = f.quantity("memory", parse_bytes, memory)
+        if memory is None:
+            raise InputError("is missing: give a catalog 'type' or 'memory'", field=f.path("memory"))
+        eff = f.float("efficiency", eff, high=1.0)
+        mem_bw = f.quantity("memory_bandwidth", parse_bandwidth_bytes_per_s, mem_bw)
+        reserved = f.quantity("memory_reserved", parse_bytes, reserved)
+        if reserved >= memory:
+            raise InputError("memory_reserved is not below memory: lower it", field=f.path("memory_reserved"))
+        host = f.str("host", None)
+        region = f.str("region", "default")
+        f.finish()
+        for i in range(count):
+            dev_name = f"{base}-{i}" if count > 1 else base
+            if per_host:
+                dev_host = f"{host or base}-h{i // per_host}"
+            else:
+                dev_host = host or dev_name
+            devices.append(Device(name=dev_name, type_name=type_name or "custom", memory_bytes=memory,
+                                  peak_flops=peak, efficiency=eff, memory_bandwidth_bytes_per_s=mem_bw,
+                                  memory_reserved_bytes=reserved, host=dev_host, region=region))
+    seen = set()
+    for d in devices:
+        if d.name in seen:
+            raise InputError(f"device name {d.name!r} appears twice: names must be unique", field="devices")
+        seen.add(d.name)
+    return devices
+
+
+def _link(document, where: str) -> tuple:
+    f = Fields(document, where)
+    latency = f.quantity("latency", parse_seconds)
+    bandwidth = f.quantity("bandwidth", parse_bandwidth_bytes_per_s)
+    f.finish()
+    return latency, bandwidth
+
+
+def _matrix(f: Fields, n: int) -> tuple:
+    m = Fields(f.raw("matrix"), f.path("matrix"))
+    lat_unit = m.str("latency_unit", "ms")
+    bw_unit = m.str("bandwidth_unit", "Gbps")
+    lat_scale = parse_seconds(f"1{lat_unit}", field=m.path("latency_unit"))
+    bw_scale = parse_bandwidth_bytes_per_s(f"1{bw_unit}", field=m.path("bandwidth_unit"))
+    result = []
+    for key, scale, positive in (("latency", lat_scale, False), ("bandwidth", bw_scale, True)):
+        rows = m.list(key)
+        try:
+            array = np.array(rows, dtype=float)
+        except (TypeError, ValueError):
+            raise InputError("must be a list of rows of numbers", field=m.path(key)) from None
+        if array.shape != (n, n):
+            raise InputError(f"must be {n} x {n} (one row and column per device), got shape {array.shape}",
+                             field=m.path(key))
+        off = ~np.eye(n, dtype=bool)
+        if not np.all(np.isfinite(array)):
+            raise InputError("holds a value that is not a finite number", field=m.path(key))
+        bad = (array[off] <= 0) if positive else (array[off] < 0)
+        if bad.any():
+            raise InputError(f"holds a {'non-positive' if positive else 'negative'} value off the diagonal: "
+                             "every link needs a positive bandwidth and non-negative latency", field=m.path(key))
+        result.append(array * scale)
+    m.finish()
+    return result[0], result[1]
+
+
+def _parse_network(document, devices: list) -> tuple:
+    n = len(devices)
+    f = Fields(document, "network")
+    latency = np.full((n, n), np.nan)
+    bandwidth = np.full((n, n), np.nan)
+    if f.has("matrix"):
+        latency, bandwidth = _matrix(f, n)
+    else:
+        hosts = np.array([d.host for d in devices])
+        regions = np.array([d.region for d in devices])
+        same_host = hosts[:, None] == hosts[None, :]
+        same_region = regions[:, None] == regions[None, :]
+        masks = {"host": same_host, "region": same_region & ~same_host, "global": ~same_region}
+        for level in _LEVELS:
+            if f.has(level):
+                lat, bw = _link(f.raw(level), f.path(level))
+                latency[masks[level]] = lat
+                bandwidth[masks[level]] = bw
+        for k, entry in enumerate(f.list("region_pairs", [])):
+            where = f"network.region_pairs[{k}]"
+            e = Fields(entry, where)
+            if e.has("regions"):
+                pair = e.list("regions")
+                if len(pair) != 2:
+                    raise InputError("must name exactly two regions", field=e.path("regions"))
+                directions = [(pair[0], pair[1]), (pair[1], pair[0])]
+            else:
+                directions = [(e.str("from"), e.str("to"))]
+            lat = e.quantity("latency", parse_seconds)
+            bw = e.quantity("bandwidth", parse_bandwidth_bytes_per_s)
+            e.finish()
+            for a, b in directions:
+                for region in (a, b):
+                    if region not in set(regions):
+                        raise InputError(f"region {region!r} has no device: use one of {', '.join(sorted(set(regions)))}",
+                                         field=where)
+                mask = (regions[:, None] == a) & (regions[None, :] == b)
+                latency[mask] = lat
+                bandwidth[mask] = bw
+    index = {d.name: i for i, d in enumerate(devices)}
+    for k, entry in enumerate(f.list("pairs", [])):
+        where = f"network.pairs[{k}]"
+        e = Fields(entry, where)
+        a, b = e.str("from"), e.str("to")
+        symmetric = e.bool("symmetric", False)
+        lat = e.quantity("latency", parse_seconds)
+        bw = e.quantity("bandwidth", parse_bandwidth_bytes_per_s)
+        e.finish()
+        for name in (a, b):
+            if name not in index:
+                raise InputError(f"unknown device {name!r}", field=where)
+        for i, j in ([(index[a], index[b]), (index[b], index[a])] if symmetric else [(index[a], index[b])]):
+            latency[i, j], bandwidth[i, j] = lat, bw
+    nics = {}
+    default_nic = f.quantity("nic", parse_bandwidth_bytes_per_s, None)
+    if default_nic is not None:
+        nics = {d.host: (default_nic, default_nic) for d in devices}
+    host_names = {d.host for d in devices}
+    for k, entry in enumerate(f.list("nics", [])):
+        where = f"network.nics[{k}]"
+        e = Fields(entry, where)
+        host = e.str("host")
+        if host not in host_names:
+            raise InputError(f"host {host!r} has no device: use one of {', '.join(sorted(host_names))}", field=where)
+        both = e.quantity("bandwidth", parse_bandwidth_bytes_per_s, None)
+        egress = e.quantity("egress", parse_bandwidth_bytes_per_s, both)
+        ingress = e.quantity("ingress", parse_bandwidth_bytes_per_s, both)
+        e.finish()
+        if egress is None or ingress is None:
+            raise InputError("give bandwidth, or both egress and ingress", field=where)
+        nics[host] = (egress, ingress)
+    f.finish()
+    np.fill_diagonal(latency, 0.0)
+    np.fill_diagonal(bandwidth, np.inf)
+    missing = np.argwhere(np.isnan(latency))
+    if missing.size:
+        i, j = missing[0]
+        a, b = devices[i], devices[j]
+        level = "host" if a.host == b.host else ("region" if a.region == b.region else "global")
+        raise InputError(f"no link from {a.name} (host {a.host}, region {a.region}) to {b.name} "
+                         f"(host {b.host}, region {b.region}): add network.{level}"
+                         + (" or a region_pairs entry" if level == "global" else ""), field=f"network.{level}")
+    return latency, bandwidth, nics
+
+
+def topology_hash(devices_doc, network_doc) -> str:
+    """SHA-256 of the canonical JSON of the devices and network sections (formatting does not matter)."""
+    canonical = json.dumps({"devices": devices_doc, "network": network_doc}, sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def parse_topology(document: dict, *, name: str = "topology", source: str = "") -> Topology:
+    """Build a ``Topology`` from the ``devices`` and ``network`` sections of a parsed document."""
+    if "devices" not in document:
+        raise InputError("is missing: list the devices", field="devices")
+    if "network" not in document:
+        raise InputError("is missing: describe the links (levels host/region/global or a matrix)", field="network")
+    devices = _parse_devices(document["devices"])
+    latency, bandwidth, nics = _parse_network(document["network"], devices)
+    return Topology(name=name, devices=tuple(devices), latency_s=latency, bandwidth_bytes_per_s=bandwidth,
+                    nic_bytes_per_s=nics, sha256=topology_hash(document["devices"], document["network"]),
+                    source=source)

@@ -1,0 +1,1 @@
+"""Data only: device catalog, model presets and shipped topologies (no code lives here)."""
