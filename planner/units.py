@@ -62,7 +62,11 @@ def parse_quantity(value, kind: str, *, field: str, allow_zero: bool = False) ->
         raise InputError(f"{value!r} has no unit: write it with one, e.g. {example}", field=field)
     if not isinstance(value, str):
         raise InputError(f"expected a {kind} quantity such as {example}, got {type(value).__name__}", field=field)
-    match = re.fullmatch(_NUMBER + r"\s*(\S+)", value.strip())
+    if re.fullmatch(_NUMBER, value.strip()):
+        if allow_zero and float(value) == 0:
+            return 0.0
+        raise InputError(f"{value!r} has no unit: write it with one, e.g. {example}", field=field)
+    match = re.fullmatch(_NUMBER + r"\s*([^\d\s.]\S*)", value.strip())
     if not match:
         raise InputError(f"cannot read {value!r}: write a number and a unit, e.g. {example}", field=field)
     number, unit = float(match.group(1)), match.group(2)

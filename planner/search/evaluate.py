@@ -12,7 +12,7 @@ import numpy as np
 from cost_models import comm
 from planner.search.balance import layer_costs, split_batch, split_layers, stage_memory_bytes
 
-__all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement"]
+__all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "effective_bandwidth"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -23,6 +23,7 @@ class SearchContext:
     speed: np.ndarray  # effective FLOP/s per device
     capacity: np.ndarray  # usable bytes per device
     mem_bw: np.ndarray
+    bandwidth: np.ndarray  # link bandwidth capped by the hosts' shared NICs (B/s)
     costs: dict  # (micro_batch, stages) -> LayerCosts
 
 
@@ -39,10 +40,25 @@ class Candidate:
         return (self.assign.tobytes(), self.layer_counts, self.microbatches, self.micro_batch, self.schedule)
 
 
+def effective_bandwidth(topology) -> np.ndarray:
+    """Each link's bandwidth capped by its sender's egress and receiver's ingress NIC (inter-host only)."""
+    n = topology.size
+    egress = np.full(n, np.inf)
+    ingress = np.full(n, np.inf)
+    for i, d in enumerate(topology.devices):
+        nic = topology.nic_of(d.host)
+        if nic:
+            egress[i], ingress[i] = nic
+    other_host = topology.host_ids[:, None] != topology.host_ids[None, :]
+    capped = np.minimum(topology.bandwidth_bytes_per_s, np.minimum(egress[:, None], ingress[None, :]))
+    return np.where(other_host, capped, topology.bandwidth_bytes_per_s)
+
+
 def make_context(topology, model, training) -> SearchContext:
     return SearchContext(topology=topology, model=model, training=training,
                          speed=topology.effective_flops(training.precision), capacity=topology.memory_bytes(),
-                         mem_bw=np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices]), costs={})
+                         mem_bw=np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices]),
+                         bandwidth=effective_bandwidth(topology), costs={})
 
 
 def _costs(ctx: SearchContext, micro_batch: int, stages: int):
@@ -77,9 +93,9 @@ def evaluate_placement(ctx: SearchContext, assign: np.ndarray, micro_batch: int,
     # Pipeline links: busy time per micro-batch and latency, both directions.
     if S > 1:
         a, b = assign[:, :-1], assign[:, 1:]
-        busy = costs.boundary_bytes * (1.0 / topo.bandwidth_bytes_per_s[a, b] + 1.0 / topo.bandwidth_bytes_per_s[b, a])
-        link_bottleneck = np.maximum(costs.boundary_bytes / topo.bandwidth_bytes_per_s[a, b],
-                                     costs.boundary_bytes / topo.bandwidth_bytes_per_s[b, a]).max(axis=1)
+        busy = costs.boundary_bytes * (1.0 / ctx.bandwidth[a, b] + 1.0 / ctx.bandwidth[b, a])
+        link_bottleneck = np.maximum(costs.boundary_bytes / ctx.bandwidth[a, b],
+                                     costs.boundary_bytes / ctx.bandwidth[b, a]).max(axis=1)
         link_fill = (busy + topo.latency_s[a, b] + topo.latency_s[b, a]).sum(axis=1)
     else:
         link_bottleneck = np.zeros(R)
@@ -119,7 +135,7 @@ def evaluate_placement(ctx: SearchContext, assign: np.ndarray, micro_batch: int,
     if R > 1:
         nxt = np.roll(assign, -1, axis=0)
         hop_lat = topo.latency_s[assign, nxt]
-        hop_bw = topo.bandwidth_bytes_per_s[assign, nxt]
+        hop_bw = ctx.bandwidth[assign, nxt]
         sync = np.array([comm.ring_allreduce_time_s(grads[s], hop_lat[:, s], hop_bw[:, s]) for s in range(S)])
     score = float((finish + sync).max())
     return Candidate(assign=assign, layer_counts=tuple(int(c) for c in counts),

@@ -1,0 +1,31 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = sorted(p for p in (ROOT / "topologies").glob("*/*.yaml") if p.parent.name in ("dtfm", "hetero"))
+
+
+def small_topology(**overrides) -> dict:
+    """A 4-device, 2-region topology document with a tiny model (plans in milliseconds)."""
+    doc = {
+        "name": "small",
+        "devices": [{"name": "fast", "count": 2, "type": "A100-80GB", "region": "east"},
+                    {"name": "slow", "count": 2, "type": "T4", "region": "west"}],
+        "network": {"region": {"latency": "1ms", "bandwidth": "10Gbps"},
+                    "global": {"latency": "20ms", "bandwidth": "1Gbps"}},
+        "model": "tiny",
+        "training": {"global_batch": 16, "micro_batch": 1, "schedule": "1f1b", "precision": "bf16"},
+    }
+    doc.update(overrides)
+    return doc
+
+
+@pytest.fixture
+def write_yaml(tmp_path):
+    def write(document, name="topology.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(document, sort_keys=False) if not isinstance(document, str) else document)
+        return path
+    return write

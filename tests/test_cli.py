@@ -1,0 +1,77 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from planner.cli import main
+from planner.job import load_job
+from planner.plan import read_plan, validate_plan
+
+from conftest import SHIPPED, small_topology
+
+
+def test_plan_prints_degrees_table_prediction_and_memory(write_yaml, capsys, tmp_path):
+    path = write_yaml(small_topology())
+    assert main([str(path), "-o", str(tmp_path / "plan.yaml")]) == 0
+    out = capsys.readouterr().out
+    for fragment in ("Degrees:", "replica", "stage 0", "Predicted iteration time", "compute", "bubble",
+                     "gradient sync", "tokens/s", "MFU", "Lower bound", "Memory", "Plan written"):
+        assert fragment in out
+    plan, _ = read_plan(tmp_path / "plan.yaml")
+    job = load_job(path)
+    validate_plan(plan, job.topology, job.model, job.training)
+
+
+def test_format_json_prints_the_plan_document(write_yaml, capsys):
+    assert main([str(write_yaml(small_topology())), "--format", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["degrees"]["stages"] * document["degrees"]["replicas"] <= 4
+    assert document["prediction"]["iteration_s"] > 0
+
+
+def test_model_and_batch_overrides(write_yaml, capsys):
+    doc = small_topology()
+    doc.pop("model")
+    doc.pop("training")
+    assert main([str(write_yaml(doc)), "--model", "tiny", "--global-batch", "8", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["global_batch"] == 8
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["missing.yaml"], "file not found"),
+    (["{topo}", "--model", "gpt5"], "unknown model preset"),
+    (["{topo}", "--global-batch", "0"], "--global-batch"),
+    (["{topo}", "--time-limit", "-1"], "--time-limit"),
+    (["{topo}", "-o", "plan.txt"], "name the file .yaml or .json"),
+    (["{topo}", "--micro-batch", "3"], "not a multiple"),
+])
+def test_user_mistakes_exit_2_with_one_line(write_yaml, capsys, args, fragment):
+    topo = str(write_yaml(small_topology()))
+    assert main([a.format(topo=topo) for a in args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and "\n" not in err and "Traceback" not in err
+
+
+def test_model_that_cannot_fit_anywhere_exits_2(write_yaml, capsys):
+    doc = small_topology(model="gpt3-13b")
+    doc["training"]["global_batch"] = 16
+    assert main([str(write_yaml(doc)), "--time-limit", "5"]) == 2
+    assert "no plan fits in memory" in capsys.readouterr().err
+
+
+def test_console_script_runs_without_torch(write_yaml):
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from planner.cli import main\n"
+            f"raise SystemExit(main([{str(write_yaml(small_topology()))!r}, '--format', 'json']))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_every_shipped_topology_plans_validly(path, tmp_path, capsys):
+    assert main([str(path), "-o", str(tmp_path / "plan.json"), "--time-limit", "20"]) == 0
+    plan, _ = read_plan(tmp_path / "plan.json")
+    job = load_job(path)
+    validate_plan(plan, job.topology, job.model, job.training)

@@ -1,0 +1,82 @@
+"""Formulas three ways: a hand case, a published number, and a second derivation."""
+
+import pytest
+
+from cost_models import comm, flops, memory
+from planner.model import model_preset
+
+
+def test_layer_parameters_hand_case():
+    # h = 2: 12*4 + 13*2 = 74
+    assert flops.layer_parameters(2, 8) == 74
+
+
+def test_gpt3_xl_parameters_match_published_1_3e9():
+    # Brown et al. 2020, Table 2.1: GPT-3 XL has 1.3B parameters.
+    m = model_preset("gpt3-xl")
+    total = flops.model_parameters(m.layers, m.hidden, m.ffn_hidden, m.vocabulary, m.sequence)
+    assert total == pytest.approx(1.3e9, rel=0.02)
+
+
+def test_llama_7b_parameters_match_published():
+    # Touvron et al. 2023, Table 2: 6.7B.
+    m = model_preset("llama-7b")
+    total = flops.model_parameters(m.layers, m.hidden, m.ffn_hidden, m.vocabulary, m.sequence, gated_mlp=True,
+                                   biases=False, tied=False, learned_positions=False)
+    assert total == pytest.approx(6.74e9, rel=0.01)
+
+
+def test_layer_forward_flops_hand_case():
+    # b=1, s=2, h=2, f=8: 24*1*2*4 + 4*1*4*2 = 192 + 32
+    assert flops.layer_forward_flops(1, 2, 2, 8) == 224
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_megatron_iteration_formula_equals_sum_of_per_layer_terms(recompute):
+    # Narayanan et al. SC'21, Appendix: the closed form is the sum of the per-layer terms.
+    B, s, l, h, v = 8, 2048, 24, 2048, 50257
+    per_layer = l * flops.layer_forward_flops(B, s, h, 4 * h) * flops.training_flops_multiplier(recompute)
+    head = 3 * flops.head_forward_flops(B, s, h, v)
+    assert per_layer + head == pytest.approx(flops.megatron_iteration_flops(B, s, l, h, v, recompute=recompute))
+
+
+def test_six_n_d_rule_of_thumb():
+    # Kaplan et al. 2020: training FLOPs ~ 6 * parameters * tokens (for s << 6h).
+    m = model_preset("gpt3-6.7b")
+    n = flops.model_parameters(m.layers, m.hidden, m.ffn_hidden, m.vocabulary, m.sequence)
+    total = flops.megatron_iteration_flops(1, m.sequence, m.layers, m.hidden, m.vocabulary, recompute=False)
+    assert total == pytest.approx(6 * n * m.sequence, rel=0.12)
+
+
+def test_activation_memory_korthikanti():
+    # Korthikanti et al. 2022, eq. 1: s*b*h*(34 + 5as/h); hand case s=2, b=1, h=4, a=2: 8*(34+5) = 312
+    assert memory.layer_activation_bytes(2, 1, 4, 2) == 312
+    assert memory.layer_activation_bytes(2, 1, 4, 2, flash_attention=True) == 8 * 34
+    assert memory.layer_activation_bytes(2, 1, 4, 2, recompute=True) == 16
+
+
+def test_in_flight_microbatches():
+    assert memory.in_flight_microbatches("gpipe", 0, 4, 16) == 16
+    assert [memory.in_flight_microbatches("1f1b", s, 4, 16) for s in range(4)] == [4, 3, 2, 1]
+    assert memory.in_flight_microbatches("1f1b", 0, 4, 2) == 2
+
+
+def test_mixed_precision_adam_is_16_bytes_per_parameter():
+    # Rajbhandari et al. 2020 (ZeRO), sec. 3.1: 2 + 2 + 12 bytes.
+    assert memory.state_bytes_per_parameter("bf16", "adam") == 16
+
+
+def test_ring_allreduce_hand_case_and_bandwidth_term():
+    # 4 members, 1 GB, 1 GB/s, no latency: 2*3/4 * 1 = 1.5 s
+    assert comm.ring_allreduce_time_s(1e9, [0] * 4, [1e9] * 4) == pytest.approx(1.5)
+    # the slowest hop and the largest latency govern: + 6 * 0.01
+    assert comm.ring_allreduce_time_s(1e9, [0, 0.01, 0, 0], [1e9, 1e9, 0.5e9, 1e9]) == pytest.approx(3.06)
+    assert comm.ring_allreduce_time_s(1e9, [0.1], [1.0]) == 0.0
+
+
+def test_sharded_exchange_matches_ring_bandwidth_term_on_uniform_links():
+    # Second derivation: with equal links, the sharded exchange moves 2(k-1)/k n per member, like a ring.
+    import numpy as np
+    k, n, bw = 4, 1e9, 1e9
+    sharded = comm.sharded_exchange_time_s(n, np.zeros((k, k)), np.full((k, k), bw))
+    assert sharded == pytest.approx(comm.ring_allreduce_time_s(n, [0] * k, [bw] * k))

@@ -1,0 +1,97 @@
+import itertools
+
+import numpy as np
+import pytest
+
+from planner.job import load_job
+from planner.plan import validate_plan
+from planner.search.balance import layer_costs, split_batch, split_layers, stage_memory_bytes
+from planner.search.front import SearchOptions, search
+
+from conftest import small_topology
+
+
+def _brute_layers(costs, speed, capacity, microbatches, schedule):
+    R, S = speed.shape
+    best = None
+    for cut in itertools.combinations(range(1, costs.layers), S - 1):
+        counts = np.diff((0,) + cut + (costs.layers,))
+        worst = 0.0
+        ok = True
+        for s, n in enumerate(counts):
+            work = n * costs.layer_flops + (costs.head_flops if s == S - 1 else 0)
+            worst = max(worst, (work / speed[:, s]).max())
+            for r in range(R):
+                in_flight = microbatches[r] if schedule == "gpipe" else min(S - s, microbatches[r])
+                ok &= stage_memory_bytes(costs, n, s, S, in_flight) <= capacity[r, s]
+        if ok and (best is None or worst < best - 1e-12):
+            best = worst
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_layer_split_matches_brute_force(seed):
+    from planner.model import model_preset, TrainingSpec
+    rng = np.random.default_rng(seed)
+    model = model_preset("tiny")
+    from dataclasses import replace
+    model = replace(model, layers=int(rng.integers(3, 9)))
+    training = TrainingSpec(global_batch=16, micro_batch=1, schedule="1f1b")
+    R, S = int(rng.integers(1, 3)), int(rng.integers(1, 4))
+    costs = layer_costs(model, training, 1, S)
+    speed = rng.uniform(1e9, 4e9, (R, S))
+    base = stage_memory_bytes(costs, 1, 0, S, 4)
+    capacity = rng.uniform(1.0, 3.0, (R, S)) * base
+    microbatches = np.full(R, 4)
+    counts = split_layers(costs, "1f1b", speed, capacity, microbatches)
+    brute = _brute_layers(costs, speed, capacity, microbatches, "1f1b")
+    if brute is None:
+        assert counts is None
+    else:
+        work = np.array(counts, float) * costs.layer_flops
+        work[-1] += costs.head_flops
+        assert (work / speed).max() == pytest.approx(brute)
+
+
+def test_batch_split_water_filling_is_optimal():
+    fill, bottleneck = np.array([1.0, 2.0, 0.5]), np.array([1.0, 0.5, 2.0])
+    counts = split_batch(10, fill, bottleneck)
+    best = min(max(fill + (np.array(c) - 1) * bottleneck) for c in itertools.product(range(1, 9), repeat=3)
+               if sum(c) == 10)
+    assert counts.sum() == 10 and max(fill + (counts - 1) * bottleneck) == pytest.approx(best)
+    assert split_batch(2, fill, bottleneck) is None
+
+
+def test_same_seed_same_plan(write_yaml):
+    job = load_job(write_yaml(small_topology()))
+    plans = [search(job.topology, job.model, job.training, SearchOptions(seed=7, time_limit_s=60)).plan
+             for _ in range(2)]
+    assert plans[0].assignment == plans[1].assignment and plans[0].microbatches == plans[1].microbatches
+
+
+def test_a_device_too_slow_to_help_stays_idle(write_yaml):
+    doc = small_topology()
+    doc["devices"] = [{"name": "fast", "count": 3, "type": "A100-80GB", "region": "east"},
+                      {"name": "crawler", "peak_flops": "1TFLOPS", "memory": "80GB", "region": "east"}]
+    doc["network"] = {"region": {"latency": "0.01ms", "bandwidth": "400Gbps"}}
+    job = load_job(write_yaml(doc))
+    result = search(job.topology, job.model, job.training, SearchOptions(time_limit_s=20))
+    assert "crawler" in result.plan.idle
+    validate_plan(result.plan, job.topology, job.model, job.training)
+
+
+def test_faster_replicas_take_more_microbatches(write_yaml):
+    doc = small_topology()
+    doc["network"] = {"region": {"latency": "0.01ms", "bandwidth": "400Gbps"},
+                      "global": {"latency": "0.01ms", "bandwidth": "400Gbps"}}
+    doc["training"]["global_batch"] = 64
+    job = load_job(write_yaml(doc))
+    plan = search(job.topology, job.model, job.training, SearchOptions(stages=1, replicas=4)).plan
+    counts = dict(zip((row[0] for row in plan.assignment), plan.microbatches))
+    assert counts["fast-0"] > counts["slow-0"]
+
+
+def test_bound_is_below_every_prediction(write_yaml):
+    job = load_job(write_yaml(small_topology()))
+    result = search(job.topology, job.model, job.training)
+    assert 0 < result.lower_bound_s <= result.predicted_s and 0 <= result.gap < 1
