@@ -91,21 +91,25 @@ def _in_flight(schedule: str, stages: int, microbatches: np.ndarray) -> np.ndarr
                      for m in microbatches])
 
 
-def _max_layers(costs, stage, stages, speed_col, capacity_col, in_flight_col, limit_s) -> int:
-    """Most layers stage ``stage`` can hold within ``limit_s`` per micro-batch and memory, on all replicas."""
-    head = costs.head_flops if stage == stages - 1 else 0.0
-    by_time = np.floor((limit_s * speed_col - head) / costs.layer_flops + 1e-9).min()
-    mem_zero = stage_memory_bytes(costs, 0, stage, stages, in_flight_col)
-    per_layer = costs.layer_params * costs.state_bytes_per_param + in_flight_col * costs.layer_kept_bytes
-    by_memory = np.floor((capacity_col - mem_zero) / per_layer + 1e-9).min()
-    return int(max(min(by_time, by_memory, costs.layers), -1))
+def _stage_limits(costs, stages, speed, capacity, in_flight):
+    """Per stage: the slowest replica's speed and the most layers memory allows on every replica."""
+    slowest = speed.min(axis=0)
+    by_memory = np.empty(stages, dtype=np.int64)
+    for s in range(stages):
+        mem_zero = stage_memory_bytes(costs, 0, s, stages, in_flight[:, s])
+        per_layer = costs.layer_params * costs.state_bytes_per_param + in_flight[:, s] * costs.layer_kept_bytes
+        by_memory[s] = int(max(np.floor((capacity[:, s] - mem_zero) / per_layer + 1e-9).min(), -1))
+    return slowest.tolist(), np.minimum(by_memory, costs.layers).tolist()
 
 
-def _fill(costs, stages, speed, capacity, in_flight, limit_s):
+def _fill(costs, stages, slowest, by_memory, limit_s):
+    """Greedy: each stage takes as many layers as ``limit_s`` and memory allow; None if they do not all fit."""
     counts = []
     left = costs.layers
     for s in range(stages):
-        most = _max_layers(costs, s, stages, speed[:, s], capacity[:, s], in_flight[:, s], limit_s)
+        head = costs.head_flops if s == stages - 1 else 0.0
+        by_time = int(np.floor((limit_s * slowest[s] - head) / costs.layer_flops + 1e-9))
+        most = min(by_time, by_memory[s])
         if s == stages - 1:
             if most < left:
                 return None
@@ -129,39 +133,51 @@ def split_layers(costs: LayerCosts, schedule: str, speed: np.ndarray, capacity_b
     R, S = speed.shape
     if S > costs.layers:
         return None
-    in_flight = _in_flight(schedule, S, microbatches)
-    candidates = []
-    for s in range(S):
-        n = np.arange(1, costs.layers - S + 2)
-        head = costs.head_flops if s == S - 1 else 0.0
-        candidates.append(((n[None, :] * costs.layer_flops + head) / speed[:, s][:, None]).ravel())
+    slowest, by_memory = _stage_limits(costs, S, speed, capacity_bytes, _in_flight(schedule, S, microbatches))
+    n = np.arange(1, costs.layers - S + 2)
+    candidates = [(n * costs.layer_flops + (costs.head_flops if s == S - 1 else 0.0)) / slowest[s] for s in range(S)]
     values = np.unique(np.concatenate(candidates))
-    if _fill(costs, S, speed, capacity_bytes, in_flight, values[-1]) is None:
+    if _fill(costs, S, slowest, by_memory, values[-1]) is None:
         return None
     lo, hi = 0, len(values) - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        if _fill(costs, S, speed, capacity_bytes, in_flight, values[mid]) is not None:
+        if _fill(costs, S, slowest, by_memory, values[mid]) is not None:
             hi = mid
         else:
             lo = mid + 1
-    return _fill(costs, S, speed, capacity_bytes, in_flight, values[lo])
+    return _fill(costs, S, slowest, by_memory, values[lo])
 
 
 def split_batch(total: int, fill_s: np.ndarray, bottleneck_s: np.ndarray, cap: np.ndarray | None = None):
     """Micro-batch counts per replica minimising ``max_r fill_r + (M_r - 1) * bottleneck_r``.
 
     ``cap[r]`` bounds ``M_r`` (GPipe keeps every micro-batch in flight). None when ``total`` cannot
-    be placed (fewer micro-batches than replicas, or caps too small).
+    be placed (fewer micro-batches than replicas, or caps too small). A bisection on the finish time
+    places all but a few micro-batches at once; the greedy finishes the rest one at a time.
     """
     R = len(fill_s)
     cap = np.full(R, total, dtype=np.int64) if cap is None else np.minimum(cap, total)
     if total < R or (cap < 1).any() or cap.sum() < total:
         return None
-    counts = np.ones(R, dtype=np.int64)
-    heap = [(fill_s[r] + bottleneck_s[r], r) for r in range(R) if counts[r] < cap[r]]
+    step = np.maximum(bottleneck_s, 1e-300)
+
+    def count(limit):
+        return np.clip(np.floor((limit - fill_s) / step).astype(np.int64) + 1, 1, cap)
+
+    lo, hi = float(fill_s.min()), float((fill_s + (total - 1) * step).max())
+    for _ in range(32):
+        mid = 0.5 * (lo + hi)
+        if count(mid).sum() >= total:
+            hi = mid
+        else:
+            lo = mid
+    counts = count(lo)
+    if counts.sum() > total:
+        counts = np.ones(R, dtype=np.int64)
+    heap = [(fill_s[r] + counts[r] * bottleneck_s[r], r) for r in range(R) if counts[r] < cap[r]]
     heapq.heapify(heap)
-    for _ in range(total - R):
+    for _ in range(int(total - counts.sum())):
         if not heap:
             return None
         _, r = heapq.heappop(heap)
