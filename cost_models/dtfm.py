@@ -9,8 +9,6 @@ import itertools
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import maximum_bipartite_matching
 
 from cost_models.comm import sharded_exchange_time_s
 
@@ -59,16 +57,19 @@ def pp_edge_cost_s(latency_s, bandwidth_bytes_per_s, c_pp_bytes: float = DTFM_C_
 def bottleneck_matching(cost: np.ndarray) -> tuple:
     """``min over bijections pi of max_d cost[d, pi(d)]`` and one optimal bijection.
 
-    Threshold search over the sorted distinct costs with a bipartite perfect-matching test
-    (Hopcroft-Karp in scipy); the final matching minimises the sum among bottleneck-optimal ones.
+    Binary search over the sorted distinct costs; a threshold admits a perfect matching iff the
+    assignment problem on the 0/1 matrix "edge above threshold" has optimum 0 (Hungarian method in
+    scipy). The returned matching minimises the sum among bottleneck-optimal ones.
     """
-    k = cost.shape[0]
     values = np.unique(cost)
-    lo, hi = 0, len(values) - 1
+    # Every row's and every column's cheapest edge must be usable: a lower bound to start from.
+    floor = max(cost.min(axis=1).max(), cost.min(axis=0).max())
+    lo, hi = int(np.searchsorted(values, floor)), len(values) - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        graph = csr_matrix((cost <= values[mid]).astype(np.int8))
-        if (maximum_bipartite_matching(graph, perm_type="column") >= 0).sum() == k:
+        blocked = (cost > values[mid]).astype(float)
+        rows, cols = linear_sum_assignment(blocked)
+        if blocked[rows, cols].sum() == 0:
             hi = mid
         else:
             lo = mid + 1
@@ -80,8 +81,10 @@ def bottleneck_matching(cost: np.ndarray) -> tuple:
 def open_path_tsp(weight: np.ndarray) -> tuple:
     """Shortest Hamiltonian path (any start, any end) by Held-Karp dynamic programming.
 
-    Exact; ``O(2^n n^2)``, fine up to about 16 groups. Returns (length, order).
+    Exact; ``O(2^n n^2)``, vectorised over all subsets of one size at a time; fine up to about 16
+    groups. Returns (length, order).
     """
+    weight = np.asarray(weight, dtype=float)
     n = weight.shape[0]
     if n == 1:
         return 0.0, [0]
@@ -89,31 +92,34 @@ def open_path_tsp(weight: np.ndarray) -> tuple:
         raise ValueError("open_path_tsp is exact and limited to 16 nodes")
     full = 1 << n
     dp = np.full((full, n), np.inf)
-    parent = np.full((full, n), -1, dtype=int)
-    for j in range(n):
-        dp[1 << j, j] = 0.0
-    for mask in range(1, full):
-        row = dp[mask]
-        if not np.isfinite(row).any():
-            continue
-        for j in np.flatnonzero(np.isfinite(row)):
-            if not (mask >> j) & 1:
-                continue
-            base = row[j]
-            for k in range(n):
-                if (mask >> k) & 1:
-                    continue
-                nxt = mask | (1 << k)
-                value = base + weight[j, k]
-                if value < dp[nxt, k]:
-                    dp[nxt, k] = value
-                    parent[nxt, k] = j
+    parent = np.full((full, n), -1, dtype=np.int64)
+    dp[1 << np.arange(n), np.arange(n)] = 0.0
+    masks = np.arange(full)
+    popcount = np.array([bin(m).count("1") for m in range(full)])
+    bits = (masks[:, None] >> np.arange(n)[None, :]) & 1
+    for size in range(1, n):
+        layer = masks[popcount == size]
+        # extend every path ending in j (in mask) by an unvisited k
+        total = dp[layer][:, :, None] + weight[None, :, :]  # (m, j, k)
+        best_j = total.argmin(axis=1)  # (m, k)
+        best = np.take_along_axis(total, best_j[:, None, :], axis=1)[:, 0, :]
+        free = bits[layer] == 0
+        rows, ks = np.nonzero(free)
+        targets = layer[rows] | (1 << ks)
+        values = best[rows, ks]
+        order = np.lexsort((values, targets * n + ks))
+        targets, ks, values, js = targets[order], ks[order], values[order], best_j[rows, ks][order]
+        keys = targets * n + ks
+        first = np.ones(len(keys), dtype=bool)
+        first[1:] = keys[1:] != keys[:-1]
+        dp[targets[first], ks[first]] = values[first]
+        parent[targets[first], ks[first]] = js[first]
     end = int(np.argmin(dp[full - 1]))
     order, mask = [end], full - 1
     while parent[mask, order[-1]] >= 0:
-        previous = parent[mask, order[-1]]
+        previous = int(parent[mask, order[-1]])
         mask ^= 1 << order[-1]
-        order.append(int(previous))
+        order.append(previous)
     return float(dp[full - 1, end]), order[::-1]
 
 

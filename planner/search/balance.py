@@ -103,37 +103,44 @@ def _stage_limits(costs, stages, speed, capacity, in_flight):
 
 
 def _fill(costs, stages, slowest, by_memory, limit_s):
-    """Greedy: each stage takes as many layers as ``limit_s`` and memory allow; None if they do not all fit."""
-    counts = []
-    left = costs.layers
+    """Layer counts within ``limit_s`` and memory, as even as the limits allow (None if they cannot all fit).
+
+    Stage s may take at most ``most[s]`` layers; it takes about an even share of what is left, but
+    never so few that the stages after it cannot hold the rest (their suffix capacity).
+    """
+    most = []
     for s in range(stages):
         head = costs.head_flops if s == stages - 1 else 0.0
-        by_time = int(np.floor((limit_s * slowest[s] - head) / costs.layer_flops + 1e-9))
-        most = min(by_time, by_memory[s])
-        if s == stages - 1:
-            if most < left:
-                return None
-            counts.append(left)
-            return counts
-        take = min(most, left - (stages - 1 - s))
+        by_time = np.floor((limit_s * slowest[s] - head) / costs.layer_flops + 1e-9)
+        most.append(int(min(by_time, by_memory[s])))
+    if min(most) < 1 or sum(most) < costs.layers:
+        return None
+    suffix = np.concatenate([np.cumsum(most[::-1])[::-1], [0]])
+    counts, left = [], costs.layers
+    for s in range(stages):
+        remaining = stages - s
+        take = min(most[s], max(-(-left // remaining), left - int(suffix[s + 1])))
+        take = min(take, left - (remaining - 1))
         if take < 1:
             return None
         counts.append(take)
         left -= take
-    return counts
+    return counts if left == 0 else None
 
 
 def split_layers(costs: LayerCosts, schedule: str, speed: np.ndarray, capacity_bytes: np.ndarray,
-                 microbatches: np.ndarray):
+                 microbatches: np.ndarray, *, even: bool = False):
     """Optimal layer counts per stage (min of the max per-micro-batch stage time, memory respected).
 
     ``speed`` and ``capacity_bytes`` are (R, S) arrays of the placed devices. Returns the list of
-    counts, or None when no split fits in memory.
+    counts, or None when no split fits in memory. ``even``: the most even split that fits instead.
     """
     R, S = speed.shape
     if S > costs.layers:
         return None
     slowest, by_memory = _stage_limits(costs, S, speed, capacity_bytes, _in_flight(schedule, S, microbatches))
+    if even:  # the most even split memory allows, whatever the compute balance
+        return _fill(costs, S, slowest, by_memory, np.inf)
     n = np.arange(1, costs.layers - S + 2)
     candidates = [(n * costs.layer_flops + (costs.head_flops if s == S - 1 else 0.0)) / slowest[s] for s in range(S)]
     values = np.unique(np.concatenate(candidates))

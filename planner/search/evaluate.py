@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models import comm
+from planner.costing import greedy_ring_order, ring_hops
 from planner.search.balance import layer_costs, split_batch, split_layers, stage_memory_bytes
 
 __all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "effective_bandwidth"]
@@ -25,6 +26,7 @@ class SearchContext:
     mem_bw: np.ndarray
     bandwidth: np.ndarray  # link bandwidth capped by the hosts' shared NICs (B/s)
     costs: dict  # (micro_batch, stages) -> LayerCosts
+    rings: dict  # sorted member tuple -> (all-reduce seconds per byte, latency seconds)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -58,7 +60,7 @@ def make_context(topology, model, training) -> SearchContext:
     return SearchContext(topology=topology, model=model, training=training,
                          speed=topology.effective_flops(training.precision), capacity=topology.memory_bytes(),
                          mem_bw=np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices]),
-                         bandwidth=effective_bandwidth(topology), costs={})
+                         bandwidth=effective_bandwidth(topology), costs={}, rings={})
 
 
 def _costs(ctx: SearchContext, micro_batch: int, stages: int):
@@ -66,6 +68,28 @@ def _costs(ctx: SearchContext, micro_batch: int, stages: int):
     if key not in ctx.costs:
         ctx.costs[key] = layer_costs(ctx.model, ctx.training, micro_batch, stages)
     return ctx.costs[key]
+
+
+def _ring(ctx: SearchContext, members: np.ndarray) -> tuple:
+    """(seconds per byte, latency seconds) of the all-reduce ring the plan will use for ``members``
+    (nearest-neighbour ``greedy_ring_order``; the plan's 2-opt ring is never slower), memoised per
+    member set: local search changes few groups at a time."""
+    key = tuple(sorted(members.tolist()))
+    if key not in ctx.rings:
+        names = [ctx.topology.names[d] for d in key]
+        order = greedy_ring_order(ctx.topology, names, improve=False)
+        latency, bandwidth = ring_hops(ctx.topology, [names[i] for i in order])
+        per_byte = comm.ring_allreduce_time_s(1.0, np.zeros_like(latency), bandwidth)
+        ctx.rings[key] = (per_byte, comm.ring_allreduce_time_s(0.0, latency, bandwidth))
+    return ctx.rings[key]
+
+
+def _ring_seconds_per_byte(ctx, members) -> float:
+    return _ring(ctx, members)[0]
+
+
+def _ring_latency(ctx, members) -> float:
+    return _ring(ctx, members)[1]
 
 
 def _gpipe_caps(costs, counts, capacity):
@@ -81,7 +105,17 @@ def _gpipe_caps(costs, counts, capacity):
 
 def evaluate_placement(ctx: SearchContext, assign: np.ndarray, micro_batch: int, schedule: str,
                        microbatches=None) -> Candidate | None:
-    """Best layer and batch split for ``assign`` and its estimated iteration time (None if it cannot fit)."""
+    """Best layer and batch split for ``assign`` and its estimated iteration time (None if it cannot fit).
+
+    Two layer splits are scored: the one that minimises the slowest stage's compute, and the most
+    even one that fits (smaller gradient all-reduces where the sync dominates); the faster wins.
+    """
+    results = [_evaluate(ctx, assign, micro_batch, schedule, microbatches, even) for even in (False, True)]
+    results = [r for r in results if r is not None]
+    return min(results, key=lambda c: c.score_s) if results else None
+
+
+def _evaluate(ctx, assign, micro_batch, schedule, microbatches, even_layers) -> Candidate | None:
     R, S = assign.shape
     total = ctx.training.global_batch // micro_batch
     if total < R:
@@ -96,7 +130,8 @@ def evaluate_placement(ctx: SearchContext, assign: np.ndarray, micro_batch: int,
         busy = costs.boundary_bytes * (1.0 / ctx.bandwidth[a, b] + 1.0 / ctx.bandwidth[b, a])
         link_bottleneck = np.maximum(costs.boundary_bytes / ctx.bandwidth[a, b],
                                      costs.boundary_bytes / ctx.bandwidth[b, a]).max(axis=1)
-        link_fill = (busy + topo.latency_s[a, b] + topo.latency_s[b, a]).sum(axis=1)
+        link_round_trip = busy + topo.latency_s[a, b] + topo.latency_s[b, a]  # (R, S-1)
+        link_fill = link_round_trip.sum(axis=1)
     else:
         link_bottleneck = np.zeros(R)
         link_fill = np.zeros(R)
@@ -106,7 +141,7 @@ def evaluate_placement(ctx: SearchContext, assign: np.ndarray, micro_batch: int,
     microbatches = np.asarray(microbatches)
     counts = None
     for _ in range(2):
-        counts = split_layers(costs, schedule, speed, capacity, microbatches)
+        counts = split_layers(costs, schedule, speed, capacity, microbatches, even=even_layers)
         if counts is None:
             return None
         work = np.array(counts, dtype=float) * costs.layer_flops
@@ -114,6 +149,13 @@ def evaluate_placement(ctx: SearchContext, assign: np.ndarray, micro_batch: int,
         tau = work[None, :] / speed  # (R, S) forward + backward per micro-batch
         fill = tau.sum(axis=1) + link_fill
         bottleneck = np.maximum(tau.max(axis=1), link_bottleneck)
+        if schedule == "1f1b" and S > 1:
+            # Stage s admits a new micro-batch only after one of its S - s in flight came back:
+            # throughput <= (S - s) / round trip from s to the last stage and back.
+            hop = np.zeros((R, S))
+            hop[:, :-1] = link_round_trip
+            trip = np.cumsum((tau + hop)[:, ::-1], axis=1)[:, ::-1]  # (R, S): stage s .. S-1 and back
+            bottleneck = np.maximum(bottleneck, (trip / (S - np.arange(S))[None, :]).max(axis=1))
         cap = _gpipe_caps(costs, counts, capacity) if schedule == "gpipe" else None
         new = split_batch(total, fill, bottleneck, cap)
         if new is None:
@@ -133,10 +175,8 @@ def evaluate_placement(ctx: SearchContext, assign: np.ndarray, micro_batch: int,
     grads[-1] += costs.last_params * ctx.training.activation_bytes
     sync = np.zeros(S)
     if R > 1:
-        nxt = np.roll(assign, -1, axis=0)
-        hop_lat = topo.latency_s[assign, nxt]
-        hop_bw = ctx.bandwidth[assign, nxt]
-        sync = np.array([comm.ring_allreduce_time_s(grads[s], hop_lat[:, s], hop_bw[:, s]) for s in range(S)])
+        sync = np.array([grads[s] * _ring_seconds_per_byte(ctx, assign[:, s]) + _ring_latency(ctx, assign[:, s])
+                         for s in range(S)])
     score = float((finish + sync).max())
     return Candidate(assign=assign, layer_counts=tuple(int(c) for c in counts),
                      microbatches=tuple(int(m) for m in microbatches), micro_batch=micro_batch,

@@ -31,7 +31,7 @@ class SearchOptions:
     stages: int | None = None  # pin S
     replicas: int | None = None  # pin D
     micro_batches: tuple = (1, 2, 4, 8)  # sizes tried when training.micro_batch is 0
-    simulate_top: int = 4
+    simulate_top: int = 6
 
 
 @dataclass(kw_only=True)
