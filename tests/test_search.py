@@ -95,3 +95,22 @@ def test_bound_is_below_every_prediction(write_yaml):
     job = load_job(write_yaml(small_topology()))
     result = search(job.topology, job.model, job.training)
     assert 0 < result.lower_bound_s <= result.predicted_s and 0 <= result.gap < 1
+
+
+@pytest.mark.parametrize("schedule, recompute", [("1f1b", False), ("gpipe", True)])
+def test_search_estimate_and_predictor_agree_on_memory_and_compute(write_yaml, schedule, recompute):
+    """The search's per-layer model (balance.py) and the predictor's per-stage one (costing.py) must agree."""
+    from planner.costing import stage_profile, worker_memory_bytes
+    from dataclasses import replace as dc_replace
+    job = load_job(write_yaml(small_topology()))
+    training = dc_replace(job.training, schedule=schedule, recompute=recompute)
+    bounds, S = (0, 1, 3, 4), 3
+    profile = stage_profile(job.model, training, bounds, 2)
+    costs = layer_costs(job.model, training, 2, S)
+    for s in range(S):
+        n = bounds[s + 1] - bounds[s]
+        in_flight = 5 if schedule == "gpipe" else min(S - s, 5)
+        assert stage_memory_bytes(costs, n, s, S, in_flight) == pytest.approx(
+            worker_memory_bytes(profile, training, schedule, s, 5))
+        work = n * costs.layer_flops + (costs.head_flops if s == S - 1 else 0.0)
+        assert work == pytest.approx(profile.forward_flops[s] + profile.backward_flops[s])
