@@ -114,3 +114,27 @@ def test_search_estimate_and_predictor_agree_on_memory_and_compute(write_yaml, s
             worker_memory_bytes(profile, training, schedule, s, 5))
         work = n * costs.layer_flops + (costs.head_flops if s == S - 1 else 0.0)
         assert work == pytest.approx(profile.forward_flops[s] + profile.backward_flops[s])
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_greedy_layer_split_matches_cpsat(seed):
+    from dataclasses import replace as dc_replace
+    from planner.model import TrainingSpec, model_preset
+    from planner.search.balance import _in_flight
+    from planner.search.cpsat import exact_layer_split
+    rng = np.random.default_rng(100 + seed)
+    model = dc_replace(model_preset("tiny"), layers=int(rng.integers(4, 13)))
+    training = TrainingSpec(global_batch=16, micro_batch=1, schedule="1f1b")
+    R, S = int(rng.integers(1, 4)), int(rng.integers(2, 5))
+    costs = layer_costs(model, training, 1, S)
+    speed = rng.uniform(1e9, 4e9, (R, S))
+    capacity = rng.uniform(1.0, 2.5, (R, S)) * stage_memory_bytes(costs, 2, 0, S, S)
+    microbatches = np.full(R, 4)
+    greedy = split_layers(costs, "1f1b", speed, capacity, microbatches)
+    exact = exact_layer_split(costs, speed, capacity, _in_flight("1f1b", S, microbatches))
+    if exact is None:
+        assert greedy is None
+    else:
+        work = np.array(greedy, float) * costs.layer_flops
+        work[-1] += costs.head_flops
+        assert (work / speed).max() == pytest.approx(exact[1], rel=1e-6)

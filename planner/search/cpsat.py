@@ -1,0 +1,49 @@
+"""CP-SAT models (OR-Tools). The layer split for a fixed placement as line balancing: minimise the
+slowest stage's per-micro-batch time subject to memory (cf. OR-Tools' line_balancing_sat example).
+Used to cross-check the greedy split of ``planner.search.balance``."""
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from planner.search.balance import LayerCosts, stage_memory_bytes
+
+__all__ = ["exact_layer_split", "RESOLUTION_S"]
+
+RESOLUTION_S = 1e-9  # times are scaled to integer nanoseconds
+
+
+def exact_layer_split(costs: LayerCosts, speed: np.ndarray, capacity_bytes: np.ndarray, in_flight: np.ndarray,
+                      *, time_limit_s: float = 10.0):
+    """Optimal (counts, max stage seconds), or None if no split fits. ``in_flight`` is (R, S)."""
+    R, S = speed.shape
+    L = costs.layers
+    model = cp_model.CpModel()
+    counts = [model.NewIntVar(1, L, f"layers[{s}]") for s in range(S)]
+    model.Add(sum(counts) == L)
+    worst = model.NewIntVar(0, 10**15, "slowest_stage_ns")
+    for s in range(S):
+        head = costs.head_flops if s == S - 1 else 0.0
+        for r in range(R):
+            per_layer_ns = int(round(costs.layer_flops / speed[r, s] / RESOLUTION_S))
+            head_ns = int(round(head / speed[r, s] / RESOLUTION_S))
+            model.Add(worst >= per_layer_ns * counts[s] + head_ns)
+            base = stage_memory_bytes(costs, 0, s, S, in_flight[r, s])
+            per_layer = stage_memory_bytes(costs, 1, s, S, in_flight[r, s]) - base
+            most = int(np.floor((capacity_bytes[r, s] - base) / per_layer + 1e-9))
+            if most < 1:
+                return None
+            model.Add(counts[s] <= min(most, L))
+    model.Minimize(worst)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
+    status = solver.Solve(model)
+    if status == cp_model.INFEASIBLE:
+        return None
+    if status != cp_model.OPTIMAL:
+        raise RuntimeError(f"CP-SAT stopped without proof of optimality ({solver.StatusName(status)})")
+    result = [int(solver.Value(c)) for c in counts]
+    work = np.array(result, float) * costs.layer_flops
+    work[-1] += costs.head_flops
+    return result, float((work / speed).max())
