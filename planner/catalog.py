@@ -10,7 +10,7 @@ from planner.errors import InputError
 from planner.fields import Fields
 from planner.units import parse_bandwidth_bytes_per_s, parse_bytes, parse_flops
 
-__all__ = ["DeviceType", "PRECISIONS", "load_catalog", "device_type", "parse_device_type"]
+__all__ = ["DeviceType", "PRECISIONS", "load_catalog", "device_type", "parse_device_type", "peak_for"]
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
@@ -36,15 +36,15 @@ class DeviceType:
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"{self.type_name}: efficiency must lie in (0, 1]")
 
-    def peak_flops_for(self, precision: str) -> float:
-        """Peak dense FLOP/s at ``precision``; bf16 falls back to fp16 hardware where it is missing."""
-        if precision in self.peak_flops:
-            return self.peak_flops[precision]
-        if precision == "bf16" and "fp16" in self.peak_flops:
-            return self.peak_flops["fp16"]
-        if precision == "tf32":
-            return self.peak_flops["fp32"]
-        raise InputError(f"device type {self.type_name} lists no {precision} peak", field="peak_flops")
+
+def peak_for(peak_flops: dict, precision: str) -> float:
+    """Peak dense FLOP/s at ``precision`` from a per-precision table: bf16 runs on fp16 hardware
+    where bf16 is missing (V100, T4), and anything else missing falls back to fp32."""
+    if precision in peak_flops:
+        return peak_flops[precision]
+    if precision == "bf16" and "fp16" in peak_flops:
+        return peak_flops["fp16"]
+    return peak_flops["fp32"]
 
 
 def parse_device_type(document, *, source: str) -> DeviceType:

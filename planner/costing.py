@@ -161,7 +161,7 @@ def optimizer_time_s(parameters: float, optimizer: str, memory_bandwidth_bytes_p
 def build_pipeline_job(plan: Plan, topology, model, training, profile: StageProfile | None = None) -> PipelineJob:
     """The simulator's input for ``plan``."""
     profile = profile or stage_profile(model, training, plan.layer_bounds, plan.micro_batch_size)
-    R, S = plan.replicas, plan.stages
+    S = plan.stages
     device = np.array([[topology.index(d) for d in row] for row in plan.assignment])
     speed = topology.effective_flops(training.precision)[device]  # (R, S)
     mem_bw = np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices])[device]

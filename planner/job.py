@@ -84,9 +84,4 @@ def _training(section, overrides: dict) -> TrainingSpec:
                          field="training")
     training = parse_training(section if section is not None else {"global_batch": overrides["global_batch"]})
     clean = {k: v for k, v in overrides.items() if v is not None}
-    if clean:
-        try:
-            training = replace(training, **clean)
-        except InputError:
-            raise
-    return training
+    return replace(training, **clean) if clean else training

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.catalog import PRECISIONS, device_type
+from planner.catalog import PRECISIONS, device_type, peak_for
 from planner.errors import InputError
 from planner.fields import Fields
 from planner.units import parse_bandwidth_bytes_per_s, parse_bytes, parse_flops, parse_seconds
@@ -37,16 +37,10 @@ class Device:
 
     def effective_flops(self, precision: str) -> float:
         """Achieved FLOP/s at ``precision``: peak times the calibrated efficiency."""
-        if precision in self.peak_flops:
-            peak = self.peak_flops[precision]
-        elif precision == "bf16" and "fp16" in self.peak_flops:
-            peak = self.peak_flops["fp16"]
-        else:
-            peak = self.peak_flops["fp32"]
-        return peak * self.efficiency
+        return peak_for(self.peak_flops, precision) * self.efficiency
 
     def peak_flops_for(self, precision: str) -> float:
-        return self.effective_flops(precision) / self.efficiency
+        return peak_for(self.peak_flops, precision)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

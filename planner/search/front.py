@@ -9,7 +9,7 @@
 """
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -177,8 +177,8 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     bound = lower_bound_s(topology, model, training)
     wall = time.perf_counter() - started
     gap = max(0.0, (best_time - bound) / best_time)
-    best_plan = Plan(**{**best_plan.__dict__, "search": {
+    best_plan = replace(best_plan, search={
         "algorithm": "construct+local", "seed": options.seed, "evaluations": evaluations,
-        "wall_s": round(wall, 3), "lower_bound_s": bound, "gap": gap}})
+        "wall_s": round(wall, 3), "lower_bound_s": bound, "gap": gap})
     return SearchResult(plan=best_plan, predicted_s=best_time, lower_bound_s=bound, gap=gap,
                         evaluations=evaluations, wall_s=wall, history=history)
