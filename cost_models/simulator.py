@@ -17,7 +17,7 @@ import numpy as np
 
 from cost_models.schedule import stage_ops
 
-__all__ = ["PipelineJob", "Timeline", "simulate"]
+__all__ = ["PipelineJob", "Timeline", "simulate", "transfer_resources", "sync_resources"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -78,7 +78,9 @@ class _Resources:
         return start
 
 
-def _transfer(job: PipelineJob, resources: _Resources, a: int, b: int, nbytes: float, ready_s: float) -> tuple:
+def transfer_resources(job: PipelineJob, a: int, b: int) -> tuple:
+    """(resource keys, effective bandwidth) of a message from device ``a`` to ``b``: the directed
+    link, plus the sender's egress and receiver's ingress NIC where the hosts differ and have one."""
     keys = [("link", a, b)]
     bandwidth = job.bandwidth_bytes_per_s[a, b]
     ha, hb = job.host[a], job.host[b]
@@ -89,22 +91,22 @@ def _transfer(job: PipelineJob, resources: _Resources, a: int, b: int, nbytes: f
         if np.isfinite(job.nic_ingress[hb]):
             keys.append(("ingress", hb))
             bandwidth = min(bandwidth, job.nic_ingress[hb])
+    return keys, float(bandwidth)
+
+
+def sync_resources(job: PipelineJob, stage: int) -> list:
+    """The resource keys that ``stage``'s gradient all-reduce occupies (its ring's links and NICs)."""
+    keys = []
+    for a, b in (job.sync_links[stage] if job.sync_links else ()):
+        keys += transfer_resources(job, a, b)[0]
+    return list(dict.fromkeys(keys))
+
+
+def _transfer(job: PipelineJob, resources: _Resources, a: int, b: int, nbytes: float, ready_s: float) -> tuple:
+    keys, bandwidth = transfer_resources(job, a, b)
     busy = nbytes / bandwidth
     start = resources.reserve(keys, ready_s, busy)
     return start, start + busy + job.latency_s[a, b]
-
-
-def _sync_keys(job: PipelineJob, stage: int) -> list:
-    keys = []
-    for a, b in (job.sync_links[stage] if job.sync_links else ()):
-        keys.append(("link", a, b))
-        ha, hb = job.host[a], job.host[b]
-        if ha != hb:
-            if np.isfinite(job.nic_egress[ha]):
-                keys.append(("egress", ha))
-            if np.isfinite(job.nic_ingress[hb]):
-                keys.append(("ingress", hb))
-    return list(dict.fromkeys(keys))
 
 
 def simulate(job: PipelineJob, *, keep_records: bool = True) -> Timeline:
@@ -178,7 +180,7 @@ def simulate(job: PipelineJob, *, keep_records: bool = True) -> Timeline:
                 if len(sync_ready[s]) < R:
                     break
                 ready = max(t for t, _ in sync_ready[s])
-                start = resources.reserve(_sync_keys(job, s), ready, job.sync_s[s])
+                start = resources.reserve(sync_resources(job, s), ready, job.sync_s[s])
                 end = start + job.sync_s[s]
                 sync_window[s] = (start, end)
                 for t_w, member in sync_ready[s]:

@@ -9,6 +9,7 @@ from planner.errors import InputError
 __all__ = ["main"]
 
 EXIT_INPUT = 2
+EXIT_FAILED = 1
 
 
 def _plan_parser(sub) -> None:
@@ -27,11 +28,33 @@ def _plan_parser(sub) -> None:
     p.add_argument("--format", choices=["text", "json"], default="text", help="what to print")
 
 
+def _launch_parser(sub) -> None:
+    p = sub.add_parser("launch", help="run a plan file with the bundled torch.distributed runtime and measure it")
+    p.add_argument("plan", help="plan file written by 'plan TOPOLOGY -o FILE'")
+    p.add_argument("--iterations", type=int, default=10, help="measured iterations (default 10)")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up iterations, not measured (default 2)")
+    p.add_argument("--out", default="runs/latest", help="folder for results.json and trace.json")
+    p.add_argument("--emulate", action="store_true",
+                   help="emulate the plan's devices and network on this host (CPU, reduced model)")
+    p.add_argument("--time-scale", type=float,
+                   help="emulated seconds per plan second (default: about 2 s per iteration)")
+    p.add_argument("--topology", help="topology file (default: the one the plan names)")
+    p.add_argument("--hostfile", help="hosts and their plan devices: one torchrun per host")
+    p.add_argument("--dry-run", action="store_true", help="with --hostfile: print the torchrun commands only")
+    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto", help="communication backend")
+    p.add_argument("--master-port", type=int, default=29500, help="rendezvous port of the first host")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and synthetic data")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds before a stuck collective fails")
+    p.add_argument("--save-state", action="store_true", help="write replica 0's weights to OUT/state/")
+
+
 def _parse(argv: list) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="plan", description="Plan training on heterogeneous devices.")
     sub = parser.add_subparsers(dest="command")
     _plan_parser(sub)
-    commands = {"make"}
+    _launch_parser(sub)
+    commands = {"make", "launch"}
     if argv and argv[0] not in commands and not argv[0].startswith("-"):
         argv = ["make"] + argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -73,11 +96,46 @@ def _make(args) -> int:
     return 0
 
 
+def _launch(args) -> int:
+    from planner.runtime.launch import LaunchFailure, LaunchOptions, launch
+
+    options = LaunchOptions(iterations=args.iterations, warmup=args.warmup, out_dir=args.out, emulate=args.emulate,
+                            time_scale=args.time_scale, seed=args.seed, learning_rate=args.lr,
+                            timeout_s=args.timeout, backend=args.backend, topology=args.topology,
+                            hostfile=args.hostfile, dry_run=args.dry_run, master_port=args.master_port,
+                            save_state=args.save_state)
+    try:
+        results = launch(args.plan, options, log=lambda line: print(line, flush=True))
+    except LaunchFailure as failure:
+        print(f"plan: launch failed: {failure}", file=sys.stderr)
+        return EXIT_FAILED
+    if results is not None:
+        print(_run_summary(results, args.out))
+    return 0
+
+
+def _run_summary(results: dict, folder: str) -> str:
+    m, c, run = results["measured"], results["comparison"], results["run"]
+    scale = f" (emulated, time scale {run['time_scale']:.4g})" if run["emulated"] else ""
+    lines = [f"measured: median {m['median_s']:.4f} s per iteration (p10 {m['p10_s']:.4f}, p90 {m['p90_s']:.4f}, "
+             f"{len(m['iteration_s'])} iterations){scale}",
+             f"predicted: {c['predicted_s']:.4f} s; measured/predicted - 1 = {100 * c['relative_error']:+.1f}%",
+             f"throughput: {m['tokens_per_s']:,.0f} tokens/s, MFU {100 * m['mfu']:.1f}% "
+             f"(plan's model and devices), final loss {m['loss'][-1]:.4f}"]
+    peaks = {d: b for d, b in m["peak_memory_bytes"].items() if b is not None}
+    if peaks:
+        predicted = results["predicted"]["memory_bytes"]
+        lines.append("peak memory: " + ", ".join(f"{d} {b / 1e9:.2f} GB (predicted {predicted[d] / 1e9:.2f})"
+                                                for d, b in sorted(peaks.items())))
+    lines.append(f"results: {folder}/results.json, Chrome trace: {folder}/trace.json")
+    return "\n".join(lines)
+
+
 def main(argv: list | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = _parse(argv)
-        return {"make": _make}[args.command](args)
+        return {"make": _make, "launch": _launch}[args.command](args)
     except InputError as error:
         print(f"plan: error: {error}", file=sys.stderr)
         return EXIT_INPUT

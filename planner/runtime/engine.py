@@ -1,0 +1,225 @@
+"""One worker's training iteration: the planner's op list for its (replica, stage), executed.
+
+GPipe and 1F1B are not written here: ``cost_models.schedule.stage_ops`` gives the ordered ops
+(the ones the simulator times) and this module runs them with point-to-point sends and receives,
+then the stage's gradient all-reduce and the optimizer step. The loss of each micro-batch is divided
+by the total number of micro-batches of all replicas and gradients are summed, so the update equals
+that of the whole global batch whatever each replica's share (Narayanan et al. 2021, sec. 2.2).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from cost_models.schedule import stage_ops
+from planner.runtime.data import global_batch_tokens, microbatch_rows
+from planner.runtime.emulation import Emulator, now_s, sleep_until
+
+__all__ = ["Layout", "StageGroups", "make_groups", "StageExecutor", "BUCKET_BYTES"]
+
+BUCKET_BYTES = 64 * 2**20  # gradient all-reduce bucket (Li et al. 2020, PyTorch DDP, sec. 3.2.3)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Logical ranks: ``rank = replica * stages + stage``, so every group is ordered by the plan."""
+
+    stages: int
+    replicas: int
+
+    def rank(self, replica: int, stage: int) -> int:
+        return replica * self.stages + stage
+
+    def position(self, rank: int) -> tuple:
+        return divmod(rank, self.stages)
+
+    @property
+    def world(self) -> int:
+        return self.stages * self.replicas
+
+
+@dataclass(frozen=True)
+class StageGroups:
+    stage: object  # this stage's replicas (gradient sync)
+    embedding: object  # first and last stages of every replica when the embedding is tied; else None
+
+
+def make_groups(layout: Layout, stage: int, tied: bool) -> StageGroups:
+    """Create every group on every rank in the same order (torch.distributed requires it)."""
+    S, R = layout.stages, layout.replicas
+    stage_groups = [dist.new_group([layout.rank(r, s) for r in range(R)]) for s in range(S)]
+    embedding = None
+    if tied and S > 1:
+        embedding = dist.new_group(sorted(layout.rank(r, s) for r in range(R) for s in (0, S - 1)))
+    return StageGroups(stage=stage_groups[stage], embedding=embedding)
+
+
+class _Timer:
+    """Marks on the host clock, or CUDA events on the compute stream (no synchronisation per op)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return now_s()
+
+    def seconds(self, marks: list) -> list:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [marks[0].elapsed_time(m) / 1e3 for m in marks]
+        return [m - marks[0] for m in marks]
+
+
+class StageExecutor:
+    """Runs iterations of one (replica, stage) of ``plan`` on ``module``."""
+
+    def __init__(self, *, module, optimizer, plan, layout: Layout, replica: int, stage: int, device: torch.device,
+                 groups: StageGroups, seed: int, autocast_dtype=None, wire_dtype=torch.float32,
+                 emulator: Emulator | None = None):
+        self.module, self.optimizer, self.plan = module, optimizer, plan
+        self.layout, self.replica, self.stage, self.device = layout, replica, stage, device
+        self.groups, self.seed, self.emulator = groups, seed, emulator
+        self.autocast_dtype, self.wire_dtype = autocast_dtype, wire_dtype
+        self.ops = stage_ops(plan.schedule, stage, layout.stages, plan.microbatches[replica])
+        self.total_microbatches = sum(plan.microbatches)
+        spec = module.spec
+        self.boundary_shape = (plan.micro_batch_size, spec.sequence, spec.hidden)
+        tied = spec.tied_embeddings and layout.stages > 1
+        shared = []
+        if tied and module.is_first:
+            shared.append(module.embed.weight)
+        if tied and module.tied_copy:
+            shared.append(module.head.weight)
+        self.embedding_parameters = shared
+        ids = {id(p) for p in shared}
+        self.stage_parameters = [p for p in module.parameters() if id(p) not in ids]
+        self.timer = _Timer(device)
+
+    # -- one iteration -------------------------------------------------------------------------
+    def iteration(self, index: int) -> tuple:
+        """Run iteration ``index``; returns (this rank's share of the loss, [(kind, mb, start_s, end_s)])."""
+        m = self.module
+        tokens = None
+        if m.is_first or m.is_last:
+            tokens = global_batch_tokens(self.seed, index, self.plan.global_batch, m.spec.sequence,
+                                         m.spec.vocabulary)
+        inputs, outputs, grads, pending = {}, {}, {}, []
+        loss_sum = torch.zeros((), device=self.device)
+        marks, done = [self.timer.mark()], []
+        for kind, mb in self.ops:
+            start = now_s()
+            if kind == "fwd":
+                rows = microbatch_rows(self.plan.microbatches, self.plan.micro_batch_size, self.replica, mb)
+                x = tokens[rows, :-1].to(self.device) if m.is_first else inputs[mb]
+                with self._autocast():
+                    y = m(x)
+                if m.is_last:
+                    targets = tokens[rows, 1:].to(self.device)
+                    y = F.cross_entropy(y.float().flatten(0, 1), targets.flatten()) / self.total_microbatches
+                    loss_sum += y.detach()
+                outputs[mb] = y
+                self._emulate_compute("fwd", start)
+            elif kind == "bwd":
+                y = outputs.pop(mb)
+                if m.is_last:
+                    y.backward()
+                else:
+                    torch.autograd.backward(y, grad_tensors=grads.pop(mb))
+                self._emulate_compute("bwd", start)
+            elif kind == "send_fwd":
+                pending += self._send(outputs[mb].detach(), self.stage + 1, start)
+            elif kind == "send_bwd":
+                pending += self._send(inputs.pop(mb).grad, self.stage - 1, start)
+            elif kind == "recv_fwd":
+                inputs[mb] = self._recv(self.stage - 1).requires_grad_()
+            elif kind == "recv_bwd":
+                grads[mb] = self._recv(self.stage + 1)
+            elif kind == "sync":
+                for work, _ in pending:
+                    work.wait()
+                pending = []
+                self._sync(start)
+            elif kind == "step":
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self._emulate_compute("step", start)
+            marks.append(self.timer.mark())
+            done.append((kind, mb))
+        times = self.timer.seconds(marks)
+        trace = [(kind, mb, times[i], times[i + 1]) for i, (kind, mb) in enumerate(done)]
+        return float(loss_sum), trace
+
+    # -- pieces --------------------------------------------------------------------------------
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return torch.autocast(self.device.type, enabled=False)
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _emulate_compute(self, kind: str, start_s: float) -> None:
+        if self.emulator is not None:
+            sleep_until(self.emulator.compute_end_s(kind, start_s))
+
+    def _send(self, tensor: torch.Tensor, peer_stage: int, ready_s: float) -> list:
+        peer = self.layout.rank(self.replica, peer_stage)
+        wire = tensor.to(self.wire_dtype).contiguous()
+        works = [(dist.isend(wire, peer), wire)]
+        if self.emulator is not None:
+            stamp = torch.tensor([self.emulator.deliver_at_s(peer_stage, ready_s)], dtype=torch.float64)
+            works.append((dist.isend(stamp, peer), stamp))
+        return works
+
+    def _recv(self, peer_stage: int) -> torch.Tensor:
+        peer = self.layout.rank(self.replica, peer_stage)
+        buffer = torch.empty(self.boundary_shape, dtype=self.wire_dtype, device=self.device)
+        dist.irecv(buffer, peer).wait()
+        if self.emulator is not None:
+            stamp = torch.zeros(1, dtype=torch.float64)
+            dist.irecv(stamp, peer).wait()
+            sleep_until(float(stamp[0]))
+        return buffer.float()
+
+    def _sync(self, ready_s: float) -> None:
+        """Sum gradients over the stage's replicas (and the tied embedding's two copies)."""
+        end_s = None
+        if self.emulator is not None and self.layout.replicas > 1:
+            ready = torch.tensor([ready_s], dtype=torch.float64)
+            dist.all_reduce(ready, op=dist.ReduceOp.MAX, group=self.groups.stage)
+            end = torch.tensor([self.emulator.sync_end_s(float(ready[0])) if self.replica == 0 else 0.0],
+                               dtype=torch.float64)
+            dist.all_reduce(end, op=dist.ReduceOp.MAX, group=self.groups.stage)
+            end_s = float(end[0])
+        if self.layout.replicas > 1:
+            _all_reduce_sum(self.stage_parameters, self.groups.stage)
+        if self.groups.embedding is not None and self.embedding_parameters:
+            _all_reduce_sum(self.embedding_parameters, self.groups.embedding)
+        if end_s is not None:
+            sleep_until(end_s)
+
+
+def _all_reduce_sum(parameters: list, group) -> None:
+    """Sum the gradients of ``parameters`` over ``group`` in buckets of at most ``BUCKET_BYTES``."""
+    bucket, size = [], 0
+    for p in parameters:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        bucket.append(p.grad)
+        size += p.grad.numel() * p.grad.element_size()
+        if size >= BUCKET_BYTES:
+            _reduce_bucket(bucket, group)
+            bucket, size = [], 0
+    if bucket:
+        _reduce_bucket(bucket, group)
+
+
+def _reduce_bucket(grads: list, group) -> None:
+    flat = _flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        grad.copy_(reduced)

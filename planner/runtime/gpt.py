@@ -1,0 +1,135 @@
+"""The GPT-style decoder the runtime trains, built one pipeline stage at a time.
+
+Same shape family as ``planner.model.ModelSpec`` (and the same parameter count as
+``cost_models.flops``, which a test checks): pre-norm blocks of causal self-attention and an MLP
+(GELU, or SwiGLU when ``gated_mlp``), LayerNorm with biases or RMSNorm without, learned positions or
+rotary embeddings, and a tied or separate LM head (Radford et al. 2019; Touvron et al. 2023).
+
+Every module is initialised from its own seed (embedding = 0, block i = i + 1, head = layers + 1),
+so a stage built alone holds exactly the weights of the same layers in the whole model. With tied
+embeddings and more than one stage the last stage keeps its own copy of the token embedding, whose
+gradient is summed with the first stage's (Megatron-LM's embedding group).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["StageModule", "build_stage", "INIT_STD"]
+
+INIT_STD = 0.02  # GPT-2's initialisation scale
+
+
+def _norm(spec, width: int) -> nn.Module:
+    return nn.LayerNorm(width) if spec.biases else nn.RMSNorm(width, eps=1e-5)
+
+
+def _rotary(x: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding on (batch, heads, sequence, head_dim) (Su et al. 2021, eq. 34)."""
+    seq, dim = x.shape[-2], x.shape[-1]
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
+    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), inv)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+class Block(nn.Module):
+    def __init__(self, spec):
+        super().__init__()
+        h, f = spec.hidden, spec.ffn_hidden
+        self.heads = spec.heads
+        self.rotary = not spec.learned_positions
+        self.gated = spec.gated_mlp
+        self.norm1 = _norm(spec, h)
+        self.qkv = nn.Linear(h, 3 * h, bias=spec.biases)
+        self.proj = nn.Linear(h, h, bias=spec.biases)
+        self.norm2 = _norm(spec, h)
+        self.fc1 = nn.Linear(h, f, bias=spec.biases)
+        if self.gated:
+            self.gate = nn.Linear(h, f, bias=spec.biases)
+        self.fc2 = nn.Linear(f, h, bias=spec.biases)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        if self.rotary:
+            q, k = _rotary(q), _rotary(k)
+        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attention.transpose(1, 2).reshape(b, s, h))
+        y = self.norm2(x)
+        y = F.silu(self.gate(y)) * self.fc1(y) if self.gated else F.gelu(self.fc1(y))
+        return x + self.fc2(y)
+
+
+class StageModule(nn.Module):
+    """Layers ``[first, end)`` of the model; the first stage embeds tokens, the last returns logits."""
+
+    def __init__(self, spec, first: int, end: int):
+        super().__init__()
+        self.spec = spec
+        self.first, self.end = first, end
+        self.is_first, self.is_last = first == 0, end == spec.layers
+        if self.is_first:
+            self.embed = nn.Embedding(spec.vocabulary, spec.hidden)
+            if spec.learned_positions:
+                self.positions = nn.Embedding(spec.sequence, spec.hidden)
+        self.blocks = nn.ModuleDict({str(i): Block(spec) for i in range(first, end)})
+        if self.is_last:
+            self.norm = _norm(spec, spec.hidden)
+            if not (spec.tied_embeddings and self.is_first):
+                self.head = nn.Linear(spec.hidden, spec.vocabulary, bias=False)
+
+    @property
+    def tied_copy(self) -> bool:
+        """True where this stage holds a second copy of the tied embedding (last stage, S > 1)."""
+        return self.is_last and not self.is_first and self.spec.tied_embeddings
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.is_first:
+            tokens = x
+            x = self.embed(tokens)
+            if self.spec.learned_positions:
+                x = x + self.positions(torch.arange(tokens.shape[1], device=tokens.device))
+        for block in self.blocks.values():
+            x = block(x)
+        if self.is_last:
+            weight = self.embed.weight if not hasattr(self, "head") else self.head.weight
+            x = F.linear(self.norm(x), weight)
+        return x
+
+
+def _init(module: nn.Module, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    for name, parameter in module.named_parameters(recurse=True):
+        with torch.no_grad():
+            if name.endswith("bias"):
+                parameter.zero_()
+            elif parameter.dim() == 1:
+                parameter.fill_(1.0)
+            else:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * INIT_STD)
+
+
+def build_stage(spec, first: int, end: int, *, seed: int = 0) -> StageModule:
+    """The stage holding layers ``[first, end)``, initialised deterministically (CPU, fp32)."""
+    module = StageModule(spec, first, end)
+    base = seed * 1_000_003
+    if module.is_first:
+        _init(module.embed, base)
+        if spec.learned_positions:
+            # Positions draw after the token embedding from the same stream as in every stage layout.
+            generator = torch.Generator().manual_seed(base + spec.layers + 2)
+            with torch.no_grad():
+                module.positions.weight.copy_(torch.randn(module.positions.weight.shape, generator=generator)
+                                              * INIT_STD)
+    for i in range(first, end):
+        _init(module.blocks[str(i)], base + i + 1)
+    if module.is_last:
+        _init(module.norm, base + spec.layers + 1)
+        if hasattr(module, "head"):
+            if spec.tied_embeddings:
+                _init(module.head, base)  # the same draw as the first stage's token embedding
+            else:
+                _init(module.head, base + spec.layers + 3)
+    return module

@@ -1,0 +1,87 @@
+"""Hostfiles: which host runs which of the plan's devices, and the torchrun command of each host.
+
+Format, one host per line, ``#`` starts a comment::
+
+    10.0.0.1  a100-0 a100-1      # plan device names, in local-rank order
+    10.0.0.2  @dc2-node0         # or @HOST: every plan device on that topology host
+
+The first line's host is the rendezvous master.
+"""
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.errors import InputError
+
+__all__ = ["HostEntry", "parse_hostfile", "torchrun_arguments", "shell_line"]
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    address: str
+    devices: tuple
+
+
+def parse_hostfile(path, plan, topology) -> list:
+    """Entries of ``path``, checked against the plan: every plan device on exactly one host, nothing else."""
+    source = str(path)
+    try:
+        lines = Path(path).read_text().splitlines()
+    except FileNotFoundError:
+        raise InputError("file not found: check the path", source=source) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
+        raise InputError(f"cannot read it ({error.__class__.__name__})", source=source) from None
+    used = {name for row in plan.assignment for name in row}
+    seen, entries = {}, []
+    for number, raw in enumerate(lines, start=1):
+        words = raw.split("#", 1)[0].split()
+        if not words:
+            continue
+        where = f"line {number}"
+        if len(words) < 2:
+            raise InputError("names a host but no devices: write 'ADDRESS DEVICE [DEVICE...]' or 'ADDRESS @HOST'",
+                             source=source, field=where)
+        devices = []
+        for word in words[1:]:
+            if word.startswith("@"):
+                host = word[1:]
+                if host not in topology.hosts:
+                    raise InputError(f"topology {topology.name} has no host {host!r}: use one of "
+                                     f"{', '.join(topology.hosts)}", source=source, field=where)
+                devices += [d.name for d in topology.devices if d.host == host and d.name in used]
+            elif word in used:
+                devices.append(word)
+            elif topology.has_device(word):
+                raise InputError(f"device {word} is idle in this plan: remove it from the hostfile",
+                                 source=source, field=where)
+            else:
+                raise InputError(f"device {word!r} is not in the plan: check the spelling", source=source, field=where)
+        for name in devices:
+            if name in seen:
+                raise InputError(f"device {name} is already on line {seen[name]}: list each device once",
+                                 source=source, field=where)
+            seen[name] = number
+        entries.append(HostEntry(address=words[0], devices=tuple(devices)))
+    missing = sorted(used - set(seen))
+    if missing:
+        raise InputError(f"the plan's device {missing[0]} is on no host ({len(missing)} missing): add it",
+                         source=source)
+    return entries
+
+
+def torchrun_arguments(entries: list, node: int, *, plan_path: str, topology_path: str, out_dir: str,
+                       iterations: int, warmup: int, seed: int, learning_rate: float, timeout_s: float,
+                       backend: str, master_port: int) -> list:
+    """Arguments after ``torchrun`` for host ``node`` of ``entries``."""
+    entry = entries[node]
+    return [f"--nnodes={len(entries)}", f"--node-rank={node}", f"--nproc-per-node={len(entry.devices)}",
+            f"--master-addr={entries[0].address}", f"--master-port={master_port}",
+            "-m", "planner.runtime.worker", "--plan", plan_path, "--topology", topology_path,
+            "--devices", ",".join(entry.devices), "--out", out_dir, "--iterations", str(iterations),
+            "--warmup", str(warmup), "--seed", str(seed), "--lr", repr(learning_rate),
+            "--timeout", repr(timeout_s), "--backend", backend]
+
+
+def shell_line(arguments: list) -> str:
+    return shlex.join(arguments)

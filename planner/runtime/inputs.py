@@ -1,0 +1,86 @@
+"""What a launch needs from disk, read and checked once before any process starts."""
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from planner.errors import InputError
+from planner.job import read_yaml
+from planner.model import ModelSpec, TrainingSpec, parse_model, parse_training
+from planner.plan import Plan, read_plan, validate_plan
+from planner.topology import Topology, parse_topology
+
+__all__ = ["RunInputs", "load_run_inputs", "emulated_model", "RUNTIME_PRECISIONS"]
+
+RUNTIME_PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class RunInputs:
+    plan: Plan
+    plan_document: dict
+    plan_path: str
+    topology: Topology
+    topology_path: str
+    model: ModelSpec
+    training: TrainingSpec
+
+
+def _topology_path(plan_path: Path, document: dict, override) -> Path:
+    if override:
+        return Path(override)
+    recorded = str((document.get("topology") or {}).get("path") or "")
+    if not recorded:
+        raise InputError("names no topology file: pass --topology FILE", source=str(plan_path), field="topology.path")
+    candidate = Path(recorded)
+    if candidate.is_absolute() or candidate.exists():
+        return candidate
+    beside = plan_path.parent / candidate
+    return beside if beside.exists() else candidate
+
+
+def load_run_inputs(plan_path, topology_path=None) -> RunInputs:
+    """The plan, its topology (``topology.path`` in the plan, or ``topology_path``), model and training.
+
+    Refuses a plan that does not match its topology, lacks its model or training sections, or asks
+    for a precision the runtime does not run.
+    """
+    plan_path = Path(plan_path)
+    plan, document = read_plan(plan_path)
+    source = str(plan_path)
+    for key in ("model", "training"):
+        if not isinstance(document.get(key), dict):
+            raise InputError("is missing: write the plan with 'plan TOPOLOGY -o FILE'", source=source, field=key)
+    try:
+        model = parse_model(document["model"], where="model")
+        training = parse_training(document["training"], where="training")
+    except InputError as error:
+        raise error.located(source=source) from None
+    if training.precision not in RUNTIME_PRECISIONS:
+        raise InputError(f"the runtime trains in {' or '.join(RUNTIME_PRECISIONS)}, not {training.precision}: "
+                         "plan again with precision bf16", source=source, field="training.precision")
+    training = replace(training, schedule=plan.schedule, micro_batch=plan.micro_batch_size)
+    path = _topology_path(plan_path, document, topology_path)
+    topology_document = read_yaml(path)
+    try:
+        if not isinstance(topology_document, dict):
+            raise InputError("expected a mapping with 'devices' and 'network' at the top")
+        topology = parse_topology(topology_document, name=str(topology_document.get("name") or path.stem),
+                                  source=str(path))
+    except InputError as error:
+        raise error.located(source=str(path)) from None
+    try:
+        validate_plan(plan, topology, model, training)
+    except InputError as error:
+        raise error.located(source=source) from None
+    return RunInputs(plan=plan, plan_document=document, plan_path=str(plan_path), topology=topology,
+                     topology_path=str(path), model=model, training=training)
+
+
+def emulated_model(model: ModelSpec) -> ModelSpec:
+    """The reduced model an emulated run really computes: the plan's layers, tiny widths.
+
+    Its compute is a stand-in (the plan's model is timed by sleeping); it keeps data and gradients
+    really flowing through every stage and replica.
+    """
+    return replace(model, name=f"{model.name}-emulated", hidden=32, heads=2, sequence=16, vocabulary=64,
+                   ffn_hidden=0)

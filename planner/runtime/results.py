@@ -1,0 +1,104 @@
+"""The results file of a run: the measurement and the planner's prediction for the same plan, side
+by side, plus a Chrome trace of the measured (and predicted) per-op timelines.
+
+``results.json`` keys: ``plan`` (the plan document), ``run`` (how it ran), ``measured`` (seconds of
+this host: per-iteration times as the max over ranks, median, spread, tokens/s, MFU, loss, peak
+memory per device, the op trace of the median iteration), ``predicted`` (the simulator's iteration
+time, memory and op trace, in the plan's seconds) and ``comparison`` (both in this host's seconds:
+the prediction times ``run.time_scale``, and the relative error).
+"""
+
+import json
+import statistics
+from pathlib import Path
+
+from planner.errors import InputError
+
+__all__ = ["RESULTS_FILE", "TRACE_FILE", "RESULTS_FORMAT", "summarise_iterations", "comparison",
+           "write_results", "read_results", "chrome_trace"]
+
+RESULTS_FILE = "results.json"
+TRACE_FILE = "trace.json"
+RESULTS_FORMAT = "hetplan-run/1"
+_PREDICTED_PID_OFFSET = 10_000
+
+
+def summarise_iterations(seconds: list) -> dict:
+    """Median and spread of per-iteration times (seconds)."""
+    ordered = sorted(seconds)
+    n = len(ordered)
+    return {"iteration_s": list(seconds), "median_s": statistics.median(ordered), "min_s": ordered[0],
+            "max_s": ordered[-1], "p10_s": ordered[int(0.1 * (n - 1))], "p90_s": ordered[int(round(0.9 * (n - 1)))],
+            "steady_mean_s": sum(ordered) / n}
+
+
+def comparison(predicted_plan_s: float, time_scale: float, measured_s: float) -> dict:
+    predicted = predicted_plan_s * time_scale
+    return {"predicted_s": predicted, "measured_s": measured_s, "relative_error": (measured_s - predicted) / predicted}
+
+
+def write_results(folder, document: dict, trace_events: list) -> Path:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / RESULTS_FILE
+    temporary = folder / f".{RESULTS_FILE}.tmp"
+    temporary.write_text(json.dumps(document, indent=1) + "\n")
+    temporary.replace(path)
+    (folder / TRACE_FILE).write_text(json.dumps({"traceEvents": trace_events, "displayTimeUnit": "ms"}) + "\n")
+    return path
+
+
+def read_results(path) -> dict:
+    """A results document from a run folder or its ``results.json``; bad input is an ``InputError``."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS_FILE
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"no {RESULTS_FILE} here: pass a folder written by 'plan launch --out'",
+                         source=str(path)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise InputError(f"not a results file ({error.__class__.__name__})", source=str(path)) from None
+    if not isinstance(document, dict) or document.get("format") != RESULTS_FORMAT:
+        raise InputError(f"format is not {RESULTS_FORMAT}: rerun 'plan launch' with this version",
+                         source=str(path), field="format")
+    for key in ("plan", "run", "measured", "predicted", "comparison"):
+        if key not in document:
+            raise InputError("is missing: the file is incomplete; rerun the launch", source=str(path), field=key)
+    return document
+
+
+def chrome_trace(measured: list, predicted: list, names: dict, time_scale: float) -> list:
+    """Chrome-trace events (``chrome://tracing``, Perfetto): one process per rank, measured and predicted.
+
+    ``measured``: dicts with rank, iteration, kind, microbatch, start_s, end_s (iteration-relative);
+    ``predicted``: the same without iteration, in the plan's seconds (scaled here by ``time_scale``).
+    """
+    events = []
+    for rank, label in names.items():
+        events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"{label} measured"}})
+        events.append({"ph": "M", "name": "process_name", "pid": rank + _PREDICTED_PID_OFFSET,
+                       "args": {"name": f"{label} predicted"}})
+    offsets = {}
+    for op in measured:
+        offsets[op["iteration"]] = max(offsets.get(op["iteration"], 0.0), op["end_s"])
+    start_of, clock = {}, 0.0
+    for iteration in sorted(offsets):
+        start_of[iteration] = clock
+        clock += offsets[iteration]
+    for op in measured:
+        events.append(_event(op, op["rank"], start_of[op["iteration"]], 1.0, op["iteration"]))
+    for op in predicted:
+        events.append(_event(op, op["rank"] + _PREDICTED_PID_OFFSET, 0.0, time_scale, None))
+    return events
+
+
+def _event(op: dict, pid: int, offset_s: float, scale: float, iteration) -> dict:
+    name = op["kind"] if op["microbatch"] < 0 else f"{op['kind']} {op['microbatch']}"
+    args = {"microbatch": op["microbatch"]}
+    if iteration is not None:
+        args["iteration"] = iteration
+    return {"ph": "X", "name": name, "cat": op["kind"], "pid": pid, "tid": 0,
+            "ts": (offset_s + op["start_s"] * scale) * 1e6, "dur": max(op["end_s"] - op["start_s"], 0.0) * scale * 1e6,
+            "args": args}

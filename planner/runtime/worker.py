@@ -1,0 +1,257 @@
+"""One process of a launch: join the group under its logical rank, build its stage, train, report.
+
+Started by ``plan launch`` (local processes, rendezvous on a store the launcher made) or by
+``torchrun`` on each host of a hostfile (``python -m planner.runtime.worker ...``; torchrun's agent
+store lets every worker pick its logical rank). Rank 0 gathers every rank's report and writes the
+results file.
+"""
+
+import argparse
+import ctypes
+import datetime
+import os
+import platform
+import signal
+import socket
+import sys
+import traceback
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from planner.costing import build_pipeline_job, model_flops_per_iteration, predict
+from planner.plan import plan_to_document
+from planner.runtime.emulation import Emulator, SharedResources, now_s
+from planner.runtime.engine import Layout, StageExecutor, make_groups
+from planner.runtime.gpt import build_stage
+from planner.runtime.inputs import RunInputs, emulated_model, load_run_inputs
+from planner.runtime.results import RESULTS_FORMAT, chrome_trace, comparison, summarise_iterations, write_results
+
+__all__ = ["WorkerConfig", "run_local_worker", "main"]
+
+_PREDICTED_TRACE_LIMIT = 20_000  # records kept in results.json (larger plans keep only the Chrome trace)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    plan_path: str
+    topology_path: str
+    out_dir: str
+    iterations: int = 10
+    warmup: int = 2
+    seed: int = 0
+    learning_rate: float = 1e-3
+    timeout_s: float = 120.0
+    emulate: bool = False
+    time_scale: float = 1.0
+    backend: str = "gloo"
+    threads: int = 1
+    save_state: bool = False
+    cuda_devices: tuple = field(default=())  # rank -> CUDA index, for local launches
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process if the launcher dies, so no rank is ever orphaned."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def run_local_worker(rank: int, world: int, config: WorkerConfig, store_port: int, shared, errors) -> None:
+    """Entry point of a locally spawned rank; any failure is reported on ``errors`` and exits non-zero."""
+    _die_with_parent()
+    try:
+        store = dist.TCPStore("127.0.0.1", store_port, world, False,
+                              timeout=datetime.timedelta(seconds=config.timeout_s))
+        device_index = config.cuda_devices[rank] if config.cuda_devices else None
+        _train(rank, world, config, {"store": store}, device_index, shared)
+    except BaseException as error:  # report, then exit non-zero: the launcher names the rank
+        if errors is not None:
+            errors.put((rank, _describe(error)))
+        raise SystemExit(1) from None
+
+
+def _describe(error: BaseException) -> str:
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}{where}"
+
+
+def _train(rank: int, world: int, config: WorkerConfig, rendezvous: dict, device_index, shared) -> None:
+    inputs: RunInputs = load_run_inputs(config.plan_path, config.topology_path)
+    plan = inputs.plan
+    layout = Layout(stages=plan.stages, replicas=plan.replicas)
+    if layout.world != world:
+        raise RuntimeError(f"the plan has {layout.world} workers but {world} processes were started")
+    replica, stage = layout.position(rank)
+    torch.set_num_threads(config.threads)
+    if config.backend == "nccl":
+        torch.cuda.set_device(device_index)
+        device = torch.device("cuda", device_index)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(config.backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=config.timeout_s), **rendezvous)
+    try:
+        _run(rank, config, inputs, layout, replica, stage, device, shared)
+    finally:
+        dist.destroy_process_group()
+
+
+def _optimizer(module, name: str, learning_rate: float, device: torch.device):
+    if name == "sgd":
+        return torch.optim.SGD(module.parameters(), lr=learning_rate, momentum=0.9)
+    return torch.optim.Adam(module.parameters(), lr=learning_rate, fused=device.type == "cuda")
+
+
+def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, device, shared) -> None:
+    plan, model, training = inputs.plan, inputs.model, inputs.training
+    executed = emulated_model(model) if config.emulate else model
+    groups = make_groups(layout, stage, executed.tied_embeddings)
+    module = build_stage(executed, plan.layer_bounds[stage], plan.layer_bounds[stage + 1], seed=config.seed)
+    module = module.to(device)
+    optimizer = _optimizer(module, training.optimizer, config.learning_rate, device)
+    emulator = None
+    if config.emulate:
+        job = build_pipeline_job(plan, inputs.topology, model, training)
+        resources = SharedResources(shared, inputs.topology.size, len(inputs.topology.hosts))
+        emulator = Emulator(job, resources, time_scale=config.time_scale, replica=replica, stage=stage)
+    bf16 = device.type == "cuda" and training.precision == "bf16"
+    executor = StageExecutor(module=module, optimizer=optimizer, plan=plan, layout=layout, replica=replica,
+                             stage=stage, device=device, groups=groups, seed=config.seed,
+                             autocast_dtype=torch.bfloat16 if bf16 else None,
+                             wire_dtype=torch.bfloat16 if bf16 else torch.float32, emulator=emulator)
+    barrier = (lambda: dist.barrier(device_ids=[device.index])) if device.type == "cuda" else dist.barrier
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    total = config.warmup + config.iterations
+    times, losses, traces = [], [], []
+    for iteration in range(total):
+        barrier()
+        start = now_s()
+        loss, trace = executor.iteration(iteration)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = now_s() - start
+        stats = torch.tensor([elapsed, loss], dtype=torch.float64, device=device)
+        slowest = stats[:1].clone()
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        loss_total = stats[1:].clone()
+        dist.all_reduce(loss_total)
+        warm = iteration < config.warmup
+        if rank == 0:
+            label = "warm-up" if warm else "measured"
+            print(f"iteration {iteration + 1}/{total} ({label}): {float(slowest[0]):.4f} s, "
+                  f"loss {float(loss_total[0]):.4f}", flush=True)
+        if not warm:
+            times.append(float(slowest[0]))
+            losses.append(float(loss_total[0]))
+            traces.append(trace)
+    peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+    device_name = plan.assignment[replica][stage]
+    report = {"rank": rank, "replica": replica, "stage": stage, "device": device_name, "peak_memory_bytes": peak,
+              "traces": traces}
+    gathered = [None] * layout.world if rank == 0 else None
+    dist.gather_object(report, gathered, dst=0)
+    if config.save_state and replica == 0:
+        state_dir = os.path.join(config.out_dir, "state")
+        os.makedirs(state_dir, exist_ok=True)
+        torch.save({k: v.detach().cpu() for k, v in module.state_dict().items()},
+                   os.path.join(state_dir, f"stage{stage}.pt"))
+    if rank == 0:
+        _write(config, inputs, executed, times, losses, gathered, device)
+
+
+def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, reports, device) -> None:
+    plan, model, training, topology = inputs.plan, inputs.model, inputs.training, inputs.topology
+    prediction, timeline = predict(plan, topology, model, training, keep_records=True)
+    plan = plan.with_prediction(prediction)
+    measured = summarise_iterations(times)
+    median_index = min(range(len(times)), key=lambda i: abs(times[i] - measured["median_s"]))
+    plan_seconds = measured["median_s"] / config.time_scale
+    peak = sum(topology.devices[topology.index(d)].peak_flops_for(training.precision)
+               for row in plan.assignment for d in row)
+    flops = model_flops_per_iteration(model, plan.global_batch)
+    measured.update({
+        "plan_seconds_median": plan_seconds,
+        "tokens_per_s": plan.global_batch * model.sequence / plan_seconds,
+        "achieved_flops": flops / plan_seconds,
+        "mfu": flops / plan_seconds / peak,
+        "loss": losses,
+        "peak_memory_bytes": {r["device"]: r["peak_memory_bytes"] for r in reports},
+        "median_iteration": median_index,
+        "trace": [{"rank": r["rank"], "replica": r["replica"], "stage": r["stage"], "device": r["device"],
+                   "kind": k, "microbatch": mb, "start_s": a, "end_s": b}
+                  for r in reports for (k, mb, a, b) in r["traces"][median_index]],
+    })
+    layout = Layout(stages=plan.stages, replicas=plan.replicas)
+    predicted_trace = [{"rank": layout.rank(r, s), "replica": r, "stage": s, "device": plan.assignment[r][s],
+                        "kind": k, "microbatch": mb, "start_s": a, "end_s": b}
+                       for (r, s, k, mb, a, b) in timeline.records]
+    document = {
+        "format": RESULTS_FORMAT,
+        "plan": plan_to_document(plan, model=model, training=training, topology_source=inputs.topology_path),
+        "run": {
+            "started_at_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "host": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__,
+            "backend": config.backend, "device": device.type,
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+            "world": len(reports), "iterations": config.iterations, "warmup": config.warmup, "seed": config.seed,
+            "learning_rate": config.learning_rate, "emulated": config.emulate, "time_scale": config.time_scale,
+            "executed_model": asdict(executed), "precision": training.precision if device.type == "cuda" else "fp32",
+            "plan_path": inputs.plan_path, "topology_path": inputs.topology_path,
+        },
+        "measured": measured,
+        "predicted": {"iteration_s": prediction.iteration_s, "breakdown_s": dict(prediction.breakdown_s),
+                      "memory_bytes": dict(prediction.memory_bytes),
+                      "trace": predicted_trace if len(predicted_trace) <= _PREDICTED_TRACE_LIMIT else []},
+        "comparison": comparison(prediction.iteration_s, config.time_scale, measured["median_s"]),
+    }
+    names = {r["rank"]: f"rank {r['rank']} {r['device']} (r{r['replica']} s{r['stage']})" for r in reports}
+    all_measured = [{"rank": r["rank"], "iteration": i, "kind": k, "microbatch": mb, "start_s": a, "end_s": b}
+                    for r in reports for i, trace in enumerate(r["traces"]) for (k, mb, a, b) in trace]
+    write_results(config.out_dir, document, chrome_trace(all_measured, predicted_trace, names, config.time_scale))
+
+
+def _parse(argv) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m planner.runtime.worker",
+                                description="One rank of a plan under torchrun (plan launch --hostfile writes these).")
+    p.add_argument("--plan", required=True)
+    p.add_argument("--topology", required=True)
+    p.add_argument("--devices", required=True, help="comma-separated plan devices of this host, by local rank")
+    p.add_argument("--out", required=True)
+    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--backend", choices=["gloo", "nccl"], default="nccl")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    """torchrun entry: LOCAL_RANK picks this process's device from ``--devices``; its logical rank follows."""
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    local_rank = int(os.environ["LOCAL_RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    devices = args.devices.split(",")
+    inputs = load_run_inputs(args.plan, args.topology)
+    plan = inputs.plan
+    layout = Layout(stages=plan.stages, replicas=plan.replicas)
+    where = {name: layout.rank(r, s) for r, row in enumerate(plan.assignment) for s, name in enumerate(row)}
+    rank = where[devices[local_rank]]
+    config = WorkerConfig(plan_path=args.plan, topology_path=args.topology, out_dir=args.out,
+                          iterations=args.iterations, warmup=args.warmup, seed=args.seed, learning_rate=args.lr,
+                          timeout_s=args.timeout, backend=args.backend,
+                          threads=max(1, (os.cpu_count() or 1) // max(len(devices), 1)))
+    device_index = local_rank if args.backend == "nccl" else None
+    _train(rank, world, config, {"init_method": "env://"}, device_index, None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

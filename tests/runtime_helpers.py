@@ -1,0 +1,40 @@
+"""Topologies and hand-made plans for the runtime tests (CPU, gloo, the tiny model)."""
+
+from pathlib import Path
+
+import yaml
+
+from planner.model import model_preset, parse_training
+from planner.plan import Plan, plan_to_document, write_plan
+
+
+def cpu_topology(path: Path, *, cross_host: str = "1Gbps", slow_peak: str | None = None) -> Path:
+    """Six CPU 'devices' on two hosts (a*, b*); ``slow_peak`` overrides b2's speed."""
+    devices = [{"name": n, "type": "CPU-core", "host": n[0]} for n in ("a0", "a1", "a2", "b0", "b1")]
+    last = {"name": "b2", "type": "CPU-core", "host": "b"}
+    if slow_peak:
+        last["peak_flops"] = slow_peak
+    devices.append(last)
+    document = {"name": "cpu-six", "devices": devices,
+                "network": {"host": {"latency": "0.2ms", "bandwidth": "10Gbps"},
+                            "region": {"latency": "2ms", "bandwidth": cross_host}}}
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def write_test_plan(folder: Path, topology_path: Path, *, assignment, layer_bounds, microbatches, micro_batch_size,
+                    schedule, model=None, optimizer="sgd", name="plan.yaml") -> Path:
+    from planner.job import read_yaml
+    from planner.topology import parse_topology
+
+    model = model or model_preset("tiny")
+    topology = parse_topology(read_yaml(topology_path), name="cpu-six")
+    training = parse_training({"global_batch": micro_batch_size * sum(microbatches),
+                               "micro_batch": micro_batch_size, "precision": "fp32", "optimizer": optimizer,
+                               "schedule": schedule})
+    plan = Plan(layer_bounds=tuple(layer_bounds), assignment=tuple(tuple(r) for r in assignment),
+                microbatches=tuple(microbatches), micro_batch_size=micro_batch_size, schedule=schedule,
+                topology_name=topology.name, topology_sha256=topology.sha256)
+    path = folder / name
+    write_plan(plan_to_document(plan, model=model, training=training, topology_source=str(topology_path)), path)
+    return path

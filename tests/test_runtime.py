@@ -1,0 +1,252 @@
+"""The runtime against references: single-process training, torch.distributed.pipelining, the
+planner's parameter count; the launcher's failure handling; emulation following the simulator."""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from planner.errors import InputError  # noqa: E402
+from planner.model import model_preset  # noqa: E402
+from planner.runtime.launch import LaunchFailure, LaunchOptions, launch  # noqa: E402
+from planner.runtime.reference import train_single_process  # noqa: E402
+from tests.runtime_helpers import cpu_topology, write_test_plan  # noqa: E402
+
+pytestmark = pytest.mark.runtime
+
+
+def _weights(folder: Path, stages: int) -> dict:
+    merged = {}
+    for s in range(stages):
+        merged.update(torch.load(folder / "state" / f"stage{s}.pt"))
+    return merged
+
+
+def _assert_matches_single_process(results, out: Path, plan_kwargs: dict, iterations: int, lr: float):
+    spec = model_preset("tiny")
+    global_batch = plan_kwargs["micro_batch_size"] * sum(plan_kwargs["microbatches"])
+    losses, reference = train_single_process(spec, global_batch=global_batch, iterations=iterations, learning_rate=lr)
+    assert results["measured"]["loss"] == pytest.approx(losses, rel=1e-5)
+    weights = _weights(out, len(plan_kwargs["layer_bounds"]) - 1)
+    if "head.weight" in weights:  # the last stage's copy of the tied embedding
+        assert torch.allclose(weights.pop("head.weight"), reference["embed.weight"], atol=1e-5)
+    assert set(weights) == set(reference)
+    for name, value in reference.items():
+        assert torch.allclose(weights[name], value, atol=1e-5), name
+    assert losses[-1] < losses[0]  # it trains
+
+
+EQUIVALENCE_CASES = {
+    "gpipe-uneven-layers-uneven-batch-scattered": dict(
+        assignment=[["b1", "a0"], ["a1", "b0"]], layer_bounds=[0, 1, 4], microbatches=[3, 1], micro_batch_size=2,
+        schedule="gpipe"),
+    "1f1b-three-stages-uneven-batch": dict(
+        assignment=[["a0", "b0", "a1"], ["b1", "a2", "b2"]], layer_bounds=[0, 2, 3, 4], microbatches=[2, 4],
+        micro_batch_size=1, schedule="1f1b"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EQUIVALENCE_CASES))
+def test_pipeline_and_data_parallel_training_equals_single_process(tmp_path, case):
+    kwargs = EQUIVALENCE_CASES[case]
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    plan = write_test_plan(tmp_path, topology, **kwargs)
+    out = tmp_path / "run"
+    results = launch(plan, LaunchOptions(iterations=3, warmup=0, out_dir=str(out), learning_rate=0.05,
+                                         save_state=True), log=lambda line: None)
+    _assert_matches_single_process(results, out, kwargs, iterations=3, lr=0.05)
+    assert results["run"]["world"] == sum(len(row) for row in kwargs["assignment"])
+
+
+def test_results_file_holds_measurement_prediction_and_trace(tmp_path):
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    plan = write_test_plan(tmp_path, topology, assignment=[["a0", "b0"]], layer_bounds=[0, 2, 4],
+                           microbatches=[4], micro_batch_size=2, schedule="1f1b")
+    out = tmp_path / "run"
+    results = launch(plan, LaunchOptions(iterations=3, warmup=1, out_dir=str(out)), log=lambda line: None)
+    measured = results["measured"]
+    assert len(measured["iteration_s"]) == 3 and measured["min_s"] <= measured["median_s"] <= measured["max_s"]
+    assert results["predicted"]["iteration_s"] > 0 and results["comparison"]["predicted_s"] > 0
+    kinds = {(op["rank"], op["kind"]) for op in measured["trace"]}
+    assert (0, "send_fwd") in kinds and (1, "recv_fwd") in kinds and (1, "bwd") in kinds
+    # every op of the planner's op list appears once per rank, in the measured and the predicted trace
+    for trace in (measured["trace"], results["predicted"]["trace"]):
+        assert sum(1 for op in trace if op["rank"] == 0 and op["kind"] == "fwd") == 4
+    trace = __import__("json").loads((out / "trace.json").read_text())
+    assert any(e.get("ph") == "X" and e["pid"] == 1 for e in trace["traceEvents"])
+
+
+def test_parameter_count_matches_the_cost_model():
+    from planner.costing import stage_profile
+    from planner.model import parse_training
+    from planner.runtime.gpt import build_stage
+
+    training = parse_training({"global_batch": 4, "precision": "fp32"})
+    for spec in (model_preset("tiny"),
+                 dataclasses.replace(model_preset("tiny"), gated_mlp=True, biases=False, learned_positions=False,
+                                     tied_embeddings=False, ffn_hidden=96)):
+        bounds = (0, 1, 3, spec.layers)
+        profile = stage_profile(spec, training, bounds, 1)
+        for s in range(3):
+            module = build_stage(spec, bounds[s], bounds[s + 1])
+            assert sum(p.numel() for p in module.parameters()) == profile.parameters[s]
+
+
+def test_stages_built_alone_compose_to_the_whole_model():
+    from planner.runtime.gpt import build_stage
+
+    spec = dataclasses.replace(model_preset("tiny"), learned_positions=False, gated_mlp=True, biases=False)
+    tokens = torch.randint(0, spec.vocabulary, (2, spec.sequence))
+    whole = build_stage(spec, 0, spec.layers)(tokens)
+    parts = build_stage(spec, 2, 4)(build_stage(spec, 0, 2)(tokens))
+    assert torch.allclose(whole, parts, atol=1e-6)
+
+
+def _pipelining_losses(spec, bounds, micro_batch_size, microbatches, schedule, iterations, lr):
+    import multiprocessing
+
+    import torch.distributed as dist
+
+    from planner.runtime.reference import pipelining_worker
+
+    world = len(bounds) - 1
+    store = dist.TCPStore("127.0.0.1", 0, world + 1, True, wait_for_workers=False)
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    kwargs = dict(micro_batch_size=micro_batch_size, microbatches=microbatches, schedule=schedule,
+                  iterations=iterations, warmup=0, store_port=store.port, backend="gloo", seed=0,
+                  learning_rate=lr, optimizer="sgd", results=results)
+    processes = [context.Process(target=pipelining_worker, args=(rank, world, spec, tuple(bounds)), kwargs=kwargs)
+                 for rank in range(world)]
+    for p in processes:
+        p.start()
+    got = dict((rank, losses) for rank, losses, _ in (results.get(timeout=120) for _ in processes))
+    for p in processes:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    return got[world - 1]
+
+
+def test_same_loss_as_torch_pipelining_on_one_split(tmp_path):
+    spec = dataclasses.replace(model_preset("tiny"), tied_embeddings=False)
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    kwargs = dict(assignment=[["a0", "a1"]], layer_bounds=[0, 3, 4], microbatches=[4], micro_batch_size=2,
+                  schedule="gpipe")
+    plan = write_test_plan(tmp_path, topology, model=spec, **kwargs)
+    ours = launch(plan, LaunchOptions(iterations=2, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=0.05),
+                  log=lambda line: None)["measured"]["loss"]
+    theirs = _pipelining_losses(spec, [0, 3, 4], 2, 4, "gpipe", 2, 0.05)
+    assert ours == pytest.approx(theirs, rel=1e-5)
+
+
+def test_plan_for_another_topology_is_refused_before_start(tmp_path):
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    plan = write_test_plan(tmp_path, topology, assignment=[["a0", "b0"]], layer_bounds=[0, 2, 4],
+                           microbatches=[2], micro_batch_size=2, schedule="gpipe")
+    other = cpu_topology(tmp_path / "other.yaml", cross_host="5Gbps")
+    with pytest.raises(InputError, match="another topology"):
+        launch(plan, LaunchOptions(topology=str(other), out_dir=str(tmp_path / "run")), log=lambda line: None)
+    assert not (tmp_path / "run").exists()
+
+
+def _children(pid: int) -> list:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        found += [int(x) for x in text]
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_killed_rank_fails_the_launch_fast_with_its_name_and_no_orphans(tmp_path):
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    plan = write_test_plan(tmp_path, topology, assignment=[["a0", "a1", "b0"]], layer_bounds=[0, 1, 2, 4],
+                           microbatches=[4], micro_batch_size=1, schedule="1f1b")
+    launcher = subprocess.Popen([sys.executable, "-m", "planner.cli", "launch", str(plan), "--iterations", "10000",
+                                 "--emulate", "--time-scale", "5", "--out", str(tmp_path / "run")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        line = ""
+        while "iteration 2/" not in line:
+            line = launcher.stdout.readline()
+            assert line or launcher.poll() is None, launcher.stderr.read()
+        workers = sorted(p for p in _children(launcher.pid) if "spawn_main" in _cmdline(p)
+                         and "resource_tracker" not in _cmdline(p))
+        assert len(workers) == 3
+        everything = set(_children(launcher.pid)) | set(workers)
+        os.kill(workers[1], signal.SIGKILL)  # rank 1: started second
+        killed_at = time.monotonic()
+        code = launcher.wait(timeout=60)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    error = launcher.stderr.read()
+    assert code == 1
+    assert "rank 1 (device a1, replica 0, stage 1) was killed by SIGKILL" in error
+    assert "Traceback" not in error
+    assert elapsed < 15
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in everything):
+        time.sleep(0.1)
+    alive = {p: _cmdline(p) for p in everything if Path(f"/proc/{p}").exists()}
+    assert not alive
+
+
+def test_a_raising_rank_is_named(tmp_path, monkeypatch):
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    plan = write_test_plan(tmp_path, topology, assignment=[["a0", "b0"]], layer_bounds=[0, 2, 4],
+                           microbatches=[2], micro_batch_size=2, schedule="gpipe")
+    # Both ranks see the plan, but the topology vanishes once the launcher has checked it: every
+    # rank raises while loading, and the launch reports one of them with its device and error.
+    options = LaunchOptions(iterations=1, warmup=0, out_dir=str(tmp_path / "run"))
+    import planner.runtime.launch as launch_module
+
+    original = launch_module._launch_local
+
+    def remove_then_launch(inputs, opts, log):
+        Path(inputs.topology_path).unlink()
+        return original(inputs, opts, log)
+
+    monkeypatch.setattr(launch_module, "_launch_local", remove_then_launch)
+    with pytest.raises(LaunchFailure, match=r"rank \d \(device (a0|b0), replica 0, stage \d\) failed: InputError"):
+        launch(plan, options, log=lambda line: None)
+
+
+def _emulated_seconds(tmp_path, name, **topology_kwargs) -> tuple:
+    folder = tmp_path / name
+    folder.mkdir()
+    topology = cpu_topology(folder / "topology.yaml", **topology_kwargs)
+    plan = write_test_plan(folder, topology, assignment=[["a0", "b2"]], layer_bounds=[0, 2, 4],
+                           microbatches=[4], micro_batch_size=4, schedule="1f1b")
+    results = launch(plan, LaunchOptions(iterations=3, warmup=1, out_dir=str(folder / "run"), emulate=True,
+                                         time_scale=20.0), log=lambda line: None)
+    return results["comparison"]["measured_s"], results["comparison"]["predicted_s"]
+
+
+@pytest.mark.slow
+def test_emulation_follows_bandwidth_and_device_speed_as_the_simulator_says(tmp_path):
+    base = _emulated_seconds(tmp_path, "base")
+    slow_link = _emulated_seconds(tmp_path, "slow-link", cross_host="20Mbps")
+    slow_device = _emulated_seconds(tmp_path, "slow-device", slow_peak="10GFLOPS")
+    for measured, predicted in (base, slow_link, slow_device):
+        assert measured == pytest.approx(predicted, rel=0.25)
+    for changed in (slow_link, slow_device):
+        predicted_ratio = changed[1] / base[1]
+        measured_ratio = changed[0] / base[0]
+        assert predicted_ratio > 1.3
+        assert measured_ratio == pytest.approx(predicted_ratio, rel=0.25)
