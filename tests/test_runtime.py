@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from planner.errors import InputError  # noqa: E402
 from planner.model import model_preset  # noqa: E402
 from planner.runtime.launch import LaunchFailure, LaunchOptions, launch  # noqa: E402
-from planner.runtime.reference import train_single_process  # noqa: E402
+from planner.runtime.reference import run_pipelining, train_single_process  # noqa: E402
 from tests.runtime_helpers import cpu_topology, write_test_plan  # noqa: E402
 
 pytestmark = pytest.mark.runtime
@@ -109,31 +109,6 @@ def test_stages_built_alone_compose_to_the_whole_model():
     assert torch.allclose(whole, parts, atol=1e-6)
 
 
-def _pipelining_losses(spec, bounds, micro_batch_size, microbatches, schedule, iterations, lr):
-    import multiprocessing
-
-    import torch.distributed as dist
-
-    from planner.runtime.reference import pipelining_worker
-
-    world = len(bounds) - 1
-    store = dist.TCPStore("127.0.0.1", 0, world + 1, True, wait_for_workers=False)
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    kwargs = dict(micro_batch_size=micro_batch_size, microbatches=microbatches, schedule=schedule,
-                  iterations=iterations, warmup=0, store_port=store.port, backend="gloo", seed=0,
-                  learning_rate=lr, optimizer="sgd", results=results)
-    processes = [context.Process(target=pipelining_worker, args=(rank, world, spec, tuple(bounds)), kwargs=kwargs)
-                 for rank in range(world)]
-    for p in processes:
-        p.start()
-    got = dict((rank, losses) for rank, losses, _ in (results.get(timeout=120) for _ in processes))
-    for p in processes:
-        p.join(timeout=30)
-        assert p.exitcode == 0
-    return got[world - 1]
-
-
 def test_same_loss_as_torch_pipelining_on_one_split(tmp_path):
     spec = dataclasses.replace(model_preset("tiny"), tied_embeddings=False)
     topology = cpu_topology(tmp_path / "topology.yaml")
@@ -142,7 +117,8 @@ def test_same_loss_as_torch_pipelining_on_one_split(tmp_path):
     plan = write_test_plan(tmp_path, topology, model=spec, **kwargs)
     ours = launch(plan, LaunchOptions(iterations=2, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=0.05),
                   log=lambda line: None)["measured"]["loss"]
-    theirs = _pipelining_losses(spec, [0, 3, 4], 2, 4, "gpipe", 2, 0.05)
+    theirs, _ = run_pipelining(spec, [0, 3, 4], micro_batch_size=2, microbatches=4, schedule="gpipe",
+                               iterations=2, learning_rate=0.05)
     assert ours == pytest.approx(theirs, rel=1e-5)
 
 

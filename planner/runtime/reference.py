@@ -3,6 +3,7 @@ the whole global batch, and ``torch.distributed.pipelining`` (PyTorch's own GPip
 stage split. Both use the runtime's model, data and initialisation."""
 
 import datetime
+import multiprocessing
 import time
 
 import torch
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from planner.runtime.data import global_batch_tokens
 from planner.runtime.gpt import build_stage
 
-__all__ = ["train_single_process", "pipelining_worker"]
+__all__ = ["train_single_process", "pipelining_worker", "run_pipelining"]
 
 
 def _optimizer(parameters, name: str, learning_rate: float):
@@ -98,3 +99,37 @@ def pipelining_worker(rank: int, world: int, spec, layer_bounds: tuple, *, micro
         results.put((rank, losses, seconds))
     finally:
         dist.destroy_process_group()
+
+
+def run_pipelining(spec, layer_bounds, *, micro_batch_size: int, microbatches: int, schedule: str, iterations: int,
+                   warmup: int = 0, backend: str = "gloo", seed: int = 0, learning_rate: float = 1e-3,
+                   optimizer: str = "sgd") -> tuple:
+    """Spawn one ``pipelining_worker`` per stage; returns (last stage's losses, iteration seconds)."""
+    world = len(layer_bounds) - 1
+    store = dist.TCPStore("127.0.0.1", 0, world + 1, True, wait_for_workers=False)
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    kwargs = dict(micro_batch_size=micro_batch_size, microbatches=microbatches, schedule=schedule,
+                  iterations=iterations, warmup=warmup, store_port=store.port, backend=backend, seed=seed,
+                  learning_rate=learning_rate, optimizer=optimizer, results=results)
+    processes = [context.Process(target=pipelining_worker, args=(rank, world, spec, tuple(layer_bounds)),
+                                 kwargs=kwargs) for rank in range(world)]
+    for p in processes:
+        p.start()
+    try:
+        got = {}
+        while len(got) < world:
+            if any(p.exitcode not in (None, 0) for p in processes):
+                raise RuntimeError("a torch.distributed.pipelining rank failed")
+            try:
+                rank, losses, seconds = results.get(timeout=1.0)
+            except Exception:  # queue.Empty
+                continue
+            got[rank] = (losses, seconds)
+    finally:
+        for p in processes:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return got[world - 1][0], got[0][1]

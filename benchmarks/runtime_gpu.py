@@ -1,0 +1,104 @@
+"""The runtime on real GPUs: the committed 2-GPU plans, measured against their prediction, and our
+runtime against torch.distributed.pipelining on the same split.
+
+Run on a host with 2 CUDA GPUs, from the repository root:
+
+    python benchmarks/runtime_gpu.py --out benchmarks/results
+
+Prints a table and writes ``runtime_gpu.json`` (and each run's results folder) under ``--out``.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PLANS = {"pipeline (2 stages)": "benchmarks/plans/h100x2-pipeline.yaml",
+         "data parallel (2 replicas)": "benchmarks/plans/h100x2-data-parallel.yaml"}
+
+
+def _untied_copy(plan_path: str, folder: Path, schedule: str) -> Path:
+    """The same split with an untied head and ``schedule`` (pipelining cannot split a tied embedding)."""
+    import yaml
+
+    document = yaml.safe_load(Path(plan_path).read_text())
+    document["model"]["tied_embeddings"] = False
+    document["schedule"] = schedule
+    document["training"]["schedule"] = schedule
+    document.pop("prediction", None)
+    path = folder / f"untied-{schedule}.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def main() -> int:
+    import torch
+
+    from planner.model import parse_model
+    from planner.runtime.launch import LaunchOptions, launch
+    from planner.runtime.reference import run_pipelining
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args()
+    if torch.cuda.device_count() < 2:
+        print("needs 2 CUDA GPUs", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    runs = out / "runtime_gpu_runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for label, plan in PLANS.items():
+        name = Path(plan).stem
+        r = launch(ROOT / plan, LaunchOptions(iterations=args.iterations, warmup=args.warmup,
+                                              out_dir=str(runs / name)), log=print)
+        m, p = r["measured"], r["predicted"]
+        rows.append({"plan": label, "file": plan, "measured_s": m["median_s"], "p10_s": m["p10_s"], "p90_s": m["p90_s"],
+                     "predicted_s": p["iteration_s"], "error": r["comparison"]["relative_error"],
+                     "tokens_per_s": m["tokens_per_s"], "mfu": m["mfu"],
+                     "peak_memory_gb": {d: b / 1e9 for d, b in m["peak_memory_bytes"].items()},
+                     "predicted_memory_gb": {d: b / 1e9 for d, b in p["memory_bytes"].items()},
+                     "device": r["run"]["device_name"], "torch": r["run"]["torch"]})
+    comparison = []
+    for schedule in ("gpipe", "1f1b"):
+        plan = _untied_copy(PLANS["pipeline (2 stages)"], runs, schedule)
+        ours = launch(plan, LaunchOptions(iterations=args.iterations, warmup=args.warmup,
+                                          out_dir=str(runs / f"ours-{schedule}")), log=print)
+        document = json.loads(json.dumps(ours["plan"]))
+        spec = parse_model(document["model"])
+        bounds = [s["layers"][0] for s in document["stages"]] + [document["stages"][-1]["layers"][1]]
+        _, theirs = run_pipelining(spec, bounds, micro_batch_size=document["micro_batch_size"],
+                                   microbatches=document["replicas"][0]["micro_batches"], schedule=schedule,
+                                   iterations=args.iterations, warmup=args.warmup, backend="nccl",
+                                   optimizer=document["training"]["optimizer"])
+        comparison.append({"schedule": schedule, "ours_s": ours["measured"]["median_s"],
+                           "pipelining_s": statistics.median(theirs),
+                           "speedup": statistics.median(theirs) / ours["measured"]["median_s"]})
+    print(f"\n{'plan':28} {'measured s':>10} {'p10-p90':>15} {'predicted s':>11} {'error':>7} "
+          f"{'tokens/s':>9} {'MFU':>6}  peak memory GB (predicted)")
+    for row in rows:
+        memory = ", ".join(f"{d} {row['peak_memory_gb'][d]:.1f} ({row['predicted_memory_gb'][d]:.1f})"
+                           for d in sorted(row["peak_memory_gb"]))
+        print(f"{row['plan']:28} {row['measured_s']:10.4f} {row['p10_s']:7.4f}-{row['p90_s']:7.4f} "
+              f"{row['predicted_s']:11.4f} {100 * row['error']:+6.1f}% {row['tokens_per_s']:9.0f} "
+              f"{100 * row['mfu']:5.1f}%  {memory}")
+    print(f"\n{'same split, untied head':28} {'ours s':>8} {'pipelining s':>13} {'pipelining / ours':>18}")
+    for row in comparison:
+        print(f"{row['schedule']:28} {row['ours_s']:8.4f} {row['pipelining_s']:13.4f} {row['speedup']:18.3f}")
+    (out / "runtime_gpu.json").write_text(json.dumps({"runs": rows, "versus_pipelining": comparison,
+                                                      "iterations": args.iterations, "warmup": args.warmup,
+                                                      "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE",)}},
+                                                     indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,29 @@
+"""The runtime on CUDA GPUs with NCCL (skipped without at least 2 GPUs)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from planner.model import model_preset  # noqa: E402
+from planner.runtime.launch import LaunchOptions, launch  # noqa: E402
+from planner.runtime.reference import train_single_process  # noqa: E402
+from tests.runtime_helpers import cpu_topology, write_test_plan  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                                                  reason="needs 2 CUDA GPUs")]
+
+
+@pytest.mark.parametrize("shape", ["pipeline", "data-parallel"])
+def test_nccl_training_equals_single_process(tmp_path, shape):
+    assignment = [["a0", "a1"]] if shape == "pipeline" else [["a0"], ["a1"]]
+    bounds = [0, 1, 4] if shape == "pipeline" else [0, 4]
+    microbatches = [4] if shape == "pipeline" else [3, 1]
+    topology = cpu_topology(tmp_path / "topology.yaml")  # fp32 plan: no autocast, so CPU and GPU agree
+    plan = write_test_plan(tmp_path, topology, assignment=assignment, layer_bounds=bounds,
+                           microbatches=microbatches, micro_batch_size=2, schedule="1f1b")
+    results = launch(plan, LaunchOptions(iterations=3, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=0.05,
+                                         backend="nccl"), log=lambda line: None)
+    assert results["run"]["backend"] == "nccl"
+    losses, _ = train_single_process(model_preset("tiny"), global_batch=8, iterations=3, learning_rate=0.05)
+    assert results["measured"]["loss"] == pytest.approx(losses, rel=1e-4)
+    assert all(b and b > 0 for b in results["measured"]["peak_memory_bytes"].values())
