@@ -59,7 +59,7 @@ def test_pipeline_and_data_parallel_training_equals_single_process(tmp_path, cas
     topology = cpu_topology(tmp_path / "topology.yaml")
     plan = write_test_plan(tmp_path, topology, **kwargs)
     out = tmp_path / "run"
-    results = launch(plan, LaunchOptions(iterations=3, warmup=0, out_dir=str(out), learning_rate=0.05,
+    results = launch(plan, LaunchOptions(backend="gloo", iterations=3, warmup=0, out_dir=str(out), learning_rate=0.05,
                                          save_state=True), log=lambda line: None)
     _assert_matches_single_process(results, out, kwargs, iterations=3, lr=0.05)
     assert results["run"]["world"] == sum(len(row) for row in kwargs["assignment"])
@@ -70,7 +70,7 @@ def test_results_file_holds_measurement_prediction_and_trace(tmp_path):
     plan = write_test_plan(tmp_path, topology, assignment=[["a0", "b0"]], layer_bounds=[0, 2, 4],
                            microbatches=[4], micro_batch_size=2, schedule="1f1b")
     out = tmp_path / "run"
-    results = launch(plan, LaunchOptions(iterations=3, warmup=1, out_dir=str(out)), log=lambda line: None)
+    results = launch(plan, LaunchOptions(backend="gloo", iterations=3, warmup=1, out_dir=str(out)), log=lambda line: None)
     measured = results["measured"]
     assert len(measured["iteration_s"]) == 3 and measured["min_s"] <= measured["median_s"] <= measured["max_s"]
     assert results["predicted"]["iteration_s"] > 0 and results["comparison"]["predicted_s"] > 0
@@ -115,7 +115,7 @@ def test_same_loss_as_torch_pipelining_on_one_split(tmp_path):
     kwargs = dict(assignment=[["a0", "a1"]], layer_bounds=[0, 3, 4], microbatches=[4], micro_batch_size=2,
                   schedule="gpipe")
     plan = write_test_plan(tmp_path, topology, model=spec, **kwargs)
-    ours = launch(plan, LaunchOptions(iterations=2, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=0.05),
+    ours = launch(plan, LaunchOptions(backend="gloo", iterations=2, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=0.05),
                   log=lambda line: None)["measured"]["loss"]
     theirs, _ = run_pipelining(spec, [0, 3, 4], micro_batch_size=2, microbatches=4, schedule="gpipe",
                                iterations=2, learning_rate=0.05)
@@ -128,7 +128,7 @@ def test_plan_for_another_topology_is_refused_before_start(tmp_path):
                            microbatches=[2], micro_batch_size=2, schedule="gpipe")
     other = cpu_topology(tmp_path / "other.yaml", cross_host="5Gbps")
     with pytest.raises(InputError, match="another topology"):
-        launch(plan, LaunchOptions(topology=str(other), out_dir=str(tmp_path / "run")), log=lambda line: None)
+        launch(plan, LaunchOptions(backend="gloo", topology=str(other), out_dir=str(tmp_path / "run")), log=lambda line: None)
     assert not (tmp_path / "run").exists()
 
 
@@ -153,7 +153,7 @@ def test_killed_rank_fails_the_launch_fast_with_its_name_and_no_orphans(tmp_path
     plan = write_test_plan(tmp_path, topology, assignment=[["a0", "a1", "b0"]], layer_bounds=[0, 1, 2, 4],
                            microbatches=[4], micro_batch_size=1, schedule="1f1b")
     launcher = subprocess.Popen([sys.executable, "-m", "planner.cli", "launch", str(plan), "--iterations", "10000",
-                                 "--emulate", "--time-scale", "5", "--out", str(tmp_path / "run")],
+                                 "--emulate", "--time-scale", "5", "--backend", "gloo", "--out", str(tmp_path / "run")],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         line = ""
@@ -189,7 +189,7 @@ def test_a_raising_rank_is_named(tmp_path, monkeypatch):
                            microbatches=[2], micro_batch_size=2, schedule="gpipe")
     # Both ranks see the plan, but the topology vanishes once the launcher has checked it: every
     # rank raises while loading, and the launch reports one of them with its device and error.
-    options = LaunchOptions(iterations=1, warmup=0, out_dir=str(tmp_path / "run"))
+    options = LaunchOptions(backend="gloo", iterations=1, warmup=0, out_dir=str(tmp_path / "run"))
     import planner.runtime.launch as launch_module
 
     original = launch_module._launch_local
@@ -209,7 +209,7 @@ def _emulated_seconds(tmp_path, name, **topology_kwargs) -> tuple:
     topology = cpu_topology(folder / "topology.yaml", **topology_kwargs)
     plan = write_test_plan(folder, topology, assignment=[["a0", "b2"]], layer_bounds=[0, 2, 4],
                            microbatches=[4], micro_batch_size=4, schedule="1f1b")
-    results = launch(plan, LaunchOptions(iterations=3, warmup=1, out_dir=str(folder / "run"), emulate=True,
+    results = launch(plan, LaunchOptions(backend="gloo", iterations=3, warmup=1, out_dir=str(folder / "run"), emulate=True,
                                          time_scale=20.0), log=lambda line: None)
     return results["comparison"]["measured_s"], results["comparison"]["predicted_s"]
 

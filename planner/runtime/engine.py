@@ -108,8 +108,10 @@ class StageExecutor:
         m = self.module
         tokens = None
         if m.is_first or m.is_last:
+            # One copy per iteration: a copy per micro-batch from pageable memory would stall the host
+            # until the device drains, every micro-batch.
             tokens = global_batch_tokens(self.seed, index, self.plan.global_batch, m.spec.sequence,
-                                         m.spec.vocabulary)
+                                         m.spec.vocabulary).to(self.device)
         inputs, outputs, grads, pending = {}, {}, {}, []
         loss_sum = torch.zeros((), device=self.device)
         marks, done = [self.timer.mark()], []
@@ -117,11 +119,11 @@ class StageExecutor:
             start = now_s()
             if kind == "fwd":
                 rows = microbatch_rows(self.plan.microbatches, self.plan.micro_batch_size, self.replica, mb)
-                x = tokens[rows, :-1].to(self.device) if m.is_first else inputs[mb]
+                x = tokens[rows, :-1] if m.is_first else inputs[mb]
                 with self._autocast():
                     y = m(x)
                 if m.is_last:
-                    targets = tokens[rows, 1:].to(self.device)
+                    targets = tokens[rows, 1:]
                     y = F.cross_entropy(y.float().flatten(0, 1), targets.flatten()) / self.total_microbatches
                     loss_sum += y.detach()
                 outputs[mb] = y

@@ -56,7 +56,7 @@ def pipelining_worker(rank: int, world: int, spec, layer_bounds: tuple, *, micro
     else:
         torch.set_num_threads(1)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+                            timeout=datetime.timedelta(seconds=120), **({"device_id": device} if cuda else {}))
     try:
         module = build_stage(spec, layer_bounds[rank], layer_bounds[rank + 1], seed=seed).to(device)
         if module.tied_copy:
@@ -81,9 +81,9 @@ def pipelining_worker(rank: int, world: int, spec, layer_bounds: tuple, *, micro
             autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
             with autocast:
                 if rank == 0:
-                    runner.step(tokens[:, :-1])
+                    runner.step(tokens[:, :-1].contiguous())
                 elif rank == world - 1:
-                    runner.step(target=tokens[:, 1:], losses=per_microbatch)
+                    runner.step(target=tokens[:, 1:].contiguous(), losses=per_microbatch)
                 else:
                     runner.step()
             opt.step()
@@ -95,7 +95,7 @@ def pipelining_worker(rank: int, world: int, spec, layer_bounds: tuple, *, micro
             if iteration >= warmup:
                 seconds.append(float(elapsed[0]))
                 if per_microbatch:
-                    losses.append(float(sum(float(x) for x in per_microbatch) / len(per_microbatch)))
+                    losses.append(sum(float(x.detach()) for x in per_microbatch) / len(per_microbatch))
         results.put((rank, losses, seconds))
     finally:
         dist.destroy_process_group()
