@@ -13,7 +13,6 @@ import json
 import os
 import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -70,7 +70,8 @@ def test_results_file_holds_measurement_prediction_and_trace(tmp_path):
     plan = write_test_plan(tmp_path, topology, assignment=[["a0", "b0"]], layer_bounds=[0, 2, 4],
                            microbatches=[4], micro_batch_size=2, schedule="1f1b")
     out = tmp_path / "run"
-    results = launch(plan, LaunchOptions(backend="gloo", iterations=3, warmup=1, out_dir=str(out)), log=lambda line: None)
+    results = launch(plan, LaunchOptions(backend="gloo", iterations=3, warmup=1, out_dir=str(out)),
+                     log=lambda line: None)
     measured = results["measured"]
     assert len(measured["iteration_s"]) == 3 and measured["min_s"] <= measured["median_s"] <= measured["max_s"]
     assert results["predicted"]["iteration_s"] > 0 and results["comparison"]["predicted_s"] > 0
@@ -115,8 +116,8 @@ def test_same_loss_as_torch_pipelining_on_one_split(tmp_path):
     kwargs = dict(assignment=[["a0", "a1"]], layer_bounds=[0, 3, 4], microbatches=[4], micro_batch_size=2,
                   schedule="gpipe")
     plan = write_test_plan(tmp_path, topology, model=spec, **kwargs)
-    ours = launch(plan, LaunchOptions(backend="gloo", iterations=2, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=0.05),
-                  log=lambda line: None)["measured"]["loss"]
+    options = LaunchOptions(backend="gloo", iterations=2, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=0.05)
+    ours = launch(plan, options, log=lambda line: None)["measured"]["loss"]
     theirs, _ = run_pipelining(spec, [0, 3, 4], micro_batch_size=2, microbatches=4, schedule="gpipe",
                                iterations=2, learning_rate=0.05)
     assert ours == pytest.approx(theirs, rel=1e-5)
@@ -128,7 +129,8 @@ def test_plan_for_another_topology_is_refused_before_start(tmp_path):
                            microbatches=[2], micro_batch_size=2, schedule="gpipe")
     other = cpu_topology(tmp_path / "other.yaml", cross_host="5Gbps")
     with pytest.raises(InputError, match="another topology"):
-        launch(plan, LaunchOptions(backend="gloo", topology=str(other), out_dir=str(tmp_path / "run")), log=lambda line: None)
+        launch(plan, LaunchOptions(backend="gloo", topology=str(other), out_dir=str(tmp_path / "run")),
+               log=lambda line: None)
     assert not (tmp_path / "run").exists()
 
 
@@ -209,8 +211,8 @@ def _emulated_seconds(tmp_path, name, **topology_kwargs) -> tuple:
     topology = cpu_topology(folder / "topology.yaml", **topology_kwargs)
     plan = write_test_plan(folder, topology, assignment=[["a0", "b2"]], layer_bounds=[0, 2, 4],
                            microbatches=[4], micro_batch_size=4, schedule="1f1b")
-    results = launch(plan, LaunchOptions(backend="gloo", iterations=3, warmup=1, out_dir=str(folder / "run"), emulate=True,
-                                         time_scale=20.0), log=lambda line: None)
+    results = launch(plan, LaunchOptions(backend="gloo", iterations=3, warmup=1, out_dir=str(folder / "run"),
+                                         emulate=True, time_scale=20.0), log=lambda line: None)
     return results["comparison"]["measured_s"], results["comparison"]["predicted_s"]
 
 

@@ -82,9 +82,9 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
     Input mistakes raise ``InputError`` before anything starts; a failed rank raises ``LaunchFailure``.
     """
     _check(options)
-    try:
-        import torch  # noqa: F401  (the runtime's one optional dependency)
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:  # the runtime's one optional dependency
         raise InputError("needs torch: pip install -e '.[runtime]'", field="plan launch") from None
     inputs = load_run_inputs(plan_path, options.topology)
     if options.hostfile:
@@ -228,7 +228,8 @@ def _launch_hosts(inputs: RunInputs, options: LaunchOptions, log) -> dict | None
         if entry.address in local:
             argv = [sys.executable, "-m", "torch.distributed.run"] + command[1:]
         else:
-            argv = ["ssh", "-o", "BatchMode=yes", entry.address, f"cd {shell_line([os.getcwd()])} && {shell_line(command)}"]
+            remote = f"cd {shell_line([os.getcwd()])} && {shell_line(command)}"
+            argv = ["ssh", "-o", "BatchMode=yes", entry.address, remote]
         log(f"starting on {entry.address}: {shell_line(command)}")
         started.append((entry, subprocess.Popen(argv, start_new_session=True)))
     try:
