@@ -228,3 +228,29 @@ def test_emulation_follows_bandwidth_and_device_speed_as_the_simulator_says(tmp_
         measured_ratio = changed[0] / base[0]
         assert predicted_ratio > 1.3
         assert measured_ratio == pytest.approx(predicted_ratio, rel=0.25)
+
+
+def test_master_weights_step_like_fp32_adam_in_chunks(monkeypatch):
+    import planner.runtime.precision as precision
+
+    monkeypatch.setattr(precision, "CHUNK_BYTES", 4 * 300)  # several chunks
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4))
+    half = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)).to(torch.bfloat16)
+    with torch.no_grad():
+        for r, h in zip(reference.parameters(), half.parameters()):
+            r.copy_(h.float())
+    fp32 = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    mixed = precision.make_optimizer(half, "adam", 1e-2, torch.bfloat16, torch.device("cpu"))
+    assert len(mixed.chunks) > 1
+    for _ in range(3):
+        for r, h in zip(reference.parameters(), half.parameters()):
+            grad = torch.randn(r.shape).to(torch.bfloat16)
+            h.grad, r.grad = grad, grad.float()
+        fp32.step()
+        mixed.step()
+        mixed.zero_grad()
+        assert all(h.grad is None for h in half.parameters())
+    for r, h, masters in zip(reference.parameters(), half.parameters(), [m for c in mixed.masters for m in c]):
+        assert torch.allclose(masters, r, atol=1e-6)
+        assert torch.equal(h, r.to(torch.bfloat16))

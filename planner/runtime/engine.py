@@ -81,12 +81,12 @@ class StageExecutor:
     """Runs iterations of one (replica, stage) of ``plan`` on ``module``."""
 
     def __init__(self, *, module, optimizer, plan, layout: Layout, replica: int, stage: int, device: torch.device,
-                 groups: StageGroups, seed: int, autocast_dtype=None, wire_dtype=torch.float32,
+                 groups: StageGroups, seed: int, dtype=torch.float32,
                  emulator: Emulator | None = None):
         self.module, self.optimizer, self.plan = module, optimizer, plan
         self.layout, self.replica, self.stage, self.device = layout, replica, stage, device
         self.groups, self.seed, self.emulator = groups, seed, emulator
-        self.autocast_dtype, self.wire_dtype = autocast_dtype, wire_dtype
+        self.dtype = dtype  # weights, activations and messages; the loss is taken in fp32
         self.ops = stage_ops(plan.schedule, stage, layout.stages, plan.microbatches[replica])
         self.total_microbatches = sum(plan.microbatches)
         spec = module.spec
@@ -120,8 +120,7 @@ class StageExecutor:
             if kind == "fwd":
                 rows = microbatch_rows(self.plan.microbatches, self.plan.micro_batch_size, self.replica, mb)
                 x = tokens[rows, :-1] if m.is_first else inputs[mb]
-                with self._autocast():
-                    y = m(x)
+                y = m(x)
                 if m.is_last:
                     targets = tokens[rows, 1:]
                     y = F.cross_entropy(y.float().flatten(0, 1), targets.flatten()) / self.total_microbatches
@@ -159,18 +158,13 @@ class StageExecutor:
         return float(loss_sum), trace
 
     # -- pieces --------------------------------------------------------------------------------
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return torch.autocast(self.device.type, enabled=False)
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
-
     def _emulate_compute(self, kind: str, start_s: float) -> None:
         if self.emulator is not None:
             sleep_until(self.emulator.compute_end_s(kind, start_s))
 
     def _send(self, tensor: torch.Tensor, peer_stage: int, ready_s: float) -> list:
         peer = self.layout.rank(self.replica, peer_stage)
-        wire = tensor.to(self.wire_dtype).contiguous()
+        wire = tensor.contiguous()
         works = [(dist.isend(wire, peer), wire)]
         if self.emulator is not None:
             stamp = torch.tensor([self.emulator.deliver_at_s(peer_stage, ready_s)], dtype=torch.float64)
@@ -179,13 +173,13 @@ class StageExecutor:
 
     def _recv(self, peer_stage: int) -> torch.Tensor:
         peer = self.layout.rank(self.replica, peer_stage)
-        buffer = torch.empty(self.boundary_shape, dtype=self.wire_dtype, device=self.device)
+        buffer = torch.empty(self.boundary_shape, dtype=self.dtype, device=self.device)
         dist.irecv(buffer, peer).wait()
         if self.emulator is not None:
             stamp = torch.zeros(1, dtype=torch.float64)
             dist.irecv(stamp, peer).wait()
             sleep_until(float(stamp[0]))
-        return buffer.float()
+        return buffer
 
     def _sync(self, ready_s: float) -> None:
         """Sum gradients over the stage's replicas (and the tied embedding's two copies)."""

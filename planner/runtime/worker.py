@@ -26,6 +26,7 @@ from planner.runtime.emulation import Emulator, SharedResources, now_s
 from planner.runtime.engine import Layout, StageExecutor, make_groups
 from planner.runtime.gpt import build_stage
 from planner.runtime.inputs import RunInputs, emulated_model, load_run_inputs
+from planner.runtime.precision import make_optimizer
 from planner.runtime.results import RESULTS_FORMAT, chrome_trace, comparison, summarise_iterations, write_results
 
 __all__ = ["WorkerConfig", "run_local_worker", "main"]
@@ -104,29 +105,23 @@ def _train(rank: int, world: int, config: WorkerConfig, rendezvous: dict, device
         dist.destroy_process_group()
 
 
-def _optimizer(module, name: str, learning_rate: float, device: torch.device):
-    if name == "sgd":
-        return torch.optim.SGD(module.parameters(), lr=learning_rate, momentum=0.9)
-    return torch.optim.Adam(module.parameters(), lr=learning_rate, fused=device.type == "cuda")
-
-
 def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, device, shared) -> None:
     plan, model, training = inputs.plan, inputs.model, inputs.training
     executed = emulated_model(model) if config.emulate else model
     groups = make_groups(layout, stage, executed.tied_embeddings)
     module = build_stage(executed, plan.layer_bounds[stage], plan.layer_bounds[stage + 1], seed=config.seed)
-    module = module.to(device)
-    optimizer = _optimizer(module, training.optimizer, config.learning_rate, device)
+    # 16-bit weights with fp32 master weights on GPUs (as the memory model counts); fp32 on the CPU.
+    dtype = torch.bfloat16 if device.type == "cuda" and training.precision == "bf16" else torch.float32
+    module = module.to(device=device, dtype=dtype)
+    optimizer = make_optimizer(module, training.optimizer, config.learning_rate, dtype, device)
     emulator = None
     if config.emulate:
         job = build_pipeline_job(plan, inputs.topology, model, training)
         resources = SharedResources(shared, inputs.topology.size, len(inputs.topology.hosts))
         emulator = Emulator(job, resources, time_scale=config.time_scale, replica=replica, stage=stage)
-    bf16 = device.type == "cuda" and training.precision == "bf16"
     executor = StageExecutor(module=module, optimizer=optimizer, plan=plan, layout=layout, replica=replica,
                              stage=stage, device=device, groups=groups, seed=config.seed,
-                             autocast_dtype=torch.bfloat16 if bf16 else None,
-                             wire_dtype=torch.bfloat16 if bf16 else torch.float32, emulator=emulator)
+                             dtype=dtype, emulator=emulator)
     barrier = (lambda: dist.barrier(device_ids=[device.index])) if device.type == "cuda" else dist.barrier
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -165,10 +160,10 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         torch.save({k: v.detach().cpu() for k, v in module.state_dict().items()},
                    os.path.join(state_dir, f"stage{stage}.pt"))
     if rank == 0:
-        _write(config, inputs, executed, times, losses, gathered, device)
+        _write(config, inputs, executed, times, losses, gathered, device, dtype)
 
 
-def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, reports, device) -> None:
+def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, reports, device, dtype) -> None:
     plan, model, training, topology = inputs.plan, inputs.model, inputs.training, inputs.topology
     prediction, timeline = predict(plan, topology, model, training, keep_records=True)
     plan = plan.with_prediction(prediction)
@@ -204,7 +199,7 @@ def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, rep
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
             "world": len(reports), "iterations": config.iterations, "warmup": config.warmup, "seed": config.seed,
             "learning_rate": config.learning_rate, "emulated": config.emulate, "time_scale": config.time_scale,
-            "executed_model": asdict(executed), "precision": training.precision if device.type == "cuda" else "fp32",
+            "executed_model": asdict(executed), "precision": "bf16" if dtype == torch.bfloat16 else "fp32",
             "plan_path": inputs.plan_path, "topology_path": inputs.topology_path,
         },
         "measured": measured,
