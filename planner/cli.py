@@ -1,6 +1,7 @@
 """``plan``: a thin dispatcher over library functions. Bad input: one line, exit code 2."""
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -22,6 +23,7 @@ def _plan_parser(sub) -> None:
     p.add_argument("--schedule", choices=["1f1b", "gpipe", "auto"], help="pipeline schedule")
     p.add_argument("--stages", type=int, help="pin the number of pipeline stages")
     p.add_argument("--replicas", type=int, help="pin the number of data-parallel replicas")
+    p.add_argument("--calibration", help="calibration file from 'plan calibrate' (measured efficiency, links)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same plan)")
     p.add_argument("--time-limit", type=float, default=30.0, help="search time limit in seconds")
     p.add_argument("-o", "--output", help="write the plan to FILE (.yaml or .json)")
@@ -49,12 +51,26 @@ def _launch_parser(sub) -> None:
     p.add_argument("--save-state", action="store_true", help="write replica 0's weights to OUT/state/")
 
 
+def _calibrate_parser(sub) -> None:
+    p = sub.add_parser("calibrate", help="measure device efficiency and links here; write a calibration file")
+    p.add_argument("topology", help="topology YAML file (its model and training give the shapes)")
+    p.add_argument("-o", "--output", default="calibration.yaml", help="calibration file to write (.yaml or .json)")
+    p.add_argument("--device-type", help="catalog type of this host's devices (default: the topology's only type)")
+    p.add_argument("--processes", type=int, help="processes for the link probe (default: GPUs here, else 2)")
+    p.add_argument("--names", help="comma-separated topology device names of those processes")
+    p.add_argument("--model", help="model preset (overrides the topology's model)")
+    p.add_argument("--micro-batch", type=int, help="micro-batch size to measure at")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement")
+    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+
+
 def _parse(argv: list) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="plan", description="Plan training on heterogeneous devices.")
     sub = parser.add_subparsers(dest="command")
     _plan_parser(sub)
     _launch_parser(sub)
-    commands = {"make", "launch"}
+    _calibrate_parser(sub)
+    commands = {"make", "launch", "calibrate"}
     if argv and argv[0] not in commands and not argv[0].startswith("-"):
         argv = ["make"] + argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -81,9 +97,18 @@ def _make(args) -> int:
     if args.time_limit <= 0:
         raise InputError(f"must be positive, got {args.time_limit}", field="--time-limit")
     job = load_job(args.topology, model=args.model, model_file=args.model_file, training_overrides=overrides)
+    record = {}
+    if args.calibration:
+        from planner.calibration import apply_calibration, calibration_record, read_calibration
+
+        calibration = read_calibration(args.calibration)
+        job = dataclasses.replace(job, topology=apply_calibration(job.topology, calibration))
+        record = calibration_record(calibration)
     options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit,
                             stages=_positive("--stages", args.stages), replicas=_positive("--replicas", args.replicas))
     result = search(job.topology, job.model, job.training, options)
+    if record:
+        result = dataclasses.replace(result, plan=dataclasses.replace(result.plan, calibration=record))
     document = plan_to_document(result.plan, model=job.model, training=job.training, topology_source=args.topology)
     if args.output:
         write_plan(document, args.output)
@@ -131,11 +156,46 @@ def _run_summary(results: dict, folder: str) -> str:
     return "\n".join(lines)
 
 
+def _calibrate(args) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise InputError("needs torch: pip install -e '.[runtime]'", field="plan calibrate")
+    from planner.runtime.calibrate import CalibrateOptions, CalibrationFailure, calibrate
+
+    if args.repeats < 1:
+        raise InputError(f"must be at least 1, got {args.repeats}", field="--repeats")
+    options = CalibrateOptions(out=args.output, device_type=args.device_type,
+                               processes=_positive("--processes", args.processes),
+                               names=tuple(args.names.split(",")) if args.names else (), backend=args.backend,
+                               repeats=args.repeats, model=args.model,
+                               micro_batch=_positive("--micro-batch", args.micro_batch))
+    try:
+        document = calibrate(args.topology, options, log=lambda line: print(line, flush=True))
+    except CalibrationFailure as failure:
+        print(f"plan: calibration failed: {failure}", file=sys.stderr)
+        return EXIT_FAILED
+    for kind, entry in document["device_types"].items():
+        m = entry["measured"]
+        print(f"{kind}: efficiency {entry['efficiency']:.3f} ({m['achieved_flops'] / 1e12:.2f} of "
+              f"{m['peak_flops'] / 1e12:.2f} TFLOP/s), optimizer memory bandwidth "
+              f"{entry['memory_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s")
+    network = document.get("network")
+    if network:
+        for i, a in enumerate(network["devices"]):
+            for j, b in enumerate(network["devices"]):
+                if i != j:
+                    print(f"{a} -> {b}: latency {network['latency_s'][i][j] * 1e6:.1f} us, "
+                          f"bandwidth {network['bandwidth_bytes_per_s'][i][j] / 1e9:.2f} GB/s")
+    print(f"calibration written to {args.output}")
+    return 0
+
+
 def main(argv: list | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = _parse(argv)
-        return {"make": _make, "launch": _launch}[args.command](args)
+        return {"make": _make, "launch": _launch, "calibrate": _calibrate}[args.command](args)
     except InputError as error:
         print(f"plan: error: {error}", file=sys.stderr)
         return EXIT_INPUT

@@ -11,13 +11,13 @@ from cost_models import comm, flops, memory
 from cost_models.simulator import PipelineJob, Timeline, simulate
 from planner.plan import Plan, Prediction
 
-__all__ = ["StageProfile", "stage_profile", "worker_memory_bytes", "ring_hops", "greedy_ring_order",
-           "sync_time_s", "optimizer_time_s", "build_pipeline_job", "predict", "model_flops_per_iteration"]
+__all__ = ["OPTIMIZER_BYTES_PER_PARAMETER", "StageProfile", "stage_profile", "worker_memory_bytes", "ring_hops",
+           "greedy_ring_order", "sync_time_s", "optimizer_time_s", "build_pipeline_job", "predict", "model_flops_per_iteration"]
 
 # Bytes the optimizer update moves per parameter (read + write), a roofline estimate of a fused
 # Adam step: fp32 master, m and v read and written (24 B), the 16-bit gradient read and the 16-bit
 # weight written (4 B). SGD with momentum: master and momentum (16 B) plus the same 4 B.
-_OPTIMIZER_BYTES_PER_PARAMETER = {"adam": 28.0, "sgd": 20.0}
+OPTIMIZER_BYTES_PER_PARAMETER = {"adam": 28.0, "sgd": 20.0}
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -155,7 +155,7 @@ def sync_time_s(topology, plan: Plan, profile: StageProfile, stage: int) -> floa
 
 def optimizer_time_s(parameters: float, optimizer: str, memory_bandwidth_bytes_per_s: float) -> float:
     """The optimizer update is memory-bound: bytes moved / memory bandwidth (roofline, Williams et al. 2009)."""
-    return parameters * _OPTIMIZER_BYTES_PER_PARAMETER[optimizer] / memory_bandwidth_bytes_per_s
+    return parameters * OPTIMIZER_BYTES_PER_PARAMETER[optimizer] / memory_bandwidth_bytes_per_s
 
 
 def build_pipeline_job(plan: Plan, topology, model, training, profile: StageProfile | None = None) -> PipelineJob:

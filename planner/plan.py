@@ -55,6 +55,7 @@ class Plan:
     idle: tuple = ()
     prediction: Prediction | None = None
     search: dict = field(default_factory=dict)
+    calibration: dict = field(default_factory=dict)  # path, sha256, measured_at_utc of the calibration used
 
     @property
     def stages(self) -> int:
@@ -151,6 +152,8 @@ def plan_to_document(plan: Plan, *, model=None, training=None, topology_source: 
         }
     if plan.search:
         doc["search"] = dict(plan.search)
+    if plan.calibration:
+        doc["calibration"] = dict(plan.calibration)
     return json.loads(json.dumps(doc, default=float))
 
 
@@ -203,7 +206,7 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
             micro_batch_size=f.int("micro_batch_size"), schedule=f.str("schedule", choices=SCHEDULES),
             ring_orders=tuple(ring_orders), sync=f.str("sync", "ring", choices=("ring", "sharded")),
             topology_name=str(topo.raw("name", "")), topology_sha256=str(topo.raw("sha256", "")),
-            idle=tuple(f.list("idle", [])), search=f.raw("search", {}),
+            idle=tuple(f.list("idle", [])), search=f.raw("search", {}), calibration=_calibration(f),
         )
         topo.raw("path", "")
         topo.finish()
@@ -213,6 +216,15 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
         return plan
     except InputError as error:
         raise error.located(source=source) from None
+
+
+def _calibration(f: Fields) -> dict:
+    if not f.has("calibration"):
+        return {}
+    c = Fields(f.raw("calibration"), "calibration")
+    record = {"path": c.str("path"), "sha256": c.str("sha256"), "measured_at_utc": c.str("measured_at_utc", "")}
+    c.finish()
+    return record
 
 
 def write_plan(document: dict, path) -> None:

@@ -18,7 +18,9 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
            f"global batch {training.global_batch} x {model.sequence} tokens, {training.precision}",
            f"Degrees: {S} pipeline stage(s) x {R} data-parallel replica(s) = {S * R} of {topology.size} devices"
            + (f"; {len(plan.idle)} idle" if plan.idle else ""),
-           f"Schedule: {plan.schedule}, micro-batch size {plan.micro_batch_size}, gradient sync: {plan.sync}", ""]
+           f"Schedule: {plan.schedule}, micro-batch size {plan.micro_batch_size}, gradient sync: {plan.sync}",
+           (f"Calibration: {plan.calibration['path']} (measured {plan.calibration['measured_at_utc']})"
+            if plan.calibration else "Calibration: none (the catalog's default efficiencies)"), ""]
     header = ["replica", "micro-batches"] + [f"stage {s} [{plan.layer_bounds[s]}, {plan.layer_bounds[s + 1]})"
                                              for s in range(S)]
     rows = [[r, plan.microbatches[r]] + list(plan.assignment[r]) for r in range(R)]

@@ -9,6 +9,8 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from pathlib import Path
+
 import numpy as np
 
 from planner.catalog import PRECISIONS, device_type, peak_for
@@ -196,9 +198,32 @@ def _matrix(f: Fields, n: int) -> tuple:
     return result[0], result[1]
 
 
-def _parse_network(document, devices: list) -> tuple:
+def _calibrated_links(f: Fields, devices: list, latency, bandwidth, base: Path) -> str:
+    """Fill the pairs that a calibration file measured; returns its hash ("" without one)."""
+    from planner.calibration import measured_links, read_calibration
+
+    path = Path(f.str("calibration"))
+    if not path.is_absolute():
+        path = base / path
+    try:
+        calibration = read_calibration(path)
+    except InputError as error:
+        raise InputError(f"{error}", field="network.calibration") from None
+    if calibration.network is None:
+        raise InputError(f"{path} has no network section: run 'plan calibrate' with 2 or more processes",
+                         field="network.calibration")
+    lat, bw, known = measured_links(calibration, [d.name for d in devices])
+    if not known.any():
+        raise InputError(f"{path} measured {', '.join(calibration.network['devices'])}, none of this topology's "
+                         "devices: calibrate with --names", field="network.calibration")
+    latency[known], bandwidth[known] = lat[known], bw[known]
+    return calibration.sha256
+
+
+def _parse_network(document, devices: list, base: Path) -> tuple:
     n = len(devices)
     f = Fields(document, "network")
+    measured = ""
     latency = np.full((n, n), np.nan)
     bandwidth = np.full((n, n), np.nan)
     if f.has("matrix"):
@@ -235,6 +260,8 @@ def _parse_network(document, devices: list) -> tuple:
                 mask = (regions[:, None] == a) & (regions[None, :] == b)
                 latency[mask] = lat
                 bandwidth[mask] = bw
+    if f.has("calibration"):
+        measured = _calibrated_links(f, devices, latency, bandwidth, base)
     index = {d.name: i for i, d in enumerate(devices)}
     for k, entry in enumerate(f.list("pairs", [])):
         where = f"network.pairs[{k}]"
@@ -278,12 +305,16 @@ def _parse_network(document, devices: list) -> tuple:
         raise InputError(f"no link from {a.name} (host {a.host}, region {a.region}) to {b.name} "
                          f"(host {b.host}, region {b.region}): add network.{level}"
                          + (" or a region_pairs entry" if level == "global" else ""), field=f"network.{level}")
-    return latency, bandwidth, nics
+    return latency, bandwidth, nics, measured
 
 
-def topology_hash(devices_doc, network_doc) -> str:
-    """SHA-256 of the canonical JSON of the devices and network sections (formatting does not matter)."""
-    canonical = json.dumps({"devices": devices_doc, "network": network_doc}, sort_keys=True, default=str)
+def topology_hash(devices_doc, network_doc, measured: str = "") -> str:
+    """SHA-256 of the canonical JSON of the devices and network sections (formatting does not matter),
+    plus the hash of a calibration file the network takes measured links from."""
+    document = {"devices": devices_doc, "network": network_doc}
+    if measured:
+        document["measured_links_sha256"] = measured
+    canonical = json.dumps(document, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -294,7 +325,8 @@ def parse_topology(document: dict, *, name: str = "topology", source: str = "") 
     if "network" not in document:
         raise InputError("is missing: describe the links (levels host/region/global or a matrix)", field="network")
     devices = _parse_devices(document["devices"])
-    latency, bandwidth, nics = _parse_network(document["network"], devices)
+    base = Path(source).parent if source else Path(".")
+    latency, bandwidth, nics, measured = _parse_network(document["network"], devices, base)
     return Topology(name=name, devices=tuple(devices), latency_s=latency, bandwidth_bytes_per_s=bandwidth,
-                    nic_bytes_per_s=nics, sha256=topology_hash(document["devices"], document["network"]),
+                    nic_bytes_per_s=nics, sha256=topology_hash(document["devices"], document["network"], measured),
                     source=source)

@@ -20,7 +20,8 @@ __all__ = ["StageModule", "build_stage", "INIT_STD"]
 INIT_STD = 0.02  # GPT-2's initialisation scale
 
 
-def _norm(spec, width: int) -> nn.Module:
+def make_norm(spec, width: int) -> nn.Module:
+    """LayerNorm where the model has biases, else RMSNorm (LLaMA)."""
     return nn.LayerNorm(width) if spec.biases else nn.RMSNorm(width, eps=1e-5)
 
 
@@ -41,10 +42,10 @@ class Block(nn.Module):
         self.heads = spec.heads
         self.rotary = not spec.learned_positions
         self.gated = spec.gated_mlp
-        self.norm1 = _norm(spec, h)
+        self.norm1 = make_norm(spec, h)
         self.qkv = nn.Linear(h, 3 * h, bias=spec.biases)
         self.proj = nn.Linear(h, h, bias=spec.biases)
-        self.norm2 = _norm(spec, h)
+        self.norm2 = make_norm(spec, h)
         self.fc1 = nn.Linear(h, f, bias=spec.biases)
         if self.gated:
             self.gate = nn.Linear(h, f, bias=spec.biases)
@@ -76,7 +77,7 @@ class StageModule(nn.Module):
                 self.positions = nn.Embedding(spec.sequence, spec.hidden)
         self.blocks = nn.ModuleDict({str(i): Block(spec) for i in range(first, end)})
         if self.is_last:
-            self.norm = _norm(spec, spec.hidden)
+            self.norm = make_norm(spec, spec.hidden)
             if not (spec.tied_embeddings and self.is_first):
                 self.head = nn.Linear(spec.hidden, spec.vocabulary, bias=False)
 

@@ -68,12 +68,31 @@ def load_run_inputs(plan_path, topology_path=None) -> RunInputs:
                                   source=str(path))
     except InputError as error:
         raise error.located(source=str(path)) from None
+    if plan.calibration:
+        topology = _calibrated(topology, plan.calibration, plan_path)
     try:
         validate_plan(plan, topology, model, training)
     except InputError as error:
         raise error.located(source=source) from None
     return RunInputs(plan=plan, plan_document=document, plan_path=str(plan_path), topology=topology,
                      topology_path=str(path), model=model, training=training)
+
+
+def _calibrated(topology: Topology, record: dict, plan_path: Path) -> Topology:
+    """Apply the calibration the plan was made with: the same file (by hash), or a refusal."""
+    from planner.calibration import apply_calibration, read_calibration
+
+    path = Path(record["path"])
+    if not path.is_absolute() and not path.exists() and (plan_path.parent / path).exists():
+        path = plan_path.parent / path
+    if not path.exists():
+        raise InputError(f"names calibration {record['path']}, which is not here: copy it beside the plan or "
+                         "plan again without it", source=str(plan_path), field="calibration.path")
+    calibration = read_calibration(path)
+    if calibration.sha256 != record["sha256"]:
+        raise InputError(f"{path} changed since the plan was made (hash differs): plan again with it",
+                         source=str(plan_path), field="calibration.sha256")
+    return apply_calibration(topology, calibration)
 
 
 def emulated_model(model: ModelSpec) -> ModelSpec:

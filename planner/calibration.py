@@ -1,0 +1,134 @@
+"""Calibration files: what ``plan calibrate`` measured on real devices and links, and how the
+planner uses it.
+
+A calibration replaces, for each device type it measured, the catalog's default ``efficiency``
+(achieved / peak FLOP/s of a transformer block's forward and backward plus the head, at the
+plan's shapes) and ``memory_bandwidth`` (the optimizer step's effective bytes/s); its ``network``
+section holds measured latency and bandwidth matrices between named devices, which a topology can
+use instead of typed numbers (``network: {calibration: FILE}``). A plan made with a calibration
+records its path and hash, and ``plan launch`` predicts with the same one or refuses.
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from planner.errors import InputError
+from planner.fields import Fields
+
+__all__ = ["CALIBRATION_FORMAT", "Calibration", "read_calibration", "write_calibration", "apply_calibration",
+           "calibration_record", "measured_links"]
+
+CALIBRATION_FORMAT = "hetplan-calibration/1"
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Calibration:
+    path: str
+    sha256: str
+    measured_at_utc: str
+    device_types: dict  # type name -> {"efficiency": float, "memory_bandwidth_bytes_per_s": float}
+    network: dict | None  # {"devices": [...], "latency_s": NxN, "bandwidth_bytes_per_s": NxN} or None
+    document: dict
+
+
+def _matrix(value, n: int, field: str, *, positive: bool) -> np.ndarray:
+    try:
+        array = np.array(value, dtype=float)
+    except (TypeError, ValueError):
+        raise InputError(f"must be a {n} x {n} list of numbers", field=field) from None
+    if array.shape != (n, n):
+        raise InputError(f"must be {n} x {n} (one row per device), got shape {array.shape}", field=field)
+    off = ~np.eye(n, dtype=bool)
+    if (positive and np.any(array[off] <= 0)) or np.any(array[off] < 0) or not np.all(np.isfinite(array[off])):
+        raise InputError("off-diagonal entries must be finite and " + ("positive" if positive else "non-negative"),
+                         field=field)
+    return array
+
+
+def read_calibration(path) -> Calibration:
+    """Read and check a calibration file; every problem is an ``InputError`` naming the file and field."""
+    from planner.job import read_yaml
+
+    source = str(path)
+    text = Path(path).read_bytes() if Path(path).is_file() else None
+    document = read_yaml(path)
+    try:
+        f = Fields(document, "")
+        fmt = f.str("format")
+        if fmt != CALIBRATION_FORMAT:
+            raise InputError(f"is {fmt!r}, not {CALIBRATION_FORMAT}: measure again with 'plan calibrate'",
+                             field="format")
+        measured_at = f.str("measured_at_utc")
+        types = {}
+        for name, entry in (f.raw("device_types", {}) or {}).items():
+            e = Fields(entry, f"device_types.{name}")
+            types[str(name)] = {"efficiency": e.float("efficiency", high=1.0),
+                                "memory_bandwidth_bytes_per_s": e.float("memory_bandwidth_bytes_per_s")}
+            e.raw("measured", {})
+            e.finish()
+        network = None
+        if f.has("network"):
+            e = Fields(f.raw("network"), "network")
+            names = [str(x) for x in e.list("devices")]
+            if len(set(names)) != len(names) or len(names) < 2:
+                raise InputError("must list at least two distinct device names", field="network.devices")
+            n = len(names)
+            network = {"devices": names,
+                       "latency_s": _matrix(e.raw("latency_s"), n, "network.latency_s", positive=False),
+                       "bandwidth_bytes_per_s": _matrix(e.raw("bandwidth_bytes_per_s"), n,
+                                                        "network.bandwidth_bytes_per_s", positive=True)}
+            e.raw("message_overhead_s", 0.0)
+            e.raw("probe", {})
+            e.finish()
+        for key in ("host", "how", "torch", "backend"):
+            f.raw(key, "")
+        f.finish()
+    except InputError as error:
+        raise error.located(source=source) from None
+    return Calibration(path=source, sha256=hashlib.sha256(text).hexdigest(), measured_at_utc=measured_at,
+                       device_types=types, network=network, document=document)
+
+
+def write_calibration(document: dict, path) -> None:
+    from planner.plan import write_plan  # atomic YAML/JSON writer
+
+    write_plan(json.loads(json.dumps(document, default=float)), path)
+
+
+def apply_calibration(topology, calibration: Calibration):
+    """``topology`` with the measured efficiency and memory bandwidth of every calibrated device type."""
+    devices = []
+    for d in topology.devices:
+        measured = calibration.device_types.get(d.type_name)
+        if measured:
+            d = replace(d, efficiency=measured["efficiency"],
+                        memory_bandwidth_bytes_per_s=measured["memory_bandwidth_bytes_per_s"])
+        devices.append(d)
+    return replace(topology, devices=tuple(devices))
+
+
+def calibration_record(calibration: Calibration) -> dict:
+    """What a plan keeps of the calibration it was made with."""
+    return {"path": calibration.path, "sha256": calibration.sha256, "measured_at_utc": calibration.measured_at_utc}
+
+
+def measured_links(calibration: Calibration, names: list) -> tuple:
+    """(latency_s, bandwidth_bytes_per_s, known) matrices over ``names`` from the calibration's network;
+    ``known[i, j]`` is True where the pair was measured."""
+    n = len(names)
+    latency, bandwidth = np.full((n, n), np.nan), np.full((n, n), np.nan)
+    known = np.zeros((n, n), dtype=bool)
+    if calibration.network is None:
+        return latency, bandwidth, known
+    where = {name: k for k, name in enumerate(calibration.network["devices"])}
+    for i, a in enumerate(names):
+        for j, b in enumerate(names):
+            if i != j and a in where and b in where:
+                latency[i, j] = calibration.network["latency_s"][where[a], where[b]]
+                bandwidth[i, j] = calibration.network["bandwidth_bytes_per_s"][where[a], where[b]]
+                known[i, j] = True
+    return latency, bandwidth, known

@@ -1,0 +1,313 @@
+"""``plan calibrate``: measure what the cost model needs on the devices at hand.
+
+- Compute: a transformer block's forward and backward and the head's (norm, logits, loss) at the
+  model's shapes, timed on rank 0's device; efficiency = model FLOPs of a whole stack of
+  ``layers`` blocks plus the head (``cost_models.flops``) / its measured time / the device type's
+  peak at the training precision.
+- Optimizer: the runtime's own optimizer stepping ``OPTIMIZER_PROBE_PARAMETERS`` parameters; the
+  effective memory bandwidth = bytes the roofline counts (``planner.costing``) / time.
+- Links: a ping-pong between every ordered pair of the launched processes over torch.distributed at
+  several message sizes; a least-squares fit of ``t(n) = a + n / B`` per pair gives the one-way
+  latency ``a / 2`` (per-message overhead included) and the bandwidth ``B`` (Hockney's model).
+
+Writes a calibration file (``planner.calibration``) saying when, where and how it was measured.
+"""
+
+import datetime
+import multiprocessing
+import os
+import platform
+import socket
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.calibration import CALIBRATION_FORMAT, write_calibration
+from planner.catalog import peak_for
+from planner.errors import InputError
+
+__all__ = ["CalibrateOptions", "CalibrationFailure", "calibrate", "fit_latency_bandwidth", "OPTIMIZER_PROBE_PARAMETERS"]
+
+OPTIMIZER_PROBE_PARAMETERS = 32 * 2**20
+_SIZES_CPU = (4 * 2**10, 64 * 2**10, 2**20, 8 * 2**20)
+_LINK_REPEATS = 20  # round trips per size and pair (median)
+_SIZES_GPU = (4 * 2**10, 2**20, 16 * 2**20, 128 * 2**20)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrateOptions:
+    out: str = "calibration.yaml"
+    device_type: str | None = None
+    processes: int | None = None
+    names: tuple = ()
+    backend: str = "auto"
+    repeats: int = 5
+    model: str | None = None
+    micro_batch: int | None = None
+    timeout_s: float = 120.0
+
+
+class CalibrationFailure(RuntimeError):
+    """A measuring process failed; the message names it and its error."""
+
+
+def fit_latency_bandwidth(sizes_bytes, round_trip_s) -> tuple:
+    """(one-way latency s, bandwidth B/s) from round trips ``t(n) = a + n / B`` (Hockney 1994)."""
+    n = np.asarray(sizes_bytes, dtype=float)
+    t = np.asarray(round_trip_s, dtype=float)
+    slope, intercept = np.polyfit(n, t, 1)
+    if slope <= 0:  # noise swamped the size dependence: use the largest message alone
+        slope = t[-1] / n[-1]
+    return max(float(intercept), 0.0) / 2.0, 1.0 / float(slope)
+
+
+def _job(topology_path, options: CalibrateOptions):
+    from planner.job import load_job
+
+    overrides = {"micro_batch": options.micro_batch}
+    if options.model:
+        overrides["global_batch"] = options.micro_batch or 1
+    job = load_job(topology_path, model=options.model, training_overrides=overrides)
+    types = sorted({d.type_name for d in job.topology.devices})
+    kind = options.device_type
+    if kind is None:
+        if len(types) != 1:
+            raise InputError(f"the topology has device types {', '.join(types)}: pass --device-type for the one "
+                             "on this host", field="--device-type")
+        kind = types[0]
+    elif kind not in types:
+        raise InputError(f"{kind!r} is not in the topology (it has {', '.join(types)})", field="--device-type")
+    return job, kind
+
+
+def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
+    """Measure, write ``options.out`` and return the calibration document."""
+    import torch
+    import torch.distributed as dist
+
+    job, kind = _job(topology_path, options)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = options.backend if options.backend != "auto" else ("nccl" if gpus else "gloo")
+    processes = options.processes or (gpus if backend == "nccl" else 2)
+    if processes < 1 or (backend == "nccl" and processes > gpus):
+        raise InputError(f"{processes} process(es) with {backend} on a host with {gpus} GPU(s)", field="--processes")
+    names = list(options.names) or [d.name for d in job.topology.devices if d.type_name == kind][:processes]
+    if len(names) != processes:
+        raise InputError(f"needs {processes} device names, got {len(names)}: pass --names", field="--names")
+    log(f"calibrating {kind} with {processes} process(es) over {backend}: {', '.join(names)}")
+    store = dist.TCPStore("127.0.0.1", 0, processes + 1, True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=options.timeout_s))
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    workers = [context.Process(target=_worker, args=(rank, processes, backend, store.port, job, options, queue))
+               for rank in range(processes)]
+    for w in workers:
+        w.start()
+    reports = {}
+    try:
+        while len(reports) < processes:
+            try:
+                rank, report = queue.get(timeout=1.0)
+            except Exception:  # queue.Empty
+                dead = [r for r, w in enumerate(workers) if w.exitcode not in (None, 0)]
+                if dead:
+                    raise CalibrationFailure(f"process {dead[0]} exited with code {workers[dead[0]].exitcode}")
+                continue
+            if isinstance(report, str):
+                raise CalibrationFailure(f"process {rank} ({names[rank]}) failed: {report}")
+            reports[rank] = report
+    finally:
+        for w in workers:
+            w.join(timeout=5 if w.exitcode is None and reports.keys() != set(range(processes)) else 30)
+            if w.is_alive():
+                w.kill()
+                w.join()
+    document = _document(job, kind, backend, names, reports, options)
+    write_calibration(document, options.out)
+    return document
+
+
+def _document(job, kind, backend, names, reports, options) -> dict:
+    from cost_models.flops import head_forward_flops, layer_forward_flops
+
+    compute = reports[0]["compute"]
+    model, training = job.model, job.training
+    b = compute["micro_batch"]
+    block = layer_forward_flops(b, model.sequence, model.hidden, model.ffn_hidden, gated_mlp=model.gated_mlp)
+    head = head_forward_flops(b, model.sequence, model.hidden, model.vocabulary)
+    seconds = model.layers * (compute["block_forward_s"] + compute["block_backward_s"]) + compute["head_s"]
+    achieved = 3.0 * (model.layers * block + head) / seconds
+    device = next(d for d in job.topology.devices if d.type_name == kind)
+    peak = peak_for(device.peak_flops, training.precision)
+    document = {
+        "format": CALIBRATION_FORMAT,
+        "measured_at_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "how": (f"plan calibrate on {compute['device_name']}: {options.repeats} timed repeats after 2 warm-ups; "
+                f"model {model.name} at micro-batch {b}, {compute['dtype']}; links by ping-pong over {backend}"),
+        "torch": compute["torch"],
+        "backend": backend,
+        "device_types": {kind: {
+            "efficiency": min(achieved / peak, 1.0),
+            "memory_bandwidth_bytes_per_s": compute["optimizer_bytes_per_s"],
+            "measured": {"device_name": compute["device_name"], "precision": training.precision,
+                         "dtype": compute["dtype"], "micro_batch": b, "sequence": model.sequence,
+                         "hidden": model.hidden, "layers": model.layers, "vocabulary": model.vocabulary,
+                         "block_forward_s": compute["block_forward_s"], "block_backward_s": compute["block_backward_s"],
+                         "head_forward_backward_s": compute["head_s"], "achieved_flops": achieved,
+                         "peak_flops": peak, "optimizer_step_s": compute["optimizer_s"],
+                         "optimizer_parameters": OPTIMIZER_PROBE_PARAMETERS, "threads": compute["threads"]},
+        }},
+    }
+    n = len(names)
+    if n > 1:
+        latency, bandwidth = np.zeros((n, n)), np.zeros((n, n))
+        overheads = []
+        for (i, j), (sizes, times) in reports[0]["links"].items():
+            latency[i, j], bandwidth[i, j] = fit_latency_bandwidth(sizes, times)
+            overheads.append(latency[i, j])
+        np.fill_diagonal(bandwidth, 0.0)
+        document["network"] = {"devices": names, "latency_s": latency.tolist(),
+                               "bandwidth_bytes_per_s": bandwidth.tolist(),
+                               "message_overhead_s": float(min(overheads)),
+                               "probe": {"sizes_bytes": list(reports[0]["sizes"]),
+                                         "repeats": max(options.repeats, _LINK_REPEATS),
+                                         "statistic": "median round trip, n bytes out and 1 element back"}}
+    return document
+
+
+def _worker(rank, world, backend, port, job, options, queue) -> None:
+    import torch
+
+    cuda = backend == "nccl"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    threads = max(1, (os.cpu_count() or 1) // world)
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(threads)
+    try:
+        _measure(rank, world, backend, port, job, options, queue, device, threads)
+    except Exception as error:  # reported to the parent, which names the process
+        text = str(error).strip().splitlines()
+        queue.put((rank, f"{type(error).__name__}: {text[0] if text else ''}"))
+
+
+def _measure(rank, world, backend, port, job, options, queue, device, threads) -> None:
+    import torch.distributed as dist
+
+    cuda = device.type == "cuda"
+    store = dist.TCPStore("127.0.0.1", port, world, False, timeout=datetime.timedelta(seconds=options.timeout_s))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=options.timeout_s),
+                            **({"device_id": device} if cuda else {}))
+    try:
+        report = {}
+        if rank == 0:
+            report["compute"] = _compute_probe(job, options, device, threads)
+        dist.barrier()
+        sizes = _SIZES_GPU if cuda else _SIZES_CPU
+        report["sizes"] = sizes
+        report["links"] = _link_probe(rank, world, sizes, max(options.repeats, _LINK_REPEATS), device)
+        queue.put((rank, report))
+    finally:
+        dist.destroy_process_group()
+
+
+def _timed(fn, repeats: int, device) -> float:
+    import torch
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(2):
+        fn()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _compute_probe(job, options, device, threads) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from planner.costing import OPTIMIZER_BYTES_PER_PARAMETER
+    from planner.runtime.gpt import Block, make_norm
+    from planner.runtime.precision import make_optimizer
+
+    model, training = job.model, job.training
+    b = training.micro_batch or 1
+    dtype = torch.bfloat16 if device.type == "cuda" and training.precision == "bf16" else torch.float32
+    block = Block(model).to(device=device, dtype=dtype)
+    x = torch.randn(b, model.sequence, model.hidden, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn_like(x)
+    forward = _timed(lambda: block(x), options.repeats, device)
+    both = _timed(lambda: block(x).backward(grad), options.repeats, device)
+    norm = make_norm(model, model.hidden).to(device=device, dtype=dtype)
+    head = torch.nn.Linear(model.hidden, model.vocabulary, bias=False).to(device=device, dtype=dtype)
+    targets = torch.randint(0, model.vocabulary, (b, model.sequence), device=device)
+
+    def head_step():
+        logits = head(norm(x))
+        F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).backward()
+
+    head_s = _timed(head_step, options.repeats, device)
+    probe = torch.nn.Linear(OPTIMIZER_PROBE_PARAMETERS // 1024, 1024, bias=False).to(device=device, dtype=dtype)
+    optimizer = make_optimizer(probe, training.optimizer, 1e-4, dtype, device)
+
+    def step():
+        probe.weight.grad = torch.ones_like(probe.weight)
+        optimizer.step()
+
+    optimizer_s = _timed(step, options.repeats, device)
+    moved = probe.weight.numel() * OPTIMIZER_BYTES_PER_PARAMETER[training.optimizer]
+    return {"micro_batch": b, "block_forward_s": forward, "block_backward_s": max(both - forward, 0.0),
+            "head_s": head_s, "optimizer_s": optimizer_s, "optimizer_bytes_per_s": moved / optimizer_s,
+            "dtype": str(dtype).replace("torch.", ""), "threads": threads, "torch": torch.__version__,
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
+            else (platform.processor() or platform.machine())}
+
+
+def _link_probe(rank, world, sizes, repeats, device) -> dict:
+    """Round trips of every ordered pair, one pair at a time; rank 0 ends up with all of them."""
+    import torch
+    import torch.distributed as dist
+
+    ack = torch.zeros(1, device=device)
+    links = {}
+    for i in range(world):
+        for j in range(world):
+            if i == j:
+                continue
+            times = []
+            for size in sizes:
+                payload = torch.zeros(size // 4, device=device)
+                samples = []
+                for k in range(repeats + 2):
+                    dist.barrier()
+                    if rank == i:
+                        start = time.perf_counter()
+                        dist.send(payload, j)
+                        dist.recv(ack, j)
+                        if device.type == "cuda":
+                            torch.cuda.synchronize(device)
+                        if k >= 2:
+                            samples.append(time.perf_counter() - start)
+                    elif rank == j:
+                        dist.recv(payload, i)
+                        dist.send(ack, i)
+                        if device.type == "cuda":
+                            torch.cuda.synchronize(device)
+                times.append(statistics.median(samples) if samples else 0.0)
+            result = [times]
+            dist.broadcast_object_list(result, src=i)
+            links[(i, j)] = (list(sizes), result[0])
+    return links
