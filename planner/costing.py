@@ -11,8 +11,9 @@ from cost_models import comm, flops, memory
 from cost_models.simulator import PipelineJob, Timeline, simulate
 from planner.plan import Plan, Prediction
 
-__all__ = ["OPTIMIZER_BYTES_PER_PARAMETER", "StageProfile", "stage_profile", "worker_memory_bytes", "ring_hops",
-           "greedy_ring_order", "sync_time_s", "optimizer_time_s", "build_pipeline_job", "predict", "model_flops_per_iteration"]
+__all__ = ["OPTIMIZER_BYTES_PER_PARAMETER", "StageProfile", "stage_profile", "worker_memory_bytes",
+           "ring_hops", "greedy_ring_order", "sync_time_s", "optimizer_time_s", "build_pipeline_job", "predict",
+           "model_flops_per_iteration"]
 
 # Bytes the optimizer update moves per parameter (read + write), a roofline estimate of a fused
 # Adam step: fp32 master, m and v read and written (24 B), the 16-bit gradient read and the 16-bit
