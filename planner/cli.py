@@ -64,13 +64,21 @@ def _calibrate_parser(sub) -> None:
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
 
 
+def _plot_parser(sub) -> None:
+    p = sub.add_parser("plot", help="figures of predicted vs measured from run folders (PNG and SVG)")
+    p.add_argument("runs", nargs="+", help="run folders written by 'plan launch --out'")
+    p.add_argument("--out", default="figures", help="folder for the figures (default: figures)")
+    p.add_argument("--title", default="Predicted vs measured iteration time", help="title of the accuracy figure")
+
+
 def _parse(argv: list) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="plan", description="Plan training on heterogeneous devices.")
     sub = parser.add_subparsers(dest="command")
     _plan_parser(sub)
     _launch_parser(sub)
     _calibrate_parser(sub)
-    commands = {"make", "launch", "calibrate"}
+    _plot_parser(sub)
+    commands = {"make", "launch", "calibrate", "plot"}
     if argv and argv[0] not in commands and not argv[0].startswith("-"):
         argv = ["make"] + argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -191,11 +199,33 @@ def _calibrate(args) -> int:
     return 0
 
 
+def _plot(args) -> int:
+    from pathlib import Path
+
+    from planner.plot import plot_accuracy, plot_memory, plot_timeline
+    from planner.runtime.results import read_results
+
+    runs = [(Path(folder).name or str(folder), read_results(folder)) for folder in args.runs]
+    labels = [label for label, _ in runs]
+    if len(set(labels)) != len(labels):
+        raise InputError("two run folders share a name: give each run its own folder name", field="runs")
+    out = Path(args.out)
+    written = plot_accuracy(runs, out / "accuracy", title=args.title)
+    for label, results in runs:
+        if results["measured"].get("trace") and results["predicted"].get("trace"):
+            written += plot_timeline(results, out / f"timeline-{label}", label=label)
+        written += plot_memory(results, out / f"memory-{label}", label=label)
+    for path in written:
+        print(path)
+    return 0
+
+
 def main(argv: list | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = _parse(argv)
-        return {"make": _make, "launch": _launch, "calibrate": _calibrate}[args.command](args)
+        commands = {"make": _make, "launch": _launch, "calibrate": _calibrate, "plot": _plot}
+        return commands[args.command](args)
     except InputError as error:
         print(f"plan: error: {error}", file=sys.stderr)
         return EXIT_INPUT

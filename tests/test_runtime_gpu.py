@@ -27,3 +27,18 @@ def test_nccl_training_equals_single_process(tmp_path, shape):
     losses, _ = train_single_process(model_preset("tiny"), global_batch=8, iterations=3, learning_rate=0.05)
     assert results["measured"]["loss"] == pytest.approx(losses, rel=1e-4)
     assert all(b and b > 0 for b in results["measured"]["peak_memory_bytes"].values())
+
+
+def test_bf16_training_with_master_weights_tracks_fp32(tmp_path):
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    plan = write_test_plan(tmp_path, topology, assignment=[["a0", "a1"]], layer_bounds=[0, 2, 4],
+                           microbatches=[4], micro_batch_size=2, schedule="1f1b", optimizer="adam")
+    text = plan.read_text().replace("precision: fp32", "precision: bf16")
+    plan.write_text(text)
+    results = launch(plan, LaunchOptions(iterations=5, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=1e-2,
+                                         backend="nccl"), log=lambda line: None)
+    assert results["run"]["precision"] == "bf16"
+    losses, _ = train_single_process(model_preset("tiny"), global_batch=8, iterations=5, learning_rate=1e-2,
+                                     optimizer="adam")
+    assert results["measured"]["loss"] == pytest.approx(losses, rel=0.03)
+    assert results["measured"]["loss"][-1] < results["measured"]["loss"][0]

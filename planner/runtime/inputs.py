@@ -55,9 +55,6 @@ def load_run_inputs(plan_path, topology_path=None) -> RunInputs:
         training = parse_training(document["training"], where="training")
     except InputError as error:
         raise error.located(source=source) from None
-    if training.precision not in RUNTIME_PRECISIONS:
-        raise InputError(f"the runtime trains in {' or '.join(RUNTIME_PRECISIONS)}, not {training.precision}: "
-                         "plan again with precision bf16", source=source, field="training.precision")
     training = replace(training, schedule=plan.schedule, micro_batch=plan.micro_batch_size)
     path = _topology_path(plan_path, document, topology_path)
     topology_document = read_yaml(path)

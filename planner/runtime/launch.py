@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from planner.errors import InputError
 from planner.runtime.hostfile import parse_hostfile, shell_line, torchrun_arguments
-from planner.runtime.inputs import RunInputs, load_run_inputs
+from planner.runtime.inputs import RUNTIME_PRECISIONS, RunInputs, load_run_inputs
 
 __all__ = ["LaunchOptions", "LaunchFailure", "launch", "auto_time_scale", "EMULATION_TARGET_S"]
 
@@ -87,6 +87,10 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
     if importlib.util.find_spec("torch") is None:  # the runtime's one optional dependency
         raise InputError("needs torch: pip install -e '.[runtime]'", field="plan launch") from None
     inputs = load_run_inputs(plan_path, options.topology)
+    if not options.emulate and inputs.training.precision not in RUNTIME_PRECISIONS:
+        raise InputError(f"the runtime trains in {' or '.join(RUNTIME_PRECISIONS)}, not {inputs.training.precision}: "
+                         "plan again with precision bf16, or --emulate", source=inputs.plan_path,
+                         field="training.precision")
     if options.hostfile:
         return _launch_hosts(inputs, options, log)
     return _launch_local(inputs, options, log)

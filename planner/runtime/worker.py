@@ -205,6 +205,8 @@ def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, rep
         "measured": measured,
         "predicted": {"iteration_s": prediction.iteration_s, "breakdown_s": dict(prediction.breakdown_s),
                       "memory_bytes": dict(prediction.memory_bytes),
+                      "allocated_bytes": {d: b - topology.devices[topology.index(d)].memory_reserved_bytes
+                                          for d, b in prediction.memory_bytes.items()},
                       "trace": predicted_trace if len(predicted_trace) <= _PREDICTED_TRACE_LIMIT else []},
         "comparison": comparison(prediction.iteration_s, config.time_scale, measured["median_s"]),
     }

@@ -1,0 +1,183 @@
+"""Accuracy of the cost model: plans executed by the runtime, predicted against measured.
+
+    python benchmarks/accuracy.py emulated   # CPU: >= 12 plans over 3 topologies, network and devices emulated
+    python benchmarks/accuracy.py gpu        # 2 CUDA GPUs: calibrate, then >= 6 plans on real hardware
+
+Each mode prints a table, writes ``accuracy_<mode>.json`` and keeps every run's ``results.json``
+under ``benchmarks/results/accuracy_<mode>/`` (small JSON, so ``plan plot`` redraws the figures
+without a GPU). Plans mix the planner's pick, the same with the other schedule, even layers and
+batch on contiguous (Megatron's default) and random placements, and DTFM's objective; GPipe and
+1F1B; even and uneven splits.
+"""
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from planner.accuracy import mean_absolute_percentage_error, memory_rows, rank_correlation, run_row  # noqa: E402
+from planner.costing import predict  # noqa: E402
+from planner.job import load_job  # noqa: E402
+from planner.plan import plan_to_document, write_plan  # noqa: E402
+
+EMULATED_TOPOLOGIES = ("topologies/emulated/dtfm-case5-mini.yaml", "topologies/emulated/two-datacenters-mini.yaml",
+                       "topologies/emulated/home-mini.yaml")
+GPU_TOPOLOGY = "topologies/local/h100-x2.yaml"
+EMULATED_SECONDS = 3.0  # the planner's pick of each topology is emulated at about this many seconds per iteration
+
+
+def _even_plans(job, seed: int) -> dict:
+    """Even layers and batch on all devices: contiguous, random and DTFM-objective placements."""
+    from planner.search.dtfm_plan import dtfm_degrees, dtfm_style_plan
+    from planner.search.dtfm_search import contiguous_allocation, random_allocation
+
+    topology, model, training = job.topology, job.model, job.training
+    total = training.global_batch // training.micro_batch
+    pairs = [(s, r) for s, r in dtfm_degrees(topology.size, model.layers) if total % r == 0 and 2 <= s <= 4]
+    stages, replicas = pairs[0]
+    n = topology.size
+    rng = np.random.default_rng(seed)
+    return {
+        f"even-contiguous-{stages}x{replicas}-gpipe": dtfm_style_plan(
+            topology, model, training, stages, replicas, contiguous_allocation(n, stages, replicas), schedule="gpipe"),
+        f"even-random-{stages}x{replicas}-1f1b": dtfm_style_plan(
+            topology, model, training, stages, replicas, random_allocation(n, stages, replicas, rng), schedule="1f1b"),
+        f"even-dtfm-objective-{stages}x{replicas}-1f1b": dtfm_style_plan(
+            topology, model, training, stages, replicas, seed=seed, schedule="1f1b"),
+    }
+
+
+def _write(plan, job, topology_path: str, path: Path, calibration=None) -> Path:
+    if calibration is not None:
+        from planner.calibration import calibration_record
+
+        plan = replace(plan, calibration=calibration_record(calibration))
+    plan = plan.with_prediction(predict(plan, job.topology, job.model, job.training)[0])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_plan(plan_to_document(plan, model=job.model, training=job.training, topology_source=topology_path), path)
+    return path
+
+
+def emulated(out: Path, iterations: int, warmup: int, seed: int) -> dict:
+    from planner.runtime.launch import LaunchOptions, launch
+    from planner.search.front import SearchOptions, search
+
+    rows, picks = [], {}
+    for topology_path in EMULATED_TOPOLOGIES:
+        job = load_job(ROOT / topology_path)
+        name = job.topology.name
+        pick = search(job.topology, job.model, job.training, SearchOptions(seed=seed, time_limit_s=20)).plan
+        other = "gpipe" if pick.schedule == "1f1b" else "1f1b"
+        plans = {f"planner-{pick.stages}x{pick.replicas}-{pick.schedule}": pick,
+                 f"planner-{pick.stages}x{pick.replicas}-{other}": replace(pick, schedule=other)}
+        layers, total = job.model.layers, sum(pick.microbatches)
+        if layers % pick.stages == 0 and total % pick.replicas == 0:
+            even = replace(pick, layer_bounds=tuple(range(0, layers + 1, layers // pick.stages)),
+                           microbatches=(total // pick.replicas,) * pick.replicas)
+            if (tuple(map(int, even.layer_bounds)), tuple(map(int, even.microbatches))) != \
+                    (tuple(map(int, pick.layer_bounds)), tuple(map(int, pick.microbatches))):
+                plans[f"planner-placement-even-split-{pick.schedule}"] = even
+        plans.update(_even_plans(job, seed))
+        scale = EMULATED_SECONDS / predict(pick, job.topology, job.model, job.training)[0].iteration_s
+        for label, plan in plans.items():
+            path = _write(plan, job, topology_path, out / "plans" / f"{name}--{label}.yaml")
+            run_dir = out / f"{name}--{label}"
+            results = launch(path, LaunchOptions(iterations=iterations, warmup=warmup, out_dir=str(run_dir),
+                                                 emulate=True, time_scale=scale, backend="gloo"), log=lambda s: None)
+            row = run_row(results, f"{name}--{label}")
+            row["planner_pick"] = label == next(iter(plans))
+            row["fits"] = predict(plan, job.topology, job.model, job.training)[0].fits
+            rows.append(row)
+            print(f"{row['label']:58} predicted {row['predicted_s']:8.3f} s  measured {row['measured_s']:8.3f} s  "
+                  f"{100 * row['error']:+6.1f}%", flush=True)
+        ours = [r for r in rows if r["topology"] == name]
+        fastest = min(r["measured_s"] for r in ours if r["fits"])
+        pick_row = next(r for r in ours if r["planner_pick"])
+        picks[name] = {"pick": pick_row["label"], "pick_measured_s": pick_row["measured_s"],
+                       "fastest_measured_s": fastest, "pick_over_fastest": pick_row["measured_s"] / fastest - 1}
+    return {"rows": rows, "picks": picks}
+
+
+def gpu(out: Path, iterations: int, warmup: int, seed: int) -> dict:
+    from planner.calibration import apply_calibration, read_calibration
+    from planner.runtime.calibrate import CalibrateOptions, calibrate
+    from planner.runtime.launch import LaunchOptions, launch
+    from planner.search.front import SearchOptions, search
+
+    out.mkdir(parents=True, exist_ok=True)
+    cal_path = out / "calibration.yaml"
+    calibrate(ROOT / GPU_TOPOLOGY, CalibrateOptions(out=str(cal_path)), log=print)
+    calibration = read_calibration(cal_path)
+    base = load_job(ROOT / GPU_TOPOLOGY)
+    job = replace(base, topology=apply_calibration(base.topology, calibration))
+    plans = {}
+    for stages, replicas, micro, schedule in ((2, 1, 2, "1f1b"), (2, 1, 1, "gpipe"), (1, 2, 2, "1f1b"),
+                                              (2, 1, 4, "1f1b"), (1, 1, 2, "1f1b")):
+        training = replace(job.training, micro_batch=micro, schedule=schedule)
+        pinned = replace(job, training=training)
+        plan = search(pinned.topology, pinned.model, training,
+                      SearchOptions(seed=seed, time_limit_s=10, stages=stages, replicas=replicas)).plan
+        plans[f"{stages}x{replicas}-mb{micro}-{schedule}"] = (plan, pinned)
+    plan, pinned = plans["2x1-mb2-1f1b"]
+    plans["2x1-mb2-1f1b-uneven-16-8"] = (replace(plan, layer_bounds=(0, 16, 24)), pinned)
+    plan, pinned = plans["1x2-mb2-1f1b"]
+    plans["1x2-mb2-1f1b-uneven-batch-6-2"] = (replace(plan, microbatches=(6, 2)), pinned)
+    rows, memory = [], []
+    for label, (plan, pinned) in plans.items():
+        path = _write(plan, pinned, GPU_TOPOLOGY, out / "plans" / f"{label}.yaml", calibration)
+        results = launch(path, LaunchOptions(iterations=iterations, warmup=warmup, out_dir=str(out / label)),
+                         log=lambda s: None)
+        row = run_row(results, label)
+        rows.append(row)
+        for device, predicted, measured in memory_rows(results):
+            memory.append({"run": label, "device": device, "predicted_bytes": predicted, "measured_bytes": measured,
+                           "error": (predicted - measured) / measured})
+        print(f"{label:34} predicted {row['predicted_s']:.4f} s  measured {row['measured_s']:.4f} s  "
+              f"{100 * row['error']:+6.1f}%", flush=True)
+    return {"rows": rows, "memory": memory, "device": results["run"]["device_name"],
+            "calibration": calibration.document}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Predicted vs measured iteration time of executed plans.")
+    parser.add_argument("mode", choices=["emulated", "gpu"])
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    out = Path(args.out)
+    runs = out / f"accuracy_{args.mode}"
+    report = (emulated if args.mode == "emulated" else gpu)(runs, args.iterations, args.warmup, args.seed)
+    rows = report["rows"]
+    predicted, measured = [r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]
+    report["summary"] = {"runs": len(rows), "mape": mean_absolute_percentage_error(predicted, measured),
+                         "max_abs_error": max(abs(r["error"]) for r in rows),
+                         "spearman": rank_correlation(predicted, measured)}
+    if report.get("memory"):
+        report["summary"]["memory_max_abs_error"] = max(abs(m["error"]) for m in report["memory"])
+    print(f"\n{'run':58} {'predicted s':>11} {'measured s':>10} {'error':>7}  fits in memory")
+    for r in rows:
+        print(f"{r['label']:58} {r['predicted_s']:11.4f} {r['measured_s']:10.4f} {100 * r['error']:+6.1f}%  "
+              f"{'yes' if r.get('fits', True) else 'no'}")
+    s = report["summary"]
+    print(f"\n{s['runs']} runs: MAPE {100 * s['mape']:.2f}%, max |error| {100 * s['max_abs_error']:.2f}%, "
+          f"Spearman {s['spearman']:.3f}")
+    for name, p in report.get("picks", {}).items():
+        print(f"{name}: planner's pick {p['pick']} measured {100 * p['pick_over_fastest']:+.1f}% vs the fastest "
+              "plan that fits in memory")
+    for m in report.get("memory", []):
+        print(f"memory {m['run']:34} {m['device']:8} predicted {m['predicted_bytes'] / 1e9:6.2f} GB "
+              f"measured {m['measured_bytes'] / 1e9:6.2f} GB {100 * m['error']:+6.1f}%")
+    (out / f"accuracy_{args.mode}.json").write_text(json.dumps(report, indent=1, default=float) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

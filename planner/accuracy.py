@@ -1,0 +1,51 @@
+"""Predicted against measured, over run folders written by ``plan launch``: the numbers behind the
+accuracy benchmark and ``plan plot``."""
+
+import numpy as np
+
+__all__ = ["run_row", "mean_absolute_percentage_error", "rank_correlation", "memory_rows"]
+
+
+def run_row(results: dict, label: str) -> dict:
+    """One run: predicted and measured iteration seconds at the plan's scale (an emulated run's
+    measurement divided by its time scale), and the relative error of the prediction."""
+    predicted = results["predicted"]["iteration_s"]
+    measured = results["comparison"]["measured_s"] / results["run"]["time_scale"]
+    return {"label": label, "predicted_s": predicted, "measured_s": measured,
+            "error": (predicted - measured) / measured, "time_scale": results["run"]["time_scale"],
+            "emulated": results["run"]["emulated"], "schedule": results["plan"]["schedule"],
+            "stages": results["plan"]["degrees"]["stages"], "replicas": results["plan"]["degrees"]["replicas"],
+            "topology": results["plan"]["topology"]["name"]}
+
+
+def mean_absolute_percentage_error(predicted, measured) -> float:
+    """mean(|predicted - measured| / measured), as a fraction."""
+    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
+    return float(np.mean(np.abs(p - m) / m))
+
+
+def _ranks(values) -> np.ndarray:
+    """Ranks from 1, ties sharing their average rank."""
+    values = np.asarray(values, dtype=float)
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(1, len(values) + 1)
+    _, inverse = np.unique(values, return_inverse=True)
+    sums = np.bincount(inverse, weights=ranks)
+    counts = np.bincount(inverse)
+    return (sums / counts)[inverse]
+
+
+def rank_correlation(predicted, measured) -> float:
+    """Spearman's rank correlation: Pearson's correlation of the ranks (1: the prediction orders the
+    plans exactly as measured; Spearman 1904)."""
+    if len(predicted) < 2:
+        return float("nan")
+    return float(np.corrcoef(_ranks(predicted), _ranks(measured))[0, 1])
+
+
+def memory_rows(results: dict) -> list:
+    """(device, predicted allocator bytes, measured allocator peak) where the run measured memory."""
+    measured = results["measured"].get("peak_memory_bytes", {})
+    predicted = results["predicted"].get("allocated_bytes") or results["predicted"]["memory_bytes"]
+    return [(d, predicted[d], measured[d]) for d in sorted(measured) if measured[d] is not None and d in predicted]
