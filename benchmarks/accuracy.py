@@ -125,7 +125,7 @@ def gpu(out: Path, iterations: int, warmup: int, seed: int) -> dict:
                       SearchOptions(seed=seed, time_limit_s=10, stages=stages, replicas=replicas)).plan
         plans[f"{stages}x{replicas}-mb{micro}-{schedule}"] = (plan, pinned)
     plan, pinned = plans["2x1-mb2-1f1b"]
-    plans["2x1-mb2-1f1b-uneven-16-8"] = (replace(plan, layer_bounds=(0, 16, 24)), pinned)
+    plans["2x1-mb2-1f1b-even-12-12"] = (replace(plan, layer_bounds=(0, 12, 24)), pinned)
     plan, pinned = plans["1x2-mb2-1f1b"]
     plans["1x2-mb2-1f1b-uneven-batch-6-2"] = (replace(plan, microbatches=(6, 2)), pinned)
     rows, memory = [], []

@@ -2,8 +2,9 @@
 planner uses it.
 
 A calibration replaces, for each device type it measured, the catalog's default ``efficiency``
-(achieved / peak FLOP/s of a transformer block's forward and backward plus the head, at the
-plan's shapes) and ``memory_bandwidth`` (the optimizer step's effective bytes/s); its ``network``
+(achieved / peak FLOP/s of a transformer block's forward and backward at the plan's shapes),
+adds ``head_efficiency`` (the same for the LM head and loss, often far lower: a large, odd-sized
+vocabulary and a memory-bound softmax) and replaces ``memory_bandwidth`` (the optimizer step's effective bytes/s); its ``network``
 section holds measured latency and bandwidth matrices between named devices, which a topology can
 use instead of typed numbers (``network: {calibration: FILE}``). A plan made with a calibration
 records its path and hash, and ``plan launch`` predicts with the same one or refuses.
@@ -67,6 +68,7 @@ def read_calibration(path) -> Calibration:
         for name, entry in (f.raw("device_types", {}) or {}).items():
             e = Fields(entry, f"device_types.{name}")
             types[str(name)] = {"efficiency": e.float("efficiency", high=1.0),
+                                "head_efficiency": e.float("head_efficiency", 0.0, high=1.0),
                                 "memory_bandwidth_bytes_per_s": e.float("memory_bandwidth_bytes_per_s")}
             e.raw("measured", {})
             e.finish()
@@ -105,7 +107,7 @@ def apply_calibration(topology, calibration: Calibration):
     for d in topology.devices:
         measured = calibration.device_types.get(d.type_name)
         if measured:
-            d = replace(d, efficiency=measured["efficiency"],
+            d = replace(d, efficiency=measured["efficiency"], head_efficiency=measured["head_efficiency"],
                         memory_bandwidth_bytes_per_s=measured["memory_bandwidth_bytes_per_s"])
         devices.append(d)
     return replace(topology, devices=tuple(devices))

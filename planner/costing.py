@@ -32,6 +32,7 @@ class StageProfile:
     transient_bytes: np.ndarray  # one micro-batch's extra working set (recompute, logits gradient, buffers)
     boundary_bytes: np.ndarray  # length S-1
     gradient_bytes: np.ndarray  # what the stage's all-reduce moves
+    head_forward_flops: np.ndarray  # the LM head's share of forward_flops (last stage only)
 
 
 def stage_profile(model, training, layer_bounds, micro_batch: int) -> StageProfile:
@@ -66,7 +67,8 @@ def stage_profile(model, training, layer_bounds, micro_batch: int) -> StageProfi
     transient[-1] += memory.logits_bytes(s, b, v)  # gradient of the logits
     return StageProfile(forward_flops=forward, backward_flops=backward, parameters=params,
                         activation_bytes=activation, transient_bytes=transient,
-                        boundary_bytes=np.full(S - 1, boundary), gradient_bytes=params * dtype)
+                        boundary_bytes=np.full(S - 1, boundary), gradient_bytes=params * dtype,
+                        head_forward_flops=np.where(np.arange(S) == S - 1, head_fwd, 0.0))
 
 
 def worker_memory_bytes(profile: StageProfile, training, schedule: str, stage: int, microbatches: int) -> float:
@@ -165,6 +167,8 @@ def build_pipeline_job(plan: Plan, topology, model, training, profile: StageProf
     S = plan.stages
     device = np.array([[topology.index(d) for d in row] for row in plan.assignment])
     speed = topology.effective_flops(training.precision)[device]  # (R, S)
+    # The head runs at its own calibrated efficiency: its FLOPs count ``slowdown`` times.
+    extra_head = profile.head_forward_flops[None, :] * (topology.head_slowdowns()[device] - 1.0)
     mem_bw = np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices])[device]
     optimizer = optimizer_time_s(profile.parameters[None, :], training.optimizer, mem_bw)
     hosts = len(topology.hosts)
@@ -180,8 +184,8 @@ def build_pipeline_job(plan: Plan, topology, model, training, profile: StageProf
         ring = [topology.index(d) for d in plan.ring(s)]
         links.append(tuple(zip(ring, ring[1:] + ring[:1])) if len(ring) > 1 else ())
     return PipelineJob(schedule=plan.schedule, device=device, microbatches=np.array(plan.microbatches),
-                       forward_s=profile.forward_flops[None, :] / speed,
-                       backward_s=profile.backward_flops[None, :] / speed,
+                       forward_s=(profile.forward_flops[None, :] + extra_head) / speed,
+                       backward_s=(profile.backward_flops[None, :] + 2.0 * extra_head) / speed,
                        boundary_bytes=profile.boundary_bytes, latency_s=topology.latency_s,
                        bandwidth_bytes_per_s=topology.bandwidth_bytes_per_s, host=topology.host_ids,
                        nic_egress=egress, nic_ingress=ingress, sync_s=sync, sync_links=tuple(links),

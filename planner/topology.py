@@ -36,6 +36,12 @@ class Device:
     memory_reserved_bytes: float
     host: str
     region: str
+    head_efficiency: float = 0.0  # measured efficiency of the LM head and loss; 0: same as the blocks
+
+    @property
+    def head_slowdown(self) -> float:
+        """How many times longer the head takes than its FLOPs at the blocks' efficiency suggest."""
+        return self.efficiency / self.head_efficiency if self.head_efficiency else 1.0
 
     def effective_flops(self, precision: str) -> float:
         """Achieved FLOP/s at ``precision``: peak times the calibrated efficiency."""
@@ -85,6 +91,9 @@ class Topology:
 
     def effective_flops(self, precision: str) -> np.ndarray:
         return np.array([d.effective_flops(precision) for d in self.devices])
+
+    def head_slowdowns(self) -> np.ndarray:
+        return np.array([d.head_slowdown for d in self.devices])
 
     def memory_bytes(self) -> np.ndarray:
         return np.array([d.memory_bytes - d.memory_reserved_bytes for d in self.devices])

@@ -140,3 +140,27 @@ def test_plan_calibrate_measures_this_cpu_and_the_file_plans(tmp_path, capsys):
     capsys.readouterr()
     assert main([str(topology), "--calibration", str(out), "--time-limit", "5"]) == 0
     assert "Calibration:" in capsys.readouterr().out
+
+
+def test_head_efficiency_slows_only_the_last_stage_by_its_flops(tmp_path, write_yaml):
+    from planner.costing import build_pipeline_job, stage_profile
+    from planner.plan import Plan
+
+    job = load_job(write_yaml(small_topology()))
+    plan = Plan(layer_bounds=(0, 2, 4), assignment=(("fast-0", "fast-1"),), microbatches=(16,), micro_batch_size=1,
+                schedule="1f1b")
+    before = build_pipeline_job(plan, job.topology, job.model, job.training)
+    cal = _calibration(tmp_path / "cal.yaml", kind="A100-80GB", efficiency=0.5)
+    document = yaml.safe_load(cal.read_text())
+    document["device_types"]["A100-80GB"]["head_efficiency"] = 0.25  # the head runs at half the blocks' rate
+    cal.write_text(yaml.safe_dump(document))
+    calibrated = apply_calibration(job.topology, read_calibration(cal))
+    assert calibrated.devices[calibrated.index("fast-1")].head_slowdown == 2.0
+    after = build_pipeline_job(plan, calibrated, job.model, job.training)
+    profile = stage_profile(job.model, job.training, plan.layer_bounds, 1)
+    speed = calibrated.devices[0].effective_flops(job.training.precision)
+    head = profile.head_forward_flops[-1]
+    assert after.forward_s[0, 0] == pytest.approx(profile.forward_flops[0] / speed)
+    assert after.forward_s[0, 1] == pytest.approx((profile.forward_flops[1] + head) / speed)
+    assert after.backward_s[0, 1] == pytest.approx((profile.backward_flops[1] + 2 * head) / speed)
+    assert before.forward_s[0, 1] < after.forward_s[0, 1]

@@ -1,9 +1,9 @@
 """``plan calibrate``: measure what the cost model needs on the devices at hand.
 
 - Compute: a transformer block's forward and backward and the head's (norm, logits, loss) at the
-  model's shapes, timed on rank 0's device; efficiency = model FLOPs of a whole stack of
-  ``layers`` blocks plus the head (``cost_models.flops``) / its measured time / the device type's
-  peak at the training precision.
+  model's shapes, timed on rank 0's device; efficiency = the block's model FLOPs
+  (``cost_models.flops``) / its measured time / the device type's peak at the training precision,
+  and head efficiency the same for the head.
 - Optimizer: the runtime's own optimizer stepping ``OPTIMIZER_PROBE_PARAMETERS`` parameters; the
   effective memory bandwidth = bytes the roofline counts (``planner.costing``) / time.
 - Links: a ping-pong between every ordered pair of the launched processes over torch.distributed at
@@ -137,8 +137,8 @@ def _document(job, kind, backend, names, reports, options) -> dict:
     b = compute["micro_batch"]
     block = layer_forward_flops(b, model.sequence, model.hidden, model.ffn_hidden, gated_mlp=model.gated_mlp)
     head = head_forward_flops(b, model.sequence, model.hidden, model.vocabulary)
-    seconds = model.layers * (compute["block_forward_s"] + compute["block_backward_s"]) + compute["head_s"]
-    achieved = 3.0 * (model.layers * block + head) / seconds
+    achieved = 3.0 * block / (compute["block_forward_s"] + compute["block_backward_s"])
+    head_achieved = 3.0 * head / compute["head_s"]
     device = next(d for d in job.topology.devices if d.type_name == kind)
     peak = peak_for(device.peak_flops, training.precision)
     document = {
@@ -151,12 +151,14 @@ def _document(job, kind, backend, names, reports, options) -> dict:
         "backend": backend,
         "device_types": {kind: {
             "efficiency": min(achieved / peak, 1.0),
+            "head_efficiency": min(head_achieved / peak, 1.0),
             "memory_bandwidth_bytes_per_s": compute["optimizer_bytes_per_s"],
             "measured": {"device_name": compute["device_name"], "precision": training.precision,
                          "dtype": compute["dtype"], "micro_batch": b, "sequence": model.sequence,
                          "hidden": model.hidden, "layers": model.layers, "vocabulary": model.vocabulary,
                          "block_forward_s": compute["block_forward_s"], "block_backward_s": compute["block_backward_s"],
                          "head_forward_backward_s": compute["head_s"], "achieved_flops": achieved,
+                         "head_achieved_flops": head_achieved,
                          "peak_flops": peak, "optimizer_step_s": compute["optimizer_s"],
                          "optimizer_parameters": OPTIMIZER_PROBE_PARAMETERS, "threads": compute["threads"]},
         }},

@@ -95,8 +95,6 @@ def _train(rank: int, world: int, config: WorkerConfig, rendezvous: dict, device
         device = torch.device("cuda", device_index)
     else:
         device = torch.device("cpu")
-    if device.type == "cuda":
-        rendezvous = dict(rendezvous, device_id=device)
     dist.init_process_group(config.backend, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=config.timeout_s), **rendezvous)
     try:

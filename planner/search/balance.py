@@ -13,7 +13,7 @@ at a time to the replica that finishes earliest with one more is optimal for thi
 """
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -129,7 +129,7 @@ def _fill(costs, stages, slowest, by_memory, limit_s):
 
 
 def split_layers(costs: LayerCosts, schedule: str, speed: np.ndarray, capacity_bytes: np.ndarray,
-                 microbatches: np.ndarray, *, even: bool = False):
+                 microbatches: np.ndarray, *, even: bool = False, head_slowdown: float = 1.0):
     """Optimal layer counts per stage (min of the max per-micro-batch stage time, memory respected).
 
     ``speed`` and ``capacity_bytes`` are (R, S) arrays of the placed devices. Returns the list of
@@ -138,6 +138,8 @@ def split_layers(costs: LayerCosts, schedule: str, speed: np.ndarray, capacity_b
     R, S = speed.shape
     if S > costs.layers:
         return None
+    if head_slowdown != 1.0:  # the head at its own efficiency: its FLOPs count that many times
+        costs = replace(costs, head_flops=costs.head_flops * head_slowdown)
     slowest, by_memory = _stage_limits(costs, S, speed, capacity_bytes, _in_flight(schedule, S, microbatches))
     if even:  # the most even split memory allows, whatever the compute balance
         return _fill(costs, S, slowest, by_memory, np.inf)

@@ -15,5 +15,6 @@ def lower_bound_s(topology, model, training) -> float:
     b = training.global_batch
     layer = flops.layer_forward_flops(b, model.sequence, model.hidden, model.ffn_hidden, gated_mlp=model.gated_mlp)
     head = flops.head_forward_flops(b, model.sequence, model.hidden, model.vocabulary)
-    work = model.layers * layer * flops.training_flops_multiplier(training.recompute) + 3.0 * head
+    slowdown = min(float(topology.head_slowdowns().min()), 1.0)  # a faster head only lowers the bound
+    work = model.layers * layer * flops.training_flops_multiplier(training.recompute) + 3.0 * head * slowdown
     return float(work / np.sum(topology.effective_flops(training.precision)))

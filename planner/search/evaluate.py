@@ -22,6 +22,7 @@ class SearchContext:
     model: object
     training: object
     speed: np.ndarray  # effective FLOP/s per device
+    head_slowdown: np.ndarray  # per device: the head's FLOPs count this many times (calibration)
     capacity: np.ndarray  # usable bytes per device
     mem_bw: np.ndarray
     bandwidth: np.ndarray  # link bandwidth capped by the hosts' shared NICs (B/s)
@@ -59,6 +60,7 @@ def effective_bandwidth(topology) -> np.ndarray:
 def make_context(topology, model, training) -> SearchContext:
     return SearchContext(topology=topology, model=model, training=training,
                          speed=topology.effective_flops(training.precision), capacity=topology.memory_bytes(),
+                         head_slowdown=topology.head_slowdowns(),
                          mem_bw=np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices]),
                          bandwidth=effective_bandwidth(topology), costs={}, rings={})
 
@@ -123,6 +125,7 @@ def _evaluate(ctx, assign, micro_batch, schedule, microbatches, even_layers) -> 
     costs = _costs(ctx, micro_batch, S)
     speed = ctx.speed[assign]
     capacity = ctx.capacity[assign]
+    head_slowdown = ctx.head_slowdown[assign[:, -1]]
     topo = ctx.topology
     # Pipeline links: busy time per micro-batch and latency, both directions.
     if S > 1:
@@ -141,12 +144,14 @@ def _evaluate(ctx, assign, micro_batch, schedule, microbatches, even_layers) -> 
     microbatches = np.asarray(microbatches)
     counts = None
     for _ in range(2):
-        counts = split_layers(costs, schedule, speed, capacity, microbatches, even=even_layers)
+        counts = split_layers(costs, schedule, speed, capacity, microbatches, even=even_layers,
+                              head_slowdown=float(head_slowdown.max()))
         if counts is None:
             return None
         work = np.array(counts, dtype=float) * costs.layer_flops
-        work[-1] += costs.head_flops
-        tau = work[None, :] / speed  # (R, S) forward + backward per micro-batch
+        tau = np.repeat(work[None, :], R, axis=0)
+        tau[:, -1] += costs.head_flops * head_slowdown
+        tau = tau / speed  # (R, S) forward + backward per micro-batch
         fill = tau.sum(axis=1) + link_fill
         bottleneck = np.maximum(tau.max(axis=1), link_bottleneck)
         if schedule == "1f1b" and S > 1:
