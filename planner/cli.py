@@ -69,6 +69,8 @@ def _plot_parser(sub) -> None:
     p.add_argument("runs", nargs="+", help="run folders written by 'plan launch --out'")
     p.add_argument("--out", default="figures", help="folder for the figures (default: figures)")
     p.add_argument("--title", default="Predicted vs measured iteration time", help="title of the accuracy figure")
+    p.add_argument("--figures", default="accuracy,timeline,memory",
+                   help="comma-separated subset of accuracy, timeline, memory (default: all)")
 
 
 def _parse(argv: list) -> argparse.Namespace:
@@ -209,12 +211,18 @@ def _plot(args) -> int:
     labels = [label for label, _ in runs]
     if len(set(labels)) != len(labels):
         raise InputError("two run folders share a name: give each run its own folder name", field="runs")
+    figures = {f.strip() for f in args.figures.split(",") if f.strip()}
+    unknown = sorted(figures - {"accuracy", "timeline", "memory"})
+    if unknown or not figures:
+        raise InputError(f"unknown figure {unknown[0] if unknown else '(none)'}: use accuracy, timeline, memory",
+                         field="--figures")
     out = Path(args.out)
-    written = plot_accuracy(runs, out / "accuracy", title=args.title)
+    written = plot_accuracy(runs, out / "accuracy", title=args.title) if "accuracy" in figures else []
     for label, results in runs:
-        if results["measured"].get("trace") and results["predicted"].get("trace"):
+        if "timeline" in figures and results["measured"].get("trace") and results["predicted"].get("trace"):
             written += plot_timeline(results, out / f"timeline-{label}", label=label)
-        written += plot_memory(results, out / f"memory-{label}", label=label)
+        if "memory" in figures:
+            written += plot_memory(results, out / f"memory-{label}", label=label)
     for path in written:
         print(path)
     return 0

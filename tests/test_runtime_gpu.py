@@ -43,4 +43,3 @@ def test_bf16_training_with_master_weights_tracks_fp32(tmp_path):
     # bf16 rounding: the first loss (before any update) agrees closely, then the curves stay near
     assert results["measured"]["loss"][0] == pytest.approx(losses[0], rel=0.01)
     assert results["measured"]["loss"] == pytest.approx(losses, rel=0.1)
-    assert results["measured"]["loss"][-1] < results["measured"]["loss"][0]
