@@ -66,7 +66,8 @@ class Topology:
     def __post_init__(self):
         n = len(self.devices)
         assert self.latency_s.shape == (n, n) and self.bandwidth_bytes_per_s.shape == (n, n)
-        names = [d.name for d in self.devices]
+        names = tuple(d.name for d in self.devices)
+        object.__setattr__(self, "_names", names)
         object.__setattr__(self, "_index", {name: i for i, name in enumerate(names)})
         hosts = sorted({d.host for d in self.devices})
         regions = sorted({d.region for d in self.devices})
@@ -81,7 +82,7 @@ class Topology:
 
     @property
     def names(self) -> list:
-        return [d.name for d in self.devices]
+        return list(self._names)
 
     def index(self, name: str) -> int:
         return self._index[name]

@@ -86,9 +86,13 @@ def stage_memory_bytes(costs: LayerCosts, n_layers, stage: int, stages: int, in_
 
 
 def _in_flight(schedule: str, stages: int, microbatches: np.ndarray) -> np.ndarray:
-    """(R, S) in-flight micro-batches per worker."""
-    return np.array([[memory.in_flight_microbatches(schedule, s, stages, int(m)) for s in range(stages)]
-                     for m in microbatches])
+    """(R, S) in-flight micro-batches per worker (``memory.in_flight_microbatches``, vectorised)."""
+    m = np.asarray(microbatches, dtype=np.int64)[:, None]
+    if schedule == "gpipe":
+        return np.repeat(m, stages, axis=1)
+    if schedule == "1f1b":
+        return np.minimum(stages - np.arange(stages)[None, :], m)
+    raise ValueError(f"unknown schedule {schedule!r}")
 
 
 def _stage_limits(costs, stages, speed, capacity, in_flight):

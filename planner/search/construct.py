@@ -37,8 +37,8 @@ def locality_order(topology, devices: np.ndarray) -> np.ndarray:
         rank = {g: i for i, g in enumerate(chain)}
     else:
         rank = {g: i for i, g in enumerate(sorted(unique_regions))}
-    key = [(rank[g], h, d) for g, h, d in zip(regions, hosts, devices)]
-    return devices[sorted(range(len(devices)), key=lambda i: key[i])]
+    region_rank = np.array([rank[g] for g in regions.tolist()])
+    return devices[np.lexsort((devices, hosts, region_rank))]
 
 
 def layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int) -> dict:

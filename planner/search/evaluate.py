@@ -78,7 +78,8 @@ def _ring(ctx: SearchContext, members: np.ndarray) -> tuple:
     member set: local search changes few groups at a time."""
     key = tuple(sorted(members.tolist()))
     if key not in ctx.rings:
-        names = [ctx.topology.names[d] for d in key]
+        every = ctx.topology.names
+        names = [every[d] for d in key]
         order = greedy_ring_order(ctx.topology, names, improve=False)
         latency, bandwidth = ring_hops(ctx.topology, [names[i] for i in order])
         per_byte = comm.ring_allreduce_time_s(1.0, np.zeros_like(latency), bandwidth)

@@ -16,7 +16,7 @@ import numpy as np
 from planner.costing import greedy_ring_order, predict
 from planner.errors import InputError
 from planner.plan import Plan, validate_plan
-from planner.search.bounds import lower_bound_s
+from planner.search.bounds import lower_bound_s, work_flops
 from planner.search.construct import layouts
 from planner.search.evaluate import Candidate, evaluate_placement, make_context
 
@@ -56,16 +56,37 @@ def _schedules(training) -> list:
     return ["1f1b", "gpipe"] if training.schedule == "auto" else [training.schedule]
 
 
+DENSE_DEVICES = 256  # up to this many devices every replica count is tried; above, a geometric grid
+_GRID_RATIO = 1.15
+
+
+def _replica_counts(most: int, n: int) -> list:
+    """Every count up to ``most`` on small topologies; on large ones 1-8, a geometric grid, and ``most``."""
+    if n <= DENSE_DEVICES:
+        return list(range(1, most + 1))
+    counts, d = set(range(1, min(most, 8) + 1)), 8.0
+    while d < most:
+        d *= _GRID_RATIO
+        counts.add(min(int(round(d)), most))
+    counts.add(most)
+    return sorted(counts)
+
+
 def _degree_pairs(n: int, layers: int, options) -> list:
     pairs = []
     for s in range(1, min(layers, n) + 1):
         if options.stages and s != options.stages:
             continue
-        for d in range(1, n // s + 1):
-            if options.replicas and d != options.replicas:
-                continue
-            pairs.append((s, d))
+        for d in _replica_counts(n // s, n) if not options.replicas else [options.replicas]:
+            if s * d <= n:
+                pairs.append((s, d))
     return pairs
+
+
+def _ordered_pairs(pairs: list, work_flops: float, speed: np.ndarray) -> list:
+    """(bound, stages, replicas) by ascending bound: the work over the fastest ``S x D`` devices."""
+    fastest = np.cumsum(np.sort(speed)[::-1])
+    return sorted((work_flops / fastest[s * d - 1], s, d) for s, d in pairs)
 
 
 def _local_search(ctx, start: Candidate, rng, budget: int, deadline: float) -> tuple:
@@ -119,7 +140,14 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     history = []
     evaluations = 0
     candidates = []
-    for stages, replicas in _degree_pairs(topology.size, model.layers, options):
+    best_score = np.inf
+    # Degree pairs by ascending work bound; once a pair's bound reaches the best estimate, no later
+    # pair can beat it (every estimate is at least its pair's bound), so the loop stops there.
+    pairs = _ordered_pairs(_degree_pairs(topology.size, model.layers, options), work_flops(topology, model, training),
+                           ctx.speed)
+    for pair_bound, stages, replicas in pairs:
+        if pair_bound >= best_score:
+            break
         for layout_name, assign in layouts(topology, ctx.speed, ctx.capacity, stages, replicas).items():
             for micro_batch in _micro_batches(training, options):
                 for schedule in _schedules(training):
@@ -127,6 +155,7 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
                     candidate = evaluate_placement(ctx, assign, micro_batch, schedule)
                     if candidate is not None:
                         candidates.append(candidate)
+                        best_score = min(best_score, candidate.score_s)
         if time.perf_counter() > deadline:
             break
     if not candidates:
