@@ -26,6 +26,9 @@ def _plan_parser(sub) -> None:
     p.add_argument("--calibration", help="calibration file from 'plan calibrate' (measured efficiency, links)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same plan)")
     p.add_argument("--time-limit", type=float, default=30.0, help="search time limit in seconds")
+    p.add_argument("--objective", choices=["time", "dtfm"], default="time",
+                   help="time: the simulated iteration time (default); dtfm: DTFM's objective (all devices, "
+                        "even splits), for comparison")
     p.add_argument("-o", "--output", help="write the plan to FILE (.yaml or .json)")
     p.add_argument("--format", choices=["text", "json"], default="text", help="what to print")
 
@@ -90,6 +93,31 @@ def _parse(argv: list) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+class _Progress:
+    """A progress bar on stderr for searches that last over a second (only on a terminal)."""
+
+    def __init__(self, limit_s: float):
+        import time
+
+        self.clock, self.started, self.limit_s, self.shown = time.monotonic, time.monotonic(), limit_s, False
+
+    def __call__(self, info: dict) -> bool:
+        elapsed = self.clock() - self.started
+        if elapsed > 1.0 and sys.stderr.isatty():
+            done = min(elapsed / self.limit_s, 1.0)
+            bar = "#" * int(20 * done) + "-" * (20 - int(20 * done))
+            best = info.get("best_s", float("inf"))
+            text = f"best {best:.3f} s" if best < float("inf") else "no plan yet"
+            print(f"\r[{bar}] {elapsed:5.1f} s  {info.get('phase', '')}: {info.get('evaluations', 0)} candidates, "
+                  f"{text}", end="", file=sys.stderr, flush=True)
+            self.shown = True
+        return False
+
+    def close(self) -> None:
+        if self.shown:
+            print(file=sys.stderr)
+
+
 def _positive(name: str, value):
     if value is not None and value < 1:
         raise InputError(f"must be at least 1, got {value}", field=name)
@@ -116,16 +144,41 @@ def _make(args) -> int:
         record = calibration_record(calibration)
     options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit,
                             stages=_positive("--stages", args.stages), replicas=_positive("--replicas", args.replicas))
-    result = search(job.topology, job.model, job.training, options)
+    progress = _Progress(args.time_limit)
+    try:
+        if args.objective == "dtfm":
+            from planner.search.dtfm_plan import dtfm_objective_plan
+
+            plan, dtfm = dtfm_objective_plan(job.topology, job.model, job.training, stages=options.stages,
+                                             replicas=options.replicas, seed=args.seed,
+                                             time_limit_s=args.time_limit, callback=progress)
+            if not plan.prediction.fits:
+                worst = max(plan.prediction.memory_bytes,
+                            key=lambda d: plan.prediction.memory_bytes[d] / plan.prediction.capacity_bytes[d])
+                raise InputError(f"DTFM's plan ({plan.stages} x {plan.replicas}, even splits) needs "
+                                 f"{plan.prediction.memory_bytes[worst] / 1e9:.1f} GB on {worst} of "
+                                 f"{plan.prediction.capacity_bytes[worst] / 1e9:.1f} GB: DTFM ignores memory; "
+                                 "use --objective time", field="--objective")
+            result = None
+        else:
+            result = search(job.topology, job.model, job.training, options, callback=progress)
+            plan = result.plan
+    finally:
+        progress.close()
     if record:
-        result = dataclasses.replace(result, plan=dataclasses.replace(result.plan, calibration=record))
-    document = plan_to_document(result.plan, model=job.model, training=job.training, topology_source=args.topology)
+        plan = dataclasses.replace(plan, calibration=record)
+        if result is not None:
+            result = dataclasses.replace(result, plan=plan)
+    document = plan_to_document(plan, model=job.model, training=job.training, topology_source=args.topology)
     if args.output:
         write_plan(document, args.output)
     if args.format == "json":
         print(json.dumps(document, indent=2))
     else:
-        print(render_plan(result.plan, job.topology, job.model, job.training, result=result))
+        print(render_plan(plan, job.topology, job.model, job.training, result=result))
+        if args.objective == "dtfm":
+            print(f"DTFM objective: {dtfm.cost_s:.3f} s (COST_DP {dtfm.dp_s:.3f} s + 2 x COST_PP {dtfm.pp_s:.3f} s), "
+                  f"{dtfm.evaluations} allocations in {dtfm.wall_s:.2f} s")
         if args.output:
             print(f"\nPlan written to {args.output}")
     return 0

@@ -8,7 +8,7 @@ from planner.cli import main
 from planner.job import load_job
 from planner.plan import read_plan, validate_plan
 
-from conftest import SHIPPED, small_topology
+from conftest import ROOT, SHIPPED, small_topology
 
 
 def test_plan_prints_degrees_table_prediction_and_memory(write_yaml, capsys, tmp_path):
@@ -75,3 +75,40 @@ def test_every_shipped_topology_plans_validly(path, tmp_path, capsys):
     plan, _ = read_plan(tmp_path / "plan.json")
     job = load_job(path)
     validate_plan(plan, job.topology, job.model, job.training)
+
+
+@pytest.mark.slow
+def test_objective_dtfm_reports_dtfms_cost_and_a_valid_plan(tmp_path, capsys):
+    out = tmp_path / "dtfm.json"
+    case5 = ROOT / "topologies" / "dtfm" / "case5-worldwide.yaml"
+    code = main([str(case5), "--objective", "dtfm", "--stages", "8", "--replicas", "8", "-o", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "DTFM objective: 49.218 s (COST_DP 22.758 s + 2 x COST_PP 13.230 s)" in text
+    document = json.loads(out.read_text())
+    assert document["search"]["algorithm"] == "dtfm-objective"
+    assert {len(range(*s["layers"])) for s in document["stages"]} == {3}  # even layers
+    assert {r["micro_batches"] for r in document["replicas"]} == {128}  # even batch
+
+
+def test_objective_dtfm_that_does_not_fit_is_one_line(write_yaml, capsys):
+    doc = small_topology(training={"global_batch": 64, "micro_batch": 8, "schedule": "gpipe", "precision": "bf16"},
+                         model="gpt3-xl")
+    code = main([str(write_yaml(doc)), "--objective", "dtfm"])
+    err = capsys.readouterr().err
+    assert code == 2 and "DTFM ignores memory" in err and len(err.strip().splitlines()) == 1
+
+
+def test_progress_bar_only_on_a_terminal_after_a_second(monkeypatch, capsys):
+    from planner import cli
+
+    progress = cli._Progress(10.0)
+    progress.clock = lambda: progress.started + 5.0
+    monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: False)
+    progress({"evaluations": 3, "best_s": 1.5, "phase": "construct"})
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(cli.sys.stderr, "isatty", lambda: True)
+    progress({"evaluations": 3, "best_s": 1.5, "phase": "construct"})
+    progress.close()
+    err = capsys.readouterr().err
+    assert "[##########----------]" in err and "3 candidates, best 1.500 s" in err and err.endswith("\n")

@@ -1,5 +1,6 @@
 """DTFM-style plans: all devices, even layers, even batch, the allocation DTFM's objective prefers."""
 
+from dataclasses import replace
 
 from planner.costing import predict
 from planner.errors import InputError
@@ -8,7 +9,7 @@ from planner.search.dtfm_search import dtfm_search, groups_to_pipelines
 from planner.search.front import candidate_to_plan
 from planner.search.evaluate import Candidate, make_context
 
-__all__ = ["dtfm_degrees", "dtfm_style_plan", "best_dtfm_style_plan"]
+__all__ = ["dtfm_degrees", "dtfm_style_plan", "best_dtfm_style_plan", "dtfm_objective_plan"]
 
 
 def dtfm_degrees(n: int, layers: int) -> list:
@@ -51,3 +52,34 @@ def best_dtfm_style_plan(topology, model, training, *, seed: int = 0):
     return best
 
 
+
+
+def dtfm_objective_plan(topology, model, training, *, stages=None, replicas=None, seed: int = 0,
+                        time_limit_s: float = 10.0, callback=None) -> tuple:
+    """The plan DTFM's scheduler would choose: every device, even layers and batch, and the
+    allocation minimising DTFM's objective (``COST_DP + 2 * COST_PP``, dtfm.md) over its degrees
+    (or the pinned ones). Returns (plan with the simulator's prediction, ``DtfmResult``)."""
+    pairs = [(s, r) for s, r in dtfm_degrees(topology.size, model.layers)
+             if (stages is None or s == stages) and (replicas is None or r == replicas)]
+    micro = training.micro_batch or 1
+    pairs = [(s, r) for s, r in pairs if (training.global_batch // micro) % r == 0]
+    if not pairs:
+        raise InputError(f"DTFM uses all {topology.size} devices with stages dividing the {model.layers} layers and "
+                         "replicas dividing the micro-batches: no such degrees here; pin others or use --objective time",
+                         field="--objective")
+    best, best_pair = None, None
+    per_pair = time_limit_s / len(pairs)
+    for s, r in pairs:
+        result = dtfm_search(topology, s, r, seed=seed, time_limit_s=per_pair)
+        if best is None or result.cost_s < best.cost_s:
+            best, best_pair = result, (s, r)
+        if callback:
+            callback({"evaluations": result.evaluations, "best_s": best.cost_s, "phase": "dtfm"})
+    # DTFM ran GPipe; with schedule 'auto' 1F1B stands in when GPipe's activations do not fit.
+    for schedule in ([training.schedule] if training.schedule != "auto" else ["gpipe", "1f1b"]):
+        plan = dtfm_style_plan(topology, model, training, *best_pair, groups=best.groups, schedule=schedule)
+        if plan.prediction.fits:
+            break
+    plan = replace(plan, search={"algorithm": "dtfm-objective", "seed": seed, "dtfm_cost_s": best.cost_s,
+                                 "dtfm_dp_s": best.dp_s, "dtfm_pp_s": best.pp_s, "evaluations": best.evaluations})
+    return plan, best

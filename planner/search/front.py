@@ -156,6 +156,8 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
                     if candidate is not None:
                         candidates.append(candidate)
                         best_score = min(best_score, candidate.score_s)
+        if callback and callback({"evaluations": evaluations, "best_s": best_score, "phase": "construct"}):
+            deadline = 0.0
         if time.perf_counter() > deadline:
             break
     if not candidates:
