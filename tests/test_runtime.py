@@ -174,7 +174,7 @@ def test_killed_rank_fails_the_launch_fast_with_its_name_and_no_orphans(tmp_path
         if launcher.poll() is None:
             launcher.kill()
     error = launcher.stderr.read()
-    assert code == 1
+    assert code == 1, error
     assert "rank 1 (device a1, replica 0, stage 1) was killed by SIGKILL" in error
     assert "Traceback" not in error
     assert elapsed < 15

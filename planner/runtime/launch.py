@@ -156,6 +156,8 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
         _watch(processes, errors, names)
     finally:
         _stop(processes.values())
+    if not os.path.exists(os.path.join(options.out_dir, "results.json")):
+        raise LaunchFailure(f"every rank exited but rank 0 wrote no results in {options.out_dir}")
     return read_results(options.out_dir)
 
 
@@ -169,8 +171,9 @@ def _watch(processes: dict, errors, names: dict) -> None:
     alive = dict(processes)
     while alive:
         multiprocessing.connection.wait([p.sentinel for p in alive.values()], timeout=1.0)
-        failed = [r for r, p in alive.items() if p.exitcode not in (None, 0)]
-        for rank in [r for r, p in alive.items() if p.exitcode is not None]:
+        codes = {r: p.exitcode for r, p in alive.items()}  # read once: a rank may exit meanwhile
+        failed = [r for r, code in codes.items() if code not in (None, 0)]
+        for rank in [r for r, code in codes.items() if code is not None]:
             del alive[rank]
         if failed:
             deadline = time.monotonic() + _GRACE_S

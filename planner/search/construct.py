@@ -9,7 +9,10 @@ from the network itself: devices are ordered by a greedy chain through the bandw
 
 import numpy as np
 
-__all__ = ["choose_devices", "locality_order", "layouts"]
+__all__ = ["choose_devices", "locality_order", "layouts", "MATCHED_STAGES", "MATCHED_DEVICES"]
+
+MATCHED_STAGES = 12  # the exact stage-order search behind the matched layouts is exponential in stages
+MATCHED_DEVICES = 256
 
 
 def choose_devices(speed: np.ndarray, capacity: np.ndarray, count: int) -> np.ndarray:
@@ -57,4 +60,13 @@ def layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, repl
         local = ordered.reshape(replicas, stages)
         by_memory = np.array([row[np.argsort(-capacity[row], kind="stable")] for row in local])
         result["memory-first"] = by_memory
+    if 1 < stages <= MATCHED_STAGES and stages * replicas <= MATCHED_DEVICES:
+        # Stage groups joined into pipelines by bottleneck matching, stages in the order DTFM's
+        # objective prefers (dtfm.md): from the groups of index order (Megatron's contiguous
+        # default) and from the locality groups.
+        from planner.search.dtfm_search import groups_to_pipelines
+
+        for name, order in (("contiguous-matched", chosen), ("stages-matched", ordered)):
+            groups = [order[j * replicas:(j + 1) * replicas].tolist() for j in range(stages)]
+            result[name] = groups_to_pipelines(topology, groups)
     return result
