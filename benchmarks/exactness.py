@@ -8,7 +8,6 @@ Prints the agreement rate and the worst relative excess, writes ``benchmarks/res
 """
 
 import argparse
-import itertools
 import json
 import sys
 import time
@@ -20,41 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.model import model_preset, parse_training  # noqa: E402
-from planner.search.evaluate import evaluate_placement, make_context  # noqa: E402
+from planner.search.brute import brute_force_placement, random_small_topology  # noqa: E402
+from planner.search.evaluate import make_context  # noqa: E402
 from planner.search.front import SearchOptions, search  # noqa: E402
-from planner.topology import parse_topology  # noqa: E402
-
-TYPES = ("A100-80GB", "V100-16GB", "T4", "RTX-4090", "L4")
-
-
-def random_instance(rng, max_devices: int) -> tuple:
-    n = int(rng.integers(3, max_devices + 1))
-    devices = [{"name": f"d{i}", "type": TYPES[int(rng.integers(len(TYPES)))], "region": f"r{int(rng.integers(2))}"}
-               for i in range(n)]
-    latency = rng.uniform(0.1, 50.0, (n, n))
-    bandwidth = rng.uniform(0.5, 50.0, (n, n))
-    np.fill_diagonal(latency, 0.0)
-    document = {"devices": devices, "network": {"matrix": {
-        "latency_unit": "ms", "bandwidth_unit": "Gbps", "latency": latency.round(3).tolist(),
-        "bandwidth": bandwidth.round(3).tolist()}}}
-    topology = parse_topology(document, name="random")
-    pairs = [(s, d) for s in range(1, n + 1) for d in range(1, n // s + 1)]
-    stages, replicas = pairs[int(rng.integers(len(pairs)))]
-    return topology, stages, replicas
-
-
-def brute_force(ctx, n: int, stages: int, replicas: int, micro_batch: int, schedule: str) -> float:
-    """Minimum estimate over every placement, replicas taken in canonical (sorted) order."""
-    best = np.inf
-    for chosen in itertools.permutations(range(n), stages * replicas):
-        rows = [chosen[r * stages:(r + 1) * stages] for r in range(replicas)]
-        if rows != sorted(rows):
-            continue
-        candidate = evaluate_placement(ctx, np.array(rows), micro_batch, schedule)
-        if candidate is not None:
-            best = min(best, candidate.score_s)
-    return best
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -68,9 +35,8 @@ def main() -> int:
     training = parse_training({"global_batch": 16, "micro_batch": 2, "schedule": "1f1b", "precision": "fp16"})
     rows, started = [], time.perf_counter()
     for k in range(args.instances):
-        topology, stages, replicas = random_instance(rng, args.max_devices)
-        ctx = make_context(topology, model, training)
-        exact = brute_force(ctx, topology.size, stages, replicas, 2, "1f1b")
+        topology, stages, replicas = random_small_topology(rng, args.max_devices)
+        exact = brute_force_placement(make_context(topology, model, training), stages, replicas, 2, "1f1b")
         if not np.isfinite(exact):
             continue
         result = search(topology, model, training, SearchOptions(seed=k, stages=stages, replicas=replicas))

@@ -138,3 +138,26 @@ def test_greedy_layer_split_matches_cpsat(seed):
         work = np.array(greedy, float) * costs.layer_flops
         work[-1] += costs.head_flops
         assert (work / speed).max() == pytest.approx(exact[1], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_search_finds_the_brute_force_optimum_on_tiny_random_instances():
+    """Degrees pinned at random on 3-5 devices with random speeds, memory and links: the search's
+    best estimate equals the minimum over every placement (benchmarks/exactness.py runs 200)."""
+    from planner.model import model_preset, parse_training
+    from planner.search.brute import brute_force_placement, random_small_topology
+    from planner.search.evaluate import make_context
+
+    rng = np.random.default_rng(1)
+    model = model_preset("small")
+    training = parse_training({"global_batch": 16, "micro_batch": 2, "schedule": "1f1b", "precision": "fp16"})
+    checked = 0
+    for k in range(20):
+        topology, stages, replicas = random_small_topology(rng, 5)
+        exact = brute_force_placement(make_context(topology, model, training), stages, replicas, 2, "1f1b")
+        if not np.isfinite(exact):
+            continue
+        result = search(topology, model, training, SearchOptions(seed=k, stages=stages, replicas=replicas))
+        assert min(h[2] for h in result.history) == pytest.approx(exact, rel=1e-9)
+        checked += 1
+    assert checked >= 15
