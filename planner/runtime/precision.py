@@ -8,12 +8,13 @@ The fp32 step runs one chunk of parameters at a time, so its transient fp32 grad
 
 import torch
 
-__all__ = ["MasterWeightOptimizer", "make_optimizer", "CHUNK_BYTES"]
+__all__ = ["MasterWeightOptimizer", "make_optimizer", "plain_optimizer", "CHUNK_BYTES"]
 
 CHUNK_BYTES = 64 * 2**20
 
 
-def _plain(parameters, name: str, learning_rate: float, fused: bool):
+def plain_optimizer(parameters, name: str, learning_rate: float, fused: bool = False):
+    """SGD with momentum 0.9, or Adam, over ``parameters`` as they are (no master copies)."""
     if name == "sgd":
         return torch.optim.SGD(parameters, lr=learning_rate, momentum=0.9)
     return torch.optim.Adam(parameters, lr=learning_rate, fused=fused)
@@ -35,7 +36,7 @@ class MasterWeightOptimizer:
         if chunk:
             self.chunks.append(chunk)
         self.masters = [[p.detach().float().clone() for p in chunk] for chunk in self.chunks]
-        self.optimizers = [_plain(masters, name, learning_rate, fused) for masters in self.masters]
+        self.optimizers = [plain_optimizer(masters, name, learning_rate, fused) for masters in self.masters]
 
     @torch.no_grad()
     def step(self) -> None:
@@ -56,5 +57,5 @@ def make_optimizer(module, name: str, learning_rate: float, dtype: torch.dtype, 
     """The optimizer for ``module``: plain fp32, or master weights when the module is 16-bit."""
     fused = device.type == "cuda"
     if dtype == torch.float32:
-        return _plain(module.parameters(), name, learning_rate, fused)
+        return plain_optimizer(module.parameters(), name, learning_rate, fused)
     return MasterWeightOptimizer(module.parameters(), name, learning_rate, fused=fused)

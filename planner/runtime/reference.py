@@ -12,21 +12,16 @@ import torch.nn.functional as F
 
 from planner.runtime.data import global_batch_tokens
 from planner.runtime.gpt import build_stage
+from planner.runtime.precision import plain_optimizer
 
 __all__ = ["train_single_process", "pipelining_worker", "run_pipelining"]
-
-
-def _optimizer(parameters, name: str, learning_rate: float):
-    if name == "sgd":
-        return torch.optim.SGD(parameters, lr=learning_rate, momentum=0.9)
-    return torch.optim.Adam(parameters, lr=learning_rate)
 
 
 def train_single_process(spec, *, global_batch: int, iterations: int, seed: int = 0, learning_rate: float = 1e-3,
                          optimizer: str = "sgd") -> tuple:
     """(losses, state dict) of ``iterations`` steps of the whole model on the whole batch (CPU, fp32)."""
     model = build_stage(spec, 0, spec.layers, seed=seed)
-    opt = _optimizer(model.parameters(), optimizer, learning_rate)
+    opt = plain_optimizer(model.parameters(), optimizer, learning_rate)
     losses = []
     for iteration in range(iterations):
         tokens = global_batch_tokens(seed, iteration, global_batch, spec.sequence, spec.vocabulary)
@@ -61,7 +56,7 @@ def pipelining_worker(rank: int, world: int, spec, layer_bounds: tuple, *, micro
         module = build_stage(spec, layer_bounds[rank], layer_bounds[rank + 1], seed=seed).to(device)
         if module.tied_copy:
             raise ValueError("the pipelining cross-check needs untied embeddings or a single stage")
-        opt = _optimizer(module.parameters(), optimizer, learning_rate)
+        opt = plain_optimizer(module.parameters(), optimizer, learning_rate)
         stage = PipelineStage(module, rank, world, device)
 
         def loss_fn(logits, targets):
