@@ -5,8 +5,9 @@
 3. Improve the best placements by iterated local search (swap two devices, or swap in an idle one;
    kicks of a few random moves), with a seeded ``rng``, an evaluation budget and a stopping rule,
    so the same seed gives the same plan.
-4. Simulate the best distinct candidates with the event simulator and keep the fastest.
-5. Report a lower bound on any plan's iteration time and the gap to it.
+4. Run a genetic search (aligned crossover, memetic descent, elitism) on the best shape.
+5. Simulate the best distinct candidates with the event simulator and keep the fastest.
+6. Report a lower bound on any plan's iteration time and the gap to it.
 """
 
 import time
@@ -20,6 +21,8 @@ from planner.plan import Plan, validate_plan
 from planner.search.bounds import lower_bound_s, work_flops
 from planner.search.construct import layouts
 from planner.search.evaluate import Candidate, evaluate_placement, make_context
+from planner.search.genetic import POPULATION, genetic_search
+from planner.search.local import iterated_local_search
 
 __all__ = ["SearchOptions", "SearchResult", "search", "candidate_to_plan"]
 
@@ -44,7 +47,7 @@ class SearchResult:
     evaluations: int
     wall_s: float
     history: list = field(default_factory=list)  # (evaluations, wall_s, best estimate)
-    algorithm: str = "construct+local"
+    algorithm: str = "construct+local+genetic"
 
 
 def _micro_batches(training, options) -> list:
@@ -88,65 +91,6 @@ def _ordered_pairs(pairs: list, work_flops: float, speed: np.ndarray) -> list:
     """(bound, stages, replicas) by ascending bound: the work over the fastest ``S x D`` devices."""
     fastest = np.cumsum(np.sort(speed)[::-1])
     return sorted((work_flops / fastest[s * d - 1], s, d) for s, d in pairs)
-
-
-MAX_FAILED_KICKS = 20  # the iterated local search stops after this many kicks in a row bring nothing
-
-
-def _move(assign: np.ndarray, n: int, rng) -> np.ndarray:
-    """One random move: swap two cells, or (30% when devices are idle) put an idle device in a cell."""
-    R, S = assign.shape
-    assign = assign.copy()
-    used = set(assign.ravel().tolist())
-    idle = [d for d in range(n) if d not in used]
-    cell = divmod(int(rng.integers(R * S)), S)
-    if idle and rng.random() < 0.3:
-        assign[cell] = idle[int(rng.integers(len(idle)))]
-    else:
-        other = divmod(int(rng.integers(R * S)), S)
-        assign[cell], assign[other] = assign[other], assign[cell]
-    return assign
-
-
-def _descend(ctx, start: Candidate, rng, budget: int, deadline: float) -> tuple:
-    """First-improvement descent over random moves until ``max(60, 4 R S)`` moves in a row fail."""
-    best, evaluations, stale = start, 0, 0
-    R, S = start.assign.shape
-    while evaluations < budget and time.perf_counter() < deadline and stale < max(60, 4 * R * S):
-        assign = _move(best.assign, ctx.topology.size, rng)
-        if np.array_equal(assign, best.assign):
-            stale += 1
-            continue
-        evaluations += 1
-        candidate = evaluate_placement(ctx, assign, best.micro_batch, best.schedule, best.microbatches)
-        if candidate is not None and candidate.score_s < best.score_s - 1e-12:
-            best, stale = candidate, 0
-        else:
-            stale += 1
-    return best, evaluations
-
-
-def _local_search(ctx, start: Candidate, rng, budget: int, deadline: float) -> tuple:
-    """Iterated local search (Lourenco et al. 2003): descend, then kick the best placement with a few
-    random moves (its micro-batch split re-balanced) and descend again, until the budget, the
-    deadline or ``MAX_FAILED_KICKS`` fruitless kicks in a row; the best placement found is kept."""
-    best, evaluations = _descend(ctx, start, rng, budget, deadline)
-    R, S = start.assign.shape
-    failed_kicks = 0
-    while evaluations < budget and time.perf_counter() < deadline and failed_kicks < MAX_FAILED_KICKS:
-        assign = best.assign
-        for _ in range(int(rng.integers(2, max(3, min(R * S, 6)) + 1))):
-            assign = _move(assign, ctx.topology.size, rng)
-        evaluations += 1
-        kicked = evaluate_placement(ctx, assign, best.micro_batch, best.schedule)
-        failed_kicks += 1
-        if kicked is None:
-            continue
-        found, used = _descend(ctx, kicked, rng, budget - evaluations, deadline)
-        evaluations += used
-        if found.score_s < best.score_s - 1e-12:
-            best, failed_kicks = found, 0
-    return best, evaluations
 
 
 def candidate_to_plan(ctx, candidate: Candidate) -> Plan:
@@ -213,13 +157,25 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     improved = []
     per_start = options.max_evaluations // max(len(starts), 1)
     for start in starts:
-        result, used = _local_search(ctx, start, rng, per_start, deadline)
+        result, used = iterated_local_search(ctx, start, rng, per_start, deadline)
         evaluations += used
         improved.append(result)
         best_estimate = min(best_estimate, result.score_s)
         history.append((evaluations, time.perf_counter() - started, best_estimate))
         if callback and callback({"evaluations": evaluations, "best_s": best_estimate, "phase": "local"}):
             deadline = 0.0
+    # Genetic search on the best shape, seeded with its layouts and local-search results.
+    leader = min(improved, key=lambda c: c.score_s)
+    shape = (leader.assign.shape, leader.micro_batch, leader.schedule)
+    seeds = [c for c in sorted(improved + candidates, key=lambda c: c.score_s)
+             if (c.assign.shape, c.micro_batch, c.schedule) == shape][:POPULATION]
+    result, used = genetic_search(ctx, seeds, rng, options.max_evaluations // 4, deadline)
+    evaluations += used
+    improved.append(result)
+    best_estimate = min(best_estimate, result.score_s)
+    history.append((evaluations, time.perf_counter() - started, best_estimate))
+    if callback:
+        callback({"evaluations": evaluations, "best_s": best_estimate, "phase": "genetic"})
     pool = sorted(improved + candidates, key=lambda c: c.score_s)
     unique, keys = [], set()
     for c in pool:
@@ -242,7 +198,7 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     wall = time.perf_counter() - started
     gap = max(0.0, (best_time - bound) / best_time)
     best_plan = replace(best_plan, search={
-        "algorithm": "construct+local", "seed": options.seed, "evaluations": evaluations,
+        "algorithm": "construct+local+genetic", "seed": options.seed, "evaluations": evaluations,
         "wall_s": round(wall, 3), "lower_bound_s": bound, "gap": gap})
     return SearchResult(plan=best_plan, predicted_s=best_time, lower_bound_s=bound, gap=gap,
                         evaluations=evaluations, wall_s=wall, history=history)

@@ -1,0 +1,67 @@
+"""Local moves on a placement, first-improvement descent and iterated local search."""
+
+import time
+
+import numpy as np
+
+from planner.search.evaluate import Candidate, evaluate_placement
+
+__all__ = ["random_move", "descend", "iterated_local_search", "MAX_FAILED_KICKS"]
+
+MAX_FAILED_KICKS = 20  # the iterated local search stops after this many kicks in a row bring nothing
+
+
+def random_move(assign: np.ndarray, n: int, rng) -> np.ndarray:
+    """One random move: swap two cells, or (30% when devices are idle) put an idle device in a cell."""
+    R, S = assign.shape
+    assign = assign.copy()
+    used = set(assign.ravel().tolist())
+    idle = [d for d in range(n) if d not in used]
+    cell = divmod(int(rng.integers(R * S)), S)
+    if idle and rng.random() < 0.3:
+        assign[cell] = idle[int(rng.integers(len(idle)))]
+    else:
+        other = divmod(int(rng.integers(R * S)), S)
+        assign[cell], assign[other] = assign[other], assign[cell]
+    return assign
+
+
+def descend(ctx, start: Candidate, rng, budget: int, deadline: float) -> tuple:
+    """First-improvement descent over random moves until ``max(60, 4 R S)`` moves in a row fail."""
+    best, evaluations, stale = start, 0, 0
+    R, S = start.assign.shape
+    while evaluations < budget and time.perf_counter() < deadline and stale < max(60, 4 * R * S):
+        assign = random_move(best.assign, ctx.topology.size, rng)
+        if np.array_equal(assign, best.assign):
+            stale += 1
+            continue
+        evaluations += 1
+        candidate = evaluate_placement(ctx, assign, best.micro_batch, best.schedule, best.microbatches)
+        if candidate is not None and candidate.score_s < best.score_s - 1e-12:
+            best, stale = candidate, 0
+        else:
+            stale += 1
+    return best, evaluations
+
+
+def iterated_local_search(ctx, start: Candidate, rng, budget: int, deadline: float) -> tuple:
+    """Iterated local search (Lourenco et al. 2003): descend, then kick the best placement with a few
+    random moves (its micro-batch split re-balanced) and descend again, until the budget, the
+    deadline or ``MAX_FAILED_KICKS`` fruitless kicks in a row; the best placement found is kept."""
+    best, evaluations = descend(ctx, start, rng, budget, deadline)
+    R, S = start.assign.shape
+    failed_kicks = 0
+    while evaluations < budget and time.perf_counter() < deadline and failed_kicks < MAX_FAILED_KICKS:
+        assign = best.assign
+        for _ in range(int(rng.integers(2, max(3, min(R * S, 6)) + 1))):
+            assign = random_move(assign, ctx.topology.size, rng)
+        evaluations += 1
+        kicked = evaluate_placement(ctx, assign, best.micro_batch, best.schedule)
+        failed_kicks += 1
+        if kicked is None:
+            continue
+        found, used = descend(ctx, kicked, rng, budget - evaluations, deadline)
+        evaluations += used
+        if found.score_s < best.score_s - 1e-12:
+            best, failed_kicks = found, 0
+    return best, evaluations
