@@ -208,3 +208,32 @@ def test_genetic_search_alone_reaches_the_brute_force_optimum_on_tiny_instances(
         assert best.score_s == pytest.approx(exact, rel=1e-9)
         checked += 1
     assert checked >= 6
+
+
+def test_lower_bound_never_exceeds_a_predicted_plan_on_random_instances():
+    from planner.costing import predict
+    from planner.model import model_preset, parse_training
+    from planner.search.bounds import lower_bound_s, work_bound_s
+    from planner.search.brute import random_small_topology
+    from planner.search.evaluate import evaluate_placement, make_context
+    from planner.search.front import candidate_to_plan
+
+    rng = np.random.default_rng(7)
+    model = model_preset("small")
+    checked = 0
+    for k in range(40):
+        topology, stages, replicas = random_small_topology(rng, 6)
+        training = parse_training({"global_batch": 16, "micro_batch": int(rng.choice([1, 2, 4])),
+                                   "schedule": str(rng.choice(["1f1b", "gpipe"])), "precision": "fp16"})
+        ctx = make_context(topology, model, training)
+        bound = lower_bound_s(topology, model, training)
+        assert bound >= work_bound_s(topology, model, training) - 1e-12
+        assign = rng.permutation(topology.size)[:stages * replicas].reshape(replicas, stages)
+        candidate = evaluate_placement(ctx, assign, training.micro_batch, training.schedule)
+        if candidate is None:
+            continue
+        prediction, _ = predict(candidate_to_plan(ctx, candidate), topology, model, training)
+        if prediction.fits:
+            assert bound <= prediction.iteration_s * (1 + 1e-9)
+            checked += 1
+    assert checked >= 15

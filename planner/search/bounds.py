@@ -1,18 +1,62 @@
 """Lower bounds on the iteration time of any plan, so every heuristic answer reports a gap."""
 
+import math
+
 import numpy as np
 
-from cost_models import flops
+from cost_models import flops, memory
 
-__all__ = ["lower_bound_s", "work_flops"]
+__all__ = ["lower_bound_s", "work_bound_s", "work_flops"]
+
+
+def work_bound_s(topology, model, training) -> float:
+    """Work bound: the iteration's training FLOPs spread perfectly over every device at its
+    calibrated speed, with free communication: ``W / sum_d speed_d``."""
+    return float(work_flops(topology, model, training) / np.sum(topology.effective_flops(training.precision)))
 
 
 def lower_bound_s(topology, model, training) -> float:
-    """Work bound: the iteration's training FLOPs spread perfectly over every device at its
-    calibrated speed, with free communication: ``W / sum_d speed_d``. Valid for every plan the
-    cost model can score, since each device computes at most at its speed and all work must be done.
+    """A bound on the iteration time of every plan the search can return (ring gradient sync).
+
+    For each degree pair (S stages x D replicas) a plan could use, the larger of
+    - the work bound over the ``S * D`` fastest devices (each device computes at most at its speed);
+    - the gradient sync of the largest stage (at least ``params / S``): a ring all-reduce moves
+      ``2 (D - 1) / D * n`` bytes over its slowest hop (Patarasuk & Yuan 2009), and that hop is no
+      faster than the D-th best device's fastest outgoing link (NIC-capped), since the ring's D
+      members cannot all be among the D - 1 best;
+    - with two stages or more, the activations of the busiest replica (at least ``B / D`` of the
+      global batch's ``B`` sequences) crossing one directed link, no faster than the fastest link;
+    minimised over the pairs whose largest stage's state fits on the largest device. Never below
+    ``work_bound_s``'s reasoning applied to the devices a pair uses, so at least as tight as it.
     """
-    return float(work_flops(topology, model, training) / np.sum(topology.effective_flops(training.precision)))
+    from planner.search.evaluate import effective_bandwidth
+
+    work = work_flops(topology, model, training)
+    speed = np.sort(topology.effective_flops(training.precision))[::-1]
+    fastest = np.cumsum(speed)
+    params = flops.model_parameters(model.layers, model.hidden, model.ffn_hidden, model.vocabulary, model.sequence,
+                                    gated_mlp=model.gated_mlp, biases=model.biases, tied=model.tied_embeddings,
+                                    learned_positions=model.learned_positions)
+    state = params * memory.state_bytes_per_parameter(training.precision, training.optimizer)
+    fewest_stages = max(1, math.ceil(state / float(topology.memory_bytes().max())))
+    bandwidth = effective_bandwidth(topology).astype(float)
+    np.fill_diagonal(bandwidth, 0.0)
+    best_out = np.sort(bandwidth.max(axis=1))[::-1]  # each device's fastest outgoing link, best first
+    n = topology.size
+    best = np.inf
+    for stages in range(fewest_stages, min(model.layers, n) + 1):
+        replicas = np.arange(1, min(n // stages, training.global_batch) + 1)
+        if replicas.size == 0:
+            break
+        compute = work / fastest[stages * replicas - 1]
+        gradient = params / stages * training.activation_bytes
+        sync = np.where(replicas > 1, 2.0 * (replicas - 1) / replicas * gradient / best_out[replicas - 1], 0.0)
+        pipe = 0.0
+        if stages > 1:
+            sequence_bytes = model.sequence * model.hidden * training.activation_bytes
+            pipe = np.ceil(training.global_batch / replicas) * sequence_bytes / best_out[0]
+        best = min(best, float(np.maximum(np.maximum(compute, sync), pipe).min()))
+    return best if np.isfinite(best) else work_bound_s(topology, model, training)
 
 
 def work_flops(topology, model, training) -> float:
