@@ -140,24 +140,31 @@ def test_greedy_layer_split_matches_cpsat(seed):
         assert (work / speed).max() == pytest.approx(exact[1], rel=1e-6)
 
 
-@pytest.mark.slow
-def test_search_finds_the_brute_force_optimum_on_tiny_random_instances():
-    """Degrees pinned at random on 3-5 devices with random speeds, memory and links: the search's
-    best estimate equals the minimum over every placement (benchmarks/exactness.py runs 200)."""
+def _tiny_instances(seed: int, count: int):
+    """(k, topology, stages, replicas, context, brute-force minimum) for feasible random instances of
+    3-5 devices, with the small model at micro-batch 2 and 1F1B."""
     from planner.model import model_preset, parse_training
     from planner.search.brute import brute_force_placement, random_small_topology
     from planner.search.evaluate import make_context
 
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     model = model_preset("small")
     training = parse_training({"global_batch": 16, "micro_batch": 2, "schedule": "1f1b", "precision": "fp16"})
-    checked = 0
-    for k in range(20):
+    for k in range(count):
         topology, stages, replicas = random_small_topology(rng, 5)
-        exact = brute_force_placement(make_context(topology, model, training), stages, replicas, 2, "1f1b")
-        if not np.isfinite(exact):
-            continue
-        result = search(topology, model, training, SearchOptions(seed=k, stages=stages, replicas=replicas))
+        ctx = make_context(topology, model, training)
+        exact = brute_force_placement(ctx, stages, replicas, 2, "1f1b")
+        if np.isfinite(exact):
+            yield k, topology, stages, replicas, ctx, exact
+
+
+@pytest.mark.slow
+def test_search_finds_the_brute_force_optimum_on_tiny_random_instances():
+    """Degrees pinned at random on 3-5 devices with random speeds, memory and links: the search's
+    best estimate equals the minimum over every placement (benchmarks/exactness.py runs 200)."""
+    checked = 0
+    for k, topology, stages, replicas, ctx, exact in _tiny_instances(1, 20):
+        result = search(topology, ctx.model, ctx.training, SearchOptions(seed=k, stages=stages, replicas=replicas))
         assert min(h[2] for h in result.history) == pytest.approx(exact, rel=1e-9)
         checked += 1
     assert checked >= 15
@@ -186,23 +193,15 @@ def test_aligned_crossover_children_use_each_device_once():
 
 
 def test_genetic_search_alone_reaches_the_brute_force_optimum_on_tiny_instances():
-    from planner.model import model_preset, parse_training
-    from planner.search.brute import brute_force_placement, random_small_topology
     from planner.search.construct import layouts
-    from planner.search.evaluate import evaluate_placement, make_context
+    from planner.search.evaluate import evaluate_placement
     from planner.search.genetic import genetic_search
 
-    rng = np.random.default_rng(3)
-    model = model_preset("small")
-    training = parse_training({"global_batch": 16, "micro_batch": 2, "schedule": "1f1b", "precision": "fp16"})
     checked = 0
-    for k in range(12):
-        topology, stages, replicas = random_small_topology(rng, 5)
-        ctx = make_context(topology, model, training)
-        exact = brute_force_placement(ctx, stages, replicas, 2, "1f1b")
+    for k, topology, stages, replicas, ctx, exact in _tiny_instances(3, 12):
         seeds = [c for c in (evaluate_placement(ctx, a, 2, "1f1b")
                              for a in layouts(topology, ctx.speed, ctx.capacity, stages, replicas).values()) if c]
-        if not np.isfinite(exact) or not seeds:
+        if not seeds:
             continue
         best, _ = genetic_search(ctx, seeds, np.random.default_rng(k), 3000, float("inf"))
         assert best.score_s == pytest.approx(exact, rel=1e-9)
