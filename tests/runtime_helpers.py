@@ -38,3 +38,8 @@ def write_test_plan(folder: Path, topology_path: Path, *, assignment, layer_boun
     path = folder / name
     write_plan(plan_to_document(plan, model=model, training=training, topology_source=str(topology_path)), path)
     return path
+
+
+def rank_reporting_one_failure(rank, world, store_port, results):
+    """For the spawn test: rank 1 reports an error, the others their rank squared."""
+    results.put((rank, "ValueError: boom" if rank == 1 else rank * rank))

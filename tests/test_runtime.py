@@ -254,3 +254,12 @@ def test_master_weights_step_like_fp32_adam_in_chunks(monkeypatch):
     for r, h, masters in zip(reference.parameters(), half.parameters(), [m for c in mixed.masters for m in c]):
         assert torch.allclose(masters, r, atol=1e-6)
         assert torch.equal(h, r.to(torch.bfloat16))
+
+
+def test_gather_from_ranks_collects_each_rank_and_names_a_failing_one():
+    from planner.runtime.spawn import RankFailure, gather_from_ranks
+    from tests.runtime_helpers import rank_reporting_one_failure
+
+    with pytest.raises(RankFailure, match=r"process 1 \(b\) failed: ValueError: boom"):
+        gather_from_ranks(rank_reporting_one_failure, 3, names=["a", "b", "c"])
+    assert gather_from_ranks(rank_reporting_one_failure, 1) == {0: 0}

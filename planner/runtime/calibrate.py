@@ -14,7 +14,6 @@ Writes a calibration file (``planner.calibration``) saying when, where and how i
 """
 
 import datetime
-import multiprocessing
 import os
 import platform
 import socket
@@ -27,6 +26,7 @@ import numpy as np
 from planner.calibration import CALIBRATION_FORMAT, write_calibration
 from planner.catalog import peak_for
 from planner.errors import InputError
+from planner.runtime.spawn import RankFailure, gather_from_ranks
 
 __all__ = ["CalibrateOptions", "CalibrationFailure", "calibrate", "fit_latency_bandwidth", "OPTIMIZER_PROBE_PARAMETERS"]
 
@@ -85,7 +85,6 @@ def _job(topology_path, options: CalibrateOptions):
 def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
     """Measure, write ``options.out`` and return the calibration document."""
     import torch
-    import torch.distributed as dist
 
     job, kind = _job(topology_path, options)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -97,33 +96,11 @@ def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
     if len(names) != processes:
         raise InputError(f"needs {processes} device names, got {len(names)}: pass --names", field="--names")
     log(f"calibrating {kind} with {processes} process(es) over {backend}: {', '.join(names)}")
-    store = dist.TCPStore("127.0.0.1", 0, processes + 1, True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=options.timeout_s))
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    workers = [context.Process(target=_worker, args=(rank, processes, backend, store.port, job, options, queue))
-               for rank in range(processes)]
-    for w in workers:
-        w.start()
-    reports = {}
     try:
-        while len(reports) < processes:
-            try:
-                rank, report = queue.get(timeout=1.0)
-            except Exception:  # queue.Empty
-                dead = [r for r, w in enumerate(workers) if w.exitcode not in (None, 0)]
-                if dead:
-                    raise CalibrationFailure(f"process {dead[0]} exited with code {workers[dead[0]].exitcode}")
-                continue
-            if isinstance(report, str):
-                raise CalibrationFailure(f"process {rank} ({names[rank]}) failed: {report}")
-            reports[rank] = report
-    finally:
-        for w in workers:
-            w.join(timeout=5 if w.exitcode is None and reports.keys() != set(range(processes)) else 30)
-            if w.is_alive():
-                w.kill()
-                w.join()
+        reports = gather_from_ranks(_worker, processes, args=(backend, job, options), timeout_s=options.timeout_s,
+                                    names=names)
+    except RankFailure as failure:
+        raise CalibrationFailure(str(failure)) from None
     document = _document(job, kind, backend, names, reports, options)
     write_calibration(document, options.out)
     return document
@@ -180,7 +157,7 @@ def _document(job, kind, backend, names, reports, options) -> dict:
     return document
 
 
-def _worker(rank, world, backend, port, job, options, queue) -> None:
+def _worker(rank, world, port, queue, backend, job, options) -> None:
     import torch
 
     cuda = backend == "nccl"

@@ -3,8 +3,8 @@ the whole global batch, and ``torch.distributed.pipelining`` (PyTorch's own GPip
 stage split. Both use the runtime's model, data and initialisation."""
 
 import datetime
-import multiprocessing
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from planner.runtime.data import global_batch_tokens
 from planner.runtime.gpt import build_stage
 from planner.runtime.precision import plain_optimizer
+from planner.runtime.spawn import gather_from_ranks
 
-__all__ = ["train_single_process", "pipelining_worker", "run_pipelining"]
+__all__ = ["train_single_process", "PipeliningRun", "pipelining_worker", "run_pipelining"]
 
 
 def train_single_process(spec, *, global_batch: int, iterations: int, seed: int = 0, learning_rate: float = 1e-3,
@@ -34,15 +35,38 @@ def train_single_process(spec, *, global_batch: int, iterations: int, seed: int 
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def pipelining_worker(rank: int, world: int, spec, layer_bounds: tuple, *, micro_batch_size: int, microbatches: int,
-                      schedule: str, iterations: int, warmup: int, store_port: int, backend: str, seed: int,
-                      learning_rate: float, optimizer: str, results) -> None:
+@dataclass(frozen=True, kw_only=True)
+class PipeliningRun:
+    micro_batch_size: int
+    microbatches: int
+    schedule: str
+    iterations: int
+    warmup: int = 0
+    backend: str = "gloo"
+    seed: int = 0
+    learning_rate: float = 1e-3
+    optimizer: str = "sgd"
+
+
+def pipelining_worker(rank: int, world: int, store_port: int, results, spec, layer_bounds: tuple,
+                      run: PipeliningRun) -> None:
     """One rank of ``torch.distributed.pipelining`` on the runtime's stage split (one replica).
 
-    Puts ``(rank, losses, iteration seconds)`` on ``results``; losses are known on the last stage only.
+    Puts ``(rank, (losses, iteration seconds))`` on ``results`` (losses are known on the last stage
+    only), or ``(rank, error text)``.
     """
+    try:
+        _pipelining(rank, world, store_port, results, spec, layer_bounds, run)
+    except Exception as error:  # reported to gather_from_ranks, which names the rank
+        results.put((rank, f"{type(error).__name__}: {str(error).strip()[:300]}"))
+
+
+def _pipelining(rank, world, store_port, results, spec, layer_bounds, run: PipeliningRun) -> None:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+    micro_batch_size, microbatches, schedule = run.micro_batch_size, run.microbatches, run.schedule
+    iterations, warmup, backend, seed = run.iterations, run.warmup, run.backend, run.seed
+    learning_rate, optimizer = run.learning_rate, run.optimizer
     store = dist.TCPStore("127.0.0.1", store_port, world, False, timeout=datetime.timedelta(seconds=120))
     cuda = backend == "nccl"
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
@@ -91,7 +115,7 @@ def pipelining_worker(rank: int, world: int, spec, layer_bounds: tuple, *, micro
                 seconds.append(float(elapsed[0]))
                 if per_microbatch:
                     losses.append(sum(float(x.detach()) for x in per_microbatch) / len(per_microbatch))
-        results.put((rank, losses, seconds))
+        results.put((rank, (losses, seconds)))
     finally:
         dist.destroy_process_group()
 
@@ -99,32 +123,10 @@ def pipelining_worker(rank: int, world: int, spec, layer_bounds: tuple, *, micro
 def run_pipelining(spec, layer_bounds, *, micro_batch_size: int, microbatches: int, schedule: str, iterations: int,
                    warmup: int = 0, backend: str = "gloo", seed: int = 0, learning_rate: float = 1e-3,
                    optimizer: str = "sgd") -> tuple:
-    """Spawn one ``pipelining_worker`` per stage; returns (last stage's losses, iteration seconds)."""
+    """One ``pipelining_worker`` per stage; returns (last stage's losses, iteration seconds)."""
+    run = PipeliningRun(micro_batch_size=micro_batch_size, microbatches=microbatches, schedule=schedule,
+                        iterations=iterations, warmup=warmup, backend=backend, seed=seed,
+                        learning_rate=learning_rate, optimizer=optimizer)
     world = len(layer_bounds) - 1
-    store = dist.TCPStore("127.0.0.1", 0, world + 1, True, wait_for_workers=False)
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    kwargs = dict(micro_batch_size=micro_batch_size, microbatches=microbatches, schedule=schedule,
-                  iterations=iterations, warmup=warmup, store_port=store.port, backend=backend, seed=seed,
-                  learning_rate=learning_rate, optimizer=optimizer, results=results)
-    processes = [context.Process(target=pipelining_worker, args=(rank, world, spec, tuple(layer_bounds)),
-                                 kwargs=kwargs) for rank in range(world)]
-    for p in processes:
-        p.start()
-    try:
-        got = {}
-        while len(got) < world:
-            if any(p.exitcode not in (None, 0) for p in processes):
-                raise RuntimeError("a torch.distributed.pipelining rank failed")
-            try:
-                rank, losses, seconds = results.get(timeout=1.0)
-            except Exception:  # queue.Empty
-                continue
-            got[rank] = (losses, seconds)
-    finally:
-        for p in processes:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    got = gather_from_ranks(pipelining_worker, world, args=(spec, tuple(layer_bounds), run))
     return got[world - 1][0], got[0][1]
