@@ -5,6 +5,7 @@ import math
 import numpy as np
 
 from cost_models import flops, memory
+from planner.search.evaluate import effective_bandwidth
 
 __all__ = ["lower_bound_s", "work_bound_s", "work_flops"]
 
@@ -29,8 +30,6 @@ def lower_bound_s(topology, model, training) -> float:
     minimised over the pairs whose largest stage's state fits on the largest device. Never below
     ``work_bound_s``'s reasoning applied to the devices a pair uses, so at least as tight as it.
     """
-    from planner.search.evaluate import effective_bandwidth
-
     work = work_flops(topology, model, training)
     speed = np.sort(topology.effective_flops(training.precision))[::-1]
     fastest = np.cumsum(speed)
