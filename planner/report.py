@@ -46,6 +46,11 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
         if result is not None:
             out.append(f"Lower bound: {format_seconds(result.lower_bound_s)}  gap {100 * result.gap:.1f}%  "
                        f"({result.evaluations} candidates in {result.wall_s:.2f} s)")
+            for shape in result.exact_shapes:
+                estimate = "none fits" if shape["estimate_s"] is None else format_seconds(shape["estimate_s"])
+                out.append(f"CP-SAT, {shape['stages']} stages x {shape['replicas']} replicas, micro-batch "
+                           f"{shape['micro_batch']}, {shape['schedule']}: {shape['status']}, estimate {estimate} "
+                           f"({shape['wall_s']:.2f} s)")
         out += ["", "Memory (predicted peak / capacity):"]
         mem_rows = []
         for name in sorted(p.memory_bytes, key=topology.index):

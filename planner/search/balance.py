@@ -19,7 +19,8 @@ import numpy as np
 
 from cost_models import flops, memory
 
-__all__ = ["LayerCosts", "layer_costs", "stage_seconds", "stage_memory_bytes", "split_layers", "split_batch"]
+__all__ = ["LayerCosts", "layer_costs", "stage_seconds", "stage_memory_bytes", "in_flight_microbatches", "split_layers",
+           "split_batch"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -85,7 +86,7 @@ def stage_memory_bytes(costs: LayerCosts, n_layers, stage: int, stages: int, in_
     return params * costs.state_bytes_per_param + in_flight * kept + transient
 
 
-def _in_flight(schedule: str, stages: int, microbatches: np.ndarray) -> np.ndarray:
+def in_flight_microbatches(schedule: str, stages: int, microbatches: np.ndarray) -> np.ndarray:
     """(R, S) in-flight micro-batches per worker (``memory.in_flight_microbatches``, vectorised)."""
     m = np.asarray(microbatches, dtype=np.int64)[:, None]
     if schedule == "gpipe":
@@ -144,7 +145,8 @@ def split_layers(costs: LayerCosts, schedule: str, speed: np.ndarray, capacity_b
         return None
     if head_slowdown != 1.0:  # the head at its own efficiency: its FLOPs count that many times
         costs = replace(costs, head_flops=costs.head_flops * head_slowdown)
-    slowest, by_memory = _stage_limits(costs, S, speed, capacity_bytes, _in_flight(schedule, S, microbatches))
+    limits = _stage_limits(costs, S, speed, capacity_bytes, in_flight_microbatches(schedule, S, microbatches))
+    slowest, by_memory = limits
     if even:  # the most even split memory allows, whatever the compute balance
         return _fill(costs, S, slowest, by_memory, np.inf)
     n = np.arange(1, costs.layers - S + 2)

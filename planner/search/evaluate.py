@@ -11,9 +11,10 @@ import numpy as np
 
 from cost_models import comm
 from planner.costing import greedy_ring_order, ring_hops
-from planner.search.balance import layer_costs, split_batch, split_layers, stage_memory_bytes
+from planner.search.balance import in_flight_microbatches, layer_costs, split_batch, split_layers, stage_memory_bytes
 
-__all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "effective_bandwidth"]
+__all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "score_split", "fits", "stage_costs",
+           "ring_cost", "gradient_bytes", "backward_share", "effective_bandwidth"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -65,14 +66,15 @@ def make_context(topology, model, training) -> SearchContext:
                          bandwidth=effective_bandwidth(topology), costs={}, rings={})
 
 
-def _costs(ctx: SearchContext, micro_batch: int, stages: int):
+def stage_costs(ctx: SearchContext, micro_batch: int, stages: int):
+    """The per-layer costs of ``stages`` stages at ``micro_batch``, memoised in the context."""
     key = (micro_batch, stages)
     if key not in ctx.costs:
         ctx.costs[key] = layer_costs(ctx.model, ctx.training, micro_batch, stages)
     return ctx.costs[key]
 
 
-def _ring(ctx: SearchContext, members: np.ndarray) -> tuple:
+def ring_cost(ctx: SearchContext, members: np.ndarray) -> tuple:
     """(seconds per byte, latency seconds) of the all-reduce ring the plan will use for ``members``
     (nearest-neighbour ``greedy_ring_order``; the plan's 2-opt ring is never slower), memoised per
     member set: local search changes few groups at a time."""
@@ -88,11 +90,11 @@ def _ring(ctx: SearchContext, members: np.ndarray) -> tuple:
 
 
 def _ring_seconds_per_byte(ctx, members) -> float:
-    return _ring(ctx, members)[0]
+    return ring_cost(ctx, members)[0]
 
 
 def _ring_latency(ctx, members) -> float:
-    return _ring(ctx, members)[1]
+    return ring_cost(ctx, members)[1]
 
 
 def _gpipe_caps(costs, counts, capacity):
@@ -106,84 +108,145 @@ def _gpipe_caps(costs, counts, capacity):
     return caps
 
 
+def _links(ctx, assign, costs):
+    """Per replica: each pipeline link's round trip per micro-batch (R, S-1), the slowest link's busy
+    time per micro-batch (R,), and their round trips summed (R,), both directions."""
+    R, S = assign.shape
+    if S == 1:
+        return np.zeros((R, 0)), np.zeros(R), np.zeros(R)
+    a, b = assign[:, :-1], assign[:, 1:]
+    busy = costs.boundary_bytes * (1.0 / ctx.bandwidth[a, b] + 1.0 / ctx.bandwidth[b, a])
+    bottleneck = np.maximum(costs.boundary_bytes / ctx.bandwidth[a, b],
+                            costs.boundary_bytes / ctx.bandwidth[b, a]).max(axis=1)
+    round_trip = busy + ctx.topology.latency_s[a, b] + ctx.topology.latency_s[b, a]
+    return round_trip, bottleneck, round_trip.sum(axis=1)
+
+
+def _pipeline_shape(ctx, assign, costs, counts, schedule, links):
+    """(tau, fill, bottleneck): per (replica, stage) forward+backward seconds per micro-batch, and per
+    replica the flow-shop fill and steady-state period (links as extra machines)."""
+    R, S = assign.shape
+    round_trip, link_bottleneck, link_fill = links
+    work = np.array(counts, dtype=float) * costs.layer_flops
+    tau = np.repeat(work[None, :], R, axis=0)
+    tau[:, -1] += costs.head_flops * ctx.head_slowdown[assign[:, -1]]
+    tau = tau / ctx.speed[assign]
+    fill = tau.sum(axis=1) + link_fill
+    bottleneck = np.maximum(tau.max(axis=1), link_bottleneck)
+    if schedule == "1f1b" and S > 1:
+        # Stage s admits a new micro-batch only after one of its S - s in flight came back:
+        # throughput <= (S - s) / round trip from s to the last stage and back.
+        hop = np.zeros((R, S))
+        hop[:, :-1] = round_trip
+        trip = np.cumsum((tau + hop)[:, ::-1], axis=1)[:, ::-1]  # (R, S): stage s .. S-1 and back
+        bottleneck = np.maximum(bottleneck, (trip / (S - np.arange(S))[None, :]).max(axis=1))
+    return tau, fill, bottleneck
+
+
+def backward_share(training) -> float:
+    """The backward pass's share of a block's training time (2 of 3 forward-equivalents, 3 of 4
+    with recomputation; formulas.md, FLOPs)."""
+    return 0.75 if training.recompute else 2.0 / 3.0
+
+
+def _iteration_s(ctx, assign, costs, counts, microbatches, tau, fill, bottleneck) -> float:
+    """Each replica's makespan ``fill + (M - 1) * bottleneck``, then each stage's gradient all-reduce
+    after its last backward; the slowest stage's end."""
+    R, S = assign.shape
+    pipeline = fill + (np.asarray(microbatches) - 1) * bottleneck  # (R,)
+    # Stage s finishes its last backward before the stages upstream of it do theirs.
+    upstream = np.concatenate([np.zeros((R, 1)), np.cumsum(tau[:, :-1] * backward_share(ctx.training), axis=1)],
+                              axis=1)
+    finish = (pipeline[:, None] - upstream).max(axis=0)  # (S,)
+    sync = np.zeros(S)
+    if R > 1:
+        grads = gradient_bytes(costs, counts, ctx.training)
+        sync = np.array([grads[s] * _ring_seconds_per_byte(ctx, assign[:, s]) + _ring_latency(ctx, assign[:, s])
+                         for s in range(S)])
+    return float((finish + sync).max())
+
+
+def gradient_bytes(costs, counts, training) -> np.ndarray:
+    """Bytes each stage's replicas all-reduce: its parameters at the activation precision."""
+    grads = np.array(counts, dtype=float) * costs.layer_params * training.activation_bytes
+    grads[0] += costs.first_params * training.activation_bytes
+    grads[-1] += costs.last_params * training.activation_bytes
+    return grads
+
+
+def fits(costs, schedule: str, counts, microbatches, capacity: np.ndarray) -> bool:
+    """Whether every placed device holds its stage with its in-flight micro-batches (``capacity`` (R, S))."""
+    R, S = capacity.shape
+    in_flight = in_flight_microbatches(schedule, S, microbatches)
+    need = np.stack([stage_memory_bytes(costs, counts[s], s, S, in_flight[:, s]) for s in range(S)], axis=1)
+    return bool((need <= capacity * (1 + 1e-12)).all())
+
+
+def score_split(ctx: SearchContext, assign: np.ndarray, counts, microbatches, micro_batch: int,
+                schedule: str) -> float | None:
+    """The estimate for a fully decided placement, layer split and batch split (None if it does not
+    fit or the counts are invalid): the objective ``evaluate_placement`` minimises over the splits."""
+    R, S = assign.shape
+    costs = stage_costs(ctx, micro_batch, S)
+    total = ctx.training.global_batch // micro_batch
+    if (len(counts) != S or sum(counts) != costs.layers or min(counts) < 1 or len(microbatches) != R
+            or sum(microbatches) != total or min(microbatches) < 1):
+        return None
+    if not fits(costs, schedule, counts, microbatches, ctx.capacity[assign]):
+        return None
+    tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, _links(ctx, assign, costs))
+    return _iteration_s(ctx, assign, costs, counts, microbatches, tau, fill, bottleneck)
+
+
 def evaluate_placement(ctx: SearchContext, assign: np.ndarray, micro_batch: int, schedule: str,
                        microbatches=None) -> Candidate | None:
     """Best layer and batch split for ``assign`` and its estimated iteration time (None if it cannot fit).
 
-    Two layer splits are scored: the one that minimises the slowest stage's compute, and the most
-    even one that fits (smaller gradient all-reduces where the sync dominates); the faster wins.
+    Three layer splits are scored: the one that minimises the slowest stage's compute; the same with
+    each replica's stage times weighted by its ``M_r + S - 1`` micro-batch slots (a replica given few
+    micro-batches matters less); and the most even one that fits (smaller gradient all-reduces where
+    the sync dominates). The fastest wins.
     """
-    results = [_evaluate(ctx, assign, micro_batch, schedule, microbatches, even) for even in (False, True)]
+    results = [_evaluate(ctx, assign, micro_batch, schedule, microbatches, split) for split in _SPLITS]
     results = [r for r in results if r is not None]
     return min(results, key=lambda c: c.score_s) if results else None
 
 
-def _evaluate(ctx, assign, micro_batch, schedule, microbatches, even_layers) -> Candidate | None:
+_SPLITS = ("fastest", "weighted", "even")
+
+
+def _evaluate(ctx, assign, micro_batch, schedule, microbatches, split) -> Candidate | None:
     R, S = assign.shape
     total = ctx.training.global_batch // micro_batch
     if total < R:
         return None
-    costs = _costs(ctx, micro_batch, S)
+    costs = stage_costs(ctx, micro_batch, S)
     speed = ctx.speed[assign]
     capacity = ctx.capacity[assign]
-    head_slowdown = ctx.head_slowdown[assign[:, -1]]
-    topo = ctx.topology
-    # Pipeline links: busy time per micro-batch and latency, both directions.
-    if S > 1:
-        a, b = assign[:, :-1], assign[:, 1:]
-        busy = costs.boundary_bytes * (1.0 / ctx.bandwidth[a, b] + 1.0 / ctx.bandwidth[b, a])
-        link_bottleneck = np.maximum(costs.boundary_bytes / ctx.bandwidth[a, b],
-                                     costs.boundary_bytes / ctx.bandwidth[b, a]).max(axis=1)
-        link_round_trip = busy + topo.latency_s[a, b] + topo.latency_s[b, a]  # (R, S-1)
-        link_fill = link_round_trip.sum(axis=1)
-    else:
-        link_bottleneck = np.zeros(R)
-        link_fill = np.zeros(R)
+    head_slowdown = float(ctx.head_slowdown[assign[:, -1]].max())
+    links = _links(ctx, assign, costs)
     if microbatches is None:
         harmonic = 1.0 / (1.0 / speed).sum(axis=1)
         microbatches = np.maximum(1, np.round(total * harmonic / harmonic.sum())).astype(np.int64)
     microbatches = np.asarray(microbatches)
-    counts = None
+    # Alternate: layers for the micro-batches in flight, then micro-batches for those layers. Every
+    # pair kept is consistent: its layer split holds its micro-batches in memory.
     for _ in range(2):
-        counts = split_layers(costs, schedule, speed, capacity, microbatches, even=even_layers,
-                              head_slowdown=float(head_slowdown.max()))
+        if split == "weighted":
+            weighted = speed / (microbatches + S - 1)[:, None]
+        counts = split_layers(costs, schedule, weighted if split == "weighted" else speed, capacity, microbatches,
+                              even=split == "even", head_slowdown=head_slowdown)
         if counts is None:
             return None
-        work = np.array(counts, dtype=float) * costs.layer_flops
-        tau = np.repeat(work[None, :], R, axis=0)
-        tau[:, -1] += costs.head_flops * head_slowdown
-        tau = tau / speed  # (R, S) forward + backward per micro-batch
-        fill = tau.sum(axis=1) + link_fill
-        bottleneck = np.maximum(tau.max(axis=1), link_bottleneck)
-        if schedule == "1f1b" and S > 1:
-            # Stage s admits a new micro-batch only after one of its S - s in flight came back:
-            # throughput <= (S - s) / round trip from s to the last stage and back.
-            hop = np.zeros((R, S))
-            hop[:, :-1] = link_round_trip
-            trip = np.cumsum((tau + hop)[:, ::-1], axis=1)[:, ::-1]  # (R, S): stage s .. S-1 and back
-            bottleneck = np.maximum(bottleneck, (trip / (S - np.arange(S))[None, :]).max(axis=1))
+        tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, links)
         cap = _gpipe_caps(costs, counts, capacity) if schedule == "gpipe" else None
         new = split_batch(total, fill, bottleneck, cap)
-        if new is None:
-            return None
-        if np.array_equal(new, microbatches):
+        if new is None or np.array_equal(new, microbatches) or not fits(costs, schedule, counts, new, capacity):
             break
         microbatches = new
     if total != int(np.sum(microbatches)):
         return None
-    pipeline = fill + (microbatches - 1) * bottleneck  # (R,)
-    backward_share = 2.0 / 3.0 if not ctx.training.recompute else 0.75
-    # Stage s finishes its last backward before the stages upstream of it do theirs.
-    upstream = np.concatenate([np.zeros((R, 1)), np.cumsum(tau[:, :-1] * backward_share, axis=1)], axis=1)
-    finish = (pipeline[:, None] - upstream).max(axis=0)  # (S,)
-    grads = (np.array(counts) * costs.layer_params * ctx.training.activation_bytes)
-    grads[0] += costs.first_params * ctx.training.activation_bytes
-    grads[-1] += costs.last_params * ctx.training.activation_bytes
-    sync = np.zeros(S)
-    if R > 1:
-        sync = np.array([grads[s] * _ring_seconds_per_byte(ctx, assign[:, s]) + _ring_latency(ctx, assign[:, s])
-                         for s in range(S)])
-    score = float((finish + sync).max())
+    score = _iteration_s(ctx, assign, costs, counts, microbatches, tau, fill, bottleneck)
     return Candidate(assign=assign, layer_counts=tuple(int(c) for c in counts),
                      microbatches=tuple(int(m) for m in microbatches), micro_batch=micro_batch,
                      schedule=schedule, score_s=score)

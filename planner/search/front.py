@@ -6,10 +6,14 @@
    kicks of a few random moves), with a seeded ``rng``, an evaluation budget and a stopping rule,
    so the same seed gives the same plan.
 4. Run a genetic search (aligned crossover, memetic descent, elitism) on the best shape.
-5. Simulate the best distinct candidates with the event simulator and keep the fastest.
-6. Report a lower bound on any plan's iteration time and the gap to it.
+5. On small topologies, solve the leading shapes exactly with CP-SAT (placement, layer and batch
+   split together), hinted with the heuristic's best.
+6. Refine the splits of the best distinct candidates against the whole estimate, simulate them with
+   the event simulator and keep the fastest.
+7. Report a lower bound on any plan's iteration time and the gap to it.
 """
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 
@@ -20,9 +24,11 @@ from planner.errors import InputError
 from planner.plan import Plan, validate_plan
 from planner.search.bounds import lower_bound_s, work_flops
 from planner.search.construct import layouts
+from planner.search.cpsat_placement import MAX_RING_SETS, exact_placement
 from planner.search.evaluate import Candidate, evaluate_placement, make_context
 from planner.search.genetic import POPULATION, genetic_search
 from planner.search.local import iterated_local_search
+from planner.search.refine import refine_split
 
 __all__ = ["SearchOptions", "SearchResult", "search", "candidate_to_plan"]
 
@@ -36,6 +42,8 @@ class SearchOptions:
     replicas: int | None = None  # pin D
     micro_batches: tuple = (1, 2, 4, 8)  # sizes tried when training.micro_batch is 0
     simulate_top: int = 6
+    exact: bool = True  # solve the leading shapes with CP-SAT on topologies of <= EXACT_DEVICES devices
+    exact_work_per_shape: float = 5.0  # CP-SAT deterministic time per shape (about seconds)
 
 
 @dataclass(kw_only=True)
@@ -48,6 +56,10 @@ class SearchResult:
     wall_s: float
     history: list = field(default_factory=list)  # (evaluations, wall_s, best estimate)
     algorithm: str = "construct+local+genetic"
+    exact_shapes: list = field(default_factory=list)  # per CP-SAT-solved shape: status, optimum, bound
+
+
+EXACT_DEVICES = 12  # CP-SAT placement is tried on topologies up to this size
 
 
 def _micro_batches(training, options) -> list:
@@ -148,7 +160,7 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     # Local search from the best few distinct degree/schedule configurations.
     seen, starts = set(), []
     for c in candidates:
-        key = (c.assign.shape, c.micro_batch, c.schedule)
+        key = _shape(c)
         if key not in seen:
             seen.add(key)
             starts.append(c)
@@ -176,6 +188,21 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     history.append((evaluations, time.perf_counter() - started, best_estimate))
     if callback:
         callback({"evaluations": evaluations, "best_s": best_estimate, "phase": "genetic"})
+    exact_shapes = []
+    if options.exact and topology.size <= EXACT_DEVICES:
+        for start in starts:
+            if time.perf_counter() > deadline:
+                break
+            shape_best = min((c for c in improved + candidates if _shape(c) == _shape(start)), key=lambda c: c.score_s)
+            record, exact = _solve_exactly(ctx, shape_best, options, deadline)
+            if record is not None:
+                exact_shapes.append(record)
+            if exact is not None:
+                improved.append(exact)
+                best_estimate = min(best_estimate, exact.score_s)
+        history.append((evaluations, time.perf_counter() - started, best_estimate))
+        if callback:
+            callback({"evaluations": evaluations, "best_s": best_estimate, "phase": "exact"})
     pool = sorted(improved + candidates, key=lambda c: c.score_s)
     unique, keys = [], set()
     for c in pool:
@@ -184,6 +211,14 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
             unique.append(c)
         if len(unique) == options.simulate_top:
             break
+    refined = []
+    for c in unique:
+        better, used = refine_split(ctx, c)
+        evaluations += used
+        refined.append(better)
+    unique = refined
+    best_estimate = min([best_estimate] + [c.score_s for c in unique])
+    history.append((evaluations, time.perf_counter() - started, best_estimate))
     best_plan, best_time = None, np.inf
     for c in unique:
         plan = candidate_to_plan(ctx, c)
@@ -199,6 +234,28 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     gap = max(0.0, (best_time - bound) / best_time)
     best_plan = replace(best_plan, search={
         "algorithm": "construct+local+genetic", "seed": options.seed, "evaluations": evaluations,
-        "wall_s": round(wall, 3), "lower_bound_s": bound, "gap": gap})
+        "wall_s": round(wall, 3), "lower_bound_s": bound, "gap": gap, "exact": exact_shapes})
     return SearchResult(plan=best_plan, predicted_s=best_time, lower_bound_s=bound, gap=gap,
-                        evaluations=evaluations, wall_s=wall, history=history)
+                        evaluations=evaluations, wall_s=wall, history=history, exact_shapes=exact_shapes)
+
+
+def _shape(c: Candidate) -> tuple:
+    return c.assign.shape, c.micro_batch, c.schedule
+
+
+def _solve_exactly(ctx, hint: Candidate, options, deadline: float) -> tuple:
+    """(record, best candidate) of CP-SAT on ``hint``'s shape; (None, None) when its sync groups are
+    too many to enumerate."""
+    R, S = hint.assign.shape
+    if R > 1 and S * math.comb(ctx.topology.size, R) > MAX_RING_SETS:
+        return None, None
+    result = exact_placement(ctx, S, R, hint.micro_batch, hint.schedule, hint=hint,
+                             work_limit=options.exact_work_per_shape,
+                             time_limit_s=max(0.1, deadline - time.perf_counter()))
+    return {"stages": S, "replicas": R, "micro_batch": hint.micro_batch, "schedule": hint.schedule,
+            "status": result.status, "estimate_s": _finite(result.objective_s), "bound_s": _finite(result.bound_s),
+            "wall_s": round(result.wall_s, 3)}, result.candidate
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None

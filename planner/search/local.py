@@ -5,20 +5,24 @@ import time
 import numpy as np
 
 from planner.search.evaluate import Candidate, evaluate_placement
+from planner.search.refine import refine_split
 
 __all__ = ["random_move", "descend", "iterated_local_search", "MAX_FAILED_KICKS"]
 
 MAX_FAILED_KICKS = 20  # the iterated local search stops after this many kicks in a row bring nothing
+PROMISING = 1.02  # a move within this factor of the best has its splits refined before it is judged
+REFINE_BUDGET = 40  # estimates per such refinement
 
 
 def random_move(assign: np.ndarray, n: int, rng) -> np.ndarray:
-    """One random move: swap two cells, or (30% when devices are idle) put an idle device in a cell."""
+    """One random move: swap two cells, or (30% when devices are idle) put an idle device in a cell.
+    With one stage, swapping replicas changes nothing, so every move brings an idle device in."""
     R, S = assign.shape
     assign = assign.copy()
     used = set(assign.ravel().tolist())
     idle = [d for d in range(n) if d not in used]
     cell = divmod(int(rng.integers(R * S)), S)
-    if idle and rng.random() < 0.3:
+    if idle and (S == 1 or rng.random() < 0.3):
         assign[cell] = idle[int(rng.integers(len(idle)))]
     else:
         other = divmod(int(rng.integers(R * S)), S)
@@ -27,7 +31,8 @@ def random_move(assign: np.ndarray, n: int, rng) -> np.ndarray:
 
 
 def descend(ctx, start: Candidate, rng, budget: int, deadline: float) -> tuple:
-    """First-improvement descent over random moves until ``max(60, 4 R S)`` moves in a row fail."""
+    """First-improvement descent over random moves until ``max(60, 4 R S)`` moves in a row fail; a
+    move that comes within ``PROMISING`` of the best has its splits refined first."""
     best, evaluations, stale = start, 0, 0
     R, S = start.assign.shape
     while evaluations < budget and time.perf_counter() < deadline and stale < max(60, 4 * R * S):
@@ -37,6 +42,10 @@ def descend(ctx, start: Candidate, rng, budget: int, deadline: float) -> tuple:
             continue
         evaluations += 1
         candidate = evaluate_placement(ctx, assign, best.micro_batch, best.schedule, best.microbatches)
+        if candidate is not None and candidate.score_s < best.score_s * PROMISING:
+            # The fast splits can misjudge a placement whose best split is sync- or fill-bound.
+            candidate, used = refine_split(ctx, candidate, REFINE_BUDGET)
+            evaluations += used
         if candidate is not None and candidate.score_s < best.score_s - 1e-12:
             best, stale = candidate, 0
         else:

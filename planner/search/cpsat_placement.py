@@ -1,0 +1,303 @@
+"""Exact placement by CP-SAT (OR-Tools) for one shape: S stages x D replicas, a micro-batch size
+and a schedule.
+
+The model decides everything the search decides for that shape (which device holds each
+(replica, stage), which devices stay idle, the layer split shared by all replicas and each
+replica's micro-batch count) and minimises the search's own estimate
+(``planner.search.evaluate.score_split``):
+
+- per-micro-batch stage time ``tau[r, s] = (n_s * layer + head) / speed`` of the placed device;
+- per replica the flow-shop makespan ``fill_r + (M_r - 1) * period_r`` with the pipeline links
+  as extra machines and, under 1F1B, the in-flight round-trip limit (formulas.md, Pipeline
+  schedules);
+- each stage's last backward ``backward_share * tau`` after its downstream stages', then its
+  gradient all-reduce over the ring the search would use for that set of devices (one Boolean per
+  candidate set, so the ring's cost is exact whatever its order);
+- memory: state plus in-flight activations (``M_r`` under GPipe, ``min(S - s, M_r)`` under 1F1B)
+  on every placed device.
+
+Only lower bounds on the max terms are stated: the objective grows with each of them, so an
+optimum sets them tight and the model's minimum is the estimate's minimum. Times are integers of
+``RESOLUTION_S``; memory is in bytes. Small instances (about a dozen devices) solve to proven
+optimality in seconds; on larger ones the solver's best bound is a lower bound on the estimate of
+every placement of the shape. Built in the shape of OR-Tools' ``line_balancing_sat`` example.
+"""
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from planner.search.cpsat import RESOLUTION_S
+from planner.search.evaluate import Candidate, backward_share, ring_cost, score_split, stage_costs
+
+__all__ = ["ExactPlacement", "exact_placement", "MAX_RING_SETS"]
+
+MAX_RING_SETS = 20_000  # candidate sync groups (stages x device subsets) the model may enumerate
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExactPlacement:
+    """What CP-SAT found for one shape. ``status``: optimal (proven), feasible (time limit reached),
+    infeasible (no placement of this shape fits in memory) or unknown (nothing found in time)."""
+
+    status: str
+    candidate: Candidate | None  # the best placement found, scored by ``score_split``
+    objective_s: float  # its estimate (inf when none)
+    bound_s: float  # proven lower bound on the estimate of every placement of this shape
+    wall_s: float
+
+
+def exact_placement(ctx, stages: int, replicas: int, micro_batch: int, schedule: str, *,
+                    time_limit_s: float = 60.0, work_limit: float | None = None, hint: Candidate | None = None,
+                    workers: int = 1) -> ExactPlacement:
+    """Solve the placement of ``stages x replicas`` devices to optimality, or until ``time_limit_s``
+    seconds or ``work_limit`` units of CP-SAT's deterministic time (about seconds, the same on every
+    machine) have passed.
+
+    ``hint`` seeds the solver with a heuristic placement of the same shape. One worker by default,
+    so the same inputs and work limit give the same answer; a proven optimum does not depend on it.
+    """
+    started = time.perf_counter()
+    n, total = ctx.topology.size, ctx.training.global_batch // micro_batch
+    costs = stage_costs(ctx, micro_batch, stages)
+    if stages * replicas > n or stages > costs.layers or total < replicas:
+        return ExactPlacement(status="infeasible", candidate=None, objective_s=math.inf, bound_s=math.inf,
+                              wall_s=time.perf_counter() - started)
+    if replicas > 1 and stages * math.comb(n, replicas) > MAX_RING_SETS:
+        raise ValueError(f"{stages} stages x C({n}, {replicas}) sync groups exceed the exact model's "
+                         f"{MAX_RING_SETS}: use the heuristic search on this size")
+    builder = _PlacementModel(ctx, costs, stages, replicas, total, schedule)
+    if hint is not None and hint.assign.shape == (replicas, stages):
+        builder.add_hint(hint)
+        _complete_hint(builder.model, min(time_limit_s, 5.0))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    if work_limit is not None:
+        solver.parameters.max_deterministic_time = work_limit
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = 0
+    status = solver.solve(builder.model)
+    wall = time.perf_counter() - started
+    if status == cp_model.INFEASIBLE:
+        return ExactPlacement(status="infeasible", candidate=None, objective_s=math.inf, bound_s=math.inf, wall_s=wall)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if status == cp_model.MODEL_INVALID:
+            raise RuntimeError(f"invalid CP-SAT placement model: {builder.model.validate()}")
+        return ExactPlacement(status="unknown", candidate=None, objective_s=math.inf,
+                              bound_s=builder.seconds_below(solver.best_objective_bound), wall_s=wall)
+    candidate = builder.decode(solver, micro_batch)
+    bound = builder.seconds_below(solver.best_objective_bound)
+    return ExactPlacement(status="optimal" if status == cp_model.OPTIMAL else "feasible", candidate=candidate,
+                          objective_s=candidate.score_s if candidate else math.inf, bound_s=bound, wall_s=wall)
+
+
+def _complete_hint(model: cp_model.CpModel, time_limit_s: float):
+    """Extend a hint on the decisions to every variable (a solve with the hinted ones fixed), so
+    CP-SAT starts from the heuristic's placement instead of having to repair it."""
+    fixed = model.clone()
+    solver = cp_model.CpSolver()
+    solver.parameters.fix_variables_to_their_hinted_value = True
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 1
+    solver.parameters.stop_after_first_solution = True
+    if solver.solve(fixed) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return  # the rounding to whole bytes or nanoseconds rejects the hint; keep the partial one
+    values = [solver.value(fixed.get_int_var_from_proto_index(i)) for i in range(len(fixed.proto.variables))]
+    model.clear_hints()
+    for i, value in enumerate(values):
+        model.add_hint(model.get_int_var_from_proto_index(i), value)
+
+
+def _ns(seconds) -> np.ndarray:
+    return np.rint(np.asarray(seconds, dtype=float) / RESOLUTION_S).astype(np.int64)
+
+
+class _PlacementModel:
+    """The variables (dicts keyed by tuples) and the constraints, added concern by concern."""
+
+    def __init__(self, ctx, costs, stages: int, replicas: int, total: int, schedule: str):
+        self.ctx, self.costs, self.S, self.R, self.total, self.schedule = ctx, costs, stages, replicas, total, schedule
+        self.n, self.L = ctx.topology.size, costs.layers
+        self.model = cp_model.CpModel()
+        self._prepare_data()
+        self._add_assignment()
+        self._add_splits()
+        self._add_stage_times()
+        self._add_links()
+        self._add_pipelines()
+        self._add_memory()
+        self._add_sync()
+        self._add_objective()
+
+    # -- data, in integers -------------------------------------------------------------------
+    def _prepare_data(self):
+        ctx, c = self.ctx, self.costs
+        self.layer_ns = _ns(c.layer_flops / ctx.speed)  # (n,)
+        self.head_ns = _ns(c.head_flops * ctx.head_slowdown / ctx.speed)
+        bw, lat = ctx.bandwidth.astype(float), ctx.topology.latency_s
+        with np.errstate(divide="ignore"):
+            one_way = c.boundary_bytes / bw
+        np.fill_diagonal(one_way, 0.0)
+        self.round_trip_ns = _ns(one_way + one_way.T + lat + lat.T).ravel().tolist()  # index a * n + b
+        self.link_busy_ns = _ns(np.maximum(one_way, one_way.T)).ravel().tolist()
+        share = Fraction(backward_share(ctx.training)).limit_denominator(12)
+        self.share_num, self.share_den = share.numerator, share.denominator
+        self.capacity_bytes = np.floor(ctx.capacity).astype(np.int64)
+        self.slowest_stage_ns = int(self.L * self.layer_ns.max() + self.head_ns.max())
+        self.horizon_ns = int(self.S * self.slowest_stage_ns + self.S * max(self.round_trip_ns)
+                              + max(self.link_busy_ns)) + 1
+
+    # -- decisions ---------------------------------------------------------------------------
+    def _add_assignment(self):
+        m, n, R, S = self.model, self.n, self.R, self.S
+        self.x = {(d, r, s): m.new_bool_var(f"device{d}_holds_r{r}_s{s}")
+                  for d in range(n) for r in range(R) for s in range(S)}
+        self.device = {}
+        for r, s in itertools.product(range(R), range(S)):
+            m.add_exactly_one(self.x[d, r, s] for d in range(n))
+            self.device[r, s] = m.new_int_var(0, n - 1, f"device_of_r{r}_s{s}")
+            m.add(self.device[r, s] == sum(d * self.x[d, r, s] for d in range(n)))
+        for d in range(n):
+            m.add_at_most_one(self.x[d, r, s] for r in range(R) for s in range(S))
+        for r in range(R - 1):  # replicas are interchangeable: order them by their first stage's device
+            m.add(self.device[r, 0] < self.device[r + 1, 0])
+
+    def _add_splits(self):
+        m = self.model
+        self.layers = {s: m.new_int_var(1, self.L, f"layers_s{s}") for s in range(self.S)}
+        m.add(sum(self.layers.values()) == self.L)
+        self.micro = {r: m.new_int_var(1, self.total, f"microbatches_r{r}") for r in range(self.R)}
+        m.add(sum(self.micro.values()) == self.total)
+
+    # -- time --------------------------------------------------------------------------------
+    def _add_stage_times(self):
+        m = self.model
+        self.tau = {}
+        for r, s in itertools.product(range(self.R), range(self.S)):
+            self.tau[r, s] = m.new_int_var(0, self.slowest_stage_ns, f"tau_r{r}_s{s}")
+            for d in range(self.n):
+                head = int(self.head_ns[d]) if s == self.S - 1 else 0
+                m.add(self.tau[r, s] >= int(self.layer_ns[d]) * self.layers[s] + head).only_enforce_if(self.x[d, r, s])
+
+    def _add_links(self):
+        m, n = self.model, self.n
+        self.trip, self.busy = {}, {}
+        for r, s in itertools.product(range(self.R), range(self.S - 1)):
+            pair = m.new_int_var(0, n * n - 1, f"link_r{r}_s{s}")
+            m.add(pair == n * self.device[r, s] + self.device[r, s + 1])
+            self.trip[r, s] = m.new_int_var(0, max(self.round_trip_ns), f"round_trip_r{r}_s{s}")
+            self.busy[r, s] = m.new_int_var(0, max(self.link_busy_ns), f"link_busy_r{r}_s{s}")
+            m.add_element(pair, self.round_trip_ns, self.trip[r, s])
+            m.add_element(pair, self.link_busy_ns, self.busy[r, s])
+
+    def _add_pipelines(self):
+        m, R, S = self.model, self.R, self.S
+        self.pipeline = {}
+        for r in range(R):
+            fill = sum(self.tau[r, s] for s in range(S)) + sum(self.trip[r, s] for s in range(S - 1))
+            period = m.new_int_var(0, self.horizon_ns, f"period_r{r}")
+            for s in range(S):
+                m.add(period >= self.tau[r, s])
+            for s in range(S - 1):
+                m.add(period >= self.busy[r, s])
+            if self.schedule == "1f1b" and S > 1:
+                for s in range(S):  # S - s micro-batches in flight from stage s to the last and back
+                    back = sum(self.tau[r, k] for k in range(s, S)) + sum(self.trip[r, k] for k in range(s, S - 1))
+                    m.add((S - s) * period >= back)
+            steady = m.new_int_var(0, (self.total - 1) * self.horizon_ns, f"steady_r{r}")
+            extra = m.new_int_var(0, self.total - 1, f"extra_microbatches_r{r}")
+            m.add(extra == self.micro[r] - 1)
+            m.add_multiplication_equality(steady, [extra, period])
+            self.pipeline[r] = fill + steady
+
+    def _add_memory(self):
+        m, c, S = self.model, self.costs, self.S
+        state = c.state_bytes_per_param
+        for r, s in itertools.product(range(self.R), range(S)):
+            if self.schedule == "gpipe":
+                in_flight = self.micro[r]
+            else:
+                in_flight = m.new_int_var(1, S - s, f"in_flight_r{r}_s{s}")
+                m.add_min_equality(in_flight, [self.micro[r], S - s])
+            kept_layers = m.new_int_var(0, self.L * self.total, f"kept_layer_activations_r{r}_s{s}")
+            m.add_multiplication_equality(kept_layers, [self.layers[s], in_flight])
+            fixed_params = (c.first_params if s == 0 else 0.0) + (c.last_params if s == S - 1 else 0.0)
+            fixed_kept = (c.first_kept_bytes if s == 0 else 0.0) + (c.last_kept_bytes if s == S - 1 else 0.0)
+            transient = c.transient_bytes + (c.last_transient_bytes if s == S - 1 else 0.0)
+            need = (round(c.layer_params * state) * self.layers[s] + round(c.layer_kept_bytes) * kept_layers
+                    + round(fixed_kept) * in_flight + round(fixed_params * state + transient))
+            m.add(need <= sum(int(self.capacity_bytes[d]) * self.x[d, r, s] for d in range(self.n)))
+
+    def _add_sync(self):
+        """Stage s's all-reduce over the chosen set of devices: one Boolean per candidate set."""
+        m, R, S, n = self.model, self.R, self.S, self.n
+        c, dtype = self.costs, self.ctx.training.activation_bytes
+        self.sync = {s: 0 for s in range(S)}
+        self.sync_horizon_ns = 0
+        if R == 1:
+            return
+        groups = list(itertools.combinations(range(n), R))
+        rings = [ring_cost(self.ctx, np.array(g)) for g in groups]
+        for s in range(S):
+            fixed = ((c.first_params if s == 0 else 0.0) + (c.last_params if s == S - 1 else 0.0)) * dtype
+            chosen = [m.new_bool_var(f"sync_group{k}_s{s}") for k in range(len(groups))]
+            for d in range(n):  # device d is in stage s exactly when the chosen set holds it
+                m.add(sum(chosen[k] for k, g in enumerate(groups) if d in g)
+                      == sum(self.x[d, r, s] for r in range(R)))
+            longest = 0
+            bounds = []
+            for k, (per_byte, latency) in enumerate(rings):
+                per_layer = int(_ns(c.layer_params * dtype * per_byte))
+                base = int(_ns(fixed * per_byte + latency))
+                bounds.append((chosen[k], per_layer, base))
+                longest = max(longest, per_layer * self.L + base)
+            self.sync[s] = m.new_int_var(0, longest, f"sync_ns_s{s}")
+            self.sync_horizon_ns = max(self.sync_horizon_ns, longest)
+            for flag, per_layer, base in bounds:
+                m.add(self.sync[s] >= per_layer * self.layers[s] + base).only_enforce_if(flag)
+
+    def _add_objective(self):
+        m, R, S = self.model, self.R, self.S
+        self.iteration = m.new_int_var(0, (self.total + S) * self.horizon_ns + self.sync_horizon_ns, "iteration_ns")
+        for s in range(S):
+            finish = m.new_int_var(0, (self.total + S) * self.horizon_ns, f"last_backward_end_s{s}")
+            for r in range(R):  # stage s ends backward_share of the upstream stages' tau before the replica does
+                upstream = sum(self.tau[r, k] for k in range(s))
+                m.add(self.share_den * finish >= self.share_den * self.pipeline[r] - self.share_num * upstream)
+            m.add(self.iteration >= finish + self.sync[s])
+        m.minimize(self.iteration)
+
+    # -- hint and answer ---------------------------------------------------------------------
+    def seconds_below(self, bound_ns: float) -> float:
+        """A model bound in seconds, lowered by the most the rounding of its coefficients to whole
+        nanoseconds can add along one replica's makespan and one all-reduce, so it bounds the
+        unrounded estimate."""
+        allowance_ns = (self.total + self.S + 1) * (self.L + 2 * self.S + 2)
+        return max(0.0, (bound_ns - allowance_ns) * RESOLUTION_S)
+
+    def add_hint(self, hint: Candidate):
+        m = self.model
+        rows = sorted(hint.assign.tolist(), key=lambda row: row[0])
+        order = sorted(range(self.R), key=lambda r: hint.assign[r, 0])
+        for r, s in itertools.product(range(self.R), range(self.S)):
+            for d in range(self.n):
+                m.add_hint(self.x[d, r, s], d == rows[r][s])
+        for s in range(self.S):
+            m.add_hint(self.layers[s], hint.layer_counts[s])
+        for r in range(self.R):
+            m.add_hint(self.micro[r], hint.microbatches[order[r]])
+
+    def decode(self, solver, micro_batch: int) -> Candidate | None:
+        assign = np.array([[solver.value(self.device[r, s]) for s in range(self.S)] for r in range(self.R)])
+        counts = tuple(int(solver.value(self.layers[s])) for s in range(self.S))
+        micro = tuple(int(solver.value(self.micro[r])) for r in range(self.R))
+        score = score_split(self.ctx, assign, counts, micro, micro_batch, self.schedule)
+        if score is None:  # the rounding to whole bytes let a device overflow by a few bytes
+            return None
+        return Candidate(assign=assign, layer_counts=counts, microbatches=micro, micro_batch=micro_batch,
+                         schedule=self.schedule, score_s=score)
