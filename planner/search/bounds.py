@@ -27,6 +27,11 @@ def lower_bound_s(topology, model, training) -> float:
       members cannot all be among the D - 1 best;
     - with two stages or more, the activations of the busiest replica (at least ``B / D`` of the
       global batch's ``B`` sequences) crossing one directed link, no faster than the fastest link;
+    - the stage with the most layers (at least ``ceil(L / S)``) computed then synchronised: its
+      all-reduce starts after every replica's last backward there (formulas.md, Pipeline schedules),
+      and the replica with the most sequences (at least ``B / D``) runs them through those layers
+      on one device no faster than the fastest; then its gradients (at least ``ceil(L / S)``
+      layers' parameters) cross the ring as above;
     minimised over the pairs whose largest stage's state fits on the largest device. Never below
     ``work_bound_s``'s reasoning applied to the devices a pair uses, so at least as tight as it.
     """
@@ -38,6 +43,11 @@ def lower_bound_s(topology, model, training) -> float:
                                     learned_positions=model.learned_positions)
     state = params * memory.state_bytes_per_parameter(training.precision, training.optimizer)
     fewest_stages = max(1, math.ceil(state / float(topology.memory_bytes().max())))
+    layer_params = flops.layer_parameters(model.hidden, model.ffn_hidden, gated_mlp=model.gated_mlp,
+                                          biases=model.biases)
+    sequence_layer_flops = (flops.layer_forward_flops(1, model.sequence, model.hidden, model.ffn_hidden,
+                                                      gated_mlp=model.gated_mlp)
+                            * flops.training_flops_multiplier(training.recompute))
     bandwidth = effective_bandwidth(topology).astype(float)
     np.fill_diagonal(bandwidth, 0.0)
     best_out = np.sort(bandwidth.max(axis=1))[::-1]  # each device's fastest outgoing link, best first
@@ -48,13 +58,17 @@ def lower_bound_s(topology, model, training) -> float:
         if replicas.size == 0:
             break
         compute = work / fastest[stages * replicas - 1]
-        gradient = params / stages * training.activation_bytes
-        sync = np.where(replicas > 1, 2.0 * (replicas - 1) / replicas * gradient / best_out[replicas - 1], 0.0)
+        ring = np.where(replicas > 1, 2.0 * (replicas - 1) / replicas / best_out[replicas - 1], 0.0)  # s/byte
+        sync = params / stages * training.activation_bytes * ring
         pipe = 0.0
         if stages > 1:
             sequence_bytes = model.sequence * model.hidden * training.activation_bytes
             pipe = np.ceil(training.global_batch / replicas) * sequence_bytes / best_out[0]
-        best = min(best, float(np.maximum(np.maximum(compute, sync), pipe).min()))
+        deepest = math.ceil(model.layers / stages)
+        widest_stage = (training.global_batch / replicas * deepest * sequence_layer_flops / speed[0]
+                        + deepest * layer_params * training.activation_bytes * ring)
+        best = min(best, float(np.maximum.reduce([compute, sync, np.broadcast_to(pipe, compute.shape),
+                                                  widest_stage]).min()))
     return best if np.isfinite(best) else work_bound_s(topology, model, training)
 
 
