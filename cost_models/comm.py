@@ -2,7 +2,7 @@
 
 import numpy as np
 
-__all__ = ["p2p_time_s", "ring_allreduce_time_s", "sharded_exchange_time_s"]
+__all__ = ["p2p_time_s", "ring_allreduce_time_s", "sharded_exchange_time_s", "sharded_exchange_pair_s"]
 
 
 def p2p_time_s(message_bytes: float, latency_s: float, bandwidth_bytes_per_s: float) -> float:
@@ -33,11 +33,17 @@ def sharded_exchange_time_s(message_bytes: float, latency_s, bandwidth_bytes_per
     slowest member (Yuan et al. 2022, sec. 3.2). ``latency_s`` and ``bandwidth_bytes_per_s`` are the
     ``k x k`` matrices among the members; the diagonal is ignored.
     """
-    latency_s = np.asarray(latency_s, dtype=float)
-    bandwidth_bytes_per_s = np.asarray(bandwidth_bytes_per_s, dtype=float)
-    k = latency_s.shape[0]
+    k = np.asarray(latency_s).shape[0]
     if k <= 1:
         return 0.0
-    off = ~np.eye(k, dtype=bool)
-    per_pair = np.where(off, 2.0 * (latency_s + message_bytes / (k * np.where(off, bandwidth_bytes_per_s, 1.0))), 0.0)
-    return float(per_pair.sum(axis=1).max())
+    return float(sharded_exchange_pair_s(message_bytes, latency_s, bandwidth_bytes_per_s, k).sum(axis=1).max())
+
+
+def sharded_exchange_pair_s(message_bytes: float, latency_s, bandwidth_bytes_per_s, members: int) -> np.ndarray:
+    """One member's exchange with one other in DTFM's sharded all-to-all among ``members``:
+    ``2 * (alpha[d][e] + n / (k * beta[d][e]))`` per ordered pair (zero on the diagonal)."""
+    latency_s = np.asarray(latency_s, dtype=float)
+    bandwidth_bytes_per_s = np.asarray(bandwidth_bytes_per_s, dtype=float)
+    off = ~np.eye(latency_s.shape[0], dtype=bool)
+    return np.where(off, 2.0 * (latency_s + message_bytes / (members * np.where(off, bandwidth_bytes_per_s, 1.0))),
+                    0.0)

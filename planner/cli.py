@@ -29,6 +29,8 @@ def _plan_parser(sub) -> None:
     p.add_argument("--objective", choices=["time", "dtfm"], default="time",
                    help="time: the simulated iteration time (default); dtfm: DTFM's objective (all devices, "
                         "even splits), for comparison")
+    p.add_argument("--no-exact", action="store_true",
+                   help="skip the CP-SAT exact placement of the leading shapes (topologies of up to 12 devices)")
     p.add_argument("-o", "--output", help="write the plan to FILE (.yaml or .json)")
     p.add_argument("--format", choices=["text", "json"], default="text", help="what to print")
 
@@ -143,7 +145,8 @@ def _make(args) -> int:
         job = dataclasses.replace(job, topology=apply_calibration(job.topology, calibration))
         record = calibration_record(calibration)
     options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit,
-                            stages=_positive("--stages", args.stages), replicas=_positive("--replicas", args.replicas))
+                            stages=_positive("--stages", args.stages), replicas=_positive("--replicas", args.replicas),
+                            exact=not args.no_exact)
     progress = _Progress(args.time_limit)
     try:
         if args.objective == "dtfm":

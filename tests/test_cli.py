@@ -23,6 +23,18 @@ def test_plan_prints_degrees_table_prediction_and_memory(write_yaml, capsys, tmp
     validate_plan(plan, job.topology, job.model, job.training)
 
 
+def test_small_topologies_get_cpsat_proofs_unless_told_not_to(write_yaml, capsys, tmp_path):
+    path = write_yaml(small_topology())
+    assert main([str(path), "-o", str(tmp_path / "plan.yaml")]) == 0
+    assert "CP-SAT, " in capsys.readouterr().out
+    plan, _ = read_plan(tmp_path / "plan.yaml")
+    shapes = plan.search["exact"]
+    assert shapes and all(s["status"] in ("optimal", "feasible", "infeasible", "unknown") for s in shapes)
+    assert any(s["status"] == "optimal" and s["estimate_s"] >= s["bound_s"] for s in shapes)
+    assert main([str(path), "--no-exact"]) == 0
+    assert "CP-SAT, " not in capsys.readouterr().out
+
+
 def test_format_json_prints_the_plan_document(write_yaml, capsys):
     assert main([str(write_yaml(small_topology())), "--format", "json"]) == 0
     document = json.loads(capsys.readouterr().out)

@@ -32,7 +32,7 @@ from fractions import Fraction
 import numpy as np
 from ortools.sat.python import cp_model
 
-from planner.search.cpsat import RESOLUTION_S
+from planner.search.cpsat import RESOLUTION_S, make_solver
 from planner.search.evaluate import Candidate, backward_share, ring_cost, score_split, stage_costs
 
 __all__ = ["ExactPlacement", "exact_placement", "MAX_RING_SETS"]
@@ -75,12 +75,7 @@ def exact_placement(ctx, stages: int, replicas: int, micro_batch: int, schedule:
     if hint is not None and hint.assign.shape == (replicas, stages):
         builder.add_hint(hint)
         _complete_hint(builder.model, min(time_limit_s, 5.0))
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
-    if work_limit is not None:
-        solver.parameters.max_deterministic_time = work_limit
-    solver.parameters.num_workers = workers
-    solver.parameters.random_seed = 0
+    solver = make_solver(time_limit_s, workers=workers, work_limit=work_limit)
     status = solver.solve(builder.model)
     wall = time.perf_counter() - started
     if status == cp_model.INFEASIBLE:
@@ -100,10 +95,8 @@ def _complete_hint(model: cp_model.CpModel, time_limit_s: float):
     """Extend a hint on the decisions to every variable (a solve with the hinted ones fixed), so
     CP-SAT starts from the heuristic's placement instead of having to repair it."""
     fixed = model.clone()
-    solver = cp_model.CpSolver()
+    solver = make_solver(time_limit_s)
     solver.parameters.fix_variables_to_their_hinted_value = True
-    solver.parameters.max_time_in_seconds = time_limit_s
-    solver.parameters.num_workers = 1
     solver.parameters.stop_after_first_solution = True
     if solver.solve(fixed) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return  # the rounding to whole bytes or nanoseconds rejects the hint; keep the partial one
