@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from cost_models.dtfm import DTFM_C_DP_BYTES, DTFM_C_PP_BYTES, bottleneck_matching, dtfm_cost, open_path_tsp
 from planner.job import load_job
@@ -67,3 +68,58 @@ def test_open_path_tsp_against_brute_force():
         length, order = open_path_tsp(w)
         assert length == pytest.approx(brute)
         assert sorted(order) == list(range(6))
+
+
+def _partitions(items: list, stages: int, replicas: int):
+    """Every split of ``items`` into ``stages`` unordered groups of ``replicas``."""
+    if stages == 0:
+        yield []
+        return
+    import itertools
+    first = items[0]
+    for rest in itertools.combinations(items[1:], replicas - 1):
+        group = [first, *rest]
+        for tail in _partitions([x for x in items if x not in group], stages - 1, replicas):
+            yield [group] + tail
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 10**6))
+def test_cpsat_dtfm_allocation_equals_enumeration(seed):
+    """Every choice of devices and every partition into groups (the path order is Held-Karp's, exact):
+    CP-SAT proves the same minimum of DTFM's objective on 3-7 devices."""
+    import itertools
+
+    from planner.search.brute import random_small_topology
+    from planner.search.cpsat_dtfm import exact_dtfm_allocation
+
+    topology, stages, replicas = random_small_topology(np.random.default_rng(seed), 7)
+    lat, bw = topology.latency_s, topology.bandwidth_bytes_per_s
+    best = min(dtfm_cost(lat, bw, groups).total_s
+               for chosen in itertools.combinations(range(topology.size), stages * replicas)
+               for groups in _partitions(list(chosen), stages, replicas))
+    result = exact_dtfm_allocation(topology, stages, replicas, time_limit_s=30)
+    assert result.status == "optimal"
+    assert result.cost_s == pytest.approx(best, rel=1e-7, abs=1e-9)
+    assert result.bound_s <= best
+
+
+def test_dtfm_search_and_gcma_never_beat_the_cpsat_optimum():
+    from planner.search.brute import random_small_topology
+    from planner.search.cpsat_dtfm import exact_dtfm_allocation
+    from planner.search.dtfm_search import dtfm_search, gcma
+
+    rng = np.random.default_rng(12)
+    checked = 0
+    for k in range(40):
+        topology, _, _ = random_small_topology(rng, 8)
+        if topology.size < 6 or topology.size % 2:  # GCMA: five-point crossover, every device used
+            continue
+        stages, replicas = 2, topology.size // 2
+        checked += 1
+        optimum = exact_dtfm_allocation(topology, stages, replicas, time_limit_s=30)
+        assert optimum.status == "optimal"
+        for found in (dtfm_search(topology, stages, replicas, seed=k), gcma(topology, stages, replicas, seed=k,
+                                                                             trials=200)):
+            assert found.cost_s >= optimum.cost_s * (1 - 1e-7)
+    assert checked >= 4

@@ -7,11 +7,12 @@ import numpy as np
 from planner.search.evaluate import Candidate, evaluate_placement
 from planner.search.refine import refine_split
 
-__all__ = ["random_move", "descend", "iterated_local_search", "MAX_FAILED_KICKS"]
+__all__ = ["random_move", "descend", "iterated_local_search", "MAX_FAILED_KICKS", "RESTARTS"]
 
 MAX_FAILED_KICKS = 20  # the iterated local search stops after this many kicks in a row bring nothing
 PROMISING = 1.02  # a move within this factor of the best has its splits refined before it is judged
 REFINE_BUDGET = 40  # estimates per such refinement
+RESTARTS = 3  # random restarts once the kicks stop helping
 
 
 def random_move(assign: np.ndarray, n: int, rng) -> np.ndarray:
@@ -55,22 +56,41 @@ def descend(ctx, start: Candidate, rng, budget: int, deadline: float) -> tuple:
 
 def iterated_local_search(ctx, start: Candidate, rng, budget: int, deadline: float) -> tuple:
     """Iterated local search (Lourenco et al. 2003): descend, then kick the best placement with a few
-    random moves (its micro-batch split re-balanced) and descend again, until the budget, the
-    deadline or ``MAX_FAILED_KICKS`` fruitless kicks in a row; the best placement found is kept."""
+    random moves (its micro-batch split re-balanced) and descend again, until ``MAX_FAILED_KICKS``
+    fruitless kicks in a row; then restart from a random placement, up to ``RESTARTS`` times, within
+    the budget and the deadline. The best placement found is kept."""
     best, evaluations = descend(ctx, start, rng, budget, deadline)
+    current = best
     R, S = start.assign.shape
-    failed_kicks = 0
-    while evaluations < budget and time.perf_counter() < deadline and failed_kicks < MAX_FAILED_KICKS:
-        assign = best.assign
+    n = ctx.topology.size
+    failed_kicks, restarts = 0, 0
+    while evaluations < budget and time.perf_counter() < deadline:
+        if failed_kicks >= MAX_FAILED_KICKS:
+            if restarts == RESTARTS:
+                break
+            restarts += 1
+            failed_kicks = 0
+            evaluations += 1
+            fresh = evaluate_placement(ctx, rng.permutation(n)[:R * S].reshape(R, S), best.micro_batch, best.schedule)
+            if fresh is None:
+                continue
+            current, used = descend(ctx, fresh, rng, budget - evaluations, deadline)
+            evaluations += used
+            if current.score_s < best.score_s - 1e-12:
+                best = current
+            continue
+        assign = current.assign
         for _ in range(int(rng.integers(2, max(3, min(R * S, 6)) + 1))):
-            assign = random_move(assign, ctx.topology.size, rng)
+            assign = random_move(assign, n, rng)
         evaluations += 1
-        kicked = evaluate_placement(ctx, assign, best.micro_batch, best.schedule)
+        kicked = evaluate_placement(ctx, assign, current.micro_batch, current.schedule)
         failed_kicks += 1
         if kicked is None:
             continue
         found, used = descend(ctx, kicked, rng, budget - evaluations, deadline)
         evaluations += used
-        if found.score_s < best.score_s - 1e-12:
-            best, failed_kicks = found, 0
+        if found.score_s < current.score_s - 1e-12:
+            current, failed_kicks = found, 0
+            if current.score_s < best.score_s - 1e-12:
+                best = current
     return best, evaluations
