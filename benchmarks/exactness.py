@@ -103,7 +103,12 @@ def main() -> int:
              for k in range(args.instances)]
     started = time.perf_counter()
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
-        rows = [r for r in pool.imap(_instance, tasks) if r is not None]
+        rows = []
+        for k, row in enumerate(pool.imap(_instance, tasks), 1):
+            if row is not None:
+                rows.append(row)
+            if k % 20 == 0:
+                print(f"  {k}/{len(tasks)} instances, {time.perf_counter() - started:.0f} s", file=sys.stderr)
     rows = [r for r in rows if "brute_force_s" not in r or np.isfinite(r["brute_force_s"])]
     header = ["devices", "instances", "heur.=brute", "front=brute", "CP-SAT proven", "heur.=CP-SAT",
               "heur. worst", "front=CP-SAT", "front worst", "front wall s", "CP-SAT wall s"]

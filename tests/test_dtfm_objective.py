@@ -87,11 +87,13 @@ def _partitions(items: list, stages: int, replicas: int):
 @given(seed=st.integers(0, 10**6))
 def test_cpsat_dtfm_allocation_equals_enumeration(seed):
     """Every choice of devices and every partition into groups (the path order is Held-Karp's, exact):
-    CP-SAT proves the same minimum of DTFM's objective on 3-7 devices."""
+    CP-SAT proves the same minimum of DTFM's objective on 3-7 devices, and our DTFM-objective
+    search (which calls it on small instances) returns it."""
     import itertools
 
     from planner.search.brute import random_small_topology
     from planner.search.cpsat_dtfm import exact_dtfm_allocation
+    from planner.search.dtfm_search import dtfm_search
 
     topology, stages, replicas = random_small_topology(np.random.default_rng(seed), 7)
     lat, bw = topology.latency_s, topology.bandwidth_bytes_per_s
@@ -102,6 +104,7 @@ def test_cpsat_dtfm_allocation_equals_enumeration(seed):
     assert result.status == "optimal"
     assert result.cost_s == pytest.approx(best, rel=1e-7, abs=1e-9)
     assert result.bound_s <= best
+    assert dtfm_search(topology, stages, replicas, seed=seed).cost_s == pytest.approx(best, rel=1e-7, abs=1e-9)
 
 
 def test_dtfm_search_and_gcma_never_beat_the_cpsat_optimum():

@@ -99,7 +99,7 @@ def _complete_hint(model: cp_model.CpModel, time_limit_s: float):
     solver.parameters.fix_variables_to_their_hinted_value = True
     solver.parameters.stop_after_first_solution = True
     if solver.solve(fixed) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return  # the rounding to whole bytes or nanoseconds rejects the hint; keep the partial one
+        return  # not completed in time; keep the partial hint
     values = [solver.value(fixed.get_int_var_from_proto_index(i)) for i in range(len(fixed.proto.variables))]
     model.clear_hints()
     for i, value in enumerate(values):
@@ -222,8 +222,11 @@ class _PlacementModel:
             fixed_params = (c.first_params if s == 0 else 0.0) + (c.last_params if s == S - 1 else 0.0)
             fixed_kept = (c.first_kept_bytes if s == 0 else 0.0) + (c.last_kept_bytes if s == S - 1 else 0.0)
             transient = c.transient_bytes + (c.last_transient_bytes if s == S - 1 else 0.0)
-            need = (round(c.layer_params * state) * self.layers[s] + round(c.layer_kept_bytes) * kept_layers
-                    + round(fixed_kept) * in_flight + round(fixed_params * state + transient))
+            # Coefficients rounded down: every split that fits in floats fits here, so the heuristic's
+            # hint is always feasible; ``decode`` re-checks the answer in floats.
+            need = (math.floor(c.layer_params * state) * self.layers[s]
+                    + math.floor(c.layer_kept_bytes) * kept_layers + math.floor(fixed_kept) * in_flight
+                    + math.floor(fixed_params * state + transient))
             m.add(need <= sum(int(self.capacity_bytes[d]) * self.x[d, r, s] for d in range(self.n)))
 
     def _add_sync(self):
