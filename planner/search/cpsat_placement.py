@@ -8,8 +8,8 @@ replica's micro-batch count) and minimises the search's own estimate
 
 - per-micro-batch stage time ``tau[r, s] = (n_s * layer + head) / speed`` of the placed device;
 - per replica the flow-shop makespan ``fill_r + (M_r - 1) * period_r`` with the pipeline links
-  as extra machines and, under 1F1B, the in-flight round-trip limit (formulas.md, Pipeline
-  schedules);
+  as extra machines: under 1F1B the slowest stage or link and the in-flight round-trip limit, under
+  GPipe the forward phase's period plus the backward phase's (formulas.md, Pipeline schedules);
 - each stage's last backward ``backward_share * tau`` after its downstream stages', then its
   gradient all-reduce over the ring the search would use for that set of devices (one Boolean per
   candidate set, so the ring's cost is exact whatever its order);
@@ -137,13 +137,14 @@ class _PlacementModel:
             one_way = c.boundary_bytes / bw
         np.fill_diagonal(one_way, 0.0)
         self.round_trip_ns = _ns(one_way + one_way.T + lat + lat.T).ravel().tolist()  # index a * n + b
-        self.link_busy_ns = _ns(np.maximum(one_way, one_way.T)).ravel().tolist()
+        self.forward_busy_ns = _ns(one_way).ravel().tolist()  # activation a -> b
+        self.backward_busy_ns = _ns(one_way.T).ravel().tolist()  # gradient b -> a
         share = Fraction(backward_share(ctx.training)).limit_denominator(12)
         self.share_num, self.share_den = share.numerator, share.denominator
         self.capacity_bytes = np.floor(ctx.capacity).astype(np.int64)
         self.slowest_stage_ns = int(self.L * self.layer_ns.max() + self.head_ns.max())
         self.horizon_ns = int(self.S * self.slowest_stage_ns + self.S * max(self.round_trip_ns)
-                              + max(self.link_busy_ns)) + 1
+                              + max(self.forward_busy_ns) + max(self.backward_busy_ns)) + 1
 
     # -- decisions ---------------------------------------------------------------------------
     def _add_assignment(self):
@@ -179,14 +180,16 @@ class _PlacementModel:
 
     def _add_links(self):
         m, n = self.model, self.n
-        self.trip, self.busy = {}, {}
+        self.trip, self.forward, self.backward = {}, {}, {}
         for r, s in itertools.product(range(self.R), range(self.S - 1)):
             pair = m.new_int_var(0, n * n - 1, f"link_r{r}_s{s}")
             m.add(pair == n * self.device[r, s] + self.device[r, s + 1])
             self.trip[r, s] = m.new_int_var(0, max(self.round_trip_ns), f"round_trip_r{r}_s{s}")
-            self.busy[r, s] = m.new_int_var(0, max(self.link_busy_ns), f"link_busy_r{r}_s{s}")
+            self.forward[r, s] = m.new_int_var(0, max(self.forward_busy_ns), f"forward_busy_r{r}_s{s}")
+            self.backward[r, s] = m.new_int_var(0, max(self.backward_busy_ns), f"backward_busy_r{r}_s{s}")
             m.add_element(pair, self.round_trip_ns, self.trip[r, s])
-            m.add_element(pair, self.link_busy_ns, self.busy[r, s])
+            m.add_element(pair, self.forward_busy_ns, self.forward[r, s])
+            m.add_element(pair, self.backward_busy_ns, self.backward[r, s])
 
     def _add_pipelines(self):
         m, R, S = self.model, self.R, self.S
@@ -194,10 +197,21 @@ class _PlacementModel:
         for r in range(R):
             fill = sum(self.tau[r, s] for s in range(S)) + sum(self.trip[r, s] for s in range(S - 1))
             period = m.new_int_var(0, self.horizon_ns, f"period_r{r}")
+            if self.schedule == "gpipe" and S > 1:  # a forward phase, then a backward phase
+                forward = m.new_int_var(0, self.horizon_ns, f"forward_period_r{r}")
+                backward = m.new_int_var(0, self.horizon_ns, f"backward_period_r{r}")
+                for s in range(S):
+                    m.add(self.share_den * forward >= (self.share_den - self.share_num) * self.tau[r, s])
+                    m.add(self.share_den * backward >= self.share_num * self.tau[r, s])
+                for s in range(S - 1):
+                    m.add(forward >= self.forward[r, s])
+                    m.add(backward >= self.backward[r, s])
+                m.add(period >= forward + backward)
             for s in range(S):
                 m.add(period >= self.tau[r, s])
             for s in range(S - 1):
-                m.add(period >= self.busy[r, s])
+                m.add(period >= self.forward[r, s])
+                m.add(period >= self.backward[r, s])
             if self.schedule == "1f1b" and S > 1:
                 for s in range(S):  # S - s micro-batches in flight from stage s to the last and back
                     back = sum(self.tau[r, k] for k in range(s, S)) + sum(self.trip[r, k] for k in range(s, S - 1))

@@ -109,30 +109,43 @@ def _gpipe_caps(costs, counts, capacity):
 
 
 def _links(ctx, assign, costs):
-    """Per replica: each pipeline link's round trip per micro-batch (R, S-1), the slowest link's busy
-    time per micro-batch (R,), and their round trips summed (R,), both directions."""
+    """Per replica and pipeline link (R, S-1): the round trip per micro-batch (activation down,
+    gradient back, each with its latency), the forward and the backward transfer's busy time; and
+    per replica the round trips summed (R,)."""
     R, S = assign.shape
     if S == 1:
-        return np.zeros((R, 0)), np.zeros(R), np.zeros(R)
+        return np.zeros((R, 0)), np.zeros((R, 0)), np.zeros((R, 0)), np.zeros(R)
     a, b = assign[:, :-1], assign[:, 1:]
-    busy = costs.boundary_bytes * (1.0 / ctx.bandwidth[a, b] + 1.0 / ctx.bandwidth[b, a])
-    bottleneck = np.maximum(costs.boundary_bytes / ctx.bandwidth[a, b],
-                            costs.boundary_bytes / ctx.bandwidth[b, a]).max(axis=1)
-    round_trip = busy + ctx.topology.latency_s[a, b] + ctx.topology.latency_s[b, a]
-    return round_trip, bottleneck, round_trip.sum(axis=1)
+    forward = costs.boundary_bytes / ctx.bandwidth[a, b]
+    backward = costs.boundary_bytes / ctx.bandwidth[b, a]
+    round_trip = forward + backward + ctx.topology.latency_s[a, b] + ctx.topology.latency_s[b, a]
+    return round_trip, forward, backward, round_trip.sum(axis=1)
 
 
 def _pipeline_shape(ctx, assign, costs, counts, schedule, links):
     """(tau, fill, bottleneck): per (replica, stage) forward+backward seconds per micro-batch, and per
-    replica the flow-shop fill and steady-state period (links as extra machines)."""
+    replica the flow-shop fill and steady-state period (links as extra machines).
+
+    1F1B interleaves forward and backward, so its period is the slowest stage or link. GPipe runs
+    every forward, then every backward: two flow shops in a row, so its period is the forward
+    phase's slowest stage or downstream link plus the backward phase's slowest stage or upstream
+    link (a slow link that hides behind ``f + b`` under 1F1B shows under GPipe).
+    """
     R, S = assign.shape
-    round_trip, link_bottleneck, link_fill = links
+    round_trip, forward_busy, backward_busy, link_fill = links
     work = np.array(counts, dtype=float) * costs.layer_flops
     tau = np.repeat(work[None, :], R, axis=0)
     tau[:, -1] += costs.head_flops * ctx.head_slowdown[assign[:, -1]]
     tau = tau / ctx.speed[assign]
     fill = tau.sum(axis=1) + link_fill
-    bottleneck = np.maximum(tau.max(axis=1), link_bottleneck)
+    if schedule == "gpipe" and S > 1:
+        share = backward_share(ctx.training)
+        bottleneck = (np.maximum((1.0 - share) * tau.max(axis=1), forward_busy.max(axis=1))
+                      + np.maximum(share * tau.max(axis=1), backward_busy.max(axis=1)))
+        return tau, fill, bottleneck
+    bottleneck = tau.max(axis=1)
+    if S > 1:
+        bottleneck = np.maximum(bottleneck, np.maximum(forward_busy, backward_busy).max(axis=1))
     if schedule == "1f1b" and S > 1:
         # Stage s admits a new micro-batch only after one of its S - s in flight came back:
         # throughput <= (S - s) / round trip from s to the last stage and back.
