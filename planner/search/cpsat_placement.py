@@ -35,7 +35,7 @@ from ortools.sat.python import cp_model
 from planner.search.cpsat import RESOLUTION_S, make_solver
 from planner.search.evaluate import Candidate, backward_share, ring_cost, score_split, stage_costs
 
-__all__ = ["ExactPlacement", "exact_placement", "MAX_RING_SETS"]
+__all__ = ["ExactPlacement", "exact_placement", "model_is_small_enough", "MAX_RING_SETS"]
 
 MAX_RING_SETS = 20_000  # candidate sync groups (stages x device subsets) the model may enumerate
 
@@ -50,6 +50,11 @@ class ExactPlacement:
     objective_s: float  # its estimate (inf when none)
     bound_s: float  # proven lower bound on the estimate of every placement of this shape
     wall_s: float
+
+
+def model_is_small_enough(devices: int, stages: int, replicas: int) -> bool:
+    """Whether the model's candidate sync groups (stages x C(devices, replicas)) can be enumerated."""
+    return replicas == 1 or stages * math.comb(devices, replicas) <= MAX_RING_SETS
 
 
 def exact_placement(ctx, stages: int, replicas: int, micro_batch: int, schedule: str, *,
@@ -68,7 +73,7 @@ def exact_placement(ctx, stages: int, replicas: int, micro_batch: int, schedule:
     if stages * replicas > n or stages > costs.layers or total < replicas:
         return ExactPlacement(status="infeasible", candidate=None, objective_s=math.inf, bound_s=math.inf,
                               wall_s=time.perf_counter() - started)
-    if replicas > 1 and stages * math.comb(n, replicas) > MAX_RING_SETS:
+    if not model_is_small_enough(n, stages, replicas):
         raise ValueError(f"{stages} stages x C({n}, {replicas}) sync groups exceed the exact model's "
                          f"{MAX_RING_SETS}: use the heuristic search on this size")
     builder = _PlacementModel(ctx, costs, stages, replicas, total, schedule)

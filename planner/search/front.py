@@ -24,7 +24,7 @@ from planner.errors import InputError
 from planner.plan import Plan, validate_plan
 from planner.search.bounds import lower_bound_s, work_flops
 from planner.search.construct import layouts
-from planner.search.cpsat_placement import MAX_RING_SETS, exact_placement
+from planner.search.cpsat_placement import exact_placement, model_is_small_enough
 from planner.search.evaluate import Candidate, evaluate_placement, make_context
 from planner.search.genetic import POPULATION, genetic_search
 from planner.search.local import iterated_local_search
@@ -218,9 +218,8 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
             unique.append(c)
         if len(unique) == options.simulate_top:
             break
-    # The best of each schedule and micro-batch size is simulated too: the estimate ranks GPipe and
-    # 1F1B with different errors (on the lab topology it put GPipe first at 18.4 s, simulated 22.9 s,
-    # while 1F1B simulates at 20.2 s).
+    # The best of each schedule and micro-batch size is simulated too: the estimate's errors differ
+    # between them, and the simulator has the last word.
     for variant in sorted({(c.schedule, c.micro_batch) for c in pool}):
         leader = next(c for c in pool if (c.schedule, c.micro_batch) == variant)
         if leader.key() not in keys:
@@ -251,11 +250,13 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     bound = lower_bound_s(topology, model, training)
     wall = time.perf_counter() - started
     gap = max(0.0, (best_time - bound) / best_time)
+    algorithm = "construct+local+genetic" + ("+cpsat" if exact_shapes else "") + "+refine"
     best_plan = replace(best_plan, search={
-        "algorithm": "construct+local+genetic", "seed": options.seed, "evaluations": evaluations,
+        "algorithm": algorithm, "seed": options.seed, "evaluations": evaluations,
         "wall_s": round(wall, 3), "lower_bound_s": bound, "gap": gap, "exact": exact_shapes})
     return SearchResult(plan=best_plan, predicted_s=best_time, lower_bound_s=bound, gap=gap,
-                        evaluations=evaluations, wall_s=wall, history=history, exact_shapes=exact_shapes)
+                        evaluations=evaluations, wall_s=wall, history=history, algorithm=algorithm,
+                        exact_shapes=exact_shapes)
 
 
 def _shape(c: Candidate) -> tuple:
@@ -266,7 +267,7 @@ def _solve_exactly(ctx, hint: Candidate, options, deadline: float) -> tuple:
     """(record, best candidate) of CP-SAT on ``hint``'s shape; (None, None) when its sync groups are
     too many to enumerate."""
     R, S = hint.assign.shape
-    if R > 1 and S * math.comb(ctx.topology.size, R) > MAX_RING_SETS:
+    if not model_is_small_enough(ctx.topology.size, S, R):
         return None, None
     result = exact_placement(ctx, S, R, hint.micro_batch, hint.schedule, hint=hint,
                              work_limit=options.exact_work_per_shape,
