@@ -126,3 +126,24 @@ def test_dtfm_search_and_gcma_never_beat_the_cpsat_optimum():
                                                                              trials=200)):
             assert found.cost_s >= optimum.cost_s * (1 - 1e-7)
     assert checked >= 4
+
+
+def test_cpsat_dtfm_instance_where_ortools_presolve_certified_a_wrong_optimum():
+    """The third random 2 x 2 instance of seed 0: with presolve's inclusion detection on, OR-Tools 9.15
+    certified 1.019 s optimal (google/or-tools#5293); enumeration gives 0.414 s."""
+    import itertools
+
+    from planner.search.brute import random_small_topology
+    from planner.search.cpsat_dtfm import exact_dtfm_allocation
+
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        topology, stages, replicas = random_small_topology(rng, 7)
+    assert (stages, replicas) == (2, 2)
+    lat, bw = topology.latency_s, topology.bandwidth_bytes_per_s
+    best = min(dtfm_cost(lat, bw, groups).total_s
+               for chosen in itertools.combinations(range(topology.size), 4)
+               for groups in _partitions(list(chosen), 2, 2))
+    assert best == pytest.approx(0.41436, rel=1e-4)
+    result = exact_dtfm_allocation(topology, stages, replicas, time_limit_s=30)
+    assert result.status == "optimal" and result.cost_s == pytest.approx(best, rel=1e-7)

@@ -33,7 +33,9 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from planner.search.cpsat import RESOLUTION_S, make_solver
-from planner.search.evaluate import Candidate, backward_share, ring_cost, score_split, stage_costs
+from planner.search.balance import stage_memory_bytes
+from planner.search.evaluate import (Candidate, backward_share, gradient_bytes, ring_cost, score_split,
+                                    stage_costs)
 
 __all__ = ["ExactPlacement", "exact_placement", "model_is_small_enough", "MAX_RING_SETS"]
 
@@ -228,8 +230,11 @@ class _PlacementModel:
             self.pipeline[r] = fill + steady
 
     def _add_memory(self):
-        m, c, S = self.model, self.costs, self.S
-        state = c.state_bytes_per_param
+        """``stage_memory_bytes`` is bilinear in (layers n, in-flight micro-batches f):
+        ``a + b n + c f + d n f``; its four coefficients come from the function itself, rounded down
+        (every split that fits in floats fits here, so the heuristic's hint is always feasible;
+        ``decode`` re-checks the answer in floats)."""
+        m, S = self.model, self.S
         for r, s in itertools.product(range(self.R), range(S)):
             if self.schedule == "gpipe":
                 in_flight = self.micro[r]
@@ -238,28 +243,31 @@ class _PlacementModel:
                 m.add_min_equality(in_flight, [self.micro[r], S - s])
             kept_layers = m.new_int_var(0, self.L * self.total, f"kept_layer_activations_r{r}_s{s}")
             m.add_multiplication_equality(kept_layers, [self.layers[s], in_flight])
-            fixed_params = (c.first_params if s == 0 else 0.0) + (c.last_params if s == S - 1 else 0.0)
-            fixed_kept = (c.first_kept_bytes if s == 0 else 0.0) + (c.last_kept_bytes if s == S - 1 else 0.0)
-            transient = c.transient_bytes + (c.last_transient_bytes if s == S - 1 else 0.0)
-            # Coefficients rounded down: every split that fits in floats fits here, so the heuristic's
-            # hint is always feasible; ``decode`` re-checks the answer in floats.
-            need = (math.floor(c.layer_params * state) * self.layers[s]
-                    + math.floor(c.layer_kept_bytes) * kept_layers + math.floor(fixed_kept) * in_flight
-                    + math.floor(fixed_params * state + transient))
-            m.add(need <= sum(int(self.capacity_bytes[d]) * self.x[d, r, s] for d in range(self.n)))
+            need = self._memory_coefficients(s)
+            m.add(need[0] + need[1] * self.layers[s] + need[2] * in_flight + need[3] * kept_layers
+                  <= sum(int(self.capacity_bytes[d]) * self.x[d, r, s] for d in range(self.n)))
+
+    def _memory_coefficients(self, stage: int) -> tuple:
+        def at(n, f):
+            return float(stage_memory_bytes(self.costs, n, stage, self.S, f))
+        base = at(0, 0)
+        per_layer, per_in_flight = at(1, 0) - base, at(0, 1) - base
+        per_both = at(1, 1) - at(1, 0) - at(0, 1) + base
+        return tuple(math.floor(v) for v in (base, per_layer, per_in_flight, per_both))
 
     def _add_sync(self):
-        """Stage s's all-reduce over the chosen set of devices: one Boolean per candidate set."""
+        """Stage s's all-reduce over the chosen set of devices: one Boolean per candidate set. Its
+        bytes are ``gradient_bytes``: linear in the stage's layer count."""
         m, R, S, n = self.model, self.R, self.S, self.n
-        c, dtype = self.costs, self.ctx.training.activation_bytes
         self.sync = {s: 0 for s in range(S)}
         self.sync_horizon_ns = 0
         if R == 1:
             return
+        fixed_bytes = gradient_bytes(self.costs, [0] * S, self.ctx.training)
+        layer_bytes = gradient_bytes(self.costs, [1] * S, self.ctx.training) - fixed_bytes
         groups = list(itertools.combinations(range(n), R))
         rings = [ring_cost(self.ctx, np.array(g)) for g in groups]
         for s in range(S):
-            fixed = ((c.first_params if s == 0 else 0.0) + (c.last_params if s == S - 1 else 0.0)) * dtype
             chosen = [m.new_bool_var(f"sync_group{k}_s{s}") for k in range(len(groups))]
             for d in range(n):  # device d is in stage s exactly when the chosen set holds it
                 m.add(sum(chosen[k] for k, g in enumerate(groups) if d in g)
@@ -267,8 +275,8 @@ class _PlacementModel:
             longest = 0
             bounds = []
             for k, (per_byte, latency) in enumerate(rings):
-                per_layer = int(_ns(c.layer_params * dtype * per_byte))
-                base = int(_ns(fixed * per_byte + latency))
+                per_layer = int(_ns(layer_bytes[s] * per_byte))
+                base = int(_ns(fixed_bytes[s] * per_byte + latency))
                 bounds.append((chosen[k], per_layer, base))
                 longest = max(longest, per_layer * self.L + base)
             self.sync[s] = m.new_int_var(0, longest, f"sync_ns_s{s}")
