@@ -21,10 +21,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.accuracy import mean_absolute_percentage_error, memory_rows, rank_correlation, run_row  # noqa: E402
-from planner.costing import predict  # noqa: E402
-from planner.job import load_job  # noqa: E402
-from planner.plan import plan_to_document, write_plan  # noqa: E402
+from planner.report.accuracy import mean_absolute_percentage_error, memory_rows, rank_correlation, run_row  # noqa: E402
+from planner.prediction.predict import predict  # noqa: E402
+from planner.inputs.job import load_job  # noqa: E402
+from planner.plan.document import plan_to_document
+from planner.plan.document import write_plan  # noqa: E402
 
 EMULATED_TOPOLOGIES = ("topologies/emulated/dtfm-case5-mini.yaml", "topologies/emulated/two-datacenters-mini.yaml",
                        "topologies/emulated/home-mini.yaml")
@@ -55,7 +56,7 @@ def _even_plans(job, seed: int) -> dict:
 
 def _write(plan, job, topology_path: str, path: Path, calibration=None) -> Path:
     if calibration is not None:
-        from planner.calibration import calibration_record
+        from planner.inputs.calibration import calibration_record
 
         plan = replace(plan, calibration=calibration_record(calibration))
     plan = plan.with_prediction(predict(plan, job.topology, job.model, job.training)[0])
@@ -105,7 +106,7 @@ def emulated(out: Path, iterations: int, warmup: int, seed: int) -> dict:
 
 
 def gpu(out: Path, iterations: int, warmup: int, seed: int) -> dict:
-    from planner.calibration import apply_calibration, read_calibration
+    from planner.inputs.calibration import apply_calibration, read_calibration
     from planner.runtime.calibrate import CalibrateOptions, calibrate
     from planner.runtime.launch import LaunchOptions, launch
     from planner.search.front import SearchOptions, search

@@ -16,15 +16,18 @@ import platform
 import time
 from pathlib import Path
 
+import sys
+
 import numpy as np
 
-from cost_models.dtfm import dtfm_cost
-from planner.job import load_job
-from planner.search.brute import random_small_topology
-from planner.search.cpsat_dtfm import exact_dtfm_allocation
-from planner.search.dtfm_search import contiguous_allocation, dtfm_search, gcma, random_allocation
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the random instances of the tests
+
+from cost_models.dtfm import dtfm_cost  # noqa: E402
+from planner.inputs.job import load_job  # noqa: E402
+from planner.search.cpsat_dtfm import exact_dtfm_allocation  # noqa: E402
+from planner.search.dtfm_search import contiguous_allocation, dtfm_search, gcma, random_allocation  # noqa: E402
+from tests.instances import random_small_topology  # noqa: E402
 
 
 def main() -> None:
@@ -42,7 +45,7 @@ def main() -> None:
     print("-" * len(header))
     for path in sorted((ROOT / "topologies" / "dtfm").glob("case*.yaml")):
         topology = load_job(path).topology
-        lat, bw = topology.latency_s, topology.bandwidth_bytes_per_s
+        lat, bw = topology.network.latency_s, topology.network.bandwidth_bytes_per_s
         ours = dtfm_search(topology, 8, 8, seed=args.seed)
         base = gcma(topology, 8, 8, seed=args.seed, trials=args.trials)
         rng = np.random.default_rng(args.seed)

@@ -27,8 +27,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.model import model_preset, parse_training  # noqa: E402
-from planner.search.brute import brute_force_placement, random_small_topology  # noqa: E402
+from planner.inputs.model import model_preset, parse_training  # noqa: E402
+from planner.search.brute import brute_force_placement  # noqa: E402
+from tests.instances import random_small_topology  # noqa: E402
 from planner.search.cpsat_placement import exact_placement  # noqa: E402
 from planner.search.evaluate import evaluate_placement, make_context  # noqa: E402
 from planner.search.front import SearchOptions, search  # noqa: E402

@@ -13,7 +13,7 @@ import platform
 import time
 from pathlib import Path
 
-from planner.job import load_job
+from planner.inputs.job import load_job
 from planner.search.dtfm_plan import best_dtfm_style_plan, dtfm_degrees, dtfm_style_plan
 from planner.search.dtfm_search import contiguous_allocation
 from planner.search.front import SearchOptions, search

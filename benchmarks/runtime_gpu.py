@@ -39,7 +39,7 @@ def _untied_copy(plan_path: str, folder: Path, schedule: str) -> Path:
 def main() -> int:
     import torch
 
-    from planner.model import parse_model
+    from planner.inputs.model import parse_model
     from planner.runtime.launch import LaunchOptions, launch
     from planner.runtime.reference import run_pipelining
 

@@ -19,9 +19,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.model import model_preset, parse_training  # noqa: E402
+from planner.inputs.model import model_preset, parse_training  # noqa: E402
 from planner.search.front import SearchOptions, search  # noqa: E402
-from planner.topology import parse_topology  # noqa: E402
+from planner.inputs.topology import parse_topology  # noqa: E402
 
 TYPES = ("H100-SXM", "A100-80GB", "A100-40GB", "V100-32GB", "RTX-4090")
 

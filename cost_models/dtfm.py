@@ -2,7 +2,8 @@
 
 ``COST = COST_DP + 2 * COST_PP`` over an allocation of devices into ``D_PP`` groups of ``D_DP``:
 a sharded all-to-all within each group, plus an open travelling-salesman path over the groups whose
-edge weights are bottleneck perfect matchings. No compute, memory or bubble term.
+edge weights are bottleneck perfect matchings. No compute, memory or bubble term. Callers pass
+the latency and bandwidth matrices of ``cost_models.network.Network`` (links capped by shared NICs).
 """
 
 import itertools
@@ -10,7 +11,7 @@ import itertools
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from cost_models.comm import sharded_exchange_time_s
+from cost_models.comm import p2p_time_s, sharded_exchange_time_s
 
 __all__ = ["DTFM_C_DP_BYTES", "DTFM_C_PP_BYTES", "dtfm_cost", "dp_cost_s", "pp_edge_cost_s",
            "bottleneck_matching", "open_path_tsp", "DtfmCost"]
@@ -51,7 +52,7 @@ def dp_cost_s(latency_s, bandwidth_bytes_per_s, groups, c_dp_bytes: float = DTFM
 def pp_edge_cost_s(latency_s, bandwidth_bytes_per_s, c_pp_bytes: float = DTFM_C_PP_BYTES) -> np.ndarray:
     """Edge cost of one device feeding another: ``alpha[d][e] + c_pp / beta[d][e]`` (seconds)."""
     with np.errstate(divide="ignore"):
-        return latency_s + c_pp_bytes / bandwidth_bytes_per_s
+        return p2p_time_s(c_pp_bytes, np.asarray(latency_s, dtype=float), np.asarray(bandwidth_bytes_per_s, dtype=float))
 
 
 def bottleneck_matching(cost: np.ndarray) -> tuple:

@@ -1,5 +1,9 @@
 """Memory per device: model and optimizer state, activations of micro-batches in flight, extras."""
 
+import numpy as np
+
+from cost_models.schedule import Schedule
+
 __all__ = [
     "state_bytes_per_parameter",
     "layer_activation_bytes",
@@ -41,12 +45,12 @@ def in_flight_microbatches(schedule: str, stage: int, stages: int, microbatches:
     """Micro-batches whose activations stage ``stage`` (0-based) of ``stages`` holds at its peak.
 
     GPipe keeps all ``M`` (Huang et al. 2019); 1F1B at most ``min(S - i, M)`` (Narayanan et al. 2021,
-    PipeDream-Flush, sec. 2.2).
+    PipeDream-Flush, sec. 2.2). Vectorised over numpy arrays of stages and micro-batch counts.
     """
-    if schedule == "gpipe":
+    if schedule == Schedule.GPIPE:
         return microbatches
-    if schedule == "1f1b":
-        return min(stages - stage, microbatches)
+    if schedule == Schedule.ONE_F_ONE_B:
+        return np.minimum(stages - stage, microbatches)
     raise ValueError(f"unknown schedule {schedule!r}")
 
 

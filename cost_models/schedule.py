@@ -6,9 +6,17 @@ stage s to s+1, ``recv_bwd``/``bwd``/``send_bwd`` move gradients from s+1 to s, 
 stage's gradient all-reduce over its replicas and ``step`` the optimizer update (microbatch -1).
 """
 
+from enum import StrEnum
 from typing import NamedTuple
 
-__all__ = ["Op", "stage_ops", "OP_KINDS"]
+__all__ = ["Schedule", "Op", "stage_ops", "OP_KINDS"]
+
+
+class Schedule(StrEnum):
+    """The pipeline schedules (their values are what plan files and topology files write)."""
+
+    ONE_F_ONE_B = "1f1b"  # PipeDream-Flush (Narayanan et al. 2021)
+    GPIPE = "gpipe"  # Huang et al. 2019
 
 OP_KINDS = ("recv_fwd", "fwd", "send_fwd", "recv_bwd", "bwd", "send_bwd", "sync", "step")
 
@@ -44,12 +52,12 @@ def stage_ops(schedule: str, stage: int, stages: int, microbatches: int) -> list
     if not 0 <= stage < stages or microbatches < 1:
         raise ValueError(f"bad stage {stage} of {stages} or microbatches {microbatches}")
     ops = []
-    if schedule == "gpipe":
+    if schedule == Schedule.GPIPE:
         for mb in range(microbatches):
             ops += _forward(stage, stages, mb)
         for mb in range(microbatches):
             ops += _backward(stage, stages, mb)
-    elif schedule == "1f1b":
+    elif schedule == Schedule.ONE_F_ONE_B:
         warmup = min(stages - stage - 1, microbatches)
         for mb in range(warmup):
             ops += _forward(stage, stages, mb)

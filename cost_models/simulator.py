@@ -2,9 +2,10 @@
 
 Each worker (replica r, stage s) runs its op list in order. A compute op starts when its device is
 free; a receive blocks until the message has arrived; a send is asynchronous and starts when the
-sender reaches it and every resource it crosses is free (the directed link, and the sender's
-egress and receiver's ingress NIC where the host has a shared NIC). A message occupies its
-resources for ``bytes / bandwidth`` and arrives ``latency`` later (formulas.md, Communication).
+sender reaches it and every resource it crosses is free (``cost_models.network``: the directed
+link, and the sender's egress and receiver's ingress NIC where the host has a shared NIC). A
+message occupies its resources for ``bytes / bandwidth`` and arrives ``latency`` later
+(formulas.md, Communication).
 The gradient sync of stage s starts when every replica's stage s has finished its last backward
 and its ring's links are free; the iteration ends when the last optimizer step ends (formulas.md,
 Pipeline schedules).
@@ -15,9 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cost_models.network import Network
 from cost_models.schedule import stage_ops
 
-__all__ = ["PipelineJob", "Timeline", "simulate", "transfer_resources", "sync_resources"]
+__all__ = ["PipelineJob", "Timeline", "simulate", "sync_resources"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -27,8 +29,8 @@ class PipelineJob:
     ``device[r, s]`` is the device index of replica r, stage s; ``forward_s``/``backward_s`` are
     per-micro-batch compute times of that worker; ``boundary_bytes[s]`` is the message between
     stage s and s+1 (activation forward, gradient backward); ``sync_s[s]`` the all-reduce time of
-    stage s and ``sync_links[s]`` the directed links (a, b) its ring uses; ``host[d]`` the host id
-    of device d and ``nic_egress``/``nic_ingress`` per host (inf where the host has no shared NIC).
+    stage s and ``sync_links[s]`` the directed links (a, b) its ring uses; ``network`` prices each
+    message and names the links and NICs it occupies (``cost_models.network``).
     """
 
     schedule: str
@@ -37,11 +39,7 @@ class PipelineJob:
     forward_s: np.ndarray
     backward_s: np.ndarray
     boundary_bytes: np.ndarray
-    latency_s: np.ndarray
-    bandwidth_bytes_per_s: np.ndarray
-    host: np.ndarray
-    nic_egress: np.ndarray
-    nic_ingress: np.ndarray
+    network: Network
     sync_s: np.ndarray
     sync_links: tuple = ()
     optimizer_s: np.ndarray = None
@@ -78,35 +76,18 @@ class _Resources:
         return start
 
 
-def transfer_resources(job: PipelineJob, a: int, b: int) -> tuple:
-    """(resource keys, effective bandwidth) of a message from device ``a`` to ``b``: the directed
-    link, plus the sender's egress and receiver's ingress NIC where the hosts differ and have one."""
-    keys = [("link", a, b)]
-    bandwidth = job.bandwidth_bytes_per_s[a, b]
-    ha, hb = job.host[a], job.host[b]
-    if ha != hb:
-        if np.isfinite(job.nic_egress[ha]):
-            keys.append(("egress", ha))
-            bandwidth = min(bandwidth, job.nic_egress[ha])
-        if np.isfinite(job.nic_ingress[hb]):
-            keys.append(("ingress", hb))
-            bandwidth = min(bandwidth, job.nic_ingress[hb])
-    return keys, float(bandwidth)
-
-
 def sync_resources(job: PipelineJob, stage: int) -> list:
-    """The resource keys that ``stage``'s gradient all-reduce occupies (its ring's links and NICs)."""
+    """The resources that ``stage``'s gradient all-reduce occupies (its ring's links and NICs)."""
     keys = []
     for a, b in (job.sync_links[stage] if job.sync_links else ()):
-        keys += transfer_resources(job, a, b)[0]
+        keys += job.network.transfer_resources(a, b)
     return list(dict.fromkeys(keys))
 
 
 def _transfer(job: PipelineJob, resources: _Resources, a: int, b: int, nbytes: float, ready_s: float) -> tuple:
-    keys, bandwidth = transfer_resources(job, a, b)
-    busy = nbytes / bandwidth
-    start = resources.reserve(keys, ready_s, busy)
-    return start, start + busy + job.latency_s[a, b]
+    busy = job.network.busy_s(a, b, nbytes)
+    start = resources.reserve(job.network.transfer_resources(a, b), ready_s, busy)
+    return start, start + busy + job.network.latency_s[a, b]
 
 
 def simulate(job: PipelineJob, *, keep_records: bool = True) -> Timeline:

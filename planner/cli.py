@@ -127,10 +127,11 @@ def _positive(name: str, value):
 
 
 def _make(args) -> int:
-    from planner.job import load_job
-    from planner.plan import plan_to_document, write_plan
-    from planner.report import render_plan
+    from planner.inputs.job import load_job
+    from planner.plan.document import plan_to_document, write_plan
+    from planner.report.text import render_plan
     from planner.search.front import SearchOptions, search
+    from planner.search.objective import OBJECTIVES
 
     overrides = {"global_batch": _positive("--global-batch", args.global_batch),
                  "micro_batch": _positive("--micro-batch", args.micro_batch), "schedule": args.schedule}
@@ -139,7 +140,7 @@ def _make(args) -> int:
     job = load_job(args.topology, model=args.model, model_file=args.model_file, training_overrides=overrides)
     record = {}
     if args.calibration:
-        from planner.calibration import apply_calibration, calibration_record, read_calibration
+        from planner.inputs.calibration import apply_calibration, calibration_record, read_calibration
 
         calibration = read_calibration(args.calibration)
         job = dataclasses.replace(job, topology=apply_calibration(job.topology, calibration))
@@ -149,29 +150,14 @@ def _make(args) -> int:
                             exact=not args.no_exact)
     progress = _Progress(args.time_limit)
     try:
-        if args.objective == "dtfm":
-            from planner.search.dtfm_plan import dtfm_objective_plan
-
-            plan, dtfm = dtfm_objective_plan(job.topology, job.model, job.training, stages=options.stages,
-                                             replicas=options.replicas, seed=args.seed,
-                                             time_limit_s=args.time_limit, callback=progress)
-            if not plan.prediction.fits:
-                worst = max(plan.prediction.memory_bytes,
-                            key=lambda d: plan.prediction.memory_bytes[d] / plan.prediction.capacity_bytes[d])
-                raise InputError(f"DTFM's plan ({plan.stages} x {plan.replicas}, even splits) needs "
-                                 f"{plan.prediction.memory_bytes[worst] / 1e9:.1f} GB on {worst} of "
-                                 f"{plan.prediction.capacity_bytes[worst] / 1e9:.1f} GB: DTFM ignores memory; "
-                                 "use --objective time", field="--objective")
-            result = None
-        else:
-            result = search(job.topology, job.model, job.training, options, callback=progress)
-            plan = result.plan
+        result = search(job.topology, job.model, job.training, options, objective=OBJECTIVES[args.objective],
+                        callback=progress)
+        plan = result.plan
     finally:
         progress.close()
     if record:
         plan = dataclasses.replace(plan, calibration=record)
-        if result is not None:
-            result = dataclasses.replace(result, plan=plan)
+        result = dataclasses.replace(result, plan=plan)
     document = plan_to_document(plan, model=job.model, training=job.training, topology_source=args.topology)
     if args.output:
         write_plan(document, args.output)
@@ -180,8 +166,9 @@ def _make(args) -> int:
     else:
         print(render_plan(plan, job.topology, job.model, job.training, result=result))
         if args.objective == "dtfm":
-            print(f"DTFM objective: {dtfm.cost_s:.3f} s (COST_DP {dtfm.dp_s:.3f} s + 2 x COST_PP {dtfm.pp_s:.3f} s), "
-                  f"{dtfm.evaluations} allocations in {dtfm.wall_s:.2f} s")
+            s = plan.search
+            print(f"DTFM objective: {s['dtfm_cost_s']:.3f} s (COST_DP {s['dtfm_dp_s']:.3f} s + 2 x COST_PP "
+                  f"{s['dtfm_pp_s']:.3f} s), {s['dtfm_evaluations']} allocations in {s['dtfm_wall_s']:.2f} s")
         if args.output:
             print(f"\nPlan written to {args.output}")
     return 0
@@ -260,7 +247,7 @@ def _calibrate(args) -> int:
 def _plot(args) -> int:
     from pathlib import Path
 
-    from planner.plot import plot_accuracy, plot_memory, plot_timeline
+    from planner.report.plot import plot_accuracy, plot_memory, plot_timeline
     from planner.runtime.results import read_results
 
     runs = [(Path(folder).name or str(folder), read_results(folder)) for folder in args.runs]

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import yaml
 
-from planner.model import model_preset, parse_training
-from planner.plan import Plan, plan_to_document, write_plan
+from planner.inputs.model import model_preset, parse_training
+from planner.plan.plan import Plan
+from planner.plan.document import plan_to_document, write_plan
 
 
 def cpu_topology(path: Path, *, cross_host: str = "1Gbps", slow_peak: str | None = None) -> Path:
@@ -24,8 +25,8 @@ def cpu_topology(path: Path, *, cross_host: str = "1Gbps", slow_peak: str | None
 
 def write_test_plan(folder: Path, topology_path: Path, *, assignment, layer_bounds, microbatches, micro_batch_size,
                     schedule, model=None, optimizer="sgd", name="plan.yaml") -> Path:
-    from planner.job import read_yaml
-    from planner.topology import parse_topology
+    from planner.io import read_yaml
+    from planner.inputs.topology import parse_topology
 
     model = model or model_preset("tiny")
     topology = parse_topology(read_yaml(topology_path), name="cpu-six")

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from scipy.stats import spearmanr
 
-from planner.accuracy import mean_absolute_percentage_error, rank_correlation
+from planner.report.accuracy import mean_absolute_percentage_error, rank_correlation
 from planner.cli import main
 
 DATA = Path(__file__).resolve().parent / "data"

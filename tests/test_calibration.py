@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import yaml
 
-from planner.calibration import apply_calibration, read_calibration
+from planner.inputs.calibration import apply_calibration, read_calibration
 from planner.cli import main
 from planner.errors import InputError
-from planner.job import load_job
+from planner.inputs.job import load_job
 from tests.conftest import small_topology
 
 
@@ -64,7 +64,7 @@ def test_plan_records_its_calibration_and_launch_uses_or_refuses_it(tmp_path, wr
     # the measured A100s are slower than the catalog says: the calibrated plan predicts a longer iteration
     assert b["prediction"]["iteration_s"] > a["prediction"]["iteration_s"]
 
-    from planner.plan import read_plan
+    from planner.plan.document import read_plan
     from planner.runtime.inputs import load_run_inputs
 
     plan, _ = read_plan(calibrated)
@@ -143,8 +143,9 @@ def test_plan_calibrate_measures_this_cpu_and_the_file_plans(tmp_path, capsys):
 
 
 def test_head_efficiency_slows_only_the_last_stage_by_its_flops(tmp_path, write_yaml):
-    from planner.costing import build_pipeline_job, stage_profile
-    from planner.plan import Plan
+    from planner.prediction.predict import build_pipeline_job
+    from planner.prediction.stage_model import layer_costs, stage_profile
+    from planner.plan.plan import Plan
 
     job = load_job(write_yaml(small_topology()))
     plan = Plan(layer_bounds=(0, 2, 4), assignment=(("fast-0", "fast-1"),), microbatches=(16,), micro_batch_size=1,
@@ -157,7 +158,7 @@ def test_head_efficiency_slows_only_the_last_stage_by_its_flops(tmp_path, write_
     calibrated = apply_calibration(job.topology, read_calibration(cal))
     assert calibrated.devices[calibrated.index("fast-1")].head_slowdown == 2.0
     after = build_pipeline_job(plan, calibrated, job.model, job.training)
-    profile = stage_profile(job.model, job.training, plan.layer_bounds, 1)
+    profile = stage_profile(layer_costs(job.model, job.training, 1, 2), plan.layer_bounds)
     speed = calibrated.devices[0].effective_flops(job.training.precision)
     head = profile.head_forward_flops[-1]
     assert after.forward_s[0, 0] == pytest.approx(profile.forward_flops[0] / speed)

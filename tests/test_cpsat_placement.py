@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from planner.model import model_preset, parse_training
-from planner.search.brute import brute_force_placement, random_small_topology
+from planner.inputs.model import model_preset, parse_training
+from planner.search.brute import brute_force_placement
+from tests.instances import random_small_topology
 from planner.search.cpsat_placement import exact_placement
 from planner.search.evaluate import evaluate_placement, make_context, score_split
 from planner.search.front import SearchOptions, search

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from cost_models.dtfm import DTFM_C_DP_BYTES, DTFM_C_PP_BYTES, bottleneck_matching, dtfm_cost, open_path_tsp
-from planner.job import load_job
+from planner.inputs.job import load_job
 
 from conftest import ROOT
 
@@ -91,7 +91,7 @@ def test_cpsat_dtfm_allocation_equals_enumeration(seed):
     search (which calls it on small instances) returns it."""
     import itertools
 
-    from planner.search.brute import random_small_topology
+    from tests.instances import random_small_topology
     from planner.search.cpsat_dtfm import exact_dtfm_allocation
     from planner.search.dtfm_search import dtfm_search
 
@@ -108,7 +108,7 @@ def test_cpsat_dtfm_allocation_equals_enumeration(seed):
 
 
 def test_dtfm_search_and_gcma_never_beat_the_cpsat_optimum():
-    from planner.search.brute import random_small_topology
+    from tests.instances import random_small_topology
     from planner.search.cpsat_dtfm import exact_dtfm_allocation
     from planner.search.dtfm_search import dtfm_search, gcma
 
@@ -133,7 +133,7 @@ def test_cpsat_dtfm_instance_where_ortools_presolve_certified_a_wrong_optimum():
     certified 1.019 s optimal (google/or-tools#5293); enumeration gives 0.414 s."""
     import itertools
 
-    from planner.search.brute import random_small_topology
+    from tests.instances import random_small_topology
     from planner.search.cpsat_dtfm import exact_dtfm_allocation
 
     rng = np.random.default_rng(0)

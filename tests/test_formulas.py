@@ -3,7 +3,7 @@
 import pytest
 
 from cost_models import comm, flops, memory
-from planner.model import model_preset
+from planner.inputs.model import model_preset
 
 
 def test_layer_parameters_hand_case():

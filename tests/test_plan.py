@@ -3,10 +3,11 @@ from dataclasses import replace
 
 import pytest
 
-from planner.costing import predict
+from planner.prediction.predict import predict
 from planner.errors import InputError
-from planner.job import load_job
-from planner.plan import plan_from_document, plan_to_document, read_plan, validate_plan, write_plan
+from planner.inputs.job import load_job
+from planner.plan.document import plan_from_document, plan_to_document, read_plan, write_plan
+from planner.plan.plan import validate_plan
 from planner.search.front import SearchOptions, search
 
 from conftest import small_topology
@@ -67,7 +68,7 @@ def test_write_is_atomic_and_refuses_unknown_extensions(planned, tmp_path, monke
     target.write_text("old: true\n")
     with pytest.raises(InputError, match="extension"):
         write_plan(plan_to_document(plan), tmp_path / "plan.txt")
-    import planner.plan as module
+    import planner.io as module
 
     def broken(*args, **kwargs):
         raise OSError("disk full")

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from planner.errors import InputError  # noqa: E402
-from planner.model import model_preset  # noqa: E402
+from planner.inputs.model import model_preset  # noqa: E402
 from planner.runtime.launch import LaunchFailure, LaunchOptions, launch  # noqa: E402
 from planner.runtime.reference import run_pipelining, train_single_process  # noqa: E402
 from tests.runtime_helpers import cpu_topology, write_test_plan  # noqa: E402
@@ -85,8 +85,8 @@ def test_results_file_holds_measurement_prediction_and_trace(tmp_path):
 
 
 def test_parameter_count_matches_the_cost_model():
-    from planner.costing import stage_profile
-    from planner.model import parse_training
+    from planner.prediction.stage_model import layer_costs, stage_profile
+    from planner.inputs.model import parse_training
     from planner.runtime.gpt import build_stage
 
     training = parse_training({"global_batch": 4, "precision": "fp32"})
@@ -94,7 +94,7 @@ def test_parameter_count_matches_the_cost_model():
                  dataclasses.replace(model_preset("tiny"), gated_mlp=True, biases=False, learned_positions=False,
                                      tied_embeddings=False, ffn_hidden=96)):
         bounds = (0, 1, 3, spec.layers)
-        profile = stage_profile(spec, training, bounds, 1)
+        profile = stage_profile(layer_costs(spec, training, 1, 3), bounds)
         for s in range(3):
             module = build_stage(spec, bounds[s], bounds[s + 1])
             assert sum(p.numel() for p in module.parameters()) == profile.parameters[s]

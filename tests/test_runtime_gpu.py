@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planner.model import model_preset  # noqa: E402
+from planner.inputs.model import model_preset  # noqa: E402
 from planner.runtime.launch import LaunchOptions, launch  # noqa: E402
 from planner.runtime.reference import train_single_process  # noqa: E402
 from tests.runtime_helpers import cpu_topology, write_test_plan  # noqa: E402

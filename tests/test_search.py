@@ -3,9 +3,11 @@ import itertools
 import numpy as np
 import pytest
 
-from planner.job import load_job
-from planner.plan import validate_plan
-from planner.search.balance import layer_costs, split_batch, split_layers, stage_memory_bytes
+from planner.inputs.job import load_job
+from planner.plan.plan import validate_plan
+from planner.prediction.stage_model import layer_costs, stage_memory_bytes
+from planner.search.balance import split_batch, split_layers
+from planner.search.evaluate import make_context, score_split, stage_costs
 from planner.search.front import SearchOptions, search
 
 from conftest import ROOT, small_topology
@@ -31,7 +33,7 @@ def _brute_layers(costs, speed, capacity, microbatches, schedule):
 
 @pytest.mark.parametrize("seed", range(12))
 def test_layer_split_matches_brute_force(seed):
-    from planner.model import model_preset, TrainingSpec
+    from planner.inputs.model import model_preset, TrainingSpec
     rng = np.random.default_rng(seed)
     model = model_preset("tiny")
     from dataclasses import replace
@@ -97,30 +99,33 @@ def test_bound_is_below_every_prediction(write_yaml):
     assert 0 < result.lower_bound_s <= result.predicted_s and 0 <= result.gap < 1
 
 
-@pytest.mark.parametrize("schedule, recompute", [("1f1b", False), ("gpipe", True)])
-def test_search_estimate_and_predictor_agree_on_memory_and_compute(write_yaml, schedule, recompute):
-    """The search's per-layer model (balance.py) and the predictor's per-stage one (costing.py) must agree."""
-    from planner.costing import stage_profile, worker_memory_bytes
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_estimate_and_simulator_agree_on_one_device_including_the_optimizer_step(write_yaml, optimizer):
+    """One stage model: on one device the estimate is compute plus the optimizer step, as simulated."""
     from dataclasses import replace as dc_replace
+
+    from planner.plan.plan import Plan
+    from planner.prediction.predict import predict
+    from planner.search.evaluate import step_seconds
+
     job = load_job(write_yaml(small_topology()))
-    training = dc_replace(job.training, schedule=schedule, recompute=recompute)
-    bounds, S = (0, 1, 3, 4), 3
-    profile = stage_profile(job.model, training, bounds, 2)
-    costs = layer_costs(job.model, training, 2, S)
-    for s in range(S):
-        n = bounds[s + 1] - bounds[s]
-        in_flight = 5 if schedule == "gpipe" else min(S - s, 5)
-        assert stage_memory_bytes(costs, n, s, S, in_flight) == pytest.approx(
-            worker_memory_bytes(profile, training, schedule, s, 5))
-        work = n * costs.layer_flops + (costs.head_flops if s == S - 1 else 0.0)
-        assert work == pytest.approx(profile.forward_flops[s] + profile.backward_flops[s])
+    training = dc_replace(job.training, optimizer=optimizer, global_batch=8)
+    ctx = make_context(job.topology, job.model, training)
+    assign = np.array([[job.topology.index("slow-0")]])
+    estimate = score_split(ctx, assign, (job.model.layers,), (8,), 1, "1f1b")
+    plan = Plan(layer_bounds=(0, job.model.layers), assignment=(("slow-0",),), microbatches=(8,),
+                micro_batch_size=1, schedule="1f1b")
+    prediction = predict(plan, job.topology, job.model, training)[0]
+    step = float(step_seconds(ctx, assign, stage_costs(ctx, 1, 1), (job.model.layers,))[0, 0])
+    assert step == pytest.approx(prediction.breakdown_s["optimizer_s"]) and step > 0
+    assert estimate == pytest.approx(prediction.iteration_s, rel=1e-9)
 
 
 @pytest.mark.parametrize("seed", range(10))
 def test_greedy_layer_split_matches_cpsat(seed):
     from dataclasses import replace as dc_replace
-    from planner.model import TrainingSpec, model_preset
-    from planner.search.balance import in_flight_microbatches
+    from planner.inputs.model import TrainingSpec, model_preset
+    from planner.prediction.stage_model import in_flight_table
     from planner.search.cpsat import exact_layer_split
     rng = np.random.default_rng(100 + seed)
     model = dc_replace(model_preset("tiny"), layers=int(rng.integers(4, 13)))
@@ -131,7 +136,7 @@ def test_greedy_layer_split_matches_cpsat(seed):
     capacity = rng.uniform(1.0, 2.5, (R, S)) * stage_memory_bytes(costs, 2, 0, S, S)
     microbatches = np.full(R, 4)
     greedy = split_layers(costs, "1f1b", speed, capacity, microbatches)
-    exact = exact_layer_split(costs, speed, capacity, in_flight_microbatches("1f1b", S, microbatches))
+    exact = exact_layer_split(costs, speed, capacity, in_flight_table("1f1b", S, microbatches))
     if exact is None:
         assert greedy is None
     else:
@@ -143,8 +148,9 @@ def test_greedy_layer_split_matches_cpsat(seed):
 def _tiny_instances(seed: int, count: int):
     """(k, topology, stages, replicas, context, brute-force minimum) for feasible random instances of
     3-5 devices, with the small model at micro-batch 2 and 1F1B."""
-    from planner.model import model_preset, parse_training
-    from planner.search.brute import brute_force_placement, random_small_topology
+    from planner.inputs.model import model_preset, parse_training
+    from planner.search.brute import brute_force_placement
+    from tests.instances import random_small_topology
     from planner.search.evaluate import make_context
 
     rng = np.random.default_rng(seed)
@@ -198,12 +204,12 @@ def test_genetic_search_alone_reaches_the_brute_force_optimum_on_tiny_instances(
 
 
 def test_lower_bound_never_exceeds_a_predicted_plan_on_random_instances():
-    from planner.costing import predict
-    from planner.model import model_preset, parse_training
+    from planner.prediction.predict import predict
+    from planner.inputs.model import model_preset, parse_training
     from planner.search.bounds import lower_bound_s, work_bound_s
-    from planner.search.brute import random_small_topology
+    from tests.instances import random_small_topology
     from planner.search.evaluate import evaluate_placement, make_context
-    from planner.search.front import candidate_to_plan
+    from planner.search.plans import candidate_to_plan
 
     rng = np.random.default_rng(7)
     model = model_preset("small")
@@ -230,9 +236,9 @@ def test_gpipe_estimate_counts_a_slow_link_in_each_phase():
     """The lab topology's desktop on a 1 Gbit/s link feeding a 9-stage GPipe pipeline: the search's
     estimate agrees with the event simulator within 1% (it said 18.4 s against 22.9 s when the link
     hid behind forward + backward per micro-batch, as it does under 1F1B)."""
-    from planner.costing import predict
+    from planner.prediction.predict import predict
     from planner.search.evaluate import Candidate, make_context, score_split
-    from planner.search.front import candidate_to_plan
+    from planner.search.plans import candidate_to_plan
 
     job = load_job(ROOT / "topologies" / "hetero" / "lab-mixed-a40-l4.yaml")
     ctx = make_context(job.topology, job.model, job.training)
@@ -245,3 +251,34 @@ def test_gpipe_estimate_counts_a_slow_link_in_each_phase():
                                             schedule="gpipe", score_s=estimate))
     prediction, _ = predict(plan, job.topology, job.model, job.training)
     assert estimate == pytest.approx(prediction.iteration_s, rel=0.01)
+
+
+def test_search_starts_from_a_given_plan_and_keeps_it_when_nothing_beats_it(write_yaml):
+    """Re-planning: ``x0`` joins the candidates, so a budget too small to find it still returns it."""
+    from dataclasses import replace as dc_replace
+
+    from planner.errors import InputError
+
+    job = load_job(write_yaml(small_topology()))
+    full = search(job.topology, job.model, job.training, SearchOptions(seed=1, time_limit_s=60))
+    tiny = SearchOptions(seed=1, max_evaluations=0, exact=False, simulate_top=1)
+    alone = search(job.topology, job.model, job.training, tiny)
+    restarted = search(job.topology, job.model, job.training, tiny, x0=full.plan)
+    assert restarted.predicted_s <= min(full.predicted_s, alone.predicted_s) * (1 + 1e-12)
+    assert restarted.objective == "time" and restarted.objective_s == restarted.predicted_s
+    with pytest.raises(InputError, match="must cover layers"):
+        broken = dc_replace(full.plan, layer_bounds=full.plan.layer_bounds[:-1] + (job.model.layers + 1,))
+        search(job.topology, job.model, job.training, tiny, x0=broken)
+
+
+def test_one_front_door_serves_dtfms_objective(write_yaml):
+    from planner.search.objective import DtfmCost
+
+    doc = small_topology()
+    doc["training"]["global_batch"] = 16
+    job = load_job(write_yaml(doc))
+    result = search(job.topology, job.model, job.training, SearchOptions(time_limit_s=10), objective=DtfmCost())
+    assert result.objective == "dtfm" and result.plan.search["objective"] == "dtfm"
+    assert result.objective_s == pytest.approx(result.plan.search["dtfm_cost_s"])
+    assert 0 <= result.lower_bound_s <= result.objective_s
+    assert not result.plan.idle  # DTFM uses every device

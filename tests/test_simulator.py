@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from cost_models.network import Network
 from cost_models.schedule import stage_ops
 from cost_models.simulator import PipelineJob, simulate
 
@@ -13,9 +14,11 @@ def _job(schedule, R=1, S=4, M=8, forward=1.0, backward=2.0, latency=0.0, bandwi
         microbatches=np.array(microbatches if microbatches is not None else [M] * R),
         forward_s=np.broadcast_to(np.asarray(forward, float), (R, S)).copy(),
         backward_s=np.broadcast_to(np.asarray(backward, float), (R, S)).copy(),
-        boundary_bytes=np.ones(max(S - 1, 0)), latency_s=np.full((n, n), latency),
-        bandwidth_bytes_per_s=np.full((n, n), bandwidth), host=np.arange(n), nic_egress=np.full(n, np.inf),
-        nic_ingress=np.full(n, np.inf), sync_s=np.full(S, sync))
+        boundary_bytes=np.ones(max(S - 1, 0)),
+        network=Network(link_latency_s=np.full((n, n), latency), link_bandwidth_bytes_per_s=np.full((n, n), bandwidth),
+                        host=np.arange(n), nic_egress_bytes_per_s=np.full(n, np.inf),
+                        nic_ingress_bytes_per_s=np.full(n, np.inf)),
+        sync_s=np.full(S, sync))
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

@@ -7,9 +7,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.catalog import load_catalog
+from planner.inputs.catalog import load_catalog
 from planner.errors import InputError
-from planner.job import load_job
+from planner.inputs.job import load_job
 
 from conftest import ROOT, SHIPPED, small_topology
 

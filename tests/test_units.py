@@ -1,7 +1,7 @@
 import pytest
 
 from planner.errors import InputError
-from planner.units import parse_bandwidth_bytes_per_s, parse_bytes, parse_flops, parse_seconds
+from planner.inputs.units import parse_bandwidth_bytes_per_s, parse_bytes, parse_flops, parse_seconds
 
 
 def test_human_units_become_si():

@@ -5,7 +5,7 @@
   (``cost_models.flops``) / its measured time / the device type's peak at the training precision,
   and head efficiency the same for the head.
 - Optimizer: the runtime's own optimizer stepping ``OPTIMIZER_PROBE_PARAMETERS`` parameters; the
-  effective memory bandwidth = bytes the roofline counts (``planner.costing``) / time.
+  effective memory bandwidth = bytes the roofline counts (``planner.prediction.stage_model``) / time.
 - Links: a ping-pong between every ordered pair of the launched processes over torch.distributed at
   several message sizes; a least-squares fit of ``t(n) = a + n / B`` per pair gives the one-way
   latency ``a / 2`` (per-message overhead included) and the bandwidth ``B`` (Hockney's model).
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.calibration import CALIBRATION_FORMAT, write_calibration
-from planner.catalog import peak_for
+from planner.inputs.calibration import CALIBRATION_FORMAT, write_calibration
+from planner.inputs.catalog import peak_for
 from planner.errors import InputError
 from planner.runtime.spawn import RankFailure, gather_from_ranks
 
@@ -64,7 +64,7 @@ def fit_latency_bandwidth(sizes_bytes, round_trip_s) -> tuple:
 
 
 def _job(topology_path, options: CalibrateOptions):
-    from planner.job import load_job
+    from planner.inputs.job import load_job
 
     overrides = {"micro_batch": options.micro_batch}
     if options.model:
@@ -218,7 +218,7 @@ def _compute_probe(job, options, device, threads) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from planner.costing import OPTIMIZER_BYTES_PER_PARAMETER
+    from planner.prediction.stage_model import OPTIMIZER_BYTES_PER_PARAMETER
     from planner.runtime.gpt import Block, make_norm
     from planner.runtime.precision import make_optimizer
 

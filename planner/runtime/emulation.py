@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from cost_models.simulator import PipelineJob, sync_resources, transfer_resources
+from cost_models.simulator import PipelineJob, sync_resources
 
 __all__ = ["SharedResources", "Emulator", "resource_slots", "sleep_until", "now_s"]
 
@@ -74,10 +74,10 @@ class Emulator:
         """Reserve the link to ``peer_stage`` for one boundary message; when it arrives there."""
         peer = int(self.job.device[self.replica, peer_stage])
         boundary = min(self.stage, peer_stage)
-        keys, bandwidth = transfer_resources(self.job, self.device, peer)
-        busy = float(self.job.boundary_bytes[boundary]) / bandwidth * self.scale
-        start = self.resources.reserve(keys, ready_s, busy)
-        return start + busy + float(self.job.latency_s[self.device, peer]) * self.scale
+        network = self.job.network
+        busy = float(network.busy_s(self.device, peer, self.job.boundary_bytes[boundary])) * self.scale
+        start = self.resources.reserve(network.transfer_resources(self.device, peer), ready_s, busy)
+        return start + busy + float(network.latency_s[self.device, peer]) * self.scale
 
     def sync_end_s(self, ready_s: float) -> float:
         """Reserve this stage's ring for its all-reduce once every member is ready; when it ends."""

@@ -4,10 +4,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.errors import InputError
-from planner.job import read_yaml
-from planner.model import ModelSpec, TrainingSpec, parse_model, parse_training
-from planner.plan import Plan, read_plan, validate_plan
-from planner.topology import Topology, parse_topology
+from planner.inputs.model import ModelSpec, TrainingSpec, parse_model, parse_training
+from planner.plan.plan import Plan, validate_plan
+from planner.plan.document import read_plan
+from planner.inputs.job import load_topology
+from planner.inputs.topology import Topology
 
 __all__ = ["RunInputs", "load_run_inputs", "emulated_model", "RUNTIME_PRECISIONS"]
 
@@ -57,14 +58,7 @@ def load_run_inputs(plan_path, topology_path=None) -> RunInputs:
         raise error.located(source=source) from None
     training = replace(training, schedule=plan.schedule, micro_batch=plan.micro_batch_size)
     path = _topology_path(plan_path, document, topology_path)
-    topology_document = read_yaml(path)
-    try:
-        if not isinstance(topology_document, dict):
-            raise InputError("expected a mapping with 'devices' and 'network' at the top")
-        topology = parse_topology(topology_document, name=str(topology_document.get("name") or path.stem),
-                                  source=str(path))
-    except InputError as error:
-        raise error.located(source=str(path)) from None
+    topology = load_topology(path)
     if plan.calibration:
         topology = _calibrated(topology, plan.calibration, plan_path)
     try:
@@ -77,7 +71,7 @@ def load_run_inputs(plan_path, topology_path=None) -> RunInputs:
 
 def _calibrated(topology: Topology, record: dict, plan_path: Path) -> Topology:
     """Apply the calibration the plan was made with: the same file (by hash), or a refusal."""
-    from planner.calibration import apply_calibration, read_calibration
+    from planner.inputs.calibration import apply_calibration, read_calibration
 
     path = Path(record["path"])
     if not path.is_absolute() and not path.exists() and (plan_path.parent / path).exists():

@@ -53,7 +53,7 @@ class LaunchFailure(RuntimeError):
 
 def auto_time_scale(inputs: RunInputs) -> float:
     """Scale so the emulated iteration lasts about ``EMULATION_TARGET_S`` seconds of this host."""
-    from planner.costing import predict
+    from planner.prediction.predict import predict
 
     predicted = predict(inputs.plan, inputs.topology, inputs.model, inputs.training)[0].iteration_s
     return EMULATION_TARGET_S / predicted

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 
-from planner.costing import build_pipeline_job, model_flops_per_iteration, predict
-from planner.plan import plan_to_document
+from planner.prediction.predict import build_pipeline_job, model_flops_per_iteration, predict
+from planner.plan.document import plan_to_document
 from planner.runtime.emulation import Emulator, SharedResources, now_s
 from planner.runtime.engine import Layout, StageExecutor, make_groups
 from planner.runtime.gpt import build_stage

@@ -13,87 +13,13 @@ at a time to the replica that finishes earliest with one more is optimal for thi
 """
 
 import heapq
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
-from cost_models import flops, memory
+from planner.prediction.stage_model import LayerCosts, in_flight_table, stage_memory_bytes
 
-__all__ = ["LayerCosts", "layer_costs", "stage_seconds", "stage_memory_bytes", "in_flight_microbatches", "split_layers",
-           "split_batch"]
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class LayerCosts:
-    """Per-layer and per-stage-extra work and memory for one micro-batch of ``micro_batch`` sequences."""
-
-    layers: int
-    layer_flops: float  # forward + backward (+ recompute) of one block
-    head_flops: float  # forward + backward of the LM head, last stage
-    layer_params: float
-    first_params: float  # embeddings
-    last_params: float  # final norm + head (+ tied copy)
-    layer_kept_bytes: float
-    first_kept_bytes: float
-    last_kept_bytes: float
-    transient_bytes: float
-    last_transient_bytes: float
-    state_bytes_per_param: float
-    boundary_bytes: float
-
-
-def layer_costs(model, training, micro_batch: int, stages: int) -> LayerCosts:
-    b, s, h, a, v = micro_batch, model.sequence, model.hidden, model.heads, model.vocabulary
-    dtype = training.activation_bytes
-    fwd = flops.layer_forward_flops(b, s, h, model.ffn_hidden, gated_mlp=model.gated_mlp)
-    kept = memory.layer_activation_bytes(s, b, h, a, dtype_bytes=dtype, flash_attention=training.flash_attention,
-                                         recompute=training.recompute)
-    full = memory.layer_activation_bytes(s, b, h, a, dtype_bytes=dtype, flash_attention=training.flash_attention)
-    boundary = float(b * s * h * dtype)
-    last_params = flops.head_parameters(v, h, tied=model.tied_embeddings, biases=model.biases)
-    if model.tied_embeddings and stages > 1:
-        last_params += v * h
-    first_params = flops.embedding_parameters(v, h, s, learned_positions=model.learned_positions)
-    if stages == 1:
-        first_params += last_params
-        last_params = 0.0
-    transient = 2.0 * boundary + (full if training.recompute else 0.0)
-    return LayerCosts(
-        layers=model.layers, layer_flops=fwd * flops.training_flops_multiplier(training.recompute),
-        head_flops=3.0 * flops.head_forward_flops(b, s, h, v),
-        layer_params=float(flops.layer_parameters(h, model.ffn_hidden, gated_mlp=model.gated_mlp,
-                                                  biases=model.biases)),
-        first_params=float(first_params), last_params=float(last_params), layer_kept_bytes=kept,
-        first_kept_bytes=boundary, last_kept_bytes=memory.logits_bytes(s, b, v), transient_bytes=transient,
-        last_transient_bytes=memory.logits_bytes(s, b, v),
-        state_bytes_per_param=memory.state_bytes_per_parameter(training.precision, training.optimizer),
-        boundary_bytes=boundary)
-
-
-def stage_seconds(costs: LayerCosts, n_layers, stage: int, stages: int, speed):
-    """Forward+backward seconds per micro-batch of a stage with ``n_layers`` on devices of ``speed`` FLOP/s."""
-    work = n_layers * costs.layer_flops + (costs.head_flops if stage == stages - 1 else 0.0)
-    return work / speed
-
-
-def stage_memory_bytes(costs: LayerCosts, n_layers, stage: int, stages: int, in_flight):
-    """Peak bytes of a stage with ``n_layers`` (state + in-flight activations + transient)."""
-    params = n_layers * costs.layer_params + (costs.first_params if stage == 0 else 0.0) \
-        + (costs.last_params if stage == stages - 1 else 0.0)
-    kept = n_layers * costs.layer_kept_bytes + (costs.first_kept_bytes if stage == 0 else 0.0) \
-        + (costs.last_kept_bytes if stage == stages - 1 else 0.0)
-    transient = costs.transient_bytes + (costs.last_transient_bytes if stage == stages - 1 else 0.0)
-    return params * costs.state_bytes_per_param + in_flight * kept + transient
-
-
-def in_flight_microbatches(schedule: str, stages: int, microbatches: np.ndarray) -> np.ndarray:
-    """(R, S) in-flight micro-batches per worker (``memory.in_flight_microbatches``, vectorised)."""
-    m = np.asarray(microbatches, dtype=np.int64)[:, None]
-    if schedule == "gpipe":
-        return np.repeat(m, stages, axis=1)
-    if schedule == "1f1b":
-        return np.minimum(stages - np.arange(stages)[None, :], m)
-    raise ValueError(f"unknown schedule {schedule!r}")
+__all__ = ["split_layers", "split_batch"]
 
 
 def _stage_limits(costs, stages, speed, capacity, in_flight):
@@ -145,7 +71,7 @@ def split_layers(costs: LayerCosts, schedule: str, speed: np.ndarray, capacity_b
         return None
     if head_slowdown != 1.0:  # the head at its own efficiency: its FLOPs count that many times
         costs = replace(costs, head_flops=costs.head_flops * head_slowdown)
-    limits = _stage_limits(costs, S, speed, capacity_bytes, in_flight_microbatches(schedule, S, microbatches))
+    limits = _stage_limits(costs, S, speed, capacity_bytes, in_flight_table(schedule, S, microbatches))
     slowest, by_memory = limits
     if even:  # the most even split memory allows, whatever the compute balance
         return _fill(costs, S, slowest, by_memory, np.inf)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 
 from cost_models import flops, memory
-from planner.search.evaluate import effective_bandwidth
+from planner.prediction.stage_model import iteration_flops
 
 __all__ = ["lower_bound_s", "work_bound_s", "work_flops"]
 
@@ -48,7 +48,7 @@ def lower_bound_s(topology, model, training) -> float:
     sequence_layer_flops = (flops.layer_forward_flops(1, model.sequence, model.hidden, model.ffn_hidden,
                                                       gated_mlp=model.gated_mlp)
                             * flops.training_flops_multiplier(training.recompute))
-    bandwidth = effective_bandwidth(topology).astype(float)
+    bandwidth = topology.network.bandwidth_bytes_per_s.copy()
     np.fill_diagonal(bandwidth, 0.0)
     best_out = np.sort(bandwidth.max(axis=1))[::-1]  # each device's fastest outgoing link, best first
     n = topology.size
@@ -74,9 +74,6 @@ def lower_bound_s(topology, model, training) -> float:
 
 def work_flops(topology, model, training) -> float:
     """The iteration's training FLOPs as the cost model counts them (recomputation included; the
-    head at the smallest calibrated head slowdown, never above 1)."""
-    b = training.global_batch
-    layer = flops.layer_forward_flops(b, model.sequence, model.hidden, model.ffn_hidden, gated_mlp=model.gated_mlp)
-    head = flops.head_forward_flops(b, model.sequence, model.hidden, model.vocabulary)
-    slowdown = min(float(topology.head_slowdowns().min()), 1.0)  # a faster head only lowers the bound
-    return float(model.layers * layer * flops.training_flops_multiplier(training.recompute) + 3.0 * head * slowdown)
+    head at the smallest calibrated head slowdown, never above 1: a faster head only lowers the bound)."""
+    slowdown = min(float(topology.head_slowdowns().min()), 1.0)
+    return iteration_flops(model, training.global_batch, recompute=training.recompute, head_slowdown=slowdown)

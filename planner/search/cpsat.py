@@ -5,7 +5,7 @@ Used to cross-check the greedy split of ``planner.search.balance``."""
 import numpy as np
 from ortools.sat.python import cp_model
 
-from planner.search.balance import LayerCosts, stage_memory_bytes
+from planner.prediction.stage_model import LayerCosts, stage_memory_bytes
 
 __all__ = ["exact_layer_split", "make_solver", "RESOLUTION_S"]
 

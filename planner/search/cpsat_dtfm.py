@@ -45,8 +45,8 @@ def exact_dtfm_allocation(topology, stages: int, replicas: int, *, time_limit_s:
     n = topology.size
     if stages * replicas > n:
         raise ValueError(f"{stages} x {replicas} needs more than the topology's {n} devices")
-    latency = np.asarray(topology.latency_s, dtype=float)
-    bandwidth = np.asarray(topology.bandwidth_bytes_per_s, dtype=float)
+    latency = np.asarray(topology.network.latency_s, dtype=float)
+    bandwidth = np.asarray(topology.network.bandwidth_bytes_per_s, dtype=float)
     # Each member's exchange with one other member: 2 (alpha + c_dp / (D beta)) (sec. 3.2).
     exchange_ns = np.rint(sharded_exchange_pair_s(DTFM_C_DP_BYTES, latency, bandwidth, replicas)
                           / RESOLUTION_S).astype(np.int64)

@@ -12,9 +12,12 @@ replica's micro-batch count) and minimises the search's own estimate
   GPipe the forward phase's period plus the backward phase's (formulas.md, Pipeline schedules);
 - each stage's last backward ``backward_share * tau`` after its downstream stages', then its
   gradient all-reduce over the ring the search would use for that set of devices (one Boolean per
-  candidate set, so the ring's cost is exact whatever its order);
+  candidate set, so the ring's cost is exact whatever its order), then each worker's optimizer step;
 - memory: state plus in-flight activations (``M_r`` under GPipe, ``min(S - s, M_r)`` under 1F1B)
   on every placed device.
+
+The queueing of messages on hosts' shared NICs is left out (the estimate adds it, so the model's
+bound still holds; on such networks its answer is reported as feasible, not optimal).
 
 Only lower bounds on the max terms are stated: the objective grows with each of them, so an
 optimum sets them tight and the model's minimum is the estimate's minimum. Times are integers of
@@ -30,10 +33,12 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
+
+from cost_models.schedule import Schedule
 from ortools.sat.python import cp_model
 
 from planner.search.cpsat import RESOLUTION_S, make_solver
-from planner.search.balance import stage_memory_bytes
+from planner.prediction.stage_model import stage_memory_bytes, stage_parameters
 from planner.search.evaluate import (Candidate, backward_share, gradient_bytes, ring_cost, score_split,
                                     stage_costs)
 
@@ -94,7 +99,10 @@ def exact_placement(ctx, stages: int, replicas: int, micro_batch: int, schedule:
                               bound_s=builder.seconds_below(solver.best_objective_bound), wall_s=wall)
     candidate = builder.decode(solver, micro_batch)
     bound = builder.seconds_below(solver.best_objective_bound)
-    return ExactPlacement(status="optimal" if status == cp_model.OPTIMAL else "feasible", candidate=candidate,
+    # Shared NICs: the model leaves out their queueing, which only adds to the estimate, so its
+    # bound holds but its optimum is not proven to be the estimate's.
+    proven = status == cp_model.OPTIMAL and not ctx.network.has_shared_nics
+    return ExactPlacement(status="optimal" if proven else "feasible", candidate=candidate,
                           objective_s=candidate.score_s if candidate else math.inf, bound_s=bound, wall_s=wall)
 
 
@@ -132,6 +140,7 @@ class _PlacementModel:
         self._add_pipelines()
         self._add_memory()
         self._add_sync()
+        self._add_steps()
         self._add_objective()
 
     # -- data, in integers -------------------------------------------------------------------
@@ -139,9 +148,8 @@ class _PlacementModel:
         ctx, c = self.ctx, self.costs
         self.layer_ns = _ns(c.layer_flops / ctx.speed)  # (n,)
         self.head_ns = _ns(c.head_flops * ctx.head_slowdown / ctx.speed)
-        bw, lat = ctx.bandwidth.astype(float), ctx.topology.latency_s
-        with np.errstate(divide="ignore"):
-            one_way = c.boundary_bytes / bw
+        lat = ctx.network.latency_s
+        one_way = ctx.network.busy_s(slice(None), slice(None), c.boundary_bytes)
         np.fill_diagonal(one_way, 0.0)
         self.round_trip_ns = _ns(one_way + one_way.T + lat + lat.T).ravel().tolist()  # index a * n + b
         self.forward_busy_ns = _ns(one_way).ravel().tolist()  # activation a -> b
@@ -204,7 +212,7 @@ class _PlacementModel:
         for r in range(R):
             fill = sum(self.tau[r, s] for s in range(S)) + sum(self.trip[r, s] for s in range(S - 1))
             period = m.new_int_var(0, self.horizon_ns, f"period_r{r}")
-            if self.schedule == "gpipe" and S > 1:  # a forward phase, then a backward phase
+            if self.schedule == Schedule.GPIPE and S > 1:  # a forward phase, then a backward phase
                 forward = m.new_int_var(0, self.horizon_ns, f"forward_period_r{r}")
                 backward = m.new_int_var(0, self.horizon_ns, f"backward_period_r{r}")
                 for s in range(S):
@@ -219,7 +227,7 @@ class _PlacementModel:
             for s in range(S - 1):
                 m.add(period >= self.forward[r, s])
                 m.add(period >= self.backward[r, s])
-            if self.schedule == "1f1b" and S > 1:
+            if self.schedule == Schedule.ONE_F_ONE_B and S > 1:
                 for s in range(S):  # S - s micro-batches in flight from stage s to the last and back
                     back = sum(self.tau[r, k] for k in range(s, S)) + sum(self.trip[r, k] for k in range(s, S - 1))
                     m.add((S - s) * period >= back)
@@ -236,7 +244,7 @@ class _PlacementModel:
         ``decode`` re-checks the answer in floats)."""
         m, S = self.model, self.S
         for r, s in itertools.product(range(self.R), range(S)):
-            if self.schedule == "gpipe":
+            if self.schedule == Schedule.GPIPE:
                 in_flight = self.micro[r]
             else:
                 in_flight = m.new_int_var(1, S - s, f"in_flight_r{r}_s{s}")
@@ -263,8 +271,8 @@ class _PlacementModel:
         self.sync_horizon_ns = 0
         if R == 1:
             return
-        fixed_bytes = gradient_bytes(self.costs, [0] * S, self.ctx.training)
-        layer_bytes = gradient_bytes(self.costs, [1] * S, self.ctx.training) - fixed_bytes
+        fixed_bytes = gradient_bytes(self.costs, [0] * S)
+        layer_bytes = gradient_bytes(self.costs, [1] * S) - fixed_bytes
         groups = list(itertools.combinations(range(n), R))
         rings = [ring_cost(self.ctx, np.array(g)) for g in groups]
         for s in range(S):
@@ -284,23 +292,40 @@ class _PlacementModel:
             for flag, per_layer, base in bounds:
                 m.add(self.sync[s] >= per_layer * self.layers[s] + base).only_enforce_if(flag)
 
+    def _add_steps(self):
+        """Each worker's optimizer step after its stage's all-reduce: the stage's parameters
+        (``stage_parameters``, linear in its layer count) through the device's memory bandwidth."""
+        m, S, c = self.model, self.S, self.costs
+        fixed = stage_parameters(c, 0.0, np.arange(S), S) * c.optimizer_bytes_per_param
+        per_layer_ns = _ns(c.layer_params * c.optimizer_bytes_per_param / self.ctx.mem_bw)  # (n,)
+        fixed_ns = _ns(fixed[None, :] / self.ctx.mem_bw[:, None])  # (n, S)
+        self.step_horizon_ns = int((per_layer_ns * self.L + fixed_ns.max(axis=1)).max())
+        self.step = {}
+        for r, s in itertools.product(range(self.R), range(S)):
+            self.step[r, s] = m.new_int_var(0, self.step_horizon_ns, f"step_ns_r{r}_s{s}")
+            for d in range(self.n):
+                m.add(self.step[r, s] >= int(per_layer_ns[d]) * self.layers[s]
+                      + int(fixed_ns[d, s])).only_enforce_if(self.x[d, r, s])
+
     def _add_objective(self):
         m, R, S = self.model, self.R, self.S
-        self.iteration = m.new_int_var(0, (self.total + S) * self.horizon_ns + self.sync_horizon_ns, "iteration_ns")
+        self.iteration = m.new_int_var(0, (self.total + S) * self.horizon_ns + self.sync_horizon_ns
+                                       + self.step_horizon_ns, "iteration_ns")
         for s in range(S):
             finish = m.new_int_var(0, (self.total + S) * self.horizon_ns, f"last_backward_end_s{s}")
             for r in range(R):  # stage s ends backward_share of the upstream stages' tau before the replica does
                 upstream = sum(self.tau[r, k] for k in range(s))
                 m.add(self.share_den * finish >= self.share_den * self.pipeline[r] - self.share_num * upstream)
-            m.add(self.iteration >= finish + self.sync[s])
+            for r in range(R):
+                m.add(self.iteration >= finish + self.sync[s] + self.step[r, s])
         m.minimize(self.iteration)
 
     # -- hint and answer ---------------------------------------------------------------------
     def seconds_below(self, bound_ns: float) -> float:
         """A model bound in seconds, lowered by the most the rounding of its coefficients to whole
         nanoseconds can add along one replica's makespan and one all-reduce, so it bounds the
-        unrounded estimate."""
-        allowance_ns = (self.total + self.S + 1) * (self.L + 2 * self.S + 2)
+        unrounded estimate (the optimizer step's rounding included)."""
+        allowance_ns = (self.total + self.S + 1) * (self.L + 2 * self.S + 2) + self.L + 1
         return max(0.0, (bound_ns - allowance_ns) * RESOLUTION_S)
 
     def add_hint(self, hint: Candidate):

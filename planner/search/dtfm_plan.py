@@ -2,20 +2,14 @@
 
 from dataclasses import replace
 
-from planner.costing import predict
+from planner.prediction.predict import predict
 from planner.errors import InputError
-from planner.plan import Plan
-from planner.search.dtfm_search import dtfm_search, groups_to_pipelines
-from planner.search.front import candidate_to_plan
+from planner.plan.plan import Plan
+from planner.search.dtfm_search import dtfm_degrees, dtfm_search, groups_to_pipelines
+from planner.search.plans import candidate_to_plan
 from planner.search.evaluate import Candidate, make_context
 
 __all__ = ["dtfm_degrees", "dtfm_style_plan", "best_dtfm_style_plan", "dtfm_objective_plan"]
-
-
-def dtfm_degrees(n: int, layers: int) -> list:
-    """(stages, replicas) with stages x replicas = n and stages dividing the layers (DTFM's constraints;
-    at most 12 stages, the limit of the exact stage-order search)."""
-    return [(s, n // s) for s in range(1, min(n, layers, 12) + 1) if n % s == 0 and layers % s == 0]
 
 
 def dtfm_style_plan(topology, model, training, stages: int, replicas: int, groups=None, *, seed: int = 0,

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cost_models.dtfm import DTFM_C_PP_BYTES, bottleneck_matching, dtfm_cost, pp_edge_cost_s
-from planner.search.construct import locality_order
+from planner.search.locality import locality_order
 from planner.search.cpsat_dtfm import exact_dtfm_allocation
 
-__all__ = ["DtfmResult", "dtfm_search", "gcma", "random_allocation", "contiguous_allocation", "groups_to_pipelines"]
+__all__ = ["DtfmResult", "dtfm_degrees", "dtfm_search", "gcma", "random_allocation", "contiguous_allocation", "groups_to_pipelines"]
 
 
 EXACT_DEVICES = 16  # up to this many devices the allocation is also solved by CP-SAT
@@ -38,7 +38,13 @@ class DtfmResult:
 
 
 def _score(topology, groups):
-    return dtfm_cost(topology.latency_s, topology.bandwidth_bytes_per_s, groups)
+    return dtfm_cost(topology.network.latency_s, topology.network.bandwidth_bytes_per_s, groups)
+
+
+def dtfm_degrees(n: int, layers: int) -> list:
+    """(stages, replicas) with stages x replicas = n and stages dividing the layers (DTFM's constraints;
+    at most 12 stages, the limit of the exact stage-order search)."""
+    return [(s, n // s) for s in range(1, min(n, layers, 12) + 1) if n % s == 0 and layers % s == 0]
 
 
 def contiguous_allocation(n: int, stages: int, replicas: int) -> list:
@@ -158,7 +164,7 @@ def gcma(topology, stages: int, replicas: int, *, rng=None, seed: int = 0, popul
     started = time.perf_counter()
     rng = rng if rng is not None else np.random.default_rng(seed)
     n = topology.size
-    edge = pp_edge_cost_s(topology.latency_s, topology.bandwidth_bytes_per_s)
+    edge = pp_edge_cost_s(topology.network.latency_s, topology.network.bandwidth_bytes_per_s)
     pool, costs = [], []
     for _ in range(population):
         groups = random_allocation(n, stages, replicas, rng)
@@ -199,8 +205,8 @@ def gcma(topology, stages: int, replicas: int, *, rng=None, seed: int = 0, popul
 def groups_to_pipelines(topology, groups) -> np.ndarray:
     """(replicas, stages) device indices: groups in the objective's stage order, consecutive groups
     joined by their bottleneck matchings (who feeds whom)."""
-    cost = dtfm_cost(topology.latency_s, topology.bandwidth_bytes_per_s, groups)
-    edge = pp_edge_cost_s(topology.latency_s, topology.bandwidth_bytes_per_s, DTFM_C_PP_BYTES)
+    cost = dtfm_cost(topology.network.latency_s, topology.network.bandwidth_bytes_per_s, groups)
+    edge = pp_edge_cost_s(topology.network.latency_s, topology.network.bandwidth_bytes_per_s, DTFM_C_PP_BYTES)
     ordered = [list(groups[j]) for j in cost.order]
     pipelines = [[d] for d in ordered[0]]
     for nxt in ordered[1:]:

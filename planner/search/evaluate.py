@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models import comm
-from planner.costing import greedy_ring_order, ring_hops
-from planner.search.balance import in_flight_microbatches, layer_costs, split_batch, split_layers, stage_memory_bytes
+from cost_models.schedule import Schedule
+from planner.prediction.stage_model import (in_flight_table, layer_costs, optimizer_time_s, stage_memory_bytes,
+                                            stage_parameters)
+from planner.search.balance import split_batch, split_layers
 
 __all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "score_split", "fits", "stage_costs",
-           "ring_cost", "gradient_bytes", "backward_share", "effective_bandwidth"]
+           "ring_cost", "gradient_bytes", "step_seconds", "backward_share"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -26,7 +27,7 @@ class SearchContext:
     head_slowdown: np.ndarray  # per device: the head's FLOPs count this many times (calibration)
     capacity: np.ndarray  # usable bytes per device
     mem_bw: np.ndarray
-    bandwidth: np.ndarray  # link bandwidth capped by the hosts' shared NICs (B/s)
+    network: object  # cost_models.network.Network: the simulator's own network
     costs: dict  # (micro_batch, stages) -> LayerCosts
     rings: dict  # sorted member tuple -> (all-reduce seconds per byte, latency seconds)
 
@@ -44,26 +45,12 @@ class Candidate:
         return (self.assign.tobytes(), self.layer_counts, self.microbatches, self.micro_batch, self.schedule)
 
 
-def effective_bandwidth(topology) -> np.ndarray:
-    """Each link's bandwidth capped by its sender's egress and receiver's ingress NIC (inter-host only)."""
-    n = topology.size
-    egress = np.full(n, np.inf)
-    ingress = np.full(n, np.inf)
-    for i, d in enumerate(topology.devices):
-        nic = topology.nic_of(d.host)
-        if nic:
-            egress[i], ingress[i] = nic
-    other_host = topology.host_ids[:, None] != topology.host_ids[None, :]
-    capped = np.minimum(topology.bandwidth_bytes_per_s, np.minimum(egress[:, None], ingress[None, :]))
-    return np.where(other_host, capped, topology.bandwidth_bytes_per_s)
-
-
 def make_context(topology, model, training) -> SearchContext:
     return SearchContext(topology=topology, model=model, training=training,
                          speed=topology.effective_flops(training.precision), capacity=topology.memory_bytes(),
                          head_slowdown=topology.head_slowdowns(),
                          mem_bw=np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices]),
-                         bandwidth=effective_bandwidth(topology), costs={}, rings={})
+                         network=topology.network, costs={}, rings={})
 
 
 def stage_costs(ctx: SearchContext, micro_batch: int, stages: int):
@@ -76,17 +63,24 @@ def stage_costs(ctx: SearchContext, micro_batch: int, stages: int):
 
 def ring_cost(ctx: SearchContext, members: np.ndarray) -> tuple:
     """(seconds per byte, latency seconds) of the all-reduce ring the plan will use for ``members``
-    (nearest-neighbour ``greedy_ring_order``; the plan's 2-opt ring is never slower), memoised per
+    (nearest-neighbour ``Network.ring_order``; the plan's 2-opt ring is never slower), memoised per
     member set: local search changes few groups at a time."""
     key = tuple(sorted(members.tolist()))
     if key not in ctx.rings:
-        every = ctx.topology.names
-        names = [every[d] for d in key]
-        order = greedy_ring_order(ctx.topology, names, improve=False)
-        latency, bandwidth = ring_hops(ctx.topology, [names[i] for i in order])
-        per_byte = comm.ring_allreduce_time_s(1.0, np.zeros_like(latency), bandwidth)
-        ctx.rings[key] = (per_byte, comm.ring_allreduce_time_s(0.0, latency, bandwidth))
-    return ctx.rings[key]
+        network = ctx.network
+        order = [key[i] for i in network.ring_order(key, improve=False)]
+        shared = []
+        if network.has_shared_nics:
+            for a, b in zip(order, order[1:] + order[:1]):
+                shared += [k for k in network.transfer_resources(a, b) if k[0] != "link"]
+        ctx.rings[key] = network.ring_cost(order) + (tuple(dict.fromkeys(shared)),)
+    return ctx.rings[key][:2]
+
+
+def _ring_nics(ctx, members) -> tuple:
+    """The shared NICs the ring of ``members`` crosses (memoised with ``ring_cost``)."""
+    ring_cost(ctx, members)
+    return ctx.rings[tuple(sorted(members.tolist()))][2]
 
 
 def _ring_seconds_per_byte(ctx, members) -> float:
@@ -110,16 +104,39 @@ def _gpipe_caps(costs, counts, capacity):
 
 def _links(ctx, assign, costs):
     """Per replica and pipeline link (R, S-1): the round trip per micro-batch (activation down,
-    gradient back, each with its latency), the forward and the backward transfer's busy time; and
-    per replica the round trips summed (R,)."""
+    gradient back, each with its latency), the forward and the backward transfer's busy time; per
+    replica the links' time in the pipeline's fill (R,) and the busiest shared NIC's time per
+    period (R,).
+
+    Every replica sends one activation down and one gradient up each link per period, so a shared
+    NIC carries all of the replicas' messages that cross it (the simulator queues them there): a
+    message's busy time in a phase is at least its NICs' load in its direction; under 1F1B a
+    replica's period is at least the load of both directions on the NICs its links cross; and the
+    fill waits once for the queue of first activations (every replica sends one at the same time;
+    after that queue the replicas are staggered and the gradients coming back find the NIC free).
+    """
     R, S = assign.shape
     if S == 1:
-        return np.zeros((R, 0)), np.zeros((R, 0)), np.zeros((R, 0)), np.zeros(R)
+        return np.zeros((R, 0)), np.zeros((R, 0)), np.zeros((R, 0)), np.zeros(R), np.zeros(R)
+    network = ctx.network
     a, b = assign[:, :-1], assign[:, 1:]
-    forward = costs.boundary_bytes / ctx.bandwidth[a, b]
-    backward = costs.boundary_bytes / ctx.bandwidth[b, a]
-    round_trip = forward + backward + ctx.topology.latency_s[a, b] + ctx.topology.latency_s[b, a]
-    return round_trip, forward, backward, round_trip.sum(axis=1)
+    forward = network.busy_s(a, b, costs.boundary_bytes)
+    backward = network.busy_s(b, a, costs.boundary_bytes)
+    round_trip = forward + backward + network.latency_s[a, b] + network.latency_s[b, a]
+    link_fill = round_trip.sum(axis=1)
+    nic_period = np.zeros(R)
+    if network.has_shared_nics:
+        out_f, in_f = network.nic_busy_s(a, b, costs.boundary_bytes)
+        out_b, in_b = network.nic_busy_s(b, a, costs.boundary_bytes)
+        ha, hb = network.host[a], network.host[b]
+        crosses = ha != hb
+        queued = np.maximum(forward, np.where(crosses, np.maximum(out_f[ha], in_f[hb]), 0.0))
+        link_fill = link_fill + (queued - forward).max(axis=1)
+        forward = queued
+        backward = np.maximum(backward, np.where(crosses, np.maximum(out_b[hb], in_b[ha]), 0.0))
+        both = np.maximum(out_f + out_b, in_f + in_b)
+        nic_period = np.where(crosses, np.maximum(both[ha], both[hb]), 0.0).max(axis=1)
+    return round_trip, forward, backward, link_fill, nic_period
 
 
 def _pipeline_shape(ctx, assign, costs, counts, schedule, links):
@@ -132,13 +149,13 @@ def _pipeline_shape(ctx, assign, costs, counts, schedule, links):
     link (a slow link that hides behind ``f + b`` under 1F1B shows under GPipe).
     """
     R, S = assign.shape
-    round_trip, forward_busy, backward_busy, link_fill = links
+    round_trip, forward_busy, backward_busy, link_fill, nic_period = links
     work = np.array(counts, dtype=float) * costs.layer_flops
     tau = np.repeat(work[None, :], R, axis=0)
     tau[:, -1] += costs.head_flops * ctx.head_slowdown[assign[:, -1]]
     tau = tau / ctx.speed[assign]
     fill = tau.sum(axis=1) + link_fill
-    if schedule == "gpipe" and S > 1:
+    if schedule == Schedule.GPIPE and S > 1:
         share = backward_share(ctx.training)
         bottleneck = (np.maximum((1.0 - share) * tau.max(axis=1), forward_busy.max(axis=1))
                       + np.maximum(share * tau.max(axis=1), backward_busy.max(axis=1)))
@@ -146,7 +163,8 @@ def _pipeline_shape(ctx, assign, costs, counts, schedule, links):
     bottleneck = tau.max(axis=1)
     if S > 1:
         bottleneck = np.maximum(bottleneck, np.maximum(forward_busy, backward_busy).max(axis=1))
-    if schedule == "1f1b" and S > 1:
+        bottleneck = np.maximum(bottleneck, nic_period)
+    if schedule == Schedule.ONE_F_ONE_B and S > 1:
         # Stage s admits a new micro-batch only after one of its S - s in flight came back:
         # throughput <= (S - s) / round trip from s to the last stage and back.
         hop = np.zeros((R, S))
@@ -164,7 +182,8 @@ def backward_share(training) -> float:
 
 def _iteration_s(ctx, assign, costs, counts, microbatches, tau, fill, bottleneck) -> float:
     """Each replica's makespan ``fill + (M - 1) * bottleneck``, then each stage's gradient all-reduce
-    after its last backward; the slowest stage's end."""
+    after its last backward (queued behind earlier ones on a shared NIC), then its optimizer step;
+    the slowest stage's end."""
     R, S = assign.shape
     pipeline = fill + (np.asarray(microbatches) - 1) * bottleneck  # (R,)
     # Stage s finishes its last backward before the stages upstream of it do theirs.
@@ -172,25 +191,46 @@ def _iteration_s(ctx, assign, costs, counts, microbatches, tau, fill, bottleneck
                               axis=1)
     finish = (pipeline[:, None] - upstream).max(axis=0)  # (S,)
     sync = np.zeros(S)
+    start = finish
     if R > 1:
-        grads = gradient_bytes(costs, counts, ctx.training)
+        grads = gradient_bytes(costs, counts)
         sync = np.array([grads[s] * _ring_seconds_per_byte(ctx, assign[:, s]) + _ring_latency(ctx, assign[:, s])
                          for s in range(S)])
-    return float((finish + sync).max())
+        if ctx.network.has_shared_nics:
+            start = _queued_sync_starts(ctx, assign, finish, sync)
+    return float((start + sync + step_seconds(ctx, assign, costs, counts).max(axis=0)).max())
 
 
-def gradient_bytes(costs, counts, training) -> np.ndarray:
-    """Bytes each stage's replicas all-reduce: its parameters at the activation precision."""
-    grads = np.array(counts, dtype=float) * costs.layer_params * training.activation_bytes
-    grads[0] += costs.first_params * training.activation_bytes
-    grads[-1] += costs.last_params * training.activation_bytes
-    return grads
+def _queued_sync_starts(ctx, assign, finish, sync) -> np.ndarray:
+    """Start of each stage's all-reduce when rings that cross the same shared NIC run one after
+    another in the order they become ready (the simulator holds every NIC a ring crosses for the
+    whole all-reduce)."""
+    free_at, start = {}, finish.astype(float).copy()
+    for s in np.argsort(finish, kind="stable"):
+        nics = _ring_nics(ctx, assign[:, s])
+        start[s] = max([finish[s]] + [free_at.get(k, 0.0) for k in nics])
+        for k in nics:
+            free_at[k] = start[s] + sync[s]
+    return start
+
+
+def gradient_bytes(costs, counts) -> np.ndarray:
+    """Bytes each stage's replicas all-reduce (the stage model's parameters x gradient bytes)."""
+    S = len(counts)
+    return stage_parameters(costs, np.asarray(counts, dtype=float), np.arange(S), S) * costs.gradient_bytes_per_param
+
+
+def step_seconds(ctx, assign, costs, counts) -> np.ndarray:
+    """(R, S) optimizer step of every worker: its stage's parameters through its memory bandwidth."""
+    S = assign.shape[1]
+    params = stage_parameters(costs, np.asarray(counts, dtype=float), np.arange(S), S)
+    return optimizer_time_s(params[None, :], costs.optimizer_bytes_per_param, ctx.mem_bw[assign])
 
 
 def fits(costs, schedule: str, counts, microbatches, capacity: np.ndarray) -> bool:
     """Whether every placed device holds its stage with its in-flight micro-batches (``capacity`` (R, S))."""
     R, S = capacity.shape
-    in_flight = in_flight_microbatches(schedule, S, microbatches)
+    in_flight = in_flight_table(schedule, S, microbatches)
     need = np.stack([stage_memory_bytes(costs, counts[s], s, S, in_flight[:, s]) for s in range(S)], axis=1)
     return bool((need <= capacity * (1 + 1e-12)).all())
 
@@ -252,7 +292,7 @@ def _evaluate(ctx, assign, micro_batch, schedule, microbatches, split) -> Candid
         if counts is None:
             return None
         tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, links)
-        cap = _gpipe_caps(costs, counts, capacity) if schedule == "gpipe" else None
+        cap = _gpipe_caps(costs, counts, capacity) if schedule == Schedule.GPIPE else None
         new = split_batch(total, fill, bottleneck, cap)
         if new is None or np.array_equal(new, microbatches) or not fits(costs, schedule, counts, new, capacity):
             break

@@ -19,18 +19,23 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from planner.costing import greedy_ring_order, predict
+from cost_models.schedule import Schedule
+
+from planner.prediction.predict import predict
 from planner.errors import InputError
-from planner.plan import Plan, validate_plan
-from planner.search.bounds import lower_bound_s, work_flops
+from planner.plan.plan import Plan, validate_plan
+from planner.search.bounds import work_flops
 from planner.search.construct import layouts
 from planner.search.cpsat_placement import exact_placement, model_is_small_enough
-from planner.search.evaluate import Candidate, evaluate_placement, make_context
+from planner.search.dtfm_plan import dtfm_objective_plan
+from planner.search.evaluate import Candidate, evaluate_placement, make_context, score_split
 from planner.search.genetic import POPULATION, genetic_search
 from planner.search.local import iterated_local_search
+from planner.search.objective import IterationTime, Objective
+from planner.search.plans import candidate_to_plan
 from planner.search.refine import refine_split
 
-__all__ = ["SearchOptions", "SearchResult", "search", "candidate_to_plan"]
+__all__ = ["SearchOptions", "SearchResult", "search"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,9 +54,11 @@ class SearchOptions:
 @dataclass(kw_only=True)
 class SearchResult:
     plan: Plan
-    predicted_s: float
-    lower_bound_s: float
-    gap: float  # (predicted - bound) / predicted
+    predicted_s: float  # the simulator's iteration time
+    objective_s: float  # the plan's score under the objective (the iteration time for "time")
+    lower_bound_s: float  # on the objective
+    gap: float  # (objective - bound) / objective
+    objective: str = "time"
     evaluations: int
     wall_s: float
     history: list = field(default_factory=list)  # (evaluations, wall_s, best estimate)
@@ -71,7 +78,7 @@ def _micro_batches(training, options) -> list:
 
 
 def _schedules(training) -> list:
-    return ["1f1b", "gpipe"] if training.schedule == "auto" else [training.schedule]
+    return list(Schedule) if training.schedule == "auto" else [Schedule(training.schedule)]
 
 
 DENSE_DEVICES = 256  # up to this many devices every replica count is tried; above, a geometric grid
@@ -107,26 +114,51 @@ def _ordered_pairs(pairs: list, work_flops: float, speed: np.ndarray) -> list:
     return sorted((work_flops / fastest[s * d - 1], s, d) for s, d in pairs)
 
 
-def candidate_to_plan(ctx, candidate: Candidate) -> Plan:
-    topo = ctx.topology
-    names = topo.names
-    bounds = np.concatenate([[0], np.cumsum(candidate.layer_counts)]).tolist()
-    assignment = tuple(tuple(names[d] for d in row) for row in candidate.assign)
-    R, S = candidate.assign.shape
-    rings = tuple(tuple(greedy_ring_order(topo, [assignment[r][s] for r in range(R)])) for s in range(S))
-    used = set(candidate.assign.ravel().tolist())
-    return Plan(layer_bounds=tuple(bounds), assignment=assignment, microbatches=candidate.microbatches,
-                micro_batch_size=candidate.micro_batch, schedule=candidate.schedule, ring_orders=rings,
-                topology_name=topo.name, topology_sha256=topo.sha256,
-                idle=tuple(names[d] for d in range(topo.size) if d not in used))
+def search(topology, model, training, options: SearchOptions = SearchOptions(), *, objective: Objective = None,
+           x0: Plan | None = None, rng=None, callback=None) -> SearchResult:
+    """Find the plan that minimises ``objective`` (the iteration time by default) and fits in memory.
 
-
-def search(topology, model, training, options: SearchOptions = SearchOptions(), *, rng=None,
-           callback=None) -> SearchResult:
-    """Find a fast plan that fits in memory. ``callback(info)`` may return True to stop early."""
+    ``x0``: a plan to start from (re-planning); it is scored with the rest and kept if nothing beats
+    it. ``callback(info)`` may return True to stop early. Returns the plan, its score under the
+    objective, the objective's lower bound and the gap.
+    """
     started = time.perf_counter()
-    deadline = started + options.time_limit_s
+    objective = objective or IterationTime()
     rng = rng if rng is not None else np.random.default_rng(options.seed)
+    engine = {"placement": _placement_search, "allocation": _allocation_search}[objective.engine]
+    plan, record = engine(topology, model, training, options, rng=rng, callback=callback, x0=x0, started=started)
+    history = record.pop("history", [])
+    validate_plan(plan, topology, model, training)
+    score = objective.score(plan, topology, model, training)
+    bound = objective.lower_bound(topology, model, training)
+    wall = time.perf_counter() - started
+    gap = max(0.0, (score - bound) / score) if score > 0 else 0.0
+    plan = replace(plan, search={**record, "objective": objective.name, "objective_s": score, "seed": options.seed,
+                                 "wall_s": round(wall, 3), "lower_bound_s": bound, "gap": gap})
+    return SearchResult(plan=plan, predicted_s=plan.prediction.iteration_s, objective=objective.name,
+                        objective_s=score, lower_bound_s=bound, gap=gap, evaluations=record.get("evaluations", 0),
+                        wall_s=wall, history=history,
+                        algorithm=record["algorithm"], exact_shapes=record.get("exact", []))
+
+
+def _allocation_search(topology, model, training, options, *, rng, callback, x0, started) -> tuple:
+    """DTFM's allocation (every device, even splits) under its own objective (``dtfm_plan``)."""
+    plan, dtfm = dtfm_objective_plan(topology, model, training, stages=options.stages, replicas=options.replicas,
+                                     seed=options.seed, time_limit_s=options.time_limit_s, callback=callback)
+    if not plan.prediction.fits:
+        worst = max(plan.prediction.memory_bytes,
+                    key=lambda d: plan.prediction.memory_bytes[d] / plan.prediction.capacity_bytes[d])
+        raise InputError(f"DTFM's plan ({plan.stages} x {plan.replicas}, even splits) needs "
+                         f"{plan.prediction.memory_bytes[worst] / 1e9:.1f} GB on {worst} of "
+                         f"{plan.prediction.capacity_bytes[worst] / 1e9:.1f} GB: DTFM ignores memory; "
+                         "use --objective time", field="--objective")
+    return plan, {**plan.search, "dtfm_evaluations": dtfm.evaluations, "dtfm_wall_s": round(dtfm.wall_s, 3)}
+
+
+def _placement_search(topology, model, training, options, *, rng, callback, x0, started) -> tuple:
+    """The placement engine (steps 1-6 of this module's description): the best plan by the
+    simulator among the estimate's best candidates, and the search's record."""
+    deadline = started + options.time_limit_s
     ctx = make_context(topology, model, training)
     history = []
     evaluations = 0
@@ -151,6 +183,9 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
             deadline = 0.0
         if time.perf_counter() > deadline:
             break
+    start = _start_candidate(ctx, x0)
+    if start is not None:
+        candidates.append(start)
     if not candidates:
         raise InputError("no plan fits in memory on these devices: add devices or memory, enable "
                          "recompute, or lower micro_batch", field="training")
@@ -225,6 +260,9 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
         if leader.key() not in keys:
             keys.add(leader.key())
             unique.append(leader)
+    if start is not None and start.key() not in keys:  # the starting plan is simulated too
+        keys.add(start.key())
+        unique.append(start)
     # Refined splits go to the simulator, and the two leading unrefined ones too: the estimate that
     # refinement lowers is not the simulator's prediction, which has the last word.
     refined = []
@@ -246,17 +284,24 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     if best_plan is None:
         raise InputError("no plan fits in memory on these devices: add devices or memory, enable "
                          "recompute, or lower micro_batch", field="training")
-    validate_plan(best_plan, topology, model, training)
-    bound = lower_bound_s(topology, model, training)
-    wall = time.perf_counter() - started
-    gap = max(0.0, (best_time - bound) / best_time)
     algorithm = "construct+local+genetic" + ("+cpsat" if exact_shapes else "") + "+refine"
-    best_plan = replace(best_plan, search={
-        "algorithm": algorithm, "seed": options.seed, "evaluations": evaluations,
-        "wall_s": round(wall, 3), "lower_bound_s": bound, "gap": gap, "exact": exact_shapes})
-    return SearchResult(plan=best_plan, predicted_s=best_time, lower_bound_s=bound, gap=gap,
-                        evaluations=evaluations, wall_s=wall, history=history, algorithm=algorithm,
-                        exact_shapes=exact_shapes)
+    return best_plan, {"algorithm": algorithm, "evaluations": evaluations, "exact": exact_shapes,
+                       "history": history}
+
+
+def _start_candidate(ctx, x0: Plan | None) -> Candidate | None:
+    """``x0`` as a candidate scored by the estimate (None without one; an ``InputError`` when it
+    does not fit these inputs)."""
+    if x0 is None:
+        return None
+    validate_plan(x0, ctx.topology, ctx.model, ctx.training)
+    assign = np.array([[ctx.topology.index(d) for d in row] for row in x0.assignment])
+    counts = tuple(int(c) for c in np.diff(x0.layer_bounds))
+    score = score_split(ctx, assign, counts, tuple(x0.microbatches), x0.micro_batch_size, Schedule(x0.schedule))
+    if score is None:
+        raise InputError("the starting plan does not fit in memory on these devices", field="x0")
+    return Candidate(assign=assign, layer_counts=counts, microbatches=tuple(x0.microbatches),
+                     micro_batch=x0.micro_batch_size, schedule=Schedule(x0.schedule), score_s=score)
 
 
 def _shape(c: Candidate) -> tuple:

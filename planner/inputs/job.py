@@ -3,13 +3,13 @@
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import yaml
-
 from planner.errors import InputError
-from planner.model import ModelSpec, TrainingSpec, model_preset, parse_model, parse_training
-from planner.topology import Topology, parse_topology
+from planner.inputs.calibration import read_calibration
+from planner.io import read_yaml
+from planner.inputs.model import ModelSpec, TrainingSpec, model_preset, parse_model, parse_training
+from planner.inputs.topology import Topology, parse_topology
 
-__all__ = ["Job", "load_job", "read_yaml"]
+__all__ = ["Job", "load_job", "load_topology"]
 
 _TOP_KEYS = ("name", "description", "devices", "network", "model", "training")
 
@@ -19,25 +19,6 @@ class Job:
     topology: Topology
     model: ModelSpec
     training: TrainingSpec
-
-
-def read_yaml(path) -> object:
-    """Read a YAML (or JSON) file with the safe loader; every failure is an ``InputError`` naming the file."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError("file not found: check the path", source=str(path)) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
-        raise InputError(f"cannot read it ({error.__class__.__name__}): pass a readable YAML file",
-                         source=str(path)) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(error, "problem", None) or "invalid YAML"
-        raise InputError(f"not valid YAML{where}: {problem}", source=str(path)) from None
 
 
 def load_job(path, *, model: str | ModelSpec | None = None, model_file=None, training_overrides: dict | None = None) -> Job:
@@ -54,8 +35,7 @@ def load_job(path, *, model: str | ModelSpec | None = None, model_file=None, tra
         unknown = [k for k in document if k not in _TOP_KEYS]
         if unknown:
             raise InputError(f"unknown top-level key '{unknown[0]}': use only {', '.join(_TOP_KEYS)}")
-        name = document.get("name") or Path(path).stem
-        topology = parse_topology(document, name=str(name), source=source)
+        topology = _topology(document, path)
         spec = _model(document, model, model_file)
         training = _training(document.get("training"), training_overrides or {})
     except InputError as error:
@@ -85,3 +65,30 @@ def _training(section, overrides: dict) -> TrainingSpec:
     training = parse_training(section if section is not None else {"global_batch": overrides["global_batch"]})
     clean = {k: v for k, v in overrides.items() if v is not None}
     return replace(training, **clean) if clean else training
+
+
+def load_topology(path) -> Topology:
+    """The topology of a file (its ``devices`` and ``network``; other sections are not read)."""
+    document = read_yaml(path)
+    try:
+        if not isinstance(document, dict):
+            raise InputError("expected a mapping with 'devices' and 'network' at the top")
+        return _topology(document, path)
+    except InputError as error:
+        raise error.located(source=str(path)) from None
+
+
+def _topology(document: dict, path) -> Topology:
+    """Parse the topology, with the measured links of the calibration file its network names."""
+    calibration = None
+    network = document.get("network")
+    if isinstance(network, dict) and isinstance(network.get("calibration"), str):
+        calibration_path = Path(network["calibration"])
+        if not calibration_path.is_absolute():
+            calibration_path = Path(path).parent / calibration_path
+        try:
+            calibration = read_calibration(calibration_path)
+        except InputError as error:
+            raise InputError(f"{error}", field="network.calibration") from None
+    name = document.get("name") or Path(path).stem
+    return parse_topology(document, name=str(name), source=str(path), calibration=calibration)

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
-from planner.accuracy import mean_absolute_percentage_error, memory_rows, rank_correlation, run_row  # noqa: E402
+from planner.report.accuracy import mean_absolute_percentage_error, memory_rows, rank_correlation, run_row  # noqa: E402
 
 __all__ = ["plot_accuracy", "plot_timeline", "plot_memory", "FORMATS"]
 

@@ -10,11 +10,13 @@ def run_row(results: dict, label: str) -> dict:
     """One run: predicted and measured iteration seconds at the plan's scale (an emulated run's
     measurement divided by its time scale), and the relative error of the prediction."""
     predicted = results["predicted"]["iteration_s"]
+    degrees = results["plan"]["degrees"]  # named pipeline/data; runs recorded before the names: stages/replicas
     measured = results["comparison"]["measured_s"] / results["run"]["time_scale"]
     return {"label": label, "predicted_s": predicted, "measured_s": measured,
             "error": (predicted - measured) / measured, "time_scale": results["run"]["time_scale"],
             "emulated": results["run"]["emulated"], "schedule": results["plan"]["schedule"],
-            "stages": results["plan"]["degrees"]["stages"], "replicas": results["plan"]["degrees"]["replicas"],
+            "stages": degrees.get("pipeline", degrees.get("stages")),
+            "replicas": degrees.get("data", degrees.get("replicas")),
             "topology": results["plan"]["topology"]["name"]}
 
 

@@ -6,12 +6,13 @@ from importlib import resources
 
 import yaml
 
+from cost_models.schedule import Schedule
 from planner.errors import InputError
 from planner.fields import Fields
 
 __all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "parse_model", "parse_training", "model_preset", "preset_names"]
 
-SCHEDULES = ("1f1b", "gpipe")
+SCHEDULES = tuple(s.value for s in Schedule)
 _PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -65,7 +66,7 @@ class TrainingSpec:
         if self.optimizer not in ("adam", "sgd"):
             raise InputError(f"{self.optimizer!r} is not one of adam, sgd", field="training.optimizer")
         if self.schedule not in SCHEDULES + ("auto",):
-            raise InputError(f"{self.schedule!r} is not one of 1f1b, gpipe, auto", field="training.schedule")
+            raise InputError(f"{self.schedule!r} is not one of {', '.join(SCHEDULES)}, auto", field="training.schedule")
 
     @property
     def activation_bytes(self) -> int:

@@ -7,20 +7,23 @@ the link from device i to device j, so asymmetric networks are first-class.
 
 import hashlib
 import json
+import functools
 from dataclasses import dataclass, field
 
-from pathlib import Path
 
 import numpy as np
 
-from planner.catalog import PRECISIONS, device_type, peak_for
+from cost_models.network import Network
+from planner.inputs.catalog import PRECISIONS, device_type, peak_for
 from planner.errors import InputError
+from planner.inputs.calibration import measured_links
 from planner.fields import Fields
-from planner.units import parse_bandwidth_bytes_per_s, parse_bytes, parse_flops, parse_seconds
+from planner.inputs.units import parse_bandwidth_bytes_per_s, parse_bytes, parse_flops, parse_seconds
 
-__all__ = ["Device", "Topology", "parse_topology"]
+__all__ = ["Device", "Topology", "parse_topology", "MAX_DEVICES"]
 
 _LEVELS = ("host", "region", "global")
+MAX_DEVICES = 16_384  # N x N link matrices: 2 GiB each at this size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +63,7 @@ class Topology:
     latency_s: np.ndarray
     bandwidth_bytes_per_s: np.ndarray
     nic_bytes_per_s: dict = field(default_factory=dict)  # host -> (egress, ingress)
+    message_overhead_s: float = 0.0  # measured per-message software cost (a calibration's network section)
     sha256: str = ""
     source: str = ""
 
@@ -102,6 +106,19 @@ class Topology:
     def nic_of(self, host: str):
         return self.nic_bytes_per_s.get(host)
 
+    @functools.cached_property
+    def network(self) -> Network:
+        """The one network model of these devices (``cost_models.network``), built once."""
+        egress = np.full(len(self.hosts), np.inf)
+        ingress = np.full(len(self.hosts), np.inf)
+        for h, name in enumerate(self.hosts):
+            nic = self.nic_of(name)
+            if nic:
+                egress[h], ingress[h] = nic
+        return Network(link_latency_s=self.latency_s, link_bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
+                       host=self.host_ids, nic_egress_bytes_per_s=egress, nic_ingress_bytes_per_s=ingress,
+                       message_overhead_s=self.message_overhead_s)
+
 
 def _parse_peak(value, where: str) -> dict:
     if isinstance(value, dict):
@@ -119,11 +136,15 @@ def _parse_peak(value, where: str) -> dict:
 def _parse_devices(entries) -> list:
     if not isinstance(entries, list) or not entries:
         raise InputError("expected a non-empty list of devices", field="devices")
-    devices = []
+    devices, total = [], 0
     for position, entry in enumerate(entries):
         where = f"devices[{position}]"
         f = Fields(entry, where)
         count = f.int("count", 1)
+        total += count
+        if total > MAX_DEVICES:
+            raise InputError(f"brings the device count to {total}, above the {MAX_DEVICES} this planner handles: "
+                             "lower the counts", field=f.path("count"))
         per_host = f.int("gpus_per_host", 0, minimum=0)
         name = f.str("name", None)
         type_name = f.str("type", None)
@@ -208,32 +229,26 @@ def _matrix(f: Fields, n: int) -> tuple:
     return result[0], result[1]
 
 
-def _calibrated_links(f: Fields, devices: list, latency, bandwidth, base: Path) -> str:
-    """Fill the pairs that a calibration file measured; returns its hash ("" without one)."""
-    from planner.calibration import measured_links, read_calibration
-
-    path = Path(f.str("calibration"))
-    if not path.is_absolute():
-        path = base / path
-    try:
-        calibration = read_calibration(path)
-    except InputError as error:
-        raise InputError(f"{error}", field="network.calibration") from None
+def _calibrated_links(f: Fields, devices: list, latency, bandwidth, calibration) -> tuple:
+    """Fill the pairs that a calibration measured; returns (its hash, its per-message overhead)."""
+    if calibration is None:
+        raise InputError("names a calibration file: load the topology with planner.inputs.job.load_topology, "
+                         "which reads it", field="network.calibration")
     if calibration.network is None:
-        raise InputError(f"{path} has no network section: run 'plan calibrate' with 2 or more processes",
+        raise InputError(f"{calibration.path} has no network section: run 'plan calibrate' with 2 or more processes",
                          field="network.calibration")
     lat, bw, known = measured_links(calibration, [d.name for d in devices])
     if not known.any():
-        raise InputError(f"{path} measured {', '.join(calibration.network['devices'])}, none of this topology's "
-                         "devices: calibrate with --names", field="network.calibration")
+        raise InputError(f"{calibration.path} measured {', '.join(calibration.network['devices'])}, none of this "
+                         "topology's devices: calibrate with --names", field="network.calibration")
     latency[known], bandwidth[known] = lat[known], bw[known]
-    return calibration.sha256
+    return calibration.sha256, float(calibration.network.get("message_overhead_s", 0.0))
 
 
-def _parse_network(document, devices: list, base: Path) -> tuple:
+def _parse_network(document, devices: list, calibration) -> tuple:
     n = len(devices)
     f = Fields(document, "network")
-    measured = ""
+    measured, overhead = "", 0.0
     latency = np.full((n, n), np.nan)
     bandwidth = np.full((n, n), np.nan)
     if f.has("matrix"):
@@ -271,7 +286,8 @@ def _parse_network(document, devices: list, base: Path) -> tuple:
                 latency[mask] = lat
                 bandwidth[mask] = bw
     if f.has("calibration"):
-        measured = _calibrated_links(f, devices, latency, bandwidth, base)
+        f.str("calibration")
+        measured, overhead = _calibrated_links(f, devices, latency, bandwidth, calibration)
     index = {d.name: i for i, d in enumerate(devices)}
     for k, entry in enumerate(f.list("pairs", [])):
         where = f"network.pairs[{k}]"
@@ -315,7 +331,7 @@ def _parse_network(document, devices: list, base: Path) -> tuple:
         raise InputError(f"no link from {a.name} (host {a.host}, region {a.region}) to {b.name} "
                          f"(host {b.host}, region {b.region}): add network.{level}"
                          + (" or a region_pairs entry" if level == "global" else ""), field=f"network.{level}")
-    return latency, bandwidth, nics, measured
+    return latency, bandwidth, nics, measured, overhead
 
 
 def topology_hash(devices_doc, network_doc, measured: str = "") -> str:
@@ -328,15 +344,18 @@ def topology_hash(devices_doc, network_doc, measured: str = "") -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def parse_topology(document: dict, *, name: str = "topology", source: str = "") -> Topology:
-    """Build a ``Topology`` from the ``devices`` and ``network`` sections of a parsed document."""
+def parse_topology(document: dict, *, name: str = "topology", source: str = "", calibration=None) -> Topology:
+    """Build a ``Topology`` from the ``devices`` and ``network`` sections of a parsed document.
+
+    ``calibration``: the file that ``network.calibration`` names, already read
+    (``planner.inputs.job.load_topology`` does that); its measured links replace typed ones.
+    """
     if "devices" not in document:
         raise InputError("is missing: list the devices", field="devices")
     if "network" not in document:
         raise InputError("is missing: describe the links (levels host/region/global or a matrix)", field="network")
     devices = _parse_devices(document["devices"])
-    base = Path(source).parent if source else Path(".")
-    latency, bandwidth, nics, measured = _parse_network(document["network"], devices, base)
+    latency, bandwidth, nics, measured, overhead = _parse_network(document["network"], devices, calibration)
     return Topology(name=name, devices=tuple(devices), latency_s=latency, bandwidth_bytes_per_s=bandwidth,
-                    nic_bytes_per_s=nics, sha256=topology_hash(document["devices"], document["network"], measured),
+                    nic_bytes_per_s=nics, message_overhead_s=overhead, sha256=topology_hash(document["devices"], document["network"], measured),
                     source=source)

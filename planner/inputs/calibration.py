@@ -19,6 +19,7 @@ import numpy as np
 
 from planner.errors import InputError
 from planner.fields import Fields
+from planner.io import read_yaml, write_document
 
 __all__ = ["CALIBRATION_FORMAT", "Calibration", "read_calibration", "write_calibration", "apply_calibration",
            "calibration_record", "measured_links"]
@@ -52,8 +53,6 @@ def _matrix(value, n: int, field: str, *, positive: bool) -> np.ndarray:
 
 def read_calibration(path) -> Calibration:
     """Read and check a calibration file; every problem is an ``InputError`` naming the file and field."""
-    from planner.job import read_yaml
-
     source = str(path)
     text = Path(path).read_bytes() if Path(path).is_file() else None
     document = read_yaml(path)
@@ -83,7 +82,7 @@ def read_calibration(path) -> Calibration:
                        "latency_s": _matrix(e.raw("latency_s"), n, "network.latency_s", positive=False),
                        "bandwidth_bytes_per_s": _matrix(e.raw("bandwidth_bytes_per_s"), n,
                                                         "network.bandwidth_bytes_per_s", positive=True)}
-            e.raw("message_overhead_s", 0.0)
+            network["message_overhead_s"] = e.float("message_overhead_s", 0.0)
             e.raw("probe", {})
             e.finish()
         for key in ("host", "how", "torch", "backend"):
@@ -96,9 +95,7 @@ def read_calibration(path) -> Calibration:
 
 
 def write_calibration(document: dict, path) -> None:
-    from planner.plan import write_plan  # atomic YAML/JSON writer
-
-    write_plan(json.loads(json.dumps(document, default=float)), path)
+    write_document(json.loads(json.dumps(document, default=float)), path)
 
 
 def apply_calibration(topology, calibration: Calibration):

@@ -8,7 +8,7 @@ import yaml
 
 from planner.errors import InputError
 from planner.fields import Fields
-from planner.units import parse_bandwidth_bytes_per_s, parse_bytes, parse_flops
+from planner.inputs.units import parse_bandwidth_bytes_per_s, parse_bytes, parse_flops
 
 __all__ = ["DeviceType", "PRECISIONS", "load_catalog", "device_type", "parse_device_type", "peak_for"]
 

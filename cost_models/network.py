@@ -1,0 +1,238 @@
+"""The network between devices: one model of what a message costs and which shared resources it
+occupies, and the collectives built from such messages.
+
+Built once from a topology (``planner.inputs.topology.Topology.network``) and used by the event
+simulator, the emulation, the search's estimate, the CP-SAT coefficients, the bounds and DTFM's
+objective, so that none of them can disagree about a link or a shared NIC.
+
+A message of ``n`` bytes from device ``a`` to ``b`` takes ``latency + n / bandwidth`` (the
+alpha-beta model, formulas.md, ``cost_models.comm.p2p_time_s``). Its latency is the link's plus
+the measured per-message overhead of the software stack (``plan calibrate``). Its bandwidth is
+the link's, capped where the two devices sit on different hosts by the sender host's egress and
+the receiver host's ingress NIC when the host has a shared NIC. While it is on the wire it
+occupies its resources: the directed link, and those NICs; messages sharing a resource queue.
+"""
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from cost_models import comm
+
+__all__ = ["Network", "Sync"]
+
+
+class Sync(StrEnum):
+    """How a stage's replicas exchange gradients (the values plan files write)."""
+
+    RING = "ring"  # ring all-reduce in the plan's ring order (``Network.ring_allreduce_s``)
+    SHARDED = "sharded"  # DTFM's sharded all-to-all (``Network.sharded_exchange_s``)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Network:
+    """Directed links among ``N`` devices and the shared NICs of their hosts, in SI units.
+
+    ``link_latency_s``/``link_bandwidth_bytes_per_s`` are ``N x N`` (entry ``[a, b]`` is the link
+    from a to b; the diagonal is unused); ``host[d]`` is device d's host id; ``nic_egress`` and
+    ``nic_ingress`` hold each host's shared NIC bandwidth (inf where the host has none).
+    """
+
+    link_latency_s: np.ndarray
+    link_bandwidth_bytes_per_s: np.ndarray
+    host: np.ndarray
+    nic_egress_bytes_per_s: np.ndarray
+    nic_ingress_bytes_per_s: np.ndarray
+    message_overhead_s: float = 0.0
+
+    def __post_init__(self):
+        n = self.link_latency_s.shape[0]
+        assert self.link_latency_s.shape == (n, n) == self.link_bandwidth_bytes_per_s.shape and self.host.shape == (n,)
+        other_host = self.host[:, None] != self.host[None, :]
+        cap = np.minimum(self.nic_egress_bytes_per_s[self.host][:, None], self.nic_ingress_bytes_per_s[self.host][None, :])
+        bandwidth = np.where(other_host, np.minimum(self.link_bandwidth_bytes_per_s, cap),
+                             self.link_bandwidth_bytes_per_s).astype(float)
+        latency = np.asarray(self.link_latency_s, dtype=float) + self.message_overhead_s
+        np.fill_diagonal(latency, 0.0)
+        np.fill_diagonal(bandwidth, np.inf)
+        object.__setattr__(self, "latency_s", latency)
+        object.__setattr__(self, "bandwidth_bytes_per_s", bandwidth)
+        object.__setattr__(self, "_nic_egress", np.isfinite(self.nic_egress_bytes_per_s))
+        object.__setattr__(self, "_nic_ingress", np.isfinite(self.nic_ingress_bytes_per_s))
+
+    # -- one message -------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return self.host.shape[0]
+
+    @property
+    def hosts(self) -> int:
+        return self.nic_egress_bytes_per_s.shape[0]
+
+    @property
+    def has_shared_nics(self) -> bool:
+        """Whether any host's devices share a NIC (then concurrent messages between hosts queue)."""
+        return bool(self._nic_egress.any() or self._nic_ingress.any())
+
+    def busy_s(self, a, b, message_bytes):
+        """How long a message holds its resources (the wire time, ``n / bandwidth``); vectorised."""
+        return message_bytes / self.bandwidth_bytes_per_s[a, b]
+
+    def transfer_s(self, a, b, message_bytes):
+        """Time of one message alone on the network: ``latency + n / bandwidth``; vectorised."""
+        return comm.p2p_time_s(message_bytes, self.latency_s[a, b], self.bandwidth_bytes_per_s[a, b])
+
+    def transfer_matrix_s(self, message_bytes: float) -> np.ndarray:
+        """``N x N`` times of one message of ``message_bytes`` over every directed pair (0 on the diagonal)."""
+        times = comm.p2p_time_s(message_bytes, self.latency_s, self.bandwidth_bytes_per_s)
+        np.fill_diagonal(times, 0.0)
+        return times
+
+    def transfer_resources(self, a: int, b: int) -> list:
+        """The resources a message from ``a`` to ``b`` occupies: the directed link, and the sender
+        host's egress and the receiver host's ingress NIC where the hosts differ and have one."""
+        keys = [("link", int(a), int(b))]
+        ha, hb = int(self.host[a]), int(self.host[b])
+        if ha != hb:
+            if self._nic_egress[ha]:
+                keys.append(("egress", ha))
+            if self._nic_ingress[hb]:
+                keys.append(("ingress", hb))
+        return keys
+
+    def nic_busy_s(self, senders, receivers, message_bytes) -> tuple:
+        """Per host, the wire time its egress and its ingress NIC spend on one message over each of
+        the directed pairs ``senders[k] -> receivers[k]`` (all sent in the same period): (egress,
+        ingress) arrays of length ``hosts``, zero where the host has no shared NIC."""
+        senders, receivers = np.asarray(senders).ravel(), np.asarray(receivers).ravel()
+        message = np.broadcast_to(np.asarray(message_bytes, dtype=float), senders.shape)
+        hs, hr = self.host[senders], self.host[receivers]
+        between = hs != hr
+        egress = np.bincount(hs[between], weights=message[between], minlength=self.hosts)
+        ingress = np.bincount(hr[between], weights=message[between], minlength=self.hosts)
+        with np.errstate(invalid="ignore"):
+            return (np.where(self._nic_egress, egress / self.nic_egress_bytes_per_s, 0.0),
+                    np.where(self._nic_ingress, ingress / self.nic_ingress_bytes_per_s, 0.0))
+
+    # -- collectives -------------------------------------------------------------------------
+    def ring_hops(self, order) -> tuple:
+        """Latency and bandwidth of each hop ``order[i] -> order[i+1]`` (cyclic) of a ring.
+
+        All hops run at once, so a host's shared NIC is split evenly among the ring's hops that
+        leave (or enter) that host.
+        """
+        idx = np.asarray(order, dtype=np.int64)
+        if idx.size <= 1:
+            return np.zeros(0), np.zeros(0)
+        nxt = np.roll(idx, -1)
+        latency = self.latency_s[idx, nxt]
+        bandwidth = self.link_bandwidth_bytes_per_s[idx, nxt].astype(float)
+        ha, hb = self.host[idx], self.host[nxt]
+        between = ha != hb
+        out_count = np.bincount(ha[between], minlength=self.hosts)
+        in_count = np.bincount(hb[between], minlength=self.hosts)
+        with np.errstate(divide="ignore"):
+            egress = np.where(between & self._nic_egress[ha],
+                              self.nic_egress_bytes_per_s[ha] / np.maximum(out_count[ha], 1), np.inf)
+            ingress = np.where(between & self._nic_ingress[hb],
+                               self.nic_ingress_bytes_per_s[hb] / np.maximum(in_count[hb], 1), np.inf)
+        return latency, np.minimum(bandwidth, np.minimum(egress, ingress))
+
+    def ring_cost(self, order) -> tuple:
+        """(seconds per byte, fixed seconds) of a ring all-reduce over ``order``: its time for ``n``
+        bytes is ``n * per_byte + fixed`` (``cost_models.comm.ring_allreduce_time_s``)."""
+        latency, bandwidth = self.ring_hops(order)
+        return (comm.ring_allreduce_time_s(1.0, np.zeros_like(latency), bandwidth),
+                comm.ring_allreduce_time_s(0.0, latency, bandwidth))
+
+    def ring_allreduce_s(self, message_bytes: float, order) -> float:
+        """Ring all-reduce of ``message_bytes`` over the devices ``order`` (Patarasuk & Yuan 2009)."""
+        latency, bandwidth = self.ring_hops(order)
+        return comm.ring_allreduce_time_s(message_bytes, latency, bandwidth)
+
+    def ring_order(self, members, *, improve: bool = True) -> list:
+        """A ring order (positions into ``members``, device indices) that keeps slow links out.
+
+        Nearest-neighbour by (bandwidth, -latency) from the first member, then (up to 16 members)
+        2-opt improvement of the ring's all-reduce time; ring order is a bottleneck TSP (formulas.md).
+        """
+        idx = [int(m) for m in members]
+        k = len(idx)
+        if k <= 2:
+            return list(range(k))
+        block = np.ix_(idx, idx)
+        score = self.link_bandwidth_bytes_per_s[block] - 1e-3 * self.link_latency_s[block]
+        order, left = [0], set(range(1, k))
+        while left:
+            here = order[-1]
+            best = max(left, key=lambda j: (score[here, j], -j))
+            order.append(best)
+            left.remove(best)
+
+        def cost(o):
+            return self.ring_allreduce_s(1e9, [idx[i] for i in o])
+
+        best_cost = cost(order)
+        improved = improve and k <= 16  # 2-opt costs O(k^3) per pass; larger rings keep the greedy order
+        while improved:
+            improved = False
+            for i in range(1, k - 1):
+                for j in range(i + 1, k):
+                    candidate = order[:i] + order[i:j + 1][::-1] + order[j + 1:]
+                    c = cost(candidate)
+                    if c < best_cost - 1e-12:
+                        order, best_cost, improved = candidate, c, True
+        return order
+
+    def sharded_exchange_s(self, message_bytes: float, members) -> float:
+        """DTFM's sharded all-to-all among ``members`` (``cost_models.comm.sharded_exchange_time_s``)."""
+        block = np.ix_(list(members), list(members))
+        return comm.sharded_exchange_time_s(message_bytes, self.latency_s[block], self.bandwidth_bytes_per_s[block])
+
+    def parameter_server_s(self, message_bytes: float, members, server: int) -> float:
+        """Central parameter server: every other member sends its ``n`` bytes of gradients to
+        ``server``, which sends ``n`` bytes of parameters back (Li et al., OSDI'14, sec. 3; one server).
+
+        The senders' messages share the server host's ingress NIC (and the replies its egress), so
+        each phase lasts the slowest member's ``latency + n / bandwidth`` with the NIC's bandwidth
+        split among the members on other hosts.
+        """
+        others = np.array([int(m) for m in members if int(m) != int(server)], dtype=np.int64)
+        if others.size == 0:
+            return 0.0
+        sh = int(self.host[server])
+        remote = self.host[others] != sh
+        phases = 0.0
+        for to_server, nic, has_nic in ((True, self.nic_ingress_bytes_per_s, self._nic_ingress),
+                                        (False, self.nic_egress_bytes_per_s, self._nic_egress)):
+            a, b = (others, server) if to_server else (server, others)
+            bandwidth = self.bandwidth_bytes_per_s[a, b].astype(float)
+            if has_nic[sh] and remote.any():
+                bandwidth = np.where(remote, np.minimum(bandwidth, nic[sh] / remote.sum()), bandwidth)
+            phases += float(np.max(comm.p2p_time_s(message_bytes, self.latency_s[a, b], bandwidth)))
+        return phases
+
+    def hierarchical_allreduce_s(self, message_bytes: float, members) -> float:
+        """Two-level all-reduce (Jia et al. 2018, sec. 4.2; Horovod's hierarchical all-reduce): a
+        ring all-reduce inside each host, a ring all-reduce among one leader per host, then a
+        broadcast inside each host (a pipelined chain: ``n / min bandwidth + (g - 1) * latency``)."""
+        members = [int(m) for m in members]
+        by_host = {}
+        for m in members:
+            by_host.setdefault(int(self.host[m]), []).append(m)
+        groups = list(by_host.values())
+        inside = max(self.ring_allreduce_s(message_bytes, g) for g in groups)
+        leaders = [g[0] for g in groups]
+        between = self.ring_allreduce_s(message_bytes, self.ring_order_of(leaders))
+        broadcast = 0.0
+        for g in groups:
+            if len(g) > 1:
+                a, b = np.array(g[:-1]), np.array(g[1:])
+                broadcast = max(broadcast, float(message_bytes / self.bandwidth_bytes_per_s[a, b].min()
+                                                 + self.latency_s[a, b].sum()))
+        return inside + between + broadcast
+
+    def ring_order_of(self, members) -> list:
+        """``members`` (device indices) in the order ``ring_order`` chooses."""
+        return [members[i] for i in self.ring_order(members)]

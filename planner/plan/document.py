@@ -1,0 +1,133 @@
+"""The plan file: a plan as a name-keyed document (never positions), read back and written atomically."""
+
+import json
+from dataclasses import asdict
+
+from planner.errors import InputError
+from planner.fields import Fields
+from planner.inputs.model import SCHEDULES
+from planner.io import read_yaml, write_document
+from planner.plan.dims import Schedule, Sync
+from planner.plan.plan import Plan
+
+__all__ = ["PLAN_FORMAT_VERSION", "plan_to_document", "plan_from_document", "write_plan", "read_plan"]
+
+PLAN_FORMAT_VERSION = 1
+
+
+def plan_to_document(plan: Plan, *, model=None, training=None, topology_source: str = "") -> dict:
+    """A plain, name-keyed mapping of ``plan`` (what ``-o`` writes and ``--format json`` prints)."""
+    S = plan.stages
+    doc = {
+        "format_version": PLAN_FORMAT_VERSION,
+        "topology": {"name": plan.topology_name, "sha256": plan.topology_sha256, "path": topology_source},
+        "degrees": {"pipeline": plan.degrees.pipeline, "data": plan.degrees.data, "tensor": plan.degrees.tensor,
+                    "idle_devices": len(plan.idle)},
+        "schedule": plan.schedule,
+        "micro_batch_size": plan.micro_batch_size,
+        "global_batch": plan.global_batch,
+        "sync": plan.sync,
+        "stages": [{"index": s, "layers": [plan.layer_bounds[s], plan.layer_bounds[s + 1]],
+                    "devices": plan.stage_devices(s), "ring": plan.ring(s)} for s in range(S)],
+        "replicas": [{"index": r, "micro_batches": plan.microbatches[r], "devices": list(plan.assignment[r])}
+                     for r in range(plan.replicas)],
+        "idle": list(plan.idle),
+    }
+    if model is not None:
+        doc["model"] = asdict(model)
+    if training is not None:
+        doc["training"] = asdict(training)
+    if plan.prediction is not None:
+        p = plan.prediction
+        doc["prediction"] = {
+            "iteration_s": p.iteration_s, "breakdown_s": dict(p.breakdown_s), "tokens_per_s": p.tokens_per_s,
+            "achieved_flops": p.achieved_flops, "mfu": p.mfu, "cost_model": p.cost_model,
+            "memory": {d: {"used_bytes": p.memory_bytes[d], "capacity_bytes": p.capacity_bytes[d]}
+                       for d in p.memory_bytes},
+        }
+    if plan.search:
+        doc["search"] = dict(plan.search)
+    if plan.calibration:
+        doc["calibration"] = dict(plan.calibration)
+    return json.loads(json.dumps(doc, default=float))
+
+def plan_from_document(document, *, source: str = "plan") -> Plan:
+    """Read a plan mapping back (names, not positions); structural errors are ``InputError``s."""
+    try:
+        f = Fields(document, "")
+        version = f.int("format_version")
+        if version != PLAN_FORMAT_VERSION:
+            raise InputError(f"version {version} is not {PLAN_FORMAT_VERSION}: plan again with this version",
+                             field="format_version")
+        topo = Fields(f.raw("topology"), "topology")
+        stages = f.list("stages")
+        replicas = f.list("replicas")
+        bounds, rings = [], []
+        for k, entry in enumerate(stages):
+            e = Fields(entry, f"stages[{k}]")
+            layers = e.list("layers")
+            if len(layers) != 2 or not all(isinstance(x, int) for x in layers):
+                raise InputError("must be [first, end) as two whole numbers", field=e.path("layers"))
+            if bounds and bounds[-1] != layers[0]:
+                raise InputError("stages must be contiguous", field=e.path("layers"))
+            bounds = bounds or [layers[0]]
+            bounds.append(layers[1])
+            e.list("devices")
+            rings.append(e.list("ring", []))
+            e.raw("index", None)
+            e.finish()
+        assignment, microbatches = [], []
+        for k, entry in enumerate(replicas):
+            e = Fields(entry, f"replicas[{k}]")
+            assignment.append(tuple(str(d) for d in e.list("devices")))
+            microbatches.append(e.int("micro_batches"))
+            e.raw("index", None)
+            e.finish()
+        position = {}
+        for r, row in enumerate(assignment):
+            for s, name in enumerate(row):
+                position[(s, name)] = r
+        ring_orders = []
+        for s, ring in enumerate(rings):
+            if not ring:
+                ring_orders = []
+                break
+            if any((s, name) not in position for name in ring):
+                raise InputError("names a device that is not in this stage", field=f"stages[{s}].ring")
+            ring_orders.append(tuple(position[(s, name)] for name in ring))
+        plan = Plan(
+            layer_bounds=tuple(bounds), assignment=tuple(assignment), microbatches=tuple(microbatches),
+            micro_batch_size=f.int("micro_batch_size"), schedule=Schedule(f.str("schedule", choices=SCHEDULES)),
+            ring_orders=tuple(ring_orders), sync=Sync(f.str("sync", "ring", choices=tuple(Sync))),
+            topology_name=str(topo.raw("name", "")), topology_sha256=str(topo.raw("sha256", "")),
+            idle=tuple(f.list("idle", [])), search=f.raw("search", {}), calibration=_calibration(f),
+        )
+        topo.raw("path", "")
+        topo.finish()
+        for key in ("degrees", "global_batch", "model", "training", "prediction"):
+            f.raw(key, None)
+        f.finish()
+        return plan
+    except InputError as error:
+        raise error.located(source=source) from None
+
+def _calibration(f: Fields) -> dict:
+    if not f.has("calibration"):
+        return {}
+    c = Fields(f.raw("calibration"), "calibration")
+    record = {"path": c.str("path"), "sha256": c.str("sha256"), "measured_at_utc": c.str("measured_at_utc", "")}
+    c.finish()
+    return record
+
+
+def write_plan(document: dict, path) -> None:
+    """Write a plan document to ``path`` (``.yaml`` or ``.json``), atomically."""
+    write_document(document, path)
+
+
+def read_plan(path) -> tuple:
+    """(Plan, raw document) from a ``.yaml`` or ``.json`` plan file."""
+    from planner.inputs.job import read_yaml  # JSON is YAML
+
+    document = read_yaml(path)
+    return plan_from_document(document, source=str(path)), document

@@ -1,0 +1,115 @@
+"""The plan: which device runs which (replica, stage), the layer split, the batch split, the
+schedule, and the prediction; one ``validate_plan`` (the file format is ``planner.plan.document``)."""
+
+from dataclasses import dataclass, field, replace
+
+from planner.errors import InputError
+from planner.inputs.model import SCHEDULES
+from planner.plan.dims import Degrees, Schedule, Sync
+
+__all__ = ["Plan", "Prediction", "validate_plan"]
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """What the cost model predicts for a plan (seconds, bytes, FLOP/s)."""
+
+    iteration_s: float
+    breakdown_s: dict
+    tokens_per_s: float
+    achieved_flops: float
+    mfu: float
+    memory_bytes: dict  # device name -> predicted peak bytes
+    capacity_bytes: dict  # device name -> device memory
+    cost_model: str = "simulator"
+
+    @property
+    def fits(self) -> bool:
+        return all(self.memory_bytes[d] <= self.capacity_bytes[d] for d in self.memory_bytes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """``assignment[r][s]`` names the device of replica r, stage s; stage s holds layers
+    ``[layer_bounds[s], layer_bounds[s+1])``; replica r runs ``microbatches[r]`` micro-batches of
+    ``micro_batch_size`` sequences; ``ring_orders[s]`` orders stage s's replicas in its all-reduce ring."""
+
+    layer_bounds: tuple
+    assignment: tuple
+    microbatches: tuple
+    micro_batch_size: int
+    schedule: Schedule
+    ring_orders: tuple = ()
+    sync: Sync = Sync.RING
+    topology_name: str = ""
+    topology_sha256: str = ""
+    idle: tuple = ()
+    prediction: Prediction | None = None
+    search: dict = field(default_factory=dict)
+    calibration: dict = field(default_factory=dict)  # path, sha256, measured_at_utc of the calibration used
+
+    @property
+    def stages(self) -> int:
+        return len(self.layer_bounds) - 1
+
+    @property
+    def replicas(self) -> int:
+        return len(self.assignment)
+
+    @property
+    def degrees(self) -> Degrees:
+        return Degrees(pipeline=self.stages, data=self.replicas)
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch_size * sum(self.microbatches)
+
+    def stage_devices(self, stage: int) -> list:
+        return [self.assignment[r][stage] for r in range(self.replicas)]
+
+    def ring(self, stage: int) -> list:
+        order = self.ring_orders[stage] if self.ring_orders else range(self.replicas)
+        return [self.assignment[r][stage] for r in order]
+
+    def with_prediction(self, prediction: Prediction) -> "Plan":
+        return replace(self, prediction=prediction)
+
+
+def validate_plan(plan: Plan, topology, model, training) -> None:
+    """Check every invariant of ``plan`` against its inputs; raise ``InputError`` naming the broken one.
+
+    Each device at most once and known to the topology; stages contiguous and covering all layers;
+    micro-batch counts positive and adding up to the global batch; ring orders permutations; the
+    topology hash matching; and, where the plan carries a prediction, memory fitting on every device.
+    """
+    S, R = plan.stages, plan.replicas
+    bounds = list(plan.layer_bounds)
+    if S < 1 or bounds[0] != 0 or bounds[-1] != model.layers:
+        raise InputError(f"stages must cover layers 0..{model.layers}, got bounds {bounds}", field="stages")
+    if any(b >= c for b, c in zip(bounds, bounds[1:])):
+        raise InputError(f"every stage needs at least one layer, in order; got bounds {bounds}", field="stages")
+    if R < 1 or any(len(row) != S for row in plan.assignment):
+        raise InputError(f"every replica needs exactly {S} devices, one per stage", field="replicas")
+    used = [d for row in plan.assignment for d in row]
+    for name in used:
+        if not topology.has_device(name):
+            raise InputError(f"device {name!r} is not in topology {topology.name}", field="replicas")
+    if len(set(used)) != len(used):
+        twice = sorted({d for d in used if used.count(d) > 1})
+        raise InputError(f"device {twice[0]} is used more than once", field="replicas")
+    if len(plan.microbatches) != R or any(m < 1 for m in plan.microbatches):
+        raise InputError("every replica needs a positive micro-batch count", field="replicas.micro_batches")
+    if plan.micro_batch_size < 1 or plan.global_batch != training.global_batch:
+        raise InputError(f"micro-batches x size = {plan.global_batch} sequences, but the global batch is "
+                         f"{training.global_batch}", field="micro_batch_size")
+    if plan.schedule not in SCHEDULES:
+        raise InputError(f"schedule {plan.schedule!r} is not one of {', '.join(SCHEDULES)}", field="schedule")
+    if plan.ring_orders and (len(plan.ring_orders) != S or
+                             any(sorted(order) != list(range(R)) for order in plan.ring_orders)):
+        raise InputError("each stage's ring must list each of its replicas once", field="stages.ring")
+    if plan.topology_sha256 and plan.topology_sha256 != topology.sha256:
+        raise InputError("the plan was made for another topology (hash differs): plan again", field="topology.sha256")
+    if plan.prediction is not None and not plan.prediction.fits:
+        worst = max(plan.prediction.memory_bytes,
+                    key=lambda d: plan.prediction.memory_bytes[d] / plan.prediction.capacity_bytes[d])
+        raise InputError(f"device {worst} needs {plan.prediction.memory_bytes[worst] / 1e9:.2f} GB of "
+                         f"{plan.prediction.capacity_bytes[worst] / 1e9:.2f} GB", field="memory")

@@ -1,0 +1,77 @@
+"""From a plan to the simulator's input (``PipelineJob``), and from the simulation to a ``Prediction``.
+
+Per-stage work and memory come from the stage model (``planner.prediction.stage_model``), messages
+and collectives from the network model (``cost_models.network``).
+"""
+
+import numpy as np
+
+from cost_models import memory
+from cost_models.network import Sync
+from cost_models.simulator import PipelineJob, Timeline, simulate
+from planner.plan.plan import Plan, Prediction
+from planner.prediction.stage_model import (StageProfile, iteration_flops, layer_costs, optimizer_time_s,
+                                            stage_memory_bytes, stage_profile)
+
+__all__ = ["sync_time_s", "build_pipeline_job", "predict", "model_flops_per_iteration"]
+
+
+def sync_time_s(topology, plan: Plan, profile: StageProfile, stage: int) -> float:
+    """All-reduce time of ``stage``'s gradients over its replicas, by the plan's sync algorithm."""
+    ring = [topology.index(d) for d in plan.ring(stage)]
+    if plan.sync == Sync.SHARDED:
+        return topology.network.sharded_exchange_s(profile.gradient_bytes[stage], ring)
+    return topology.network.ring_allreduce_s(profile.gradient_bytes[stage], ring)
+
+
+def build_pipeline_job(plan: Plan, topology, model, training) -> PipelineJob:
+    """The simulator's input for ``plan``."""
+    costs = layer_costs(model, training, plan.micro_batch_size, plan.stages)
+    profile = stage_profile(costs, plan.layer_bounds)
+    S = plan.stages
+    device = np.array([[topology.index(d) for d in row] for row in plan.assignment])
+    speed = topology.effective_flops(training.precision)[device]  # (R, S)
+    # The head runs at its own calibrated efficiency: its FLOPs count ``slowdown`` times.
+    extra_head = profile.head_forward_flops[None, :] * (topology.head_slowdowns()[device] - 1.0)
+    mem_bw = np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices])[device]
+    optimizer = optimizer_time_s(profile.parameters[None, :], costs.optimizer_bytes_per_param, mem_bw)
+    sync = np.array([sync_time_s(topology, plan, profile, s) for s in range(S)])
+    links = []
+    for s in range(S):
+        ring = [topology.index(d) for d in plan.ring(s)]
+        links.append(tuple(zip(ring, ring[1:] + ring[:1])) if len(ring) > 1 else ())
+    return PipelineJob(schedule=plan.schedule, device=device, microbatches=np.array(plan.microbatches),
+                       forward_s=(profile.forward_flops[None, :] + extra_head) / speed,
+                       backward_s=(profile.backward_flops[None, :] + 2.0 * extra_head) / speed,
+                       boundary_bytes=profile.boundary_bytes, network=topology.network, sync_s=sync,
+                       sync_links=tuple(links),
+                       optimizer_s=optimizer)
+
+
+def model_flops_per_iteration(model, global_batch: int) -> float:
+    """Model FLOPs of one iteration (forward + backward, no recomputation): the MFU numerator."""
+    return iteration_flops(model, global_batch, recompute=False)
+
+
+def predict(plan: Plan, topology, model, training, *, keep_records: bool = False) -> tuple:
+    """Simulate ``plan``: returns (Prediction, Timeline)."""
+    costs = layer_costs(model, training, plan.micro_batch_size, plan.stages)
+    counts = np.diff(plan.layer_bounds)
+    job = build_pipeline_job(plan, topology, model, training)
+    timeline: Timeline = simulate(job, keep_records=keep_records)
+    used, capacity = {}, {}
+    for r, row in enumerate(plan.assignment):
+        for s, name in enumerate(row):
+            dev = topology.devices[topology.index(name)]
+            in_flight = memory.in_flight_microbatches(plan.schedule, s, plan.stages, plan.microbatches[r])
+            used[name] = float(stage_memory_bytes(costs, counts[s], s, plan.stages, in_flight)) + dev.memory_reserved_bytes
+            capacity[name] = dev.memory_bytes
+    seconds = timeline.iteration_s
+    model_flops = model_flops_per_iteration(model, plan.global_batch)
+    peak = sum(topology.devices[topology.index(d)].peak_flops_for(training.precision)
+               for row in plan.assignment for d in row)
+    prediction = Prediction(
+        iteration_s=float(seconds), breakdown_s={k: float(v) for k, v in timeline.breakdown_s.items()},
+        tokens_per_s=plan.global_batch * model.sequence / seconds, achieved_flops=model_flops / seconds,
+        mfu=model_flops / seconds / peak, memory_bytes=used, capacity_bytes=capacity)
+    return prediction, timeline

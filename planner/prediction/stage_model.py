@@ -1,0 +1,150 @@
+"""The one stage model: what a block, the embeddings and the head cost per micro-batch (FLOPs,
+parameters, activations, messages), and what a stage of ``n`` blocks costs in time and memory.
+
+The search's estimate (``planner.search.evaluate``), its balancing (``planner.search.balance``),
+its CP-SAT model and bounds, and the simulator's input (``planner.prediction.predict``) all derive
+from ``LayerCosts``; the formulas themselves are ``cost_models.flops`` and ``cost_models.memory``.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models import flops, memory
+
+__all__ = ["OPTIMIZER_BYTES_PER_PARAMETER", "LayerCosts", "layer_costs", "StageProfile", "stage_profile",
+           "stage_parameters", "stage_memory_bytes", "in_flight_table", "optimizer_time_s", "iteration_flops"]
+
+# Bytes the optimizer update moves per parameter (read + write), a roofline estimate of a fused
+# Adam step: fp32 master, m and v read and written (24 B), the 16-bit gradient read and the 16-bit
+# weight written (4 B). SGD with momentum: master and momentum (16 B) plus the same 4 B.
+OPTIMIZER_BYTES_PER_PARAMETER = {"adam": 28.0, "sgd": 20.0}
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class LayerCosts:
+    """Per-block and per-stage-extra work, memory and messages for one micro-batch of
+    ``micro_batch_size`` sequences, in a pipeline of ``stages`` stages."""
+
+    layers: int
+    layer_forward_flops: float
+    layer_flops: float  # forward + backward (+ recompute) of one block
+    head_forward_flops: float
+    head_flops: float  # forward + backward of the LM head, last stage
+    layer_params: float
+    first_params: float  # embeddings (and, with one stage, the head)
+    last_params: float  # final norm + head (+ the tied embedding's copy)
+    layer_kept_bytes: float
+    first_kept_bytes: float
+    last_kept_bytes: float
+    transient_bytes: float
+    last_transient_bytes: float
+    state_bytes_per_param: float
+    gradient_bytes_per_param: float  # what the all-reduce moves per parameter
+    optimizer_bytes_per_param: float  # what the optimizer step reads and writes per parameter
+    boundary_bytes: float
+
+
+def layer_costs(model, training, micro_batch_size: int, stages: int) -> LayerCosts:
+    """The costs of ``model`` under ``training`` (formulas in ``cost_models``, sources cited there)."""
+    b, s, h, a, v = micro_batch_size, model.sequence, model.hidden, model.heads, model.vocabulary
+    dtype = training.activation_bytes
+    fwd = flops.layer_forward_flops(b, s, h, model.ffn_hidden, gated_mlp=model.gated_mlp)
+    head_fwd = flops.head_forward_flops(b, s, h, v)
+    kept = memory.layer_activation_bytes(s, b, h, a, dtype_bytes=dtype, flash_attention=training.flash_attention,
+                                         recompute=training.recompute)
+    full = memory.layer_activation_bytes(s, b, h, a, dtype_bytes=dtype, flash_attention=training.flash_attention)
+    boundary = float(b * s * h * dtype)
+    last_params = flops.head_parameters(v, h, tied=model.tied_embeddings, biases=model.biases)
+    if model.tied_embeddings and stages > 1:
+        last_params += v * h  # the last stage keeps its own copy of the tied embedding (Megatron-LM)
+    first_params = flops.embedding_parameters(v, h, s, learned_positions=model.learned_positions)
+    if stages == 1:
+        first_params += last_params
+        last_params = 0.0
+    # Recomputation re-runs a block's forward in backward and keeps one block's full set meanwhile.
+    transient = 2.0 * boundary + (full if training.recompute else 0.0)  # send and receive buffers
+    return LayerCosts(
+        layers=model.layers, layer_forward_flops=fwd,
+        layer_flops=fwd * flops.training_flops_multiplier(training.recompute),
+        head_forward_flops=head_fwd, head_flops=3.0 * head_fwd,
+        layer_params=float(flops.layer_parameters(h, model.ffn_hidden, gated_mlp=model.gated_mlp,
+                                                  biases=model.biases)),
+        first_params=float(first_params), last_params=float(last_params), layer_kept_bytes=kept,
+        first_kept_bytes=boundary, last_kept_bytes=memory.logits_bytes(s, b, v), transient_bytes=transient,
+        last_transient_bytes=memory.logits_bytes(s, b, v),  # the logits' gradient
+        state_bytes_per_param=memory.state_bytes_per_parameter(training.precision, training.optimizer),
+        gradient_bytes_per_param=float(dtype), optimizer_bytes_per_param=OPTIMIZER_BYTES_PER_PARAMETER[training.optimizer],
+        boundary_bytes=boundary)
+
+
+def _first_last(stage, stages):
+    stage = np.asarray(stage)
+    return (stage == 0).astype(float), (stage == stages - 1).astype(float)
+
+
+def stage_parameters(costs: LayerCosts, n_layers, stage, stages: int):
+    """Parameters of a stage with ``n_layers`` blocks (vectorised over layers and stage indices)."""
+    first, last = _first_last(stage, stages)
+    return n_layers * costs.layer_params + first * costs.first_params + last * costs.last_params
+
+
+def stage_memory_bytes(costs: LayerCosts, n_layers, stage, stages: int, in_flight):
+    """Peak bytes of a stage with ``n_layers`` blocks and ``in_flight`` micro-batches' activations
+    kept: weights, gradients and optimizer state, the kept activations, one micro-batch's transient
+    working set (recomputation, logits gradient, message buffers)."""
+    first, last = _first_last(stage, stages)
+    kept = n_layers * costs.layer_kept_bytes + first * costs.first_kept_bytes + last * costs.last_kept_bytes
+    transient = costs.transient_bytes + last * costs.last_transient_bytes
+    return stage_parameters(costs, n_layers, stage, stages) * costs.state_bytes_per_param + in_flight * kept + transient
+
+
+def in_flight_table(schedule: str, stages: int, microbatches) -> np.ndarray:
+    """(R, S) in-flight micro-batches of every worker (``cost_models.memory.in_flight_microbatches``)."""
+    m = np.asarray(microbatches, dtype=np.int64)[:, None]
+    table = memory.in_flight_microbatches(schedule, np.arange(stages)[None, :], stages, m)
+    return np.broadcast_to(table, (m.shape[0], stages)).astype(np.int64)
+
+
+def optimizer_time_s(parameters, optimizer_bytes_per_param: float, memory_bandwidth_bytes_per_s):
+    """The optimizer update is memory-bound: bytes moved / memory bandwidth (roofline, Williams et al. 2009)."""
+    return parameters * optimizer_bytes_per_param / memory_bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class StageProfile:
+    """Per-stage work for one micro-batch (arrays of length S), derived from ``LayerCosts``."""
+
+    layer_counts: np.ndarray
+    forward_flops: np.ndarray
+    backward_flops: np.ndarray
+    parameters: np.ndarray
+    boundary_bytes: np.ndarray  # length S-1
+    gradient_bytes: np.ndarray  # what the stage's all-reduce moves
+    head_forward_flops: np.ndarray  # the LM head's share of forward_flops (last stage only)
+
+
+def stage_profile(costs: LayerCosts, layer_bounds) -> StageProfile:
+    """The stages ``[layer_bounds[s], layer_bounds[s+1])``: forward and backward FLOPs, parameters,
+    messages. Backward is twice forward, plus one forward of the blocks with recomputation."""
+    counts = np.diff(np.asarray(layer_bounds)).astype(float)
+    S = counts.size
+    stage = np.arange(S)
+    _, last = _first_last(stage, S)
+    head = last * costs.head_forward_flops
+    forward = counts * costs.layer_forward_flops + head
+    backward = counts * (costs.layer_flops - costs.layer_forward_flops) + 2.0 * head
+    params = stage_parameters(costs, counts, stage, S)
+    return StageProfile(layer_counts=counts, forward_flops=forward, backward_flops=backward, parameters=params,
+                        boundary_bytes=np.full(S - 1, costs.boundary_bytes),
+                        gradient_bytes=params * costs.gradient_bytes_per_param, head_forward_flops=head)
+
+
+def iteration_flops(model, global_batch: int, *, recompute: bool, head_slowdown: float = 1.0) -> float:
+    """FLOPs of one iteration over ``global_batch`` sequences: every block's forward and backward
+    (plus a forward with recomputation) and the head's, the head's counted ``head_slowdown`` times.
+    With ``recompute=False`` this is the model FLOPs of MFU (PaLM, Chowdhery et al. 2022, App. B)."""
+    layer = flops.layer_forward_flops(global_batch, model.sequence, model.hidden, model.ffn_hidden,
+                                      gated_mlp=model.gated_mlp)
+    head = flops.head_forward_flops(global_batch, model.sequence, model.hidden, model.vocabulary)
+    return float(model.layers * layer * flops.training_flops_multiplier(recompute) + 3.0 * head * head_slowdown)

@@ -1,0 +1,1 @@
+"""Report: the plan as text, accuracy tables (predicted against measured) and figures."""

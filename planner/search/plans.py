@@ -1,0 +1,22 @@
+"""From the search's ``Candidate`` (device indices, counts) to a named ``Plan``."""
+
+import numpy as np
+
+from planner.plan.plan import Plan
+from planner.search.evaluate import Candidate
+
+__all__ = ["candidate_to_plan"]
+
+
+def candidate_to_plan(ctx, candidate: Candidate) -> Plan:
+    topo = ctx.topology
+    names = topo.names
+    bounds = np.concatenate([[0], np.cumsum(candidate.layer_counts)]).tolist()
+    assignment = tuple(tuple(names[d] for d in row) for row in candidate.assign)
+    R, S = candidate.assign.shape
+    rings = tuple(tuple(topo.network.ring_order(candidate.assign[:, s])) for s in range(S))
+    used = set(candidate.assign.ravel().tolist())
+    return Plan(layer_bounds=tuple(bounds), assignment=assignment, microbatches=candidate.microbatches,
+                micro_batch_size=candidate.micro_batch, schedule=candidate.schedule, ring_orders=rings,
+                topology_name=topo.name, topology_sha256=topo.sha256,
+                idle=tuple(names[d] for d in range(topo.size) if d not in used))
