@@ -79,6 +79,9 @@ def layer_costs(model, training, micro_batch_size: int, stages: int) -> LayerCos
 
 
 def _first_last(stage, stages):
+    """Whether ``stage`` is the first and the last (1.0 or 0.0; arrays for arrays of stages)."""
+    if isinstance(stage, (int, np.integer)):  # the search's hot path: plain numbers
+        return float(stage == 0), float(stage == stages - 1)
     stage = np.asarray(stage)
     return (stage == 0).astype(float), (stage == stages - 1).astype(float)
 
