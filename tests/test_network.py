@@ -41,6 +41,13 @@ def test_nic_load_counts_every_message_that_crosses_it():
     assert egress == pytest.approx([2e-3, 0.0]) and ingress == pytest.approx([0.0, 2e-3])
 
 
+def test_a_ring_occupies_the_nics_of_every_host_it_spans():
+    net = _network(nic=1e9)
+    assert net.ring_nics([0, 1]) == ()  # one host: no NIC
+    assert set(net.ring_nics([1, 0, 3])) == {("egress", 0), ("egress", 1), ("ingress", 0), ("ingress", 1)}
+    assert _network().ring_nics([0, 2]) == ()  # no shared NICs at all
+
+
 def test_ring_splits_a_shared_nic_among_its_hops():
     # Ring 0 -> 2 -> 1 -> 3 -> 0 crosses between hosts on every hop: two hops leave each host.
     net = _network(nic=1e9, bandwidth=10e9)
@@ -114,8 +121,10 @@ def test_emulation_agrees_with_the_simulator_when_pipelines_share_a_nic(tmp_path
     from planner.runtime.launch import LaunchOptions, launch
 
     estimate, simulated, plan_path, _ = _estimate_and_simulation(_nic_topology(tmp_path / "t.yaml", "20Mbps"))
+    scale = 3.0  # emulated seconds per plan second
     results = launch(plan_path, LaunchOptions(backend="gloo", iterations=3, warmup=1, out_dir=str(tmp_path / "run"),
-                                              emulate=True, time_scale=3.0), log=lambda line: None)
-    assert results["comparison"]["predicted_s"] == pytest.approx(simulated)
-    assert results["comparison"]["measured_s"] == pytest.approx(simulated, rel=0.15)
-    assert estimate == pytest.approx(results["comparison"]["measured_s"], rel=0.15)
+                                              emulate=True, time_scale=scale), log=lambda line: None)
+    assert results["comparison"]["predicted_s"] == pytest.approx(simulated * scale)
+    measured = results["comparison"]["measured_s"] / scale
+    assert measured == pytest.approx(simulated, rel=0.15)
+    assert estimate == pytest.approx(measured, rel=0.15)
