@@ -13,7 +13,7 @@ from scipy.optimize import linear_sum_assignment
 
 from cost_models.comm import p2p_time_s, sharded_exchange_time_s
 
-__all__ = ["DTFM_C_DP_BYTES", "DTFM_C_PP_BYTES", "dtfm_cost", "dp_cost_s", "pp_edge_cost_s",
+__all__ = ["DTFM_C_DP_BYTES", "DTFM_C_PP_BYTES", "dtfm_cost", "network_dtfm_cost", "dp_cost_s", "pp_edge_cost_s",
            "bottleneck_matching", "open_path_tsp", "DtfmCost"]
 
 # Their released constants, verbatim: c_dp = 1.3e9 params * 4 B * 3/24 layers (GB); c_pp keeps the
@@ -52,7 +52,8 @@ def dp_cost_s(latency_s, bandwidth_bytes_per_s, groups, c_dp_bytes: float = DTFM
 def pp_edge_cost_s(latency_s, bandwidth_bytes_per_s, c_pp_bytes: float = DTFM_C_PP_BYTES) -> np.ndarray:
     """Edge cost of one device feeding another: ``alpha[d][e] + c_pp / beta[d][e]`` (seconds)."""
     with np.errstate(divide="ignore"):
-        return p2p_time_s(c_pp_bytes, np.asarray(latency_s, dtype=float), np.asarray(bandwidth_bytes_per_s, dtype=float))
+        return p2p_time_s(c_pp_bytes, np.asarray(latency_s, dtype=float),
+                          np.asarray(bandwidth_bytes_per_s, dtype=float))
 
 
 def bottleneck_matching(cost: np.ndarray) -> tuple:
@@ -137,3 +138,9 @@ def dtfm_cost(latency_s, bandwidth_bytes_per_s, groups, *, c_dp_bytes: float = D
         between[a, b] = bottleneck_matching(edge[np.ix_(groups[a], groups[b])])[0]
     pp, order = open_path_tsp(between)
     return DtfmCost((dp + 2.0 * pp, dp, pp, order))
+
+
+def network_dtfm_cost(network, groups) -> DtfmCost:
+    """``dtfm_cost`` over the links of a ``cost_models.network.Network`` (NIC-capped bandwidth,
+    latency with the per-message overhead)."""
+    return dtfm_cost(network.latency_s, network.bandwidth_bytes_per_s, groups)

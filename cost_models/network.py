@@ -50,7 +50,8 @@ class Network:
         n = self.link_latency_s.shape[0]
         assert self.link_latency_s.shape == (n, n) == self.link_bandwidth_bytes_per_s.shape and self.host.shape == (n,)
         other_host = self.host[:, None] != self.host[None, :]
-        cap = np.minimum(self.nic_egress_bytes_per_s[self.host][:, None], self.nic_ingress_bytes_per_s[self.host][None, :])
+        cap = np.minimum(self.nic_egress_bytes_per_s[self.host][:, None],
+                         self.nic_ingress_bytes_per_s[self.host][None, :])
         bandwidth = np.where(other_host, np.minimum(self.link_bandwidth_bytes_per_s, cap),
                              self.link_bandwidth_bytes_per_s).astype(float)
         latency = np.asarray(self.link_latency_s, dtype=float) + self.message_overhead_s
@@ -100,6 +101,15 @@ class Network:
             if self._nic_ingress[hb]:
                 keys.append(("ingress", hb))
         return keys
+
+    def ring_nics(self, members) -> tuple:
+        """The shared NICs a ring over ``members`` occupies, whatever its order: a ring that spans
+        two hosts or more leaves and enters every one of them."""
+        hosts = np.unique(self.host[np.asarray(members, dtype=np.int64)])
+        if hosts.size < 2:
+            return ()
+        return (tuple(("egress", int(h)) for h in hosts if self._nic_egress[h])
+                + tuple(("ingress", int(h)) for h in hosts if self._nic_ingress[h]))
 
     def nic_busy_s(self, senders, receivers, message_bytes) -> tuple:
         """Per host, the wire time its egress and its ingress NIC spend on one message over each of

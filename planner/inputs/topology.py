@@ -5,11 +5,10 @@ frozen ``Topology`` holding N x N matrices of latency (s) and bandwidth (B/s); e
 the link from device i to device j, so asymmetric networks are first-class.
 """
 
+import functools
 import hashlib
 import json
-import functools
 from dataclasses import dataclass, field
-
 
 import numpy as np
 

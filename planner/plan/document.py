@@ -51,6 +51,7 @@ def plan_to_document(plan: Plan, *, model=None, training=None, topology_source: 
         doc["calibration"] = dict(plan.calibration)
     return json.loads(json.dumps(doc, default=float))
 
+
 def plan_from_document(document, *, source: str = "plan") -> Plan:
     """Read a plan mapping back (names, not positions); structural errors are ``InputError``s."""
     try:
@@ -126,8 +127,6 @@ def write_plan(document: dict, path) -> None:
 
 
 def read_plan(path) -> tuple:
-    """(Plan, raw document) from a ``.yaml`` or ``.json`` plan file."""
-    from planner.inputs.job import read_yaml  # JSON is YAML
-
+    """(Plan, raw document) from a ``.yaml`` or ``.json`` plan file (JSON is YAML)."""
     document = read_yaml(path)
     return plan_from_document(document, source=str(path)), document

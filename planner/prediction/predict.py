@@ -10,7 +10,7 @@ from cost_models import memory
 from cost_models.network import Sync
 from cost_models.simulator import PipelineJob, Timeline, simulate
 from planner.plan.plan import Plan, Prediction
-from planner.prediction.stage_model import (StageProfile, iteration_flops, layer_costs, optimizer_time_s,
+from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_flops, layer_costs, optimizer_time_s,
                                             stage_memory_bytes, stage_profile)
 
 __all__ = ["sync_time_s", "build_pipeline_job", "predict", "model_flops_per_iteration"]
@@ -24,9 +24,9 @@ def sync_time_s(topology, plan: Plan, profile: StageProfile, stage: int) -> floa
     return topology.network.ring_allreduce_s(profile.gradient_bytes[stage], ring)
 
 
-def build_pipeline_job(plan: Plan, topology, model, training) -> PipelineJob:
-    """The simulator's input for ``plan``."""
-    costs = layer_costs(model, training, plan.micro_batch_size, plan.stages)
+def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts | None = None) -> PipelineJob:
+    """The simulator's input for ``plan`` (``costs``: the stage model's, when the caller has them)."""
+    costs = costs or layer_costs(model, training, plan.micro_batch_size, plan.stages)
     profile = stage_profile(costs, plan.layer_bounds)
     S = plan.stages
     device = np.array([[topology.index(d) for d in row] for row in plan.assignment])
@@ -57,14 +57,15 @@ def predict(plan: Plan, topology, model, training, *, keep_records: bool = False
     """Simulate ``plan``: returns (Prediction, Timeline)."""
     costs = layer_costs(model, training, plan.micro_batch_size, plan.stages)
     counts = np.diff(plan.layer_bounds)
-    job = build_pipeline_job(plan, topology, model, training)
+    job = build_pipeline_job(plan, topology, model, training, costs)
     timeline: Timeline = simulate(job, keep_records=keep_records)
     used, capacity = {}, {}
     for r, row in enumerate(plan.assignment):
         for s, name in enumerate(row):
             dev = topology.devices[topology.index(name)]
             in_flight = memory.in_flight_microbatches(plan.schedule, s, plan.stages, plan.microbatches[r])
-            used[name] = float(stage_memory_bytes(costs, counts[s], s, plan.stages, in_flight)) + dev.memory_reserved_bytes
+            used[name] = (float(stage_memory_bytes(costs, counts[s], s, plan.stages, in_flight))
+                          + dev.memory_reserved_bytes)
             capacity[name] = dev.memory_bytes
     seconds = timeline.iteration_s
     model_flops = model_flops_per_iteration(model, plan.global_batch)

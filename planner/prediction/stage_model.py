@@ -74,7 +74,8 @@ def layer_costs(model, training, micro_batch_size: int, stages: int) -> LayerCos
         first_kept_bytes=boundary, last_kept_bytes=memory.logits_bytes(s, b, v), transient_bytes=transient,
         last_transient_bytes=memory.logits_bytes(s, b, v),  # the logits' gradient
         state_bytes_per_param=memory.state_bytes_per_parameter(training.precision, training.optimizer),
-        gradient_bytes_per_param=float(dtype), optimizer_bytes_per_param=OPTIMIZER_BYTES_PER_PARAMETER[training.optimizer],
+        gradient_bytes_per_param=float(dtype),
+        optimizer_bytes_per_param=OPTIMIZER_BYTES_PER_PARAMETER[training.optimizer],
         boundary_bytes=boundary)
 
 

@@ -4,8 +4,7 @@ import math
 
 import numpy as np
 
-from cost_models import flops, memory
-from planner.prediction.stage_model import iteration_flops
+from planner.prediction.stage_model import iteration_flops, layer_costs
 
 __all__ = ["lower_bound_s", "work_bound_s", "work_flops"]
 
@@ -38,16 +37,12 @@ def lower_bound_s(topology, model, training) -> float:
     work = work_flops(topology, model, training)
     speed = np.sort(topology.effective_flops(training.precision))[::-1]
     fastest = np.cumsum(speed)
-    params = flops.model_parameters(model.layers, model.hidden, model.ffn_hidden, model.vocabulary, model.sequence,
-                                    gated_mlp=model.gated_mlp, biases=model.biases, tied=model.tied_embeddings,
-                                    learned_positions=model.learned_positions)
-    state = params * memory.state_bytes_per_parameter(training.precision, training.optimizer)
+    per_sequence = layer_costs(model, training, 1, 1)  # the stage model for one sequence, one stage
+    params = per_sequence.layers * per_sequence.layer_params + per_sequence.first_params  # the whole model
+    state = params * per_sequence.state_bytes_per_param
     fewest_stages = max(1, math.ceil(state / float(topology.memory_bytes().max())))
-    layer_params = flops.layer_parameters(model.hidden, model.ffn_hidden, gated_mlp=model.gated_mlp,
-                                          biases=model.biases)
-    sequence_layer_flops = (flops.layer_forward_flops(1, model.sequence, model.hidden, model.ffn_hidden,
-                                                      gated_mlp=model.gated_mlp)
-                            * flops.training_flops_multiplier(training.recompute))
+    layer_params, sequence_layer_flops = per_sequence.layer_params, per_sequence.layer_flops
+    gradient_bytes = per_sequence.gradient_bytes_per_param
     bandwidth = topology.network.bandwidth_bytes_per_s.copy()
     np.fill_diagonal(bandwidth, 0.0)
     best_out = np.sort(bandwidth.max(axis=1))[::-1]  # each device's fastest outgoing link, best first
@@ -59,14 +54,13 @@ def lower_bound_s(topology, model, training) -> float:
             break
         compute = work / fastest[stages * replicas - 1]
         ring = np.where(replicas > 1, 2.0 * (replicas - 1) / replicas / best_out[replicas - 1], 0.0)  # s/byte
-        sync = params / stages * training.activation_bytes * ring
+        sync = params / stages * gradient_bytes * ring
         pipe = 0.0
         if stages > 1:
-            sequence_bytes = model.sequence * model.hidden * training.activation_bytes
-            pipe = np.ceil(training.global_batch / replicas) * sequence_bytes / best_out[0]
+            pipe = np.ceil(training.global_batch / replicas) * per_sequence.boundary_bytes / best_out[0]
         deepest = math.ceil(model.layers / stages)
         widest_stage = (training.global_batch / replicas * deepest * sequence_layer_flops / speed[0]
-                        + deepest * layer_params * training.activation_bytes * ring)
+                        + deepest * layer_params * gradient_bytes * ring)
         best = min(best, float(np.maximum.reduce([compute, sync, np.broadcast_to(pipe, compute.shape),
                                                   widest_stage]).min()))
     return best if np.isfinite(best) else work_bound_s(topology, model, training)

@@ -21,7 +21,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from cost_models.comm import sharded_exchange_pair_s
-from cost_models.dtfm import DTFM_C_DP_BYTES, DTFM_C_PP_BYTES, dtfm_cost, pp_edge_cost_s
+from cost_models.dtfm import DTFM_C_DP_BYTES, DTFM_C_PP_BYTES, network_dtfm_cost
 from planner.search.cpsat import RESOLUTION_S, make_solver
 
 __all__ = ["ExactDtfm", "exact_dtfm_allocation"]
@@ -45,12 +45,11 @@ def exact_dtfm_allocation(topology, stages: int, replicas: int, *, time_limit_s:
     n = topology.size
     if stages * replicas > n:
         raise ValueError(f"{stages} x {replicas} needs more than the topology's {n} devices")
-    latency = np.asarray(topology.network.latency_s, dtype=float)
-    bandwidth = np.asarray(topology.network.bandwidth_bytes_per_s, dtype=float)
+    network = topology.network
     # Each member's exchange with one other member: 2 (alpha + c_dp / (D beta)) (sec. 3.2).
-    exchange_ns = np.rint(sharded_exchange_pair_s(DTFM_C_DP_BYTES, latency, bandwidth, replicas)
-                          / RESOLUTION_S).astype(np.int64)
-    edge_ns = np.rint(pp_edge_cost_s(latency, bandwidth, DTFM_C_PP_BYTES) / RESOLUTION_S).astype(np.int64)
+    exchange_s = sharded_exchange_pair_s(DTFM_C_DP_BYTES, network.latency_s, network.bandwidth_bytes_per_s, replicas)
+    exchange_ns = np.rint(exchange_s / RESOLUTION_S).astype(np.int64)
+    edge_ns = np.rint(network.transfer_matrix_s(DTFM_C_PP_BYTES) / RESOLUTION_S).astype(np.int64)
     np.fill_diagonal(edge_ns, 0)
 
     model = cp_model.CpModel()
@@ -81,7 +80,7 @@ def exact_dtfm_allocation(topology, stages: int, replicas: int, *, time_limit_s:
         pp_terms.append(bottleneck)
     model.minimize(dp + 2 * sum(pp_terms))
     if hint is not None:
-        order = dtfm_cost(latency, bandwidth, hint).order  # the model numbers groups along the path
+        order = network_dtfm_cost(topology.network, hint).order  # the model numbers groups along the path
         for p, group in enumerate(hint[j] for j in order):
             for d in range(n):
                 model.add_hint(member[d, p], d in group)
@@ -97,7 +96,7 @@ def exact_dtfm_allocation(topology, stages: int, replicas: int, *, time_limit_s:
             raise RuntimeError(f"invalid CP-SAT DTFM model: {model.validate()}")
         return ExactDtfm(status="unknown", groups=None, cost_s=math.inf, bound_s=bound, wall_s=wall)
     groups = [[d for d in range(n) if solver.value(member[d, p])] for p in range(stages)]
-    cost = dtfm_cost(latency, bandwidth, groups).total_s
+    cost = network_dtfm_cost(topology.network, groups).total_s
     return ExactDtfm(status="optimal" if status == cp_model.OPTIMAL else "feasible", groups=groups, cost_s=cost,
                      bound_s=bound, wall_s=wall)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cost_models.dtfm import DTFM_C_PP_BYTES, bottleneck_matching, dtfm_cost, pp_edge_cost_s
+from cost_models.dtfm import DTFM_C_PP_BYTES, bottleneck_matching, network_dtfm_cost
 from planner.search.locality import locality_order
 from planner.search.cpsat_dtfm import exact_dtfm_allocation
 
@@ -38,7 +38,7 @@ class DtfmResult:
 
 
 def _score(topology, groups):
-    return dtfm_cost(topology.network.latency_s, topology.network.bandwidth_bytes_per_s, groups)
+    return network_dtfm_cost(topology.network, groups)
 
 
 def dtfm_degrees(n: int, layers: int) -> list:
@@ -164,7 +164,7 @@ def gcma(topology, stages: int, replicas: int, *, rng=None, seed: int = 0, popul
     started = time.perf_counter()
     rng = rng if rng is not None else np.random.default_rng(seed)
     n = topology.size
-    edge = pp_edge_cost_s(topology.network.latency_s, topology.network.bandwidth_bytes_per_s)
+    edge = topology.network.transfer_matrix_s(DTFM_C_PP_BYTES)
     pool, costs = [], []
     for _ in range(population):
         groups = random_allocation(n, stages, replicas, rng)
@@ -205,8 +205,8 @@ def gcma(topology, stages: int, replicas: int, *, rng=None, seed: int = 0, popul
 def groups_to_pipelines(topology, groups) -> np.ndarray:
     """(replicas, stages) device indices: groups in the objective's stage order, consecutive groups
     joined by their bottleneck matchings (who feeds whom)."""
-    cost = dtfm_cost(topology.network.latency_s, topology.network.bandwidth_bytes_per_s, groups)
-    edge = pp_edge_cost_s(topology.network.latency_s, topology.network.bandwidth_bytes_per_s, DTFM_C_PP_BYTES)
+    cost = _score(topology, groups)
+    edge = topology.network.transfer_matrix_s(DTFM_C_PP_BYTES)
     ordered = [list(groups[j]) for j in cost.order]
     pipelines = [[d] for d in ordered[0]]
     for nxt in ordered[1:]:

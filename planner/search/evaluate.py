@@ -67,20 +67,9 @@ def ring_cost(ctx: SearchContext, members: np.ndarray) -> tuple:
     member set: local search changes few groups at a time."""
     key = tuple(sorted(members.tolist()))
     if key not in ctx.rings:
-        network = ctx.network
-        order = [key[i] for i in network.ring_order(key, improve=False)]
-        shared = []
-        if network.has_shared_nics:
-            for a, b in zip(order, order[1:] + order[:1]):
-                shared += [k for k in network.transfer_resources(a, b) if k[0] != "link"]
-        ctx.rings[key] = network.ring_cost(order) + (tuple(dict.fromkeys(shared)),)
-    return ctx.rings[key][:2]
-
-
-def _ring_nics(ctx, members) -> tuple:
-    """The shared NICs the ring of ``members`` crosses (memoised with ``ring_cost``)."""
-    ring_cost(ctx, members)
-    return ctx.rings[tuple(sorted(members.tolist()))][2]
+        order = [key[i] for i in ctx.network.ring_order(key, improve=False)]
+        ctx.rings[key] = ctx.network.ring_cost(order)
+    return ctx.rings[key]
 
 
 def _ring_seconds_per_byte(ctx, members) -> float:
@@ -190,15 +179,16 @@ def _iteration_s(ctx, assign, costs, counts, microbatches, tau, fill, bottleneck
     upstream = np.concatenate([np.zeros((R, 1)), np.cumsum(tau[:, :-1] * backward_share(ctx.training), axis=1)],
                               axis=1)
     finish = (pipeline[:, None] - upstream).max(axis=0)  # (S,)
+    params = _stage_params(costs, counts)
     sync = np.zeros(S)
     start = finish
     if R > 1:
-        grads = gradient_bytes(costs, counts)
+        grads = params * costs.gradient_bytes_per_param
         sync = np.array([grads[s] * _ring_seconds_per_byte(ctx, assign[:, s]) + _ring_latency(ctx, assign[:, s])
                          for s in range(S)])
         if ctx.network.has_shared_nics:
             start = _queued_sync_starts(ctx, assign, finish, sync)
-    return float((start + sync + step_seconds(ctx, assign, costs, counts).max(axis=0)).max())
+    return float((start + sync + _step(ctx, assign, costs, params).max(axis=0)).max())
 
 
 def _queued_sync_starts(ctx, assign, finish, sync) -> np.ndarray:
@@ -207,24 +197,29 @@ def _queued_sync_starts(ctx, assign, finish, sync) -> np.ndarray:
     whole all-reduce)."""
     free_at, start = {}, finish.astype(float).copy()
     for s in np.argsort(finish, kind="stable"):
-        nics = _ring_nics(ctx, assign[:, s])
+        nics = ctx.network.ring_nics(assign[:, s])
         start[s] = max([finish[s]] + [free_at.get(k, 0.0) for k in nics])
         for k in nics:
             free_at[k] = start[s] + sync[s]
     return start
 
 
+def _stage_params(costs, counts) -> np.ndarray:
+    return stage_parameters(costs, np.asarray(counts, dtype=float), np.arange(len(counts)), len(counts))
+
+
+def _step(ctx, assign, costs, params) -> np.ndarray:
+    return optimizer_time_s(params[None, :], costs.optimizer_bytes_per_param, ctx.mem_bw[assign])
+
+
 def gradient_bytes(costs, counts) -> np.ndarray:
     """Bytes each stage's replicas all-reduce (the stage model's parameters x gradient bytes)."""
-    S = len(counts)
-    return stage_parameters(costs, np.asarray(counts, dtype=float), np.arange(S), S) * costs.gradient_bytes_per_param
+    return _stage_params(costs, counts) * costs.gradient_bytes_per_param
 
 
 def step_seconds(ctx, assign, costs, counts) -> np.ndarray:
     """(R, S) optimizer step of every worker: its stage's parameters through its memory bandwidth."""
-    S = assign.shape[1]
-    params = stage_parameters(costs, np.asarray(counts, dtype=float), np.arange(S), S)
-    return optimizer_time_s(params[None, :], costs.optimizer_bytes_per_param, ctx.mem_bw[assign])
+    return _step(ctx, assign, costs, _stage_params(costs, counts))
 
 
 def fits(costs, schedule: str, counts, microbatches, capacity: np.ndarray) -> bool:

@@ -11,7 +11,7 @@ from typing import Protocol
 import numpy as np
 
 from cost_models import comm
-from cost_models.dtfm import DTFM_C_DP_BYTES, dtfm_cost, pp_edge_cost_s
+from cost_models.dtfm import DTFM_C_DP_BYTES, DTFM_C_PP_BYTES, network_dtfm_cost
 from planner.prediction.predict import predict
 from planner.search.bounds import lower_bound_s
 from planner.search.dtfm_search import dtfm_degrees
@@ -57,7 +57,7 @@ class DtfmCost:
 
     def score(self, plan, topology, model, training) -> float:
         groups = [[topology.index(d) for d in plan.stage_devices(s)] for s in range(plan.stages)]
-        return float(dtfm_cost(topology.network.latency_s, topology.network.bandwidth_bytes_per_s, groups).total_s)
+        return float(network_dtfm_cost(topology.network, groups).total_s)
 
     def lower_bound(self, topology, model, training) -> float:
         """The bound over DTFM's degrees (every device used; stages dividing the layers) of: COST_DP
@@ -65,7 +65,7 @@ class DtfmCost:
         over ``S`` groups at least ``S - 1`` of the cheapest pipeline edges."""
         n = topology.size
         network = topology.network
-        edge = pp_edge_cost_s(network.latency_s, network.bandwidth_bytes_per_s)
+        edge = network.transfer_matrix_s(DTFM_C_PP_BYTES)
         np.fill_diagonal(edge, np.inf)
         best = np.inf
         for stages, replicas in dtfm_degrees(n, model.layers):
