@@ -161,3 +161,15 @@ def test_mutated_valid_document_loads_or_fails_cleanly(write_yaml, path, value):
         load_job(write_yaml(doc))
     except InputError as error:
         assert "\n" not in str(error)
+
+
+def test_a_device_count_beyond_the_limit_is_refused_before_anything_is_allocated(write_yaml):
+    from planner.inputs.topology import MAX_DEVICES
+
+    doc = small_topology()
+    doc["devices"][1]["count"] = MAX_DEVICES  # with the 2 "fast" devices: two over the limit
+    with pytest.raises(InputError, match=rf"devices\[1\]\.count.*{MAX_DEVICES + 2}.*{MAX_DEVICES}"):
+        load_job(write_yaml(doc))
+    doc["devices"][1]["count"] = 10**12  # refused as fast: the count is checked before devices are made
+    with pytest.raises(InputError, match="lower the counts"):
+        load_job(write_yaml(doc))

@@ -124,6 +124,9 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     """
     started = time.perf_counter()
     objective = objective or IterationTime()
+    if x0 is not None and objective.engine != "placement":
+        raise InputError(f"the {objective.name} objective plans every device with even splits and does not start "
+                         "from a plan: drop the starting plan or use the time objective", field="x0")
     rng = rng if rng is not None else np.random.default_rng(options.seed)
     engine = {"placement": _placement_search, "allocation": _allocation_search}[objective.engine]
     plan, record = engine(topology, model, training, options, rng=rng, callback=callback, x0=x0, started=started)
