@@ -25,7 +25,7 @@ def _brute_layers(costs, speed, capacity, microbatches, schedule):
             worst = max(worst, (work / speed[:, s]).max())
             for r in range(R):
                 in_flight = microbatches[r] if schedule == "gpipe" else min(S - s, microbatches[r])
-                ok &= stage_memory_bytes(costs, n, s, S, in_flight) <= capacity[r, s]
+                ok &= stage_memory_bytes(costs, n, s, in_flight) <= capacity[r, s]
         if ok and (best is None or worst < best - 1e-12):
             best = worst
     return best
@@ -42,7 +42,7 @@ def test_layer_split_matches_brute_force(seed):
     R, S = int(rng.integers(1, 3)), int(rng.integers(1, 4))
     costs = layer_costs(model, training, 1, S)
     speed = rng.uniform(1e9, 4e9, (R, S))
-    base = stage_memory_bytes(costs, 1, 0, S, 4)
+    base = stage_memory_bytes(costs, 1, 0, 4)
     capacity = rng.uniform(1.0, 3.0, (R, S)) * base
     microbatches = np.full(R, 4)
     counts = split_layers(costs, "1f1b", speed, capacity, microbatches)
@@ -133,7 +133,7 @@ def test_greedy_layer_split_matches_cpsat(seed):
     R, S = int(rng.integers(1, 4)), int(rng.integers(2, 5))
     costs = layer_costs(model, training, 1, S)
     speed = rng.uniform(1e9, 4e9, (R, S))
-    capacity = rng.uniform(1.0, 2.5, (R, S)) * stage_memory_bytes(costs, 2, 0, S, S)
+    capacity = rng.uniform(1.0, 2.5, (R, S)) * stage_memory_bytes(costs, 2, 0, S)
     microbatches = np.full(R, 4)
     greedy = split_layers(costs, "1f1b", speed, capacity, microbatches)
     exact = exact_layer_split(costs, speed, capacity, in_flight_table("1f1b", S, microbatches))

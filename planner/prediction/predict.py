@@ -64,7 +64,7 @@ def predict(plan: Plan, topology, model, training, *, keep_records: bool = False
         for s, name in enumerate(row):
             dev = topology.devices[topology.index(name)]
             in_flight = memory.in_flight_microbatches(plan.schedule, s, plan.stages, plan.microbatches[r])
-            used[name] = (float(stage_memory_bytes(costs, counts[s], s, plan.stages, in_flight))
+            used[name] = (float(stage_memory_bytes(costs, counts[s], s, in_flight))
                           + dev.memory_reserved_bytes)
             capacity[name] = dev.memory_bytes
     seconds = timeline.iteration_s

@@ -24,8 +24,11 @@ OPTIMIZER_BYTES_PER_PARAMETER = {"adam": 28.0, "sgd": 20.0}
 @dataclass(frozen=True, kw_only=True, eq=False)
 class LayerCosts:
     """Per-block and per-stage-extra work, memory and messages for one micro-batch of
-    ``micro_batch_size`` sequences, in a pipeline of ``stages`` stages."""
+    ``micro_batch_size`` sequences, in a pipeline of ``stages`` stages. The extras of each stage
+    (embeddings on the first, head and logits on the last) are derived once into arrays of length
+    ``stages``: ``stage_extra_params``, ``stage_extra_kept_bytes``, ``stage_transient_bytes``."""
 
+    stages: int
     layers: int
     layer_forward_flops: float
     layer_flops: float  # forward + backward (+ recompute) of one block
@@ -43,6 +46,13 @@ class LayerCosts:
     gradient_bytes_per_param: float  # what the all-reduce moves per parameter
     optimizer_bytes_per_param: float  # what the optimizer step reads and writes per parameter
     boundary_bytes: float
+
+    def __post_init__(self):
+        first = (np.arange(self.stages) == 0).astype(float)
+        last = (np.arange(self.stages) == self.stages - 1).astype(float)
+        object.__setattr__(self, "stage_extra_params", first * self.first_params + last * self.last_params)
+        object.__setattr__(self, "stage_extra_kept_bytes", first * self.first_kept_bytes + last * self.last_kept_bytes)
+        object.__setattr__(self, "stage_transient_bytes", self.transient_bytes + last * self.last_transient_bytes)
 
 
 def layer_costs(model, training, micro_batch_size: int, stages: int) -> LayerCosts:
@@ -65,7 +75,7 @@ def layer_costs(model, training, micro_batch_size: int, stages: int) -> LayerCos
     # Recomputation re-runs a block's forward in backward and keeps one block's full set meanwhile.
     transient = 2.0 * boundary + (full if training.recompute else 0.0)  # send and receive buffers
     return LayerCosts(
-        layers=model.layers, layer_forward_flops=fwd,
+        stages=stages, layers=model.layers, layer_forward_flops=fwd,
         layer_flops=fwd * flops.training_flops_multiplier(training.recompute),
         head_forward_flops=head_fwd, head_flops=3.0 * head_fwd,
         layer_params=float(flops.layer_parameters(h, model.ffn_hidden, gated_mlp=model.gated_mlp,
@@ -79,35 +89,25 @@ def layer_costs(model, training, micro_batch_size: int, stages: int) -> LayerCos
         boundary_bytes=boundary)
 
 
-def _first_last(stage, stages):
-    """Whether ``stage`` is the first and the last (1.0 or 0.0; arrays for arrays of stages)."""
-    if isinstance(stage, (int, np.integer)):  # the search's hot path: plain numbers
-        return float(stage == 0), float(stage == stages - 1)
-    stage = np.asarray(stage)
-    return (stage == 0).astype(float), (stage == stages - 1).astype(float)
+def stage_parameters(costs: LayerCosts, n_layers, stage):
+    """Parameters of stage ``stage`` with ``n_layers`` blocks (vectorised over layers and stages)."""
+    return n_layers * costs.layer_params + costs.stage_extra_params[stage]
 
 
-def stage_parameters(costs: LayerCosts, n_layers, stage, stages: int):
-    """Parameters of a stage with ``n_layers`` blocks (vectorised over layers and stage indices)."""
-    first, last = _first_last(stage, stages)
-    return n_layers * costs.layer_params + first * costs.first_params + last * costs.last_params
-
-
-def stage_memory_bytes(costs: LayerCosts, n_layers, stage, stages: int, in_flight):
-    """Peak bytes of a stage with ``n_layers`` blocks and ``in_flight`` micro-batches' activations
-    kept: weights, gradients and optimizer state, the kept activations, one micro-batch's transient
-    working set (recomputation, logits gradient, message buffers)."""
-    first, last = _first_last(stage, stages)
-    kept = n_layers * costs.layer_kept_bytes + first * costs.first_kept_bytes + last * costs.last_kept_bytes
-    transient = costs.transient_bytes + last * costs.last_transient_bytes
-    return stage_parameters(costs, n_layers, stage, stages) * costs.state_bytes_per_param + in_flight * kept + transient
+def stage_memory_bytes(costs: LayerCosts, n_layers, stage, in_flight):
+    """Peak bytes of stage ``stage`` with ``n_layers`` blocks and ``in_flight`` micro-batches'
+    activations kept: weights, gradients and optimizer state, the kept activations, one
+    micro-batch's transient working set (recomputation, logits gradient, message buffers)."""
+    kept = n_layers * costs.layer_kept_bytes + costs.stage_extra_kept_bytes[stage]
+    return (stage_parameters(costs, n_layers, stage) * costs.state_bytes_per_param + in_flight * kept
+            + costs.stage_transient_bytes[stage])
 
 
 def in_flight_table(schedule: str, stages: int, microbatches) -> np.ndarray:
     """(R, S) in-flight micro-batches of every worker (``cost_models.memory.in_flight_microbatches``)."""
     m = np.asarray(microbatches, dtype=np.int64)[:, None]
     table = memory.in_flight_microbatches(schedule, np.arange(stages)[None, :], stages, m)
-    return np.broadcast_to(table, (m.shape[0], stages)).astype(np.int64)
+    return table if table.shape[1] == stages else np.repeat(table, stages, axis=1)
 
 
 def optimizer_time_s(parameters, optimizer_bytes_per_param: float, memory_bandwidth_bytes_per_s):
@@ -133,12 +133,11 @@ def stage_profile(costs: LayerCosts, layer_bounds) -> StageProfile:
     messages. Backward is twice forward, plus one forward of the blocks with recomputation."""
     counts = np.diff(np.asarray(layer_bounds)).astype(float)
     S = counts.size
-    stage = np.arange(S)
-    _, last = _first_last(stage, S)
-    head = last * costs.head_forward_flops
+    assert S == costs.stages, "the costs were made for another number of stages"
+    head = np.where(np.arange(S) == S - 1, costs.head_forward_flops, 0.0)
     forward = counts * costs.layer_forward_flops + head
     backward = counts * (costs.layer_flops - costs.layer_forward_flops) + 2.0 * head
-    params = stage_parameters(costs, counts, stage, S)
+    params = stage_parameters(costs, counts, np.arange(S))
     return StageProfile(layer_counts=counts, forward_flops=forward, backward_flops=backward, parameters=params,
                         boundary_bytes=np.full(S - 1, costs.boundary_bytes),
                         gradient_bytes=params * costs.gradient_bytes_per_param, head_forward_flops=head)

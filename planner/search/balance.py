@@ -27,7 +27,7 @@ def _stage_limits(costs, stages, speed, capacity, in_flight):
     slowest = speed.min(axis=0)
     by_memory = np.empty(stages, dtype=np.int64)
     for s in range(stages):
-        mem_zero = stage_memory_bytes(costs, 0, s, stages, in_flight[:, s])
+        mem_zero = stage_memory_bytes(costs, 0, s, in_flight[:, s])
         per_layer = costs.layer_params * costs.state_bytes_per_param + in_flight[:, s] * costs.layer_kept_bytes
         by_memory[s] = int(max(np.floor((capacity[:, s] - mem_zero) / per_layer + 1e-9).min(), -1))
     return slowest.tolist(), np.minimum(by_memory, costs.layers).tolist()

@@ -43,8 +43,8 @@ def exact_layer_split(costs: LayerCosts, speed: np.ndarray, capacity_bytes: np.n
             per_layer_ns = int(round(costs.layer_flops / speed[r, s] / RESOLUTION_S))
             head_ns = int(round(head / speed[r, s] / RESOLUTION_S))
             model.Add(worst >= per_layer_ns * counts[s] + head_ns)
-            base = stage_memory_bytes(costs, 0, s, S, in_flight[r, s])
-            per_layer = stage_memory_bytes(costs, 1, s, S, in_flight[r, s]) - base
+            base = stage_memory_bytes(costs, 0, s, in_flight[r, s])
+            per_layer = stage_memory_bytes(costs, 1, s, in_flight[r, s]) - base
             most = int(np.floor((capacity_bytes[r, s] - base) / per_layer + 1e-9))
             if most < 1:
                 return None

@@ -257,7 +257,7 @@ class _PlacementModel:
 
     def _memory_coefficients(self, stage: int) -> tuple:
         def at(n, f):
-            return float(stage_memory_bytes(self.costs, n, stage, self.S, f))
+            return float(stage_memory_bytes(self.costs, n, stage, f))
         base = at(0, 0)
         per_layer, per_in_flight = at(1, 0) - base, at(0, 1) - base
         per_both = at(1, 1) - at(1, 0) - at(0, 1) + base
@@ -296,7 +296,7 @@ class _PlacementModel:
         """Each worker's optimizer step after its stage's all-reduce: the stage's parameters
         (``stage_parameters``, linear in its layer count) through the device's memory bandwidth."""
         m, S, c = self.model, self.S, self.costs
-        fixed = stage_parameters(c, 0.0, np.arange(S), S) * c.optimizer_bytes_per_param
+        fixed = stage_parameters(c, 0.0, np.arange(S)) * c.optimizer_bytes_per_param
         per_layer_ns = _ns(c.layer_params * c.optimizer_bytes_per_param / self.ctx.mem_bw)  # (n,)
         fixed_ns = _ns(fixed[None, :] / self.ctx.mem_bw[:, None])  # (n, S)
         self.step_horizon_ns = int((per_layer_ns * self.L + fixed_ns.max(axis=1)).max())

@@ -30,6 +30,7 @@ class SearchContext:
     network: object  # cost_models.network.Network: the simulator's own network
     costs: dict  # (micro_batch, stages) -> LayerCosts
     rings: dict  # sorted member tuple -> (all-reduce seconds per byte, latency seconds)
+    ring_nics: dict  # sorted member tuple -> the shared NICs its ring occupies
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -50,7 +51,7 @@ def make_context(topology, model, training) -> SearchContext:
                          speed=topology.effective_flops(training.precision), capacity=topology.memory_bytes(),
                          head_slowdown=topology.head_slowdowns(),
                          mem_bw=np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices]),
-                         network=topology.network, costs={}, rings={})
+                         network=topology.network, costs={}, rings={}, ring_nics={})
 
 
 def stage_costs(ctx: SearchContext, micro_batch: int, stages: int):
@@ -85,8 +86,8 @@ def _gpipe_caps(costs, counts, capacity):
     R, S = capacity.shape
     caps = np.full(R, 1 << 40, dtype=np.int64)
     for s in range(S):
-        fixed = stage_memory_bytes(costs, counts[s], s, S, 0.0)
-        per_mb = stage_memory_bytes(costs, counts[s], s, S, 1.0) - fixed
+        fixed = stage_memory_bytes(costs, counts[s], s, 0.0)
+        per_mb = stage_memory_bytes(costs, counts[s], s, 1.0) - fixed
         caps = np.minimum(caps, np.floor((capacity[:, s] - fixed) / per_mb).astype(np.int64))
     return caps
 
@@ -197,7 +198,10 @@ def _queued_sync_starts(ctx, assign, finish, sync) -> np.ndarray:
     whole all-reduce)."""
     free_at, start = {}, finish.astype(float).copy()
     for s in np.argsort(finish, kind="stable"):
-        nics = ctx.network.ring_nics(assign[:, s])
+        key = tuple(sorted(assign[:, s].tolist()))
+        if key not in ctx.ring_nics:
+            ctx.ring_nics[key] = ctx.network.ring_nics(key)
+        nics = ctx.ring_nics[key]
         start[s] = max([finish[s]] + [free_at.get(k, 0.0) for k in nics])
         for k in nics:
             free_at[k] = start[s] + sync[s]
@@ -205,7 +209,7 @@ def _queued_sync_starts(ctx, assign, finish, sync) -> np.ndarray:
 
 
 def _stage_params(costs, counts) -> np.ndarray:
-    return stage_parameters(costs, np.asarray(counts, dtype=float), np.arange(len(counts)), len(counts))
+    return stage_parameters(costs, np.asarray(counts, dtype=float), np.arange(len(counts)))
 
 
 def _step(ctx, assign, costs, params) -> np.ndarray:
@@ -226,7 +230,7 @@ def fits(costs, schedule: str, counts, microbatches, capacity: np.ndarray) -> bo
     """Whether every placed device holds its stage with its in-flight micro-batches (``capacity`` (R, S))."""
     R, S = capacity.shape
     in_flight = in_flight_table(schedule, S, microbatches)
-    need = np.stack([stage_memory_bytes(costs, counts[s], s, S, in_flight[:, s]) for s in range(S)], axis=1)
+    need = np.stack([stage_memory_bytes(costs, counts[s], s, in_flight[:, s]) for s in range(S)], axis=1)
     return bool((need <= capacity * (1 + 1e-12)).all())
 
 
