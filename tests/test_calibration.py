@@ -77,6 +77,16 @@ def test_plan_records_its_calibration_and_launch_uses_or_refuses_it(tmp_path, wr
     cal.unlink()
     with pytest.raises(InputError, match="which is not here"):
         load_run_inputs(calibrated)
+    # Moved to another machine: the plan names a path that is not there, and the file lies beside it.
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    _calibration(moved / "cal.yaml", efficiency=0.06, kind="A100-80GB")
+    document = json.loads(calibrated.read_text())
+    document["calibration"]["sha256"] = read_calibration(moved / "cal.yaml").sha256
+    document["topology"]["path"] = str(topology)
+    (moved / "plan.json").write_text(json.dumps(document))
+    inputs = load_run_inputs(moved / "plan.json")
+    assert {d.efficiency for d in inputs.topology.devices if d.type_name == "A100-80GB"} == {0.06}
 
 
 def test_topology_takes_measured_links_from_a_calibration(tmp_path, write_yaml):

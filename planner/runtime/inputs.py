@@ -74,8 +74,9 @@ def _calibrated(topology: Topology, record: dict, plan_path: Path) -> Topology:
     from planner.inputs.calibration import apply_calibration, read_calibration
 
     path = Path(record["path"])
-    if not path.is_absolute() and not path.exists() and (plan_path.parent / path).exists():
-        path = plan_path.parent / path
+    for beside in (plan_path.parent / path, plan_path.parent / path.name):  # a plan moved with its calibration
+        if not path.exists() and beside.exists():
+            path = beside
     if not path.exists():
         raise InputError(f"names calibration {record['path']}, which is not here: copy it beside the plan or "
                          "plan again without it", source=str(plan_path), field="calibration.path")
