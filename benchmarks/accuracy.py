@@ -39,7 +39,7 @@ def _even_plans(job, seed: int) -> dict:
     from planner.search.dtfm_search import contiguous_allocation, random_allocation
 
     topology, model, training = job.topology, job.model, job.training
-    total = training.global_batch // training.micro_batch
+    total = training.global_batch // training.micro_batch_size
     pairs = [(s, r) for s, r in dtfm_degrees(topology.size, model.layers) if total % r == 0 and 2 <= s <= 4]
     stages, replicas = pairs[0]
     n = topology.size
@@ -77,12 +77,12 @@ def emulated(out: Path, iterations: int, warmup: int, seed: int) -> dict:
         other = "gpipe" if pick.schedule == "1f1b" else "1f1b"
         plans = {f"planner-{pick.stages}x{pick.replicas}-{pick.schedule}": pick,
                  f"planner-{pick.stages}x{pick.replicas}-{other}": replace(pick, schedule=other)}
-        layers, total = job.model.layers, sum(pick.microbatches)
+        layers, total = job.model.layers, sum(pick.micro_batches)
         if layers % pick.stages == 0 and total % pick.replicas == 0:
             even = replace(pick, layer_bounds=tuple(range(0, layers + 1, layers // pick.stages)),
-                           microbatches=(total // pick.replicas,) * pick.replicas)
-            if (tuple(map(int, even.layer_bounds)), tuple(map(int, even.microbatches))) != \
-                    (tuple(map(int, pick.layer_bounds)), tuple(map(int, pick.microbatches))):
+                           micro_batches=(total // pick.replicas,) * pick.replicas)
+            if (tuple(map(int, even.layer_bounds)), tuple(map(int, even.micro_batches))) != \
+                    (tuple(map(int, pick.layer_bounds)), tuple(map(int, pick.micro_batches))):
                 plans[f"planner-placement-even-split-{pick.schedule}"] = even
         plans.update(_even_plans(job, seed))
         scale = EMULATED_SECONDS / predict(pick, job.topology, job.model, job.training)[0].iteration_s
@@ -120,7 +120,7 @@ def gpu(out: Path, iterations: int, warmup: int, seed: int) -> dict:
     plans = {}
     for stages, replicas, micro, schedule in ((2, 1, 2, "1f1b"), (2, 1, 1, "gpipe"), (1, 2, 2, "1f1b"),
                                               (2, 1, 4, "1f1b"), (1, 1, 2, "1f1b")):
-        training = replace(job.training, micro_batch=micro, schedule=schedule)
+        training = replace(job.training, micro_batch_size=micro, schedule=schedule)
         pinned = replace(job, training=training)
         plan = search(pinned.topology, pinned.model, training,
                       SearchOptions(seed=seed, time_limit_s=10, stages=stages, replicas=replicas)).plan
@@ -128,7 +128,7 @@ def gpu(out: Path, iterations: int, warmup: int, seed: int) -> dict:
     plan, pinned = plans["2x1-mb2-1f1b"]
     plans["2x1-mb2-1f1b-even-12-12"] = (replace(plan, layer_bounds=(0, 12, 24)), pinned)
     plan, pinned = plans["1x2-mb2-1f1b"]
-    plans["1x2-mb2-1f1b-uneven-batch-6-2"] = (replace(plan, microbatches=(6, 2)), pinned)
+    plans["1x2-mb2-1f1b-uneven-batch-6-2"] = (replace(plan, micro_batches=(6, 2)), pinned)
     rows, memory = [], []
     for label, (plan, pinned) in plans.items():
         path = _write(plan, pinned, GPU_TOPOLOGY, out / "plans" / f"{label}.yaml", calibration)

@@ -35,7 +35,7 @@ from planner.search.evaluate import evaluate_placement, make_context  # noqa: E4
 from planner.search.front import SearchOptions, search  # noqa: E402
 
 MATCH = 1e-7  # relative: equal up to the CP-SAT model's 1 ns resolution
-TRAINING = {"global_batch": 16, "micro_batch": 2, "schedule": "1f1b", "precision": "fp16"}
+TRAINING = {"global_batch": 16, "micro_batch_size": 2, "schedule": "1f1b", "precision": "fp16"}
 
 
 def _instance(task: tuple) -> dict | None:

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _contiguous(job):
     best = None
-    micro = job.training.micro_batch or 1
+    micro = job.training.micro_batch_size or 1
     for stages, replicas in dtfm_degrees(job.topology.size, job.model.layers):
         if (job.training.global_batch // micro) % replicas:
             continue

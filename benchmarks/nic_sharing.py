@@ -42,21 +42,21 @@ def _row(name, kind, pipelines, preset, batch, micro, split, nic, schedule) -> d
     topology = _topology(kind, pipelines, nic)
     model = model_preset(preset)
     gpu = kind != "CPU-core"
-    training = parse_training({"global_batch": batch, "micro_batch": micro, "precision": "bf16" if gpu else "fp32",
+    training = parse_training({"global_batch": batch, "micro_batch_size": micro, "precision": "bf16" if gpu else "fp32",
                                "optimizer": "adam", "schedule": schedule, "recompute": gpu})
     assignment = tuple((f"a-{r}", f"b-{r}") for r in range(pipelines))
-    microbatches = (batch // micro // pipelines,) * pipelines
-    plan = Plan(layer_bounds=(0, split[0], sum(split)), assignment=assignment, microbatches=microbatches,
+    micro_batches = (batch // micro // pipelines,) * pipelines
+    plan = Plan(layer_bounds=(0, split[0], sum(split)), assignment=assignment, micro_batches=micro_batches,
                 micro_batch_size=micro, schedule=schedule)
     simulated = predict(plan, topology, model, training)[0].iteration_s
     assign = np.array([[topology.index(d) for d in row] for row in assignment])
-    estimate = score_split(make_context(topology, model, training), assign, split, microbatches, micro, schedule)
+    estimate = score_split(make_context(topology, model, training), assign, split, micro_batches, micro, schedule)
     if estimate is None:
         raise SystemExit(f"{name} {schedule}: the plan does not fit in memory; change the case")
     shared = Network.has_shared_nics
     Network.has_shared_nics = property(lambda self: False)  # the NIC as a fixed cap, no queueing
     try:
-        capped = score_split(make_context(topology, model, training), assign, split, microbatches, micro, schedule)
+        capped = score_split(make_context(topology, model, training), assign, split, micro_batches, micro, schedule)
     finally:
         Network.has_shared_nics = shared
     return {"case": name, "nic": nic, "schedule": schedule, "simulated_s": simulated, "estimate_s": estimate,

@@ -75,7 +75,7 @@ def main() -> int:
         spec = parse_model(document["model"])
         bounds = [s["layers"][0] for s in document["stages"]] + [document["stages"][-1]["layers"][1]]
         _, theirs = run_pipelining(spec, bounds, micro_batch_size=document["micro_batch_size"],
-                                   microbatches=document["replicas"][0]["micro_batches"], schedule=schedule,
+                                   micro_batches=document["replicas"][0]["micro_batches"], schedule=schedule,
                                    iterations=args.iterations, warmup=args.warmup, backend="nccl",
                                    optimizer=document["training"]["optimizer"])
         comparison.append({"schedule": schedule, "ours_s": ours["measured"]["median_s"],

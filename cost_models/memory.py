@@ -7,7 +7,7 @@ from cost_models.schedule import Schedule
 __all__ = [
     "state_bytes_per_parameter",
     "layer_activation_bytes",
-    "in_flight_microbatches",
+    "in_flight_micro_batches",
     "logits_bytes",
 ]
 
@@ -41,16 +41,16 @@ def layer_activation_bytes(s: int, b: int, h: int, a: int, *, dtype_bytes: int =
     return s * b * h * per_token * scale
 
 
-def in_flight_microbatches(schedule: str, stage: int, stages: int, microbatches: int) -> int:
+def in_flight_micro_batches(schedule: str, stage: int, stages: int, micro_batches: int) -> int:
     """Micro-batches whose activations stage ``stage`` (0-based) of ``stages`` holds at its peak.
 
     GPipe keeps all ``M`` (Huang et al. 2019); 1F1B at most ``min(S - i, M)`` (Narayanan et al. 2021,
     PipeDream-Flush, sec. 2.2). Vectorised over numpy arrays of stages and micro-batch counts.
     """
     if schedule == Schedule.GPIPE:
-        return microbatches
+        return micro_batches
     if schedule == Schedule.ONE_F_ONE_B:
-        return np.minimum(stages - stage, microbatches)
+        return np.minimum(stages - stage, micro_batches)
     raise ValueError(f"unknown schedule {schedule!r}")
 
 

@@ -42,29 +42,29 @@ def _backward(stage: int, stages: int, mb: int) -> list:
     return ops
 
 
-def stage_ops(schedule: str, stage: int, stages: int, microbatches: int) -> list:
-    """The ordered ops of one device holding ``stage`` (0-based) of ``stages``, for ``microbatches``.
+def stage_ops(schedule: str, stage: int, stages: int, micro_batches: int) -> list:
+    """The ordered ops of one device holding ``stage`` (0-based) of ``stages``, for ``micro_batches``.
 
     GPipe: all forwards, then all backwards, both in micro-batch order (Huang et al. 2019).
     1F1B (PipeDream-Flush, Narayanan et al. 2021, sec. 2.2): ``min(S - s - 1, M)`` warm-up
     forwards, then alternate one forward and one backward, then drain the remaining backwards.
     """
-    if not 0 <= stage < stages or microbatches < 1:
-        raise ValueError(f"bad stage {stage} of {stages} or microbatches {microbatches}")
+    if not 0 <= stage < stages or micro_batches < 1:
+        raise ValueError(f"bad stage {stage} of {stages} or micro_batches {micro_batches}")
     ops = []
     if schedule == Schedule.GPIPE:
-        for mb in range(microbatches):
+        for mb in range(micro_batches):
             ops += _forward(stage, stages, mb)
-        for mb in range(microbatches):
+        for mb in range(micro_batches):
             ops += _backward(stage, stages, mb)
     elif schedule == Schedule.ONE_F_ONE_B:
-        warmup = min(stages - stage - 1, microbatches)
+        warmup = min(stages - stage - 1, micro_batches)
         for mb in range(warmup):
             ops += _forward(stage, stages, mb)
-        for i in range(microbatches - warmup):
+        for i in range(micro_batches - warmup):
             ops += _forward(stage, stages, warmup + i)
             ops += _backward(stage, stages, i)
-        for mb in range(microbatches - warmup, microbatches):
+        for mb in range(micro_batches - warmup, micro_batches):
             ops += _backward(stage, stages, mb)
     else:
         raise ValueError(f"unknown schedule {schedule!r}")

@@ -35,7 +35,7 @@ class PipelineJob:
 
     schedule: str
     device: np.ndarray
-    microbatches: np.ndarray
+    micro_batches: np.ndarray
     forward_s: np.ndarray
     backward_s: np.ndarray
     boundary_bytes: np.ndarray
@@ -94,7 +94,7 @@ def simulate(job: PipelineJob, *, keep_records: bool = True) -> Timeline:
     """Simulate one iteration of ``job`` and return its ``Timeline``."""
     R, S = job.replicas, job.stages
     optimizer_s = job.optimizer_s if job.optimizer_s is not None else np.zeros((R, S))
-    ops = {(r, s): stage_ops(job.schedule, s, S, int(job.microbatches[r])) for r in range(R) for s in range(S)}
+    ops = {(r, s): stage_ops(job.schedule, s, S, int(job.micro_batches[r])) for r in range(R) for s in range(S)}
     pointer = dict.fromkeys(ops, 0)
     parked_at = {}  # worker -> time it started waiting for a message
     arrivals = {}  # (r, "act"|"grad", boundary, mb) -> (send_start, arrival)

@@ -19,7 +19,7 @@ def _plan_parser(sub) -> None:
     p.add_argument("--model", help="model preset name (overrides the file's model section)")
     p.add_argument("--model-file", help="model YAML file")
     p.add_argument("--global-batch", type=int, help="global batch in sequences")
-    p.add_argument("--micro-batch", type=int, help="micro-batch size in sequences (default: searched)")
+    p.add_argument("--micro-batch-size", type=int, help="micro-batch size in sequences (default: searched)")
     p.add_argument("--schedule", choices=["1f1b", "gpipe", "auto"], help="pipeline schedule")
     p.add_argument("--stages", type=int, help="pin the number of pipeline stages")
     p.add_argument("--replicas", type=int, help="pin the number of data-parallel replicas")
@@ -64,7 +64,7 @@ def _calibrate_parser(sub) -> None:
     p.add_argument("--processes", type=int, help="processes for the link probe (default: GPUs here, else 2)")
     p.add_argument("--names", help="comma-separated topology device names of those processes")
     p.add_argument("--model", help="model preset (overrides the topology's model)")
-    p.add_argument("--micro-batch", type=int, help="micro-batch size to measure at")
+    p.add_argument("--micro-batch-size", type=int, help="micro-batch size to measure at")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
 
@@ -134,7 +134,7 @@ def _make(args) -> int:
     from planner.search.objective import OBJECTIVES
 
     overrides = {"global_batch": _positive("--global-batch", args.global_batch),
-                 "micro_batch": _positive("--micro-batch", args.micro_batch), "schedule": args.schedule}
+                 "micro_batch_size": _positive("--micro-batch-size", args.micro_batch_size), "schedule": args.schedule}
     if args.time_limit <= 0:
         raise InputError(f"must be positive, got {args.time_limit}", field="--time-limit")
     job = load_job(args.topology, model=args.model, model_file=args.model_file, training_overrides=overrides)
@@ -222,7 +222,7 @@ def _calibrate(args) -> int:
                                processes=_positive("--processes", args.processes),
                                names=tuple(args.names.split(",")) if args.names else (), backend=args.backend,
                                repeats=args.repeats, model=args.model,
-                               micro_batch=_positive("--micro-batch", args.micro_batch))
+                               micro_batch_size=_positive("--micro-batch-size", args.micro_batch_size))
     try:
         document = calibrate(args.topology, options, log=lambda line: print(line, flush=True))
     except CalibrationFailure as failure:

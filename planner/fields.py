@@ -7,6 +7,10 @@ __all__ = ["Fields"]
 _MISSING = object()
 
 
+# Keys of earlier file versions and their names now, so an old file gets a fix instead of a guess.
+RENAMED = {"micro_batch": "micro_batch_size"}
+
+
 class Fields:
     """A YAML mapping being read; ``finish()`` rejects whatever key nobody asked for.
 
@@ -87,6 +91,10 @@ class Fields:
 
     def finish(self) -> None:
         unknown = sorted(str(k) for k in self._mapping if k not in self._seen)
+        renamed = [k for k in unknown if RENAMED.get(k) in self._seen]
+        if renamed:
+            raise InputError(f"key '{renamed[0]}' is now called '{RENAMED[renamed[0]]}': rename it",
+                             field=self.path(renamed[0]))
         if unknown:
             known = ", ".join(sorted(str(k) for k in self._seen))
             raise InputError(

@@ -23,18 +23,18 @@ def cpu_topology(path: Path, *, cross_host: str = "1Gbps", slow_peak: str | None
     return path
 
 
-def write_test_plan(folder: Path, topology_path: Path, *, assignment, layer_bounds, microbatches, micro_batch_size,
+def write_test_plan(folder: Path, topology_path: Path, *, assignment, layer_bounds, micro_batches, micro_batch_size,
                     schedule, model=None, optimizer="sgd", name="plan.yaml") -> Path:
     from planner.io import read_yaml
     from planner.inputs.topology import parse_topology
 
     model = model or model_preset("tiny")
     topology = parse_topology(read_yaml(topology_path), name="cpu-six")
-    training = parse_training({"global_batch": micro_batch_size * sum(microbatches),
-                               "micro_batch": micro_batch_size, "precision": "fp32", "optimizer": optimizer,
+    training = parse_training({"global_batch": micro_batch_size * sum(micro_batches),
+                               "micro_batch_size": micro_batch_size, "precision": "fp32", "optimizer": optimizer,
                                "schedule": schedule})
     plan = Plan(layer_bounds=tuple(layer_bounds), assignment=tuple(tuple(r) for r in assignment),
-                microbatches=tuple(microbatches), micro_batch_size=micro_batch_size, schedule=schedule,
+                micro_batches=tuple(micro_batches), micro_batch_size=micro_batch_size, schedule=schedule,
                 topology_name=topology.name, topology_sha256=topology.sha256)
     path = folder / name
     write_plan(plan_to_document(plan, model=model, training=training, topology_source=str(topology_path)), path)

@@ -137,7 +137,7 @@ def test_plan_calibrate_measures_this_cpu_and_the_file_plans(tmp_path, capsys):
 
     topology = cpu_topology(tmp_path / "topology.yaml")
     document = yaml.safe_load(topology.read_text())
-    document.update(model="tiny", training={"global_batch": 8, "micro_batch": 2, "precision": "fp32"})
+    document.update(model="tiny", training={"global_batch": 8, "micro_batch_size": 2, "precision": "fp32"})
     topology.write_text(yaml.safe_dump(document))
     out = tmp_path / "calibration.yaml"
     assert main(["calibrate", str(topology), "-o", str(out), "--names", "a0,b0", "--repeats", "3"]) == 0
@@ -158,7 +158,7 @@ def test_head_efficiency_slows_only_the_last_stage_by_its_flops(tmp_path, write_
     from planner.plan.plan import Plan
 
     job = load_job(write_yaml(small_topology()))
-    plan = Plan(layer_bounds=(0, 2, 4), assignment=(("fast-0", "fast-1"),), microbatches=(16,), micro_batch_size=1,
+    plan = Plan(layer_bounds=(0, 2, 4), assignment=(("fast-0", "fast-1"),), micro_batches=(16,), micro_batch_size=1,
                 schedule="1f1b")
     before = build_pipeline_job(plan, job.topology, job.model, job.training)
     cal = _calibration(tmp_path / "cal.yaml", kind="A100-80GB", efficiency=0.5)

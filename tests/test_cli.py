@@ -57,7 +57,7 @@ def test_model_and_batch_overrides(write_yaml, capsys):
     (["{topo}", "--global-batch", "0"], "--global-batch"),
     (["{topo}", "--time-limit", "-1"], "--time-limit"),
     (["{topo}", "-o", "plan.txt"], "name the file .yaml or .json"),
-    (["{topo}", "--micro-batch", "3"], "not a multiple"),
+    (["{topo}", "--micro-batch-size", "3"], "not a multiple"),
 ])
 def test_user_mistakes_exit_2_with_one_line(write_yaml, capsys, args, fragment):
     topo = str(write_yaml(small_topology()))
@@ -105,7 +105,7 @@ def test_objective_dtfm_reports_dtfms_cost_and_a_valid_plan(tmp_path, capsys):
 
 
 def test_objective_dtfm_that_does_not_fit_is_one_line(write_yaml, capsys):
-    doc = small_topology(training={"global_batch": 64, "micro_batch": 8, "schedule": "gpipe", "precision": "bf16"},
+    doc = small_topology(training={"global_batch": 64, "micro_batch_size": 8, "schedule": "gpipe", "precision": "bf16"},
                          model="gpt3-xl")
     code = main([str(write_yaml(doc)), "--objective", "dtfm"])
     err = capsys.readouterr().err

@@ -20,9 +20,9 @@ def _compositions(total: int, parts: int):
         yield tuple(np.diff((0,) + cuts + (total,)).tolist())
 
 
-def _exhaustive(ctx, stages, replicas, micro_batch, schedule) -> tuple:
+def _exhaustive(ctx, stages, replicas, micro_batch_size, schedule) -> tuple:
     """(minimum estimate, splits that did not fit) over every placement x layer split x batch split."""
-    n, total = ctx.topology.size, ctx.training.global_batch // micro_batch
+    n, total = ctx.topology.size, ctx.training.global_batch // micro_batch_size
     best, overflow = np.inf, 0
     for chosen in itertools.permutations(range(n), stages * replicas):
         rows = [chosen[r * stages:(r + 1) * stages] for r in range(replicas)]
@@ -30,7 +30,7 @@ def _exhaustive(ctx, stages, replicas, micro_batch, schedule) -> tuple:
             continue
         for counts in _compositions(ctx.model.layers, stages):
             for micro in _compositions(total, replicas):
-                score = score_split(ctx, np.array(rows), counts, micro, micro_batch, schedule)
+                score = score_split(ctx, np.array(rows), counts, micro, micro_batch_size, schedule)
                 if score is None:
                     overflow += 1
                 else:
@@ -38,21 +38,21 @@ def _exhaustive(ctx, stages, replicas, micro_batch, schedule) -> tuple:
     return best, overflow
 
 
-def _instance(seed: int, max_devices: int, model, micro_batch: int, schedule: str):
+def _instance(seed: int, max_devices: int, model, micro_batch_size: int, schedule: str):
     rng = np.random.default_rng(seed)
     topology, stages, replicas = random_small_topology(rng, max_devices)
-    training = parse_training({"global_batch": 16, "micro_batch": micro_batch, "schedule": schedule,
+    training = parse_training({"global_batch": 16, "micro_batch_size": micro_batch_size, "schedule": schedule,
                                "precision": "fp16"})
     return make_context(topology, model, training), stages, replicas
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
-@given(seed=st.integers(0, 10**6), micro_batch=st.sampled_from([1, 2, 4]), schedule=st.sampled_from(["1f1b", "gpipe"]))
-def test_cpsat_optimum_equals_exhaustive_enumeration(seed, micro_batch, schedule):
+@given(seed=st.integers(0, 10**6), micro_batch_size=st.sampled_from([1, 2, 4]), schedule=st.sampled_from(["1f1b", "gpipe"]))
+def test_cpsat_optimum_equals_exhaustive_enumeration(seed, micro_batch_size, schedule):
     """Placement, layer split and batch split enumerated jointly on 3-4 devices: CP-SAT proves the same minimum."""
-    ctx, stages, replicas = _instance(seed, 4, model_preset("small"), micro_batch, schedule)
-    expected, _ = _exhaustive(ctx, stages, replicas, micro_batch, schedule)
-    result = exact_placement(ctx, stages, replicas, micro_batch, schedule, time_limit_s=30)
+    ctx, stages, replicas = _instance(seed, 4, model_preset("small"), micro_batch_size, schedule)
+    expected, _ = _exhaustive(ctx, stages, replicas, micro_batch_size, schedule)
+    result = exact_placement(ctx, stages, replicas, micro_batch_size, schedule, time_limit_s=30)
     if not np.isfinite(expected):
         assert result.status == "infeasible"
         return

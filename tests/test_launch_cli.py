@@ -14,7 +14,7 @@ from tests.runtime_helpers import cpu_topology, write_test_plan
 def two_stage_plan(tmp_path):
     topology = cpu_topology(tmp_path / "topology.yaml")
     return write_test_plan(tmp_path, topology, assignment=[["a0", "b0"], ["a1", "b1"]], layer_bounds=[0, 2, 4],
-                           microbatches=[2, 2], micro_batch_size=2, schedule="1f1b")
+                           micro_batches=[2, 2], micro_batch_size=2, schedule="1f1b")
 
 
 def _run(argv, capsys):

@@ -88,13 +88,13 @@ ASSIGNMENT = [["a-0", "b-0"], ["a-1", "b-1"], ["a-2", "b-2"]]  # three pipelines
 def _estimate_and_simulation(topology_path: Path) -> tuple:
     topology = load_topology(topology_path)
     model = model_preset("tiny")
-    training = parse_training({"global_batch": 48, "micro_batch": 4, "precision": "fp32", "optimizer": "sgd",
+    training = parse_training({"global_batch": 48, "micro_batch_size": 4, "precision": "fp32", "optimizer": "sgd",
                                "schedule": "1f1b"})
     ctx = make_context(topology, model, training)
     assign = np.array([[topology.index(d) for d in row] for row in ASSIGNMENT])
     estimate = score_split(ctx, assign, (2, 2), (4, 4, 4), 4, "1f1b")
     plan_path = write_test_plan(topology_path.parent, topology_path, assignment=ASSIGNMENT, layer_bounds=[0, 2, 4],
-                                microbatches=[4, 4, 4], micro_batch_size=4, schedule="1f1b")
+                                micro_batches=[4, 4, 4], micro_batch_size=4, schedule="1f1b")
     from planner.plan.document import read_plan
 
     plan, _ = read_plan(plan_path)

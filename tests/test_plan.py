@@ -27,7 +27,7 @@ def test_round_trip_through_yaml_and_json(planned, tmp_path):
         write_plan(document, tmp_path / name)
         back, raw = read_plan(tmp_path / name)
         assert back.assignment == plan.assignment and back.layer_bounds == plan.layer_bounds
-        assert back.microbatches == plan.microbatches and back.ring_orders == plan.ring_orders
+        assert back.micro_batches == plan.micro_batches and back.ring_orders == plan.ring_orders
         validate_plan(back, job.topology, job.model, job.training)
         assert raw["prediction"]["iteration_s"] == pytest.approx(plan.prediction.iteration_s)
 
@@ -42,7 +42,7 @@ def test_plan_serialises_with_names(planned):
 @pytest.mark.parametrize("change, fragment", [
     (lambda p: replace(p, layer_bounds=(0, 4, 4)), "at least one layer"),
     (lambda p: replace(p, layer_bounds=(0, 2, 3)), "cover layers"),
-    (lambda p: replace(p, microbatches=tuple(m + 1 for m in p.microbatches)), "global batch"),
+    (lambda p: replace(p, micro_batches=tuple(m + 1 for m in p.micro_batches)), "global batch"),
     (lambda p: replace(p, assignment=tuple((row[0],) * len(row) for row in p.assignment)), "more than once"),
     (lambda p: replace(p, assignment=tuple(("ghost",) + row[1:] for row in p.assignment)), "not in topology"),
     (lambda p: replace(p, topology_sha256="0" * 64), "another topology"),

@@ -31,7 +31,7 @@ def _weights(folder: Path, stages: int) -> dict:
 
 def _assert_matches_single_process(results, out: Path, plan_kwargs: dict, iterations: int, lr: float):
     spec = model_preset("tiny")
-    global_batch = plan_kwargs["micro_batch_size"] * sum(plan_kwargs["microbatches"])
+    global_batch = plan_kwargs["micro_batch_size"] * sum(plan_kwargs["micro_batches"])
     losses, reference = train_single_process(spec, global_batch=global_batch, iterations=iterations, learning_rate=lr)
     assert results["measured"]["loss"] == pytest.approx(losses, rel=1e-5)
     weights = _weights(out, len(plan_kwargs["layer_bounds"]) - 1)
@@ -45,10 +45,10 @@ def _assert_matches_single_process(results, out: Path, plan_kwargs: dict, iterat
 
 EQUIVALENCE_CASES = {
     "gpipe-uneven-layers-uneven-batch-scattered": dict(
-        assignment=[["b1", "a0"], ["a1", "b0"]], layer_bounds=[0, 1, 4], microbatches=[3, 1], micro_batch_size=2,
+        assignment=[["b1", "a0"], ["a1", "b0"]], layer_bounds=[0, 1, 4], micro_batches=[3, 1], micro_batch_size=2,
         schedule="gpipe"),
     "1f1b-three-stages-uneven-batch": dict(
-        assignment=[["a0", "b0", "a1"], ["b1", "a2", "b2"]], layer_bounds=[0, 2, 3, 4], microbatches=[2, 4],
+        assignment=[["a0", "b0", "a1"], ["b1", "a2", "b2"]], layer_bounds=[0, 2, 3, 4], micro_batches=[2, 4],
         micro_batch_size=1, schedule="1f1b"),
 }
 
@@ -68,7 +68,7 @@ def test_pipeline_and_data_parallel_training_equals_single_process(tmp_path, cas
 def test_results_file_holds_measurement_prediction_and_trace(tmp_path):
     topology = cpu_topology(tmp_path / "topology.yaml")
     plan = write_test_plan(tmp_path, topology, assignment=[["a0", "b0"]], layer_bounds=[0, 2, 4],
-                           microbatches=[4], micro_batch_size=2, schedule="1f1b")
+                           micro_batches=[4], micro_batch_size=2, schedule="1f1b")
     out = tmp_path / "run"
     results = launch(plan, LaunchOptions(backend="gloo", iterations=3, warmup=1, out_dir=str(out)),
                      log=lambda line: None)
@@ -113,12 +113,12 @@ def test_stages_built_alone_compose_to_the_whole_model():
 def test_same_loss_as_torch_pipelining_on_one_split(tmp_path):
     spec = dataclasses.replace(model_preset("tiny"), tied_embeddings=False)
     topology = cpu_topology(tmp_path / "topology.yaml")
-    kwargs = dict(assignment=[["a0", "a1"]], layer_bounds=[0, 3, 4], microbatches=[4], micro_batch_size=2,
+    kwargs = dict(assignment=[["a0", "a1"]], layer_bounds=[0, 3, 4], micro_batches=[4], micro_batch_size=2,
                   schedule="gpipe")
     plan = write_test_plan(tmp_path, topology, model=spec, **kwargs)
     options = LaunchOptions(backend="gloo", iterations=2, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=0.05)
     ours = launch(plan, options, log=lambda line: None)["measured"]["loss"]
-    theirs, _ = run_pipelining(spec, [0, 3, 4], micro_batch_size=2, microbatches=4, schedule="gpipe",
+    theirs, _ = run_pipelining(spec, [0, 3, 4], micro_batch_size=2, micro_batches=4, schedule="gpipe",
                                iterations=2, learning_rate=0.05)
     assert ours == pytest.approx(theirs, rel=1e-5)
 
@@ -126,7 +126,7 @@ def test_same_loss_as_torch_pipelining_on_one_split(tmp_path):
 def test_plan_for_another_topology_is_refused_before_start(tmp_path):
     topology = cpu_topology(tmp_path / "topology.yaml")
     plan = write_test_plan(tmp_path, topology, assignment=[["a0", "b0"]], layer_bounds=[0, 2, 4],
-                           microbatches=[2], micro_batch_size=2, schedule="gpipe")
+                           micro_batches=[2], micro_batch_size=2, schedule="gpipe")
     other = cpu_topology(tmp_path / "other.yaml", cross_host="5Gbps")
     with pytest.raises(InputError, match="another topology"):
         launch(plan, LaunchOptions(backend="gloo", topology=str(other), out_dir=str(tmp_path / "run")),
@@ -153,7 +153,7 @@ def _cmdline(pid: int) -> str:
 def test_killed_rank_fails_the_launch_fast_with_its_name_and_no_orphans(tmp_path):
     topology = cpu_topology(tmp_path / "topology.yaml")
     plan = write_test_plan(tmp_path, topology, assignment=[["a0", "a1", "b0"]], layer_bounds=[0, 1, 2, 4],
-                           microbatches=[4], micro_batch_size=1, schedule="1f1b")
+                           micro_batches=[4], micro_batch_size=1, schedule="1f1b")
     launcher = subprocess.Popen([sys.executable, "-m", "planner.cli", "launch", str(plan), "--iterations", "10000",
                                  "--emulate", "--time-scale", "5", "--backend", "gloo", "--out", str(tmp_path / "run")],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
@@ -188,7 +188,7 @@ def test_killed_rank_fails_the_launch_fast_with_its_name_and_no_orphans(tmp_path
 def test_a_raising_rank_is_named(tmp_path, monkeypatch):
     topology = cpu_topology(tmp_path / "topology.yaml")
     plan = write_test_plan(tmp_path, topology, assignment=[["a0", "b0"]], layer_bounds=[0, 2, 4],
-                           microbatches=[2], micro_batch_size=2, schedule="gpipe")
+                           micro_batches=[2], micro_batch_size=2, schedule="gpipe")
     # Both ranks see the plan, but the topology vanishes once the launcher has checked it: every
     # rank raises while loading, and the launch reports one of them with its device and error.
     options = LaunchOptions(backend="gloo", iterations=1, warmup=0, out_dir=str(tmp_path / "run"))
@@ -210,7 +210,7 @@ def _emulated_seconds(tmp_path, name, **topology_kwargs) -> tuple:
     folder.mkdir()
     topology = cpu_topology(folder / "topology.yaml", **topology_kwargs)
     plan = write_test_plan(folder, topology, assignment=[["a0", "b2"]], layer_bounds=[0, 2, 4],
-                           microbatches=[4], micro_batch_size=4, schedule="1f1b")
+                           micro_batches=[4], micro_batch_size=4, schedule="1f1b")
     results = launch(plan, LaunchOptions(backend="gloo", iterations=3, warmup=1, out_dir=str(folder / "run"),
                                          emulate=True, time_scale=20.0), log=lambda line: None)
     return results["comparison"]["measured_s"], results["comparison"]["predicted_s"]

@@ -17,10 +17,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() 
 def test_nccl_training_equals_single_process(tmp_path, shape):
     assignment = [["a0", "a1"]] if shape == "pipeline" else [["a0"], ["a1"]]
     bounds = [0, 1, 4] if shape == "pipeline" else [0, 4]
-    microbatches = [4] if shape == "pipeline" else [3, 1]
+    micro_batches = [4] if shape == "pipeline" else [3, 1]
     topology = cpu_topology(tmp_path / "topology.yaml")  # fp32 plan: no autocast, so CPU and GPU agree
     plan = write_test_plan(tmp_path, topology, assignment=assignment, layer_bounds=bounds,
-                           microbatches=microbatches, micro_batch_size=2, schedule="1f1b")
+                           micro_batches=micro_batches, micro_batch_size=2, schedule="1f1b")
     results = launch(plan, LaunchOptions(iterations=3, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=0.05,
                                          backend="nccl"), log=lambda line: None)
     assert results["run"]["backend"] == "nccl"
@@ -32,7 +32,7 @@ def test_nccl_training_equals_single_process(tmp_path, shape):
 def test_bf16_training_with_master_weights_tracks_fp32(tmp_path):
     topology = cpu_topology(tmp_path / "topology.yaml")
     plan = write_test_plan(tmp_path, topology, assignment=[["a0", "a1"]], layer_bounds=[0, 2, 4],
-                           microbatches=[4], micro_batch_size=2, schedule="1f1b", optimizer="adam")
+                           micro_batches=[4], micro_batch_size=2, schedule="1f1b", optimizer="adam")
     text = plan.read_text().replace("precision: fp32", "precision: bf16")
     plan.write_text(text)
     results = launch(plan, LaunchOptions(iterations=5, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=1e-2,

@@ -13,7 +13,7 @@ from planner.search.front import SearchOptions, search
 from conftest import ROOT, small_topology
 
 
-def _brute_layers(costs, speed, capacity, microbatches, schedule):
+def _brute_layers(costs, speed, capacity, micro_batches, schedule):
     R, S = speed.shape
     best = None
     for cut in itertools.combinations(range(1, costs.layers), S - 1):
@@ -24,7 +24,7 @@ def _brute_layers(costs, speed, capacity, microbatches, schedule):
             work = n * costs.layer_flops + (costs.head_flops if s == S - 1 else 0)
             worst = max(worst, (work / speed[:, s]).max())
             for r in range(R):
-                in_flight = microbatches[r] if schedule == "gpipe" else min(S - s, microbatches[r])
+                in_flight = micro_batches[r] if schedule == "gpipe" else min(S - s, micro_batches[r])
                 ok &= stage_memory_bytes(costs, n, s, in_flight) <= capacity[r, s]
         if ok and (best is None or worst < best - 1e-12):
             best = worst
@@ -38,15 +38,15 @@ def test_layer_split_matches_brute_force(seed):
     model = model_preset("tiny")
     from dataclasses import replace
     model = replace(model, layers=int(rng.integers(3, 9)))
-    training = TrainingSpec(global_batch=16, micro_batch=1, schedule="1f1b")
+    training = TrainingSpec(global_batch=16, micro_batch_size=1, schedule="1f1b")
     R, S = int(rng.integers(1, 3)), int(rng.integers(1, 4))
     costs = layer_costs(model, training, 1, S)
     speed = rng.uniform(1e9, 4e9, (R, S))
     base = stage_memory_bytes(costs, 1, 0, 4)
     capacity = rng.uniform(1.0, 3.0, (R, S)) * base
-    microbatches = np.full(R, 4)
-    counts = split_layers(costs, "1f1b", speed, capacity, microbatches)
-    brute = _brute_layers(costs, speed, capacity, microbatches, "1f1b")
+    micro_batches = np.full(R, 4)
+    counts = split_layers(costs, "1f1b", speed, capacity, micro_batches)
+    brute = _brute_layers(costs, speed, capacity, micro_batches, "1f1b")
     if brute is None:
         assert counts is None
     else:
@@ -68,7 +68,7 @@ def test_same_seed_same_plan(write_yaml):
     job = load_job(write_yaml(small_topology()))
     plans = [search(job.topology, job.model, job.training, SearchOptions(seed=7, time_limit_s=60)).plan
              for _ in range(2)]
-    assert plans[0].assignment == plans[1].assignment and plans[0].microbatches == plans[1].microbatches
+    assert plans[0].assignment == plans[1].assignment and plans[0].micro_batches == plans[1].micro_batches
 
 
 def test_a_device_too_slow_to_help_stays_idle(write_yaml):
@@ -82,14 +82,14 @@ def test_a_device_too_slow_to_help_stays_idle(write_yaml):
     validate_plan(result.plan, job.topology, job.model, job.training)
 
 
-def test_faster_replicas_take_more_microbatches(write_yaml):
+def test_faster_replicas_take_more_micro_batches(write_yaml):
     doc = small_topology()
     doc["network"] = {"region": {"latency": "0.01ms", "bandwidth": "400Gbps"},
                       "global": {"latency": "0.01ms", "bandwidth": "400Gbps"}}
     doc["training"]["global_batch"] = 64
     job = load_job(write_yaml(doc))
     plan = search(job.topology, job.model, job.training, SearchOptions(stages=1, replicas=4)).plan
-    counts = dict(zip((row[0] for row in plan.assignment), plan.microbatches))
+    counts = dict(zip((row[0] for row in plan.assignment), plan.micro_batches))
     assert counts["fast-0"] > counts["slow-0"]
 
 
@@ -113,7 +113,7 @@ def test_estimate_and_simulator_agree_on_one_device_including_the_optimizer_step
     ctx = make_context(job.topology, job.model, training)
     assign = np.array([[job.topology.index("slow-0")]])
     estimate = score_split(ctx, assign, (job.model.layers,), (8,), 1, "1f1b")
-    plan = Plan(layer_bounds=(0, job.model.layers), assignment=(("slow-0",),), microbatches=(8,),
+    plan = Plan(layer_bounds=(0, job.model.layers), assignment=(("slow-0",),), micro_batches=(8,),
                 micro_batch_size=1, schedule="1f1b")
     prediction = predict(plan, job.topology, job.model, training)[0]
     step = float(step_seconds(ctx, assign, stage_costs(ctx, 1, 1), (job.model.layers,))[0, 0])
@@ -129,14 +129,14 @@ def test_greedy_layer_split_matches_cpsat(seed):
     from planner.search.cpsat import exact_layer_split
     rng = np.random.default_rng(100 + seed)
     model = dc_replace(model_preset("tiny"), layers=int(rng.integers(4, 13)))
-    training = TrainingSpec(global_batch=16, micro_batch=1, schedule="1f1b")
+    training = TrainingSpec(global_batch=16, micro_batch_size=1, schedule="1f1b")
     R, S = int(rng.integers(1, 4)), int(rng.integers(2, 5))
     costs = layer_costs(model, training, 1, S)
     speed = rng.uniform(1e9, 4e9, (R, S))
     capacity = rng.uniform(1.0, 2.5, (R, S)) * stage_memory_bytes(costs, 2, 0, S)
-    microbatches = np.full(R, 4)
-    greedy = split_layers(costs, "1f1b", speed, capacity, microbatches)
-    exact = exact_layer_split(costs, speed, capacity, in_flight_table("1f1b", S, microbatches))
+    micro_batches = np.full(R, 4)
+    greedy = split_layers(costs, "1f1b", speed, capacity, micro_batches)
+    exact = exact_layer_split(costs, speed, capacity, in_flight_table("1f1b", S, micro_batches))
     if exact is None:
         assert greedy is None
     else:
@@ -155,7 +155,7 @@ def _tiny_instances(seed: int, count: int):
 
     rng = np.random.default_rng(seed)
     model = model_preset("small")
-    training = parse_training({"global_batch": 16, "micro_batch": 2, "schedule": "1f1b", "precision": "fp16"})
+    training = parse_training({"global_batch": 16, "micro_batch_size": 2, "schedule": "1f1b", "precision": "fp16"})
     for k in range(count):
         topology, stages, replicas = random_small_topology(rng, 5)
         ctx = make_context(topology, model, training)
@@ -216,13 +216,13 @@ def test_lower_bound_never_exceeds_a_predicted_plan_on_random_instances():
     checked = 0
     for k in range(40):
         topology, stages, replicas = random_small_topology(rng, 6)
-        training = parse_training({"global_batch": 16, "micro_batch": int(rng.choice([1, 2, 4])),
+        training = parse_training({"global_batch": 16, "micro_batch_size": int(rng.choice([1, 2, 4])),
                                    "schedule": str(rng.choice(["1f1b", "gpipe"])), "precision": "fp16"})
         ctx = make_context(topology, model, training)
         bound = lower_bound_s(topology, model, training)
         assert bound >= work_bound_s(topology, model, training) - 1e-12
         assign = rng.permutation(topology.size)[:stages * replicas].reshape(replicas, stages)
-        candidate = evaluate_placement(ctx, assign, training.micro_batch, training.schedule)
+        candidate = evaluate_placement(ctx, assign, training.micro_batch_size, training.schedule)
         if candidate is None:
             continue
         prediction, _ = predict(candidate_to_plan(ctx, candidate), topology, model, training)
@@ -247,7 +247,7 @@ def test_gpipe_estimate_counts_a_slow_link_in_each_phase():
     assign = np.array([[names.index(d) for d in order]])
     counts, micro = (4, 3, 3, 3, 3, 4, 4, 4, 4), (64,)
     estimate = score_split(ctx, assign, counts, micro, 1, "gpipe")
-    plan = candidate_to_plan(ctx, Candidate(assign=assign, layer_counts=counts, microbatches=micro, micro_batch=1,
+    plan = candidate_to_plan(ctx, Candidate(assign=assign, layer_counts=counts, micro_batches=micro, micro_batch_size=1,
                                             schedule="gpipe", score_s=estimate))
     prediction, _ = predict(plan, job.topology, job.model, job.training)
     assert estimate == pytest.approx(prediction.iteration_s, rel=0.01)

@@ -7,11 +7,11 @@ from cost_models.simulator import PipelineJob, simulate
 
 
 def _job(schedule, R=1, S=4, M=8, forward=1.0, backward=2.0, latency=0.0, bandwidth=np.inf, sync=0.0,
-         microbatches=None):
+         micro_batches=None):
     n = R * S
     return PipelineJob(
         schedule=schedule, device=np.arange(n).reshape(R, S),
-        microbatches=np.array(microbatches if microbatches is not None else [M] * R),
+        micro_batches=np.array(micro_batches if micro_batches is not None else [M] * R),
         forward_s=np.broadcast_to(np.asarray(forward, float), (R, S)).copy(),
         backward_s=np.broadcast_to(np.asarray(backward, float), (R, S)).copy(),
         boundary_bytes=np.ones(max(S - 1, 0)),
@@ -47,8 +47,8 @@ def test_busy_link_queues_messages():
     assert timeline.iteration_s >= 4 * 2.0
 
 
-def test_uneven_microbatches_and_sync_after_slowest_replica():
-    timeline = simulate(_job("1f1b", R=2, S=2, microbatches=[2, 6], sync=1.0))
+def test_uneven_micro_batches_and_sync_after_slowest_replica():
+    timeline = simulate(_job("1f1b", R=2, S=2, micro_batches=[2, 6], sync=1.0))
     assert timeline.iteration_s == pytest.approx((6 + 2 - 1) * 3.0 + 1.0)
 
 

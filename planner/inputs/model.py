@@ -48,7 +48,7 @@ class TrainingSpec:
     """The iteration: global batch in sequences, micro-batch size, precision, optimizer, schedule."""
 
     global_batch: int
-    micro_batch: int = 0  # 0: the search picks it
+    micro_batch_size: int = 0  # 0: the search picks it
     precision: str = "bf16"
     optimizer: str = "adam"
     recompute: bool = False
@@ -58,9 +58,9 @@ class TrainingSpec:
     def __post_init__(self):
         if self.global_batch < 1:
             raise InputError("must be at least 1", field="training.global_batch")
-        if self.micro_batch and self.global_batch % self.micro_batch:
-            raise InputError(f"global_batch {self.global_batch} is not a multiple of micro_batch "
-                             f"{self.micro_batch}: change either", field="training.micro_batch")
+        if self.micro_batch_size and self.global_batch % self.micro_batch_size:
+            raise InputError(f"global_batch {self.global_batch} is not a multiple of micro_batch_size "
+                             f"{self.micro_batch_size}: change either", field="training.micro_batch_size")
         if self.precision not in _PRECISION_BYTES:
             raise InputError(f"{self.precision!r} is not one of fp32, bf16, fp16", field="training.precision")
         if self.optimizer not in ("adam", "sgd"):
@@ -105,14 +105,14 @@ def parse_model(document, *, where: str = "model") -> ModelSpec:
 def parse_training(document, *, where: str = "training") -> TrainingSpec:
     f = Fields(document, where)
     schedule = f.str("schedule", "auto", choices=SCHEDULES + ("auto",))
-    micro = f.raw("micro_batch", 0)
+    micro = f.raw("micro_batch_size", 0)
     if micro == "auto":
         micro = 0
     elif isinstance(micro, bool) or not isinstance(micro, int) or micro < 0:
-        raise InputError(f"expected a whole number or 'auto', got {micro!r}", field=f.path("micro_batch"))
+        raise InputError(f"expected a whole number or 'auto', got {micro!r}", field=f.path("micro_batch_size"))
     result = TrainingSpec(
         global_batch=f.int("global_batch"),
-        micro_batch=micro,
+        micro_batch_size=micro,
         precision=f.str("precision", "bf16", choices=tuple(_PRECISION_BYTES)),
         optimizer=f.str("optimizer", "adam", choices=("adam", "sgd")),
         recompute=f.bool("recompute", False),

@@ -29,7 +29,7 @@ def plan_to_document(plan: Plan, *, model=None, training=None, topology_source: 
         "sync": plan.sync,
         "stages": [{"index": s, "layers": [plan.layer_bounds[s], plan.layer_bounds[s + 1]],
                     "devices": plan.stage_devices(s), "ring": plan.ring(s)} for s in range(S)],
-        "replicas": [{"index": r, "micro_batches": plan.microbatches[r], "devices": list(plan.assignment[r])}
+        "replicas": [{"index": r, "micro_batches": plan.micro_batches[r], "devices": list(plan.assignment[r])}
                      for r in range(plan.replicas)],
         "idle": list(plan.idle),
     }
@@ -77,11 +77,11 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
             rings.append(e.list("ring", []))
             e.raw("index", None)
             e.finish()
-        assignment, microbatches = [], []
+        assignment, micro_batches = [], []
         for k, entry in enumerate(replicas):
             e = Fields(entry, f"replicas[{k}]")
             assignment.append(tuple(str(d) for d in e.list("devices")))
-            microbatches.append(e.int("micro_batches"))
+            micro_batches.append(e.int("micro_batches"))
             e.raw("index", None)
             e.finish()
         position = {}
@@ -97,7 +97,7 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
                 raise InputError("names a device that is not in this stage", field=f"stages[{s}].ring")
             ring_orders.append(tuple(position[(s, name)] for name in ring))
         plan = Plan(
-            layer_bounds=tuple(bounds), assignment=tuple(assignment), microbatches=tuple(microbatches),
+            layer_bounds=tuple(bounds), assignment=tuple(assignment), micro_batches=tuple(micro_batches),
             micro_batch_size=f.int("micro_batch_size"), schedule=Schedule(f.str("schedule", choices=SCHEDULES)),
             ring_orders=tuple(ring_orders), sync=Sync(f.str("sync", "ring", choices=tuple(Sync))),
             topology_name=str(topo.raw("name", "")), topology_sha256=str(topo.raw("sha256", "")),

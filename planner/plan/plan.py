@@ -30,12 +30,12 @@ class Prediction:
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     """``assignment[r][s]`` names the device of replica r, stage s; stage s holds layers
-    ``[layer_bounds[s], layer_bounds[s+1])``; replica r runs ``microbatches[r]`` micro-batches of
+    ``[layer_bounds[s], layer_bounds[s+1])``; replica r runs ``micro_batches[r]`` micro-batches of
     ``micro_batch_size`` sequences; ``ring_orders[s]`` orders stage s's replicas in its all-reduce ring."""
 
     layer_bounds: tuple
     assignment: tuple
-    microbatches: tuple
+    micro_batches: tuple
     micro_batch_size: int
     schedule: Schedule
     ring_orders: tuple = ()
@@ -61,7 +61,7 @@ class Plan:
 
     @property
     def global_batch(self) -> int:
-        return self.micro_batch_size * sum(self.microbatches)
+        return self.micro_batch_size * sum(self.micro_batches)
 
     def stage_devices(self, stage: int) -> list:
         return [self.assignment[r][stage] for r in range(self.replicas)]
@@ -96,7 +96,7 @@ def validate_plan(plan: Plan, topology, model, training) -> None:
     if len(set(used)) != len(used):
         twice = sorted({d for d in used if used.count(d) > 1})
         raise InputError(f"device {twice[0]} is used more than once", field="replicas")
-    if len(plan.microbatches) != R or any(m < 1 for m in plan.microbatches):
+    if len(plan.micro_batches) != R or any(m < 1 for m in plan.micro_batches):
         raise InputError("every replica needs a positive micro-batch count", field="replicas.micro_batches")
     if plan.micro_batch_size < 1 or plan.global_batch != training.global_batch:
         raise InputError(f"micro-batches x size = {plan.global_batch} sequences, but the global batch is "

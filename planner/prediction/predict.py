@@ -40,7 +40,7 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     for s in range(S):
         ring = [topology.index(d) for d in plan.ring(s)]
         links.append(tuple(zip(ring, ring[1:] + ring[:1])) if len(ring) > 1 else ())
-    return PipelineJob(schedule=plan.schedule, device=device, microbatches=np.array(plan.microbatches),
+    return PipelineJob(schedule=plan.schedule, device=device, micro_batches=np.array(plan.micro_batches),
                        forward_s=(profile.forward_flops[None, :] + extra_head) / speed,
                        backward_s=(profile.backward_flops[None, :] + 2.0 * extra_head) / speed,
                        boundary_bytes=profile.boundary_bytes, network=topology.network, sync_s=sync,
@@ -63,7 +63,7 @@ def predict(plan: Plan, topology, model, training, *, keep_records: bool = False
     for r, row in enumerate(plan.assignment):
         for s, name in enumerate(row):
             dev = topology.devices[topology.index(name)]
-            in_flight = memory.in_flight_microbatches(plan.schedule, s, plan.stages, plan.microbatches[r])
+            in_flight = memory.in_flight_micro_batches(plan.schedule, s, plan.stages, plan.micro_batches[r])
             used[name] = (float(stage_memory_bytes(costs, counts[s], s, in_flight))
                           + dev.memory_reserved_bytes)
             capacity[name] = dev.memory_bytes

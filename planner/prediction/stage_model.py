@@ -103,10 +103,10 @@ def stage_memory_bytes(costs: LayerCosts, n_layers, stage, in_flight):
             + costs.stage_transient_bytes[stage])
 
 
-def in_flight_table(schedule: str, stages: int, microbatches) -> np.ndarray:
-    """(R, S) in-flight micro-batches of every worker (``cost_models.memory.in_flight_microbatches``)."""
-    m = np.asarray(microbatches, dtype=np.int64)[:, None]
-    table = memory.in_flight_microbatches(schedule, np.arange(stages)[None, :], stages, m)
+def in_flight_table(schedule: str, stages: int, micro_batches) -> np.ndarray:
+    """(R, S) in-flight micro-batches of every worker (``cost_models.memory.in_flight_micro_batches``)."""
+    m = np.asarray(micro_batches, dtype=np.int64)[:, None]
+    table = memory.in_flight_micro_batches(schedule, np.arange(stages)[None, :], stages, m)
     return table if table.shape[1] == stages else np.repeat(table, stages, axis=1)
 
 

@@ -23,10 +23,10 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
             if plan.calibration else "Calibration: none (the catalog's default efficiencies)"), ""]
     header = ["replica", "micro-batches"] + [f"stage {s} [{plan.layer_bounds[s]}, {plan.layer_bounds[s + 1]})"
                                              for s in range(S)]
-    rows = [[r, plan.microbatches[r]] + list(plan.assignment[r]) for r in range(R)]
+    rows = [[r, plan.micro_batches[r]] + list(plan.assignment[r]) for r in range(R)]
     if S > 8:
         header = ["replica", "micro-batches", "devices by stage"]
-        rows = [[r, plan.microbatches[r], " ".join(plan.assignment[r])] for r in range(R)]
+        rows = [[r, plan.micro_batches[r], " ".join(plan.assignment[r])] for r in range(R)]
         out.append("Stages (layers): " + ", ".join(f"{s}: [{plan.layer_bounds[s]}, {plan.layer_bounds[s + 1]})"
                                                    for s in range(S)))
     out += _table(header, rows)
@@ -51,7 +51,7 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
             for shape in result.exact_shapes:
                 estimate = "none fits" if shape["estimate_s"] is None else format_seconds(shape["estimate_s"])
                 out.append(f"CP-SAT, {shape['stages']} stages x {shape['replicas']} replicas, micro-batch "
-                           f"{shape['micro_batch']}, {shape['schedule']}: {shape['status']}, estimate {estimate} "
+                           f"{shape['micro_batch_size']}, {shape['schedule']}: {shape['status']}, estimate {estimate} "
                            f"({shape['wall_s']:.2f} s)")
         out += ["", "Memory (predicted peak / capacity):"]
         mem_rows = []

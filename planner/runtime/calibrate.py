@@ -45,7 +45,7 @@ class CalibrateOptions:
     backend: str = "auto"
     repeats: int = 5
     model: str | None = None
-    micro_batch: int | None = None
+    micro_batch_size: int | None = None
     timeout_s: float = 120.0
 
 
@@ -66,9 +66,9 @@ def fit_latency_bandwidth(sizes_bytes, round_trip_s) -> tuple:
 def _job(topology_path, options: CalibrateOptions):
     from planner.inputs.job import load_job
 
-    overrides = {"micro_batch": options.micro_batch}
+    overrides = {"micro_batch_size": options.micro_batch_size}
     if options.model:
-        overrides["global_batch"] = options.micro_batch or 1
+        overrides["global_batch"] = options.micro_batch_size or 1
     job = load_job(topology_path, model=options.model, training_overrides=overrides)
     types = sorted({d.type_name for d in job.topology.devices})
     kind = options.device_type
@@ -111,7 +111,7 @@ def _document(job, kind, backend, names, reports, options) -> dict:
 
     compute = reports[0]["compute"]
     model, training = job.model, job.training
-    b = compute["micro_batch"]
+    b = compute["micro_batch_size"]
     block = layer_forward_flops(b, model.sequence, model.hidden, model.ffn_hidden, gated_mlp=model.gated_mlp)
     head = head_forward_flops(b, model.sequence, model.hidden, model.vocabulary)
     achieved = 3.0 * block / (compute["block_forward_s"] + compute["block_backward_s"])
@@ -131,7 +131,7 @@ def _document(job, kind, backend, names, reports, options) -> dict:
             "head_efficiency": min(head_achieved / peak, 1.0),
             "memory_bandwidth_bytes_per_s": compute["optimizer_bytes_per_s"],
             "measured": {"device_name": compute["device_name"], "precision": training.precision,
-                         "dtype": compute["dtype"], "micro_batch": b, "sequence": model.sequence,
+                         "dtype": compute["dtype"], "micro_batch_size": b, "sequence": model.sequence,
                          "hidden": model.hidden, "layers": model.layers, "vocabulary": model.vocabulary,
                          "block_forward_s": compute["block_forward_s"], "block_backward_s": compute["block_backward_s"],
                          "head_forward_backward_s": compute["head_s"], "achieved_flops": achieved,
@@ -223,7 +223,7 @@ def _compute_probe(job, options, device, threads) -> dict:
     from planner.runtime.precision import make_optimizer
 
     model, training = job.model, job.training
-    b = training.micro_batch or 1
+    b = training.micro_batch_size or 1
     dtype = torch.bfloat16 if device.type == "cuda" and training.precision == "bf16" else torch.float32
     block = Block(model).to(device=device, dtype=dtype)
     x = torch.randn(b, model.sequence, model.hidden, device=device, dtype=dtype, requires_grad=True)
@@ -248,7 +248,7 @@ def _compute_probe(job, options, device, threads) -> dict:
 
     optimizer_s = _timed(step, options.repeats, device)
     moved = probe.weight.numel() * OPTIMIZER_BYTES_PER_PARAMETER[training.optimizer]
-    return {"micro_batch": b, "block_forward_s": forward, "block_backward_s": max(both - forward, 0.0),
+    return {"micro_batch_size": b, "block_forward_s": forward, "block_backward_s": max(both - forward, 0.0),
             "head_s": head_s, "optimizer_s": optimizer_s, "optimizer_bytes_per_s": moved / optimizer_s,
             "dtype": str(dtype).replace("torch.", ""), "threads": threads, "torch": torch.__version__,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"

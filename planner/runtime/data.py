@@ -6,7 +6,7 @@ one token in ten replaced by noise: learnable (the loss falls) yet free of any d
 
 import torch
 
-__all__ = ["global_batch_tokens", "microbatch_rows"]
+__all__ = ["global_batch_tokens", "micro_batch_rows"]
 
 _NOISE = 0.1
 
@@ -22,7 +22,7 @@ def global_batch_tokens(seed: int, iteration: int, sequences: int, sequence: int
     return tokens
 
 
-def microbatch_rows(microbatches: tuple, micro_batch_size: int, replica: int, microbatch: int) -> slice:
+def micro_batch_rows(micro_batches: tuple, micro_batch_size: int, replica: int, microbatch: int) -> slice:
     """Rows of the global batch that ``microbatch`` of ``replica`` trains on (replicas in order)."""
-    first = sum(microbatches[:replica]) + microbatch
+    first = sum(micro_batches[:replica]) + microbatch
     return slice(first * micro_batch_size, (first + 1) * micro_batch_size)

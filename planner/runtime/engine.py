@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from cost_models.schedule import stage_ops
-from planner.runtime.data import global_batch_tokens, microbatch_rows
+from planner.runtime.data import global_batch_tokens, micro_batch_rows
 from planner.runtime.emulation import Emulator, now_s, sleep_until
 
 __all__ = ["Layout", "StageGroups", "make_groups", "StageExecutor", "BUCKET_BYTES"]
@@ -87,8 +87,8 @@ class StageExecutor:
         self.layout, self.replica, self.stage, self.device = layout, replica, stage, device
         self.groups, self.seed, self.emulator = groups, seed, emulator
         self.dtype = dtype  # weights, activations and messages; the loss is taken in fp32
-        self.ops = stage_ops(plan.schedule, stage, layout.stages, plan.microbatches[replica])
-        self.total_microbatches = sum(plan.microbatches)
+        self.ops = stage_ops(plan.schedule, stage, layout.stages, plan.micro_batches[replica])
+        self.total_micro_batches = sum(plan.micro_batches)
         spec = module.spec
         self.boundary_shape = (plan.micro_batch_size, spec.sequence, spec.hidden)
         tied = spec.tied_embeddings and layout.stages > 1
@@ -118,12 +118,12 @@ class StageExecutor:
         for kind, mb in self.ops:
             start = now_s()
             if kind == "fwd":
-                rows = microbatch_rows(self.plan.microbatches, self.plan.micro_batch_size, self.replica, mb)
+                rows = micro_batch_rows(self.plan.micro_batches, self.plan.micro_batch_size, self.replica, mb)
                 x = tokens[rows, :-1] if m.is_first else inputs[mb]
                 y = m(x)
                 if m.is_last:
                     targets = tokens[rows, 1:]
-                    y = F.cross_entropy(y.float().flatten(0, 1), targets.flatten()) / self.total_microbatches
+                    y = F.cross_entropy(y.float().flatten(0, 1), targets.flatten()) / self.total_micro_batches
                     loss_sum += y.detach()
                 outputs[mb] = y
                 self._emulate_compute("fwd", start)

@@ -56,7 +56,7 @@ def load_run_inputs(plan_path, topology_path=None) -> RunInputs:
         training = parse_training(document["training"], where="training")
     except InputError as error:
         raise error.located(source=source) from None
-    training = replace(training, schedule=plan.schedule, micro_batch=plan.micro_batch_size)
+    training = replace(training, schedule=plan.schedule, micro_batch_size=plan.micro_batch_size)
     path = _topology_path(plan_path, document, topology_path)
     topology = load_topology(path)
     if plan.calibration:

@@ -38,7 +38,7 @@ def train_single_process(spec, *, global_batch: int, iterations: int, seed: int 
 @dataclass(frozen=True, kw_only=True)
 class PipeliningRun:
     micro_batch_size: int
-    microbatches: int
+    micro_batches: int
     schedule: str
     iterations: int
     warmup: int = 0
@@ -64,7 +64,7 @@ def pipelining_worker(rank: int, world: int, store_port: int, results, spec, lay
 def _pipelining(rank, world, store_port, results, spec, layer_bounds, run: PipeliningRun) -> None:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    micro_batch_size, microbatches, schedule = run.micro_batch_size, run.microbatches, run.schedule
+    micro_batch_size, micro_batches, schedule = run.micro_batch_size, run.micro_batches, run.schedule
     iterations, warmup, backend, seed = run.iterations, run.warmup, run.backend, run.seed
     learning_rate, optimizer = run.learning_rate, run.optimizer
     store = dist.TCPStore("127.0.0.1", store_port, world, False, timeout=datetime.timedelta(seconds=120))
@@ -87,9 +87,9 @@ def _pipelining(rank, world, store_port, results, spec, layer_bounds, run: Pipel
             return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
         kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
-        runner = kind(stage, n_microbatches=microbatches, loss_fn=loss_fn)
+        runner = kind(stage, n_microbatches=micro_batches, loss_fn=loss_fn)
         losses, seconds = [], []
-        batch = micro_batch_size * microbatches
+        batch = micro_batch_size * micro_batches
         for iteration in range(warmup + iterations):
             tokens = global_batch_tokens(seed, iteration, batch, spec.sequence, spec.vocabulary).to(device)
             dist.barrier()
@@ -120,11 +120,11 @@ def _pipelining(rank, world, store_port, results, spec, layer_bounds, run: Pipel
         dist.destroy_process_group()
 
 
-def run_pipelining(spec, layer_bounds, *, micro_batch_size: int, microbatches: int, schedule: str, iterations: int,
+def run_pipelining(spec, layer_bounds, *, micro_batch_size: int, micro_batches: int, schedule: str, iterations: int,
                    warmup: int = 0, backend: str = "gloo", seed: int = 0, learning_rate: float = 1e-3,
                    optimizer: str = "sgd") -> tuple:
     """One ``pipelining_worker`` per stage; returns (last stage's losses, iteration seconds)."""
-    run = PipeliningRun(micro_batch_size=micro_batch_size, microbatches=microbatches, schedule=schedule,
+    run = PipeliningRun(micro_batch_size=micro_batch_size, micro_batches=micro_batches, schedule=schedule,
                         iterations=iterations, warmup=warmup, backend=backend, seed=seed,
                         learning_rate=learning_rate, optimizer=optimizer)
     world = len(layer_bounds) - 1

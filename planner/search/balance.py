@@ -60,7 +60,7 @@ def _fill(costs, stages, slowest, by_memory, limit_s):
 
 
 def split_layers(costs: LayerCosts, schedule: str, speed: np.ndarray, capacity_bytes: np.ndarray,
-                 microbatches: np.ndarray, *, even: bool = False, head_slowdown: float = 1.0):
+                 micro_batches: np.ndarray, *, even: bool = False, head_slowdown: float = 1.0):
     """Optimal layer counts per stage (min of the max per-micro-batch stage time, memory respected).
 
     ``speed`` and ``capacity_bytes`` are (R, S) arrays of the placed devices. Returns the list of
@@ -71,7 +71,7 @@ def split_layers(costs: LayerCosts, schedule: str, speed: np.ndarray, capacity_b
         return None
     if head_slowdown != 1.0:  # the head at its own efficiency: its FLOPs count that many times
         costs = replace(costs, head_flops=costs.head_flops * head_slowdown)
-    limits = _stage_limits(costs, S, speed, capacity_bytes, in_flight_table(schedule, S, microbatches))
+    limits = _stage_limits(costs, S, speed, capacity_bytes, in_flight_table(schedule, S, micro_batches))
     slowest, by_memory = limits
     if even:  # the most even split memory allows, whatever the compute balance
         return _fill(costs, S, slowest, by_memory, np.inf)

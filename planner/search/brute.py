@@ -14,7 +14,7 @@ from planner.search.evaluate import evaluate_placement
 __all__ = ["brute_force_placement"]
 
 
-def brute_force_placement(ctx, stages: int, replicas: int, micro_batch: int, schedule: str) -> float:
+def brute_force_placement(ctx, stages: int, replicas: int, micro_batch_size: int, schedule: str) -> float:
     """Minimum estimate over every placement (inf when none fits). ``n!/(n-SR)!/R!`` evaluations."""
     n = ctx.topology.size
     best = np.inf
@@ -22,7 +22,7 @@ def brute_force_placement(ctx, stages: int, replicas: int, micro_batch: int, sch
         rows = [chosen[r * stages:(r + 1) * stages] for r in range(replicas)]
         if rows != sorted(rows):
             continue
-        candidate = evaluate_placement(ctx, np.array(rows), micro_batch, schedule)
+        candidate = evaluate_placement(ctx, np.array(rows), micro_batch_size, schedule)
         if candidate is not None:
             best = min(best, candidate.score_s)
     return best

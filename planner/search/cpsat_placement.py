@@ -64,7 +64,7 @@ def model_is_small_enough(devices: int, stages: int, replicas: int) -> bool:
     return replicas == 1 or stages * math.comb(devices, replicas) <= MAX_RING_SETS
 
 
-def exact_placement(ctx, stages: int, replicas: int, micro_batch: int, schedule: str, *,
+def exact_placement(ctx, stages: int, replicas: int, micro_batch_size: int, schedule: str, *,
                     time_limit_s: float = 60.0, work_limit: float | None = None, hint: Candidate | None = None,
                     workers: int = 1) -> ExactPlacement:
     """Solve the placement of ``stages x replicas`` devices to optimality, or until ``time_limit_s``
@@ -75,8 +75,8 @@ def exact_placement(ctx, stages: int, replicas: int, micro_batch: int, schedule:
     so the same inputs and work limit give the same answer; a proven optimum does not depend on it.
     """
     started = time.perf_counter()
-    n, total = ctx.topology.size, ctx.training.global_batch // micro_batch
-    costs = stage_costs(ctx, micro_batch, stages)
+    n, total = ctx.topology.size, ctx.training.global_batch // micro_batch_size
+    costs = stage_costs(ctx, micro_batch_size, stages)
     if stages * replicas > n or stages > costs.layers or total < replicas:
         return ExactPlacement(status="infeasible", candidate=None, objective_s=math.inf, bound_s=math.inf,
                               wall_s=time.perf_counter() - started)
@@ -97,7 +97,7 @@ def exact_placement(ctx, stages: int, replicas: int, micro_batch: int, schedule:
             raise RuntimeError(f"invalid CP-SAT placement model: {builder.model.validate()}")
         return ExactPlacement(status="unknown", candidate=None, objective_s=math.inf,
                               bound_s=builder.seconds_below(solver.best_objective_bound), wall_s=wall)
-    candidate = builder.decode(solver, micro_batch)
+    candidate = builder.decode(solver, micro_batch_size)
     bound = builder.seconds_below(solver.best_objective_bound)
     # Shared NICs: the model leaves out their queueing, which only adds to the estimate, so its
     # bound holds but its optimum is not proven to be the estimate's.
@@ -180,7 +180,7 @@ class _PlacementModel:
         m = self.model
         self.layers = {s: m.new_int_var(1, self.L, f"layers_s{s}") for s in range(self.S)}
         m.add(sum(self.layers.values()) == self.L)
-        self.micro = {r: m.new_int_var(1, self.total, f"microbatches_r{r}") for r in range(self.R)}
+        self.micro = {r: m.new_int_var(1, self.total, f"micro_batches_r{r}") for r in range(self.R)}
         m.add(sum(self.micro.values()) == self.total)
 
     # -- time --------------------------------------------------------------------------------
@@ -232,7 +232,7 @@ class _PlacementModel:
                     back = sum(self.tau[r, k] for k in range(s, S)) + sum(self.trip[r, k] for k in range(s, S - 1))
                     m.add((S - s) * period >= back)
             steady = m.new_int_var(0, (self.total - 1) * self.horizon_ns, f"steady_r{r}")
-            extra = m.new_int_var(0, self.total - 1, f"extra_microbatches_r{r}")
+            extra = m.new_int_var(0, self.total - 1, f"extra_micro_batches_r{r}")
             m.add(extra == self.micro[r] - 1)
             m.add_multiplication_equality(steady, [extra, period])
             self.pipeline[r] = fill + steady
@@ -338,14 +338,14 @@ class _PlacementModel:
         for s in range(self.S):
             m.add_hint(self.layers[s], hint.layer_counts[s])
         for r in range(self.R):
-            m.add_hint(self.micro[r], hint.microbatches[order[r]])
+            m.add_hint(self.micro[r], hint.micro_batches[order[r]])
 
-    def decode(self, solver, micro_batch: int) -> Candidate | None:
+    def decode(self, solver, micro_batch_size: int) -> Candidate | None:
         assign = np.array([[solver.value(self.device[r, s]) for s in range(self.S)] for r in range(self.R)])
         counts = tuple(int(solver.value(self.layers[s])) for s in range(self.S))
         micro = tuple(int(solver.value(self.micro[r])) for r in range(self.R))
-        score = score_split(self.ctx, assign, counts, micro, micro_batch, self.schedule)
+        score = score_split(self.ctx, assign, counts, micro, micro_batch_size, self.schedule)
         if score is None:  # the rounding to whole bytes let a device overflow by a few bytes
             return None
-        return Candidate(assign=assign, layer_counts=counts, microbatches=micro, micro_batch=micro_batch,
+        return Candidate(assign=assign, layer_counts=counts, micro_batches=micro, micro_batch_size=micro_batch_size,
                          schedule=self.schedule, score_s=score)

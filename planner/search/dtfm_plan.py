@@ -18,14 +18,14 @@ def dtfm_style_plan(topology, model, training, stages: int, replicas: int, group
     if groups is None:
         groups = dtfm_search(topology, stages, replicas, seed=seed).groups
     assign = groups_to_pipelines(topology, groups)
-    micro = training.micro_batch or 1
+    micro = training.micro_batch_size or 1
     total = training.global_batch // micro
     if total % replicas or model.layers % stages:
         raise InputError(f"{stages} x {replicas} does not split {model.layers} layers and {total} micro-batches "
                          "evenly", field="--stages")
     ctx = make_context(topology, model, training)
     candidate = Candidate(assign=assign, layer_counts=(model.layers // stages,) * stages,
-                          microbatches=(total // replicas,) * replicas, micro_batch=micro, schedule=schedule,
+                          micro_batches=(total // replicas,) * replicas, micro_batch_size=micro, schedule=schedule,
                           score_s=float("nan"))
     plan = candidate_to_plan(ctx, candidate)
     prediction, _ = predict(plan, topology, model, training)
@@ -35,7 +35,7 @@ def dtfm_style_plan(topology, model, training, stages: int, replicas: int, group
 def best_dtfm_style_plan(topology, model, training, *, seed: int = 0):
     """The fastest (under the full cost model) DTFM-style plan that fits in memory, or None."""
     best = None
-    micro = training.micro_batch or 1
+    micro = training.micro_batch_size or 1
     for stages, replicas in dtfm_degrees(topology.size, model.layers):
         if (training.global_batch // micro) % replicas:
             continue
@@ -55,7 +55,7 @@ def dtfm_objective_plan(topology, model, training, *, stages=None, replicas=None
     (or the pinned ones). Returns (plan with the simulator's prediction, ``DtfmResult``)."""
     pairs = [(s, r) for s, r in dtfm_degrees(topology.size, model.layers)
              if (stages is None or s == stages) and (replicas is None or r == replicas)]
-    micro = training.micro_batch or 1
+    micro = training.micro_batch_size or 1
     pairs = [(s, r) for s, r in pairs if (training.global_batch // micro) % r == 0]
     if not pairs:
         raise InputError(f"DTFM uses all {topology.size} devices with stages dividing the {model.layers} layers and "

@@ -28,7 +28,7 @@ class SearchContext:
     capacity: np.ndarray  # usable bytes per device
     mem_bw: np.ndarray
     network: object  # cost_models.network.Network: the simulator's own network
-    costs: dict  # (micro_batch, stages) -> LayerCosts
+    costs: dict  # (micro_batch_size, stages) -> LayerCosts
     rings: dict  # sorted member tuple -> (all-reduce seconds per byte, latency seconds)
     ring_nics: dict  # sorted member tuple -> the shared NICs its ring occupies
 
@@ -37,13 +37,13 @@ class SearchContext:
 class Candidate:
     assign: np.ndarray  # (R, S) device indices
     layer_counts: tuple
-    microbatches: tuple
-    micro_batch: int
+    micro_batches: tuple
+    micro_batch_size: int
     schedule: str
     score_s: float
 
     def key(self) -> tuple:
-        return (self.assign.tobytes(), self.layer_counts, self.microbatches, self.micro_batch, self.schedule)
+        return (self.assign.tobytes(), self.layer_counts, self.micro_batches, self.micro_batch_size, self.schedule)
 
 
 def make_context(topology, model, training) -> SearchContext:
@@ -54,11 +54,11 @@ def make_context(topology, model, training) -> SearchContext:
                          network=topology.network, costs={}, rings={}, ring_nics={})
 
 
-def stage_costs(ctx: SearchContext, micro_batch: int, stages: int):
-    """The per-layer costs of ``stages`` stages at ``micro_batch``, memoised in the context."""
-    key = (micro_batch, stages)
+def stage_costs(ctx: SearchContext, micro_batch_size: int, stages: int):
+    """The per-layer costs of ``stages`` stages at ``micro_batch_size``, memoised in the context."""
+    key = (micro_batch_size, stages)
     if key not in ctx.costs:
-        ctx.costs[key] = layer_costs(ctx.model, ctx.training, micro_batch, stages)
+        ctx.costs[key] = layer_costs(ctx.model, ctx.training, micro_batch_size, stages)
     return ctx.costs[key]
 
 
@@ -170,12 +170,12 @@ def backward_share(training) -> float:
     return 0.75 if training.recompute else 2.0 / 3.0
 
 
-def _iteration_s(ctx, assign, costs, counts, microbatches, tau, fill, bottleneck) -> float:
+def _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck) -> float:
     """Each replica's makespan ``fill + (M - 1) * bottleneck``, then each stage's gradient all-reduce
     after its last backward (queued behind earlier ones on a shared NIC), then its optimizer step;
     the slowest stage's end."""
     R, S = assign.shape
-    pipeline = fill + (np.asarray(microbatches) - 1) * bottleneck  # (R,)
+    pipeline = fill + (np.asarray(micro_batches) - 1) * bottleneck  # (R,)
     # Stage s finishes its last backward before the stages upstream of it do theirs.
     upstream = np.concatenate([np.zeros((R, 1)), np.cumsum(tau[:, :-1] * backward_share(ctx.training), axis=1)],
                               axis=1)
@@ -226,32 +226,32 @@ def step_seconds(ctx, assign, costs, counts) -> np.ndarray:
     return _step(ctx, assign, costs, _stage_params(costs, counts))
 
 
-def fits(costs, schedule: str, counts, microbatches, capacity: np.ndarray) -> bool:
+def fits(costs, schedule: str, counts, micro_batches, capacity: np.ndarray) -> bool:
     """Whether every placed device holds its stage with its in-flight micro-batches (``capacity`` (R, S))."""
     R, S = capacity.shape
-    in_flight = in_flight_table(schedule, S, microbatches)
+    in_flight = in_flight_table(schedule, S, micro_batches)
     need = np.stack([stage_memory_bytes(costs, counts[s], s, in_flight[:, s]) for s in range(S)], axis=1)
     return bool((need <= capacity * (1 + 1e-12)).all())
 
 
-def score_split(ctx: SearchContext, assign: np.ndarray, counts, microbatches, micro_batch: int,
+def score_split(ctx: SearchContext, assign: np.ndarray, counts, micro_batches, micro_batch_size: int,
                 schedule: str) -> float | None:
     """The estimate for a fully decided placement, layer split and batch split (None if it does not
     fit or the counts are invalid): the objective ``evaluate_placement`` minimises over the splits."""
     R, S = assign.shape
-    costs = stage_costs(ctx, micro_batch, S)
-    total = ctx.training.global_batch // micro_batch
-    if (len(counts) != S or sum(counts) != costs.layers or min(counts) < 1 or len(microbatches) != R
-            or sum(microbatches) != total or min(microbatches) < 1):
+    costs = stage_costs(ctx, micro_batch_size, S)
+    total = ctx.training.global_batch // micro_batch_size
+    if (len(counts) != S or sum(counts) != costs.layers or min(counts) < 1 or len(micro_batches) != R
+            or sum(micro_batches) != total or min(micro_batches) < 1):
         return None
-    if not fits(costs, schedule, counts, microbatches, ctx.capacity[assign]):
+    if not fits(costs, schedule, counts, micro_batches, ctx.capacity[assign]):
         return None
     tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, _links(ctx, assign, costs))
-    return _iteration_s(ctx, assign, costs, counts, microbatches, tau, fill, bottleneck)
+    return _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck)
 
 
-def evaluate_placement(ctx: SearchContext, assign: np.ndarray, micro_batch: int, schedule: str,
-                       microbatches=None) -> Candidate | None:
+def evaluate_placement(ctx: SearchContext, assign: np.ndarray, micro_batch_size: int, schedule: str,
+                       micro_batches=None) -> Candidate | None:
     """Best layer and batch split for ``assign`` and its estimated iteration time (None if it cannot fit).
 
     Three layer splits are scored: the one that minimises the slowest stage's compute; the same with
@@ -259,7 +259,7 @@ def evaluate_placement(ctx: SearchContext, assign: np.ndarray, micro_batch: int,
     micro-batches matters less); and the most even one that fits (smaller gradient all-reduces where
     the sync dominates). The fastest wins.
     """
-    results = [_evaluate(ctx, assign, micro_batch, schedule, microbatches, split) for split in _SPLITS]
+    results = [_evaluate(ctx, assign, micro_batch_size, schedule, micro_batches, split) for split in _SPLITS]
     results = [r for r in results if r is not None]
     return min(results, key=lambda c: c.score_s) if results else None
 
@@ -267,38 +267,38 @@ def evaluate_placement(ctx: SearchContext, assign: np.ndarray, micro_batch: int,
 _SPLITS = ("fastest", "weighted", "even")
 
 
-def _evaluate(ctx, assign, micro_batch, schedule, microbatches, split) -> Candidate | None:
+def _evaluate(ctx, assign, micro_batch_size, schedule, micro_batches, split) -> Candidate | None:
     R, S = assign.shape
-    total = ctx.training.global_batch // micro_batch
+    total = ctx.training.global_batch // micro_batch_size
     if total < R:
         return None
-    costs = stage_costs(ctx, micro_batch, S)
+    costs = stage_costs(ctx, micro_batch_size, S)
     speed = ctx.speed[assign]
     capacity = ctx.capacity[assign]
     head_slowdown = float(ctx.head_slowdown[assign[:, -1]].max())
     links = _links(ctx, assign, costs)
-    if microbatches is None:
+    if micro_batches is None:
         harmonic = 1.0 / (1.0 / speed).sum(axis=1)
-        microbatches = np.maximum(1, np.round(total * harmonic / harmonic.sum())).astype(np.int64)
-    microbatches = np.asarray(microbatches)
+        micro_batches = np.maximum(1, np.round(total * harmonic / harmonic.sum())).astype(np.int64)
+    micro_batches = np.asarray(micro_batches)
     # Alternate: layers for the micro-batches in flight, then micro-batches for those layers. Every
     # pair kept is consistent: its layer split holds its micro-batches in memory.
     for _ in range(2):
         if split == "weighted":
-            weighted = speed / (microbatches + S - 1)[:, None]
-        counts = split_layers(costs, schedule, weighted if split == "weighted" else speed, capacity, microbatches,
+            weighted = speed / (micro_batches + S - 1)[:, None]
+        counts = split_layers(costs, schedule, weighted if split == "weighted" else speed, capacity, micro_batches,
                               even=split == "even", head_slowdown=head_slowdown)
         if counts is None:
             return None
         tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, links)
         cap = _gpipe_caps(costs, counts, capacity) if schedule == Schedule.GPIPE else None
         new = split_batch(total, fill, bottleneck, cap)
-        if new is None or np.array_equal(new, microbatches) or not fits(costs, schedule, counts, new, capacity):
+        if new is None or np.array_equal(new, micro_batches) or not fits(costs, schedule, counts, new, capacity):
             break
-        microbatches = new
-    if total != int(np.sum(microbatches)):
+        micro_batches = new
+    if total != int(np.sum(micro_batches)):
         return None
-    score = _iteration_s(ctx, assign, costs, counts, microbatches, tau, fill, bottleneck)
+    score = _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck)
     return Candidate(assign=assign, layer_counts=tuple(int(c) for c in counts),
-                     microbatches=tuple(int(m) for m in microbatches), micro_batch=micro_batch,
+                     micro_batches=tuple(int(m) for m in micro_batches), micro_batch_size=micro_batch_size,
                      schedule=schedule, score_s=score)

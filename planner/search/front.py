@@ -45,7 +45,7 @@ class SearchOptions:
     max_evaluations: int = 4000  # local-search moves; the deterministic stopping rule
     stages: int | None = None  # pin S
     replicas: int | None = None  # pin D
-    micro_batches: tuple = (1, 2, 4, 8)  # sizes tried when training.micro_batch is 0
+    micro_batch_sizes: tuple = (1, 2, 4, 8)  # tried when training.micro_batch_size is 0 (auto)
     simulate_top: int = 6
     exact: bool = True  # solve the leading shapes with CP-SAT on topologies of <= EXACT_DEVICES devices
     exact_work_per_shape: float = 5.0  # CP-SAT deterministic time per shape (about seconds)
@@ -71,10 +71,10 @@ STARTS = 3  # distinct shapes improved by local search
 KEEP_UNREFINED = 2  # leading candidates simulated with their unrefined splits as well
 
 
-def _micro_batches(training, options) -> list:
-    if training.micro_batch:
-        return [training.micro_batch]
-    return [b for b in options.micro_batches if training.global_batch % b == 0] or [1]
+def _micro_batch_sizes(training, options) -> list:
+    if training.micro_batch_size:
+        return [training.micro_batch_size]
+    return [b for b in options.micro_batch_sizes if training.global_batch % b == 0] or [1]
 
 
 def _schedules(training) -> list:
@@ -175,10 +175,10 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
         if pair_bound >= best_score:
             break
         for layout_name, assign in layouts(topology, ctx.speed, ctx.capacity, stages, replicas).items():
-            for micro_batch in _micro_batches(training, options):
+            for micro_batch_size in _micro_batch_sizes(training, options):
                 for schedule in _schedules(training):
                     evaluations += 1
-                    candidate = evaluate_placement(ctx, assign, micro_batch, schedule)
+                    candidate = evaluate_placement(ctx, assign, micro_batch_size, schedule)
                     if candidate is not None:
                         candidates.append(candidate)
                         best_score = min(best_score, candidate.score_s)
@@ -191,7 +191,7 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
         candidates.append(start)
     if not candidates:
         raise InputError("no plan fits in memory on these devices: add devices or memory, enable "
-                         "recompute, or lower micro_batch", field="training")
+                         "recompute, or lower micro_batch_size", field="training")
     candidates.sort(key=lambda c: c.score_s)
     best_estimate = candidates[0].score_s
     history.append((evaluations, time.perf_counter() - started, best_estimate))
@@ -223,9 +223,9 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
             deadline = 0.0
     # Genetic search on the best shape, seeded with its layouts and local-search results.
     leader = min(improved, key=lambda c: c.score_s)
-    shape = (leader.assign.shape, leader.micro_batch, leader.schedule)
+    shape = (leader.assign.shape, leader.micro_batch_size, leader.schedule)
     seeds = [c for c in sorted(improved + candidates, key=lambda c: c.score_s)
-             if (c.assign.shape, c.micro_batch, c.schedule) == shape][:POPULATION]
+             if (c.assign.shape, c.micro_batch_size, c.schedule) == shape][:POPULATION]
     result, used = genetic_search(ctx, seeds, rng, options.max_evaluations // 4, deadline)
     evaluations += used
     improved.append(result)
@@ -258,8 +258,8 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
             break
     # The best of each schedule and micro-batch size is simulated too: the estimate's errors differ
     # between them, and the simulator has the last word.
-    for variant in sorted({(c.schedule, c.micro_batch) for c in pool}):
-        leader = next(c for c in pool if (c.schedule, c.micro_batch) == variant)
+    for variant in sorted({(c.schedule, c.micro_batch_size) for c in pool}):
+        leader = next(c for c in pool if (c.schedule, c.micro_batch_size) == variant)
         if leader.key() not in keys:
             keys.add(leader.key())
             unique.append(leader)
@@ -286,7 +286,7 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
             best_plan, best_time = plan.with_prediction(prediction), prediction.iteration_s
     if best_plan is None:
         raise InputError("no plan fits in memory on these devices: add devices or memory, enable "
-                         "recompute, or lower micro_batch", field="training")
+                         "recompute, or lower micro_batch_size", field="training")
     algorithm = "construct+local+genetic" + ("+cpsat" if exact_shapes else "") + "+refine"
     return best_plan, {"algorithm": algorithm, "evaluations": evaluations, "exact": exact_shapes,
                        "history": history}
@@ -300,15 +300,15 @@ def _start_candidate(ctx, x0: Plan | None) -> Candidate | None:
     validate_plan(x0, ctx.topology, ctx.model, ctx.training)
     assign = np.array([[ctx.topology.index(d) for d in row] for row in x0.assignment])
     counts = tuple(int(c) for c in np.diff(x0.layer_bounds))
-    score = score_split(ctx, assign, counts, tuple(x0.microbatches), x0.micro_batch_size, Schedule(x0.schedule))
+    score = score_split(ctx, assign, counts, tuple(x0.micro_batches), x0.micro_batch_size, Schedule(x0.schedule))
     if score is None:
         raise InputError("the starting plan does not fit in memory on these devices", field="x0")
-    return Candidate(assign=assign, layer_counts=counts, microbatches=tuple(x0.microbatches),
-                     micro_batch=x0.micro_batch_size, schedule=Schedule(x0.schedule), score_s=score)
+    return Candidate(assign=assign, layer_counts=counts, micro_batches=tuple(x0.micro_batches),
+                     micro_batch_size=x0.micro_batch_size, schedule=Schedule(x0.schedule), score_s=score)
 
 
 def _shape(c: Candidate) -> tuple:
-    return c.assign.shape, c.micro_batch, c.schedule
+    return c.assign.shape, c.micro_batch_size, c.schedule
 
 
 def _solve_exactly(ctx, hint: Candidate, options, deadline: float) -> tuple:
@@ -317,10 +317,10 @@ def _solve_exactly(ctx, hint: Candidate, options, deadline: float) -> tuple:
     R, S = hint.assign.shape
     if not model_is_small_enough(ctx.topology.size, S, R):
         return None, None
-    result = exact_placement(ctx, S, R, hint.micro_batch, hint.schedule, hint=hint,
+    result = exact_placement(ctx, S, R, hint.micro_batch_size, hint.schedule, hint=hint,
                              work_limit=options.exact_work_per_shape,
                              time_limit_s=max(0.1, deadline - time.perf_counter()))
-    return {"stages": S, "replicas": R, "micro_batch": hint.micro_batch, "schedule": hint.schedule,
+    return {"stages": S, "replicas": R, "micro_batch_size": hint.micro_batch_size, "schedule": hint.schedule,
             "status": result.status, "estimate_s": _finite(result.objective_s), "bound_s": _finite(result.bound_s),
             "wall_s": round(result.wall_s, 3)}, result.candidate
 

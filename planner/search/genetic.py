@@ -115,7 +115,7 @@ def genetic_search(ctx, seeds: list, rng, budget: int, deadline: float) -> tuple
 
 
 def _evaluate(ctx, assign: np.ndarray, like: Candidate):
-    return evaluate_placement(ctx, assign, like.micro_batch, like.schedule)
+    return evaluate_placement(ctx, assign, like.micro_batch_size, like.schedule)
 
 
 def _tournament(population: list, rng) -> Candidate:

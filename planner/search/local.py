@@ -42,7 +42,7 @@ def descend(ctx, start: Candidate, rng, budget: int, deadline: float) -> tuple:
             stale += 1
             continue
         evaluations += 1
-        candidate = evaluate_placement(ctx, assign, best.micro_batch, best.schedule, best.microbatches)
+        candidate = evaluate_placement(ctx, assign, best.micro_batch_size, best.schedule, best.micro_batches)
         if candidate is not None and candidate.score_s < best.score_s * PROMISING:
             # The fast splits can misjudge a placement whose best split is sync- or fill-bound.
             candidate, used = refine_split(ctx, candidate, REFINE_BUDGET)
@@ -71,7 +71,7 @@ def iterated_local_search(ctx, start: Candidate, rng, budget: int, deadline: flo
             restarts += 1
             failed_kicks = 0
             evaluations += 1
-            fresh = evaluate_placement(ctx, rng.permutation(n)[:R * S].reshape(R, S), best.micro_batch, best.schedule)
+            fresh = evaluate_placement(ctx, rng.permutation(n)[:R * S].reshape(R, S), best.micro_batch_size, best.schedule)
             if fresh is None:
                 continue
             current, used = descend(ctx, fresh, rng, budget - evaluations, deadline)
@@ -83,7 +83,7 @@ def iterated_local_search(ctx, start: Candidate, rng, budget: int, deadline: flo
         for _ in range(int(rng.integers(2, max(3, min(R * S, 6)) + 1))):
             assign = random_move(assign, n, rng)
         evaluations += 1
-        kicked = evaluate_placement(ctx, assign, current.micro_batch, current.schedule)
+        kicked = evaluate_placement(ctx, assign, current.micro_batch_size, current.schedule)
         failed_kicks += 1
         if kicked is None:
             continue

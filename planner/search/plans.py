@@ -16,7 +16,7 @@ def candidate_to_plan(ctx, candidate: Candidate) -> Plan:
     R, S = candidate.assign.shape
     rings = tuple(tuple(topo.network.ring_order(candidate.assign[:, s])) for s in range(S))
     used = set(candidate.assign.ravel().tolist())
-    return Plan(layer_bounds=tuple(bounds), assignment=assignment, microbatches=candidate.microbatches,
-                micro_batch_size=candidate.micro_batch, schedule=candidate.schedule, ring_orders=rings,
+    return Plan(layer_bounds=tuple(bounds), assignment=assignment, micro_batches=candidate.micro_batches,
+                micro_batch_size=candidate.micro_batch_size, schedule=candidate.schedule, ring_orders=rings,
                 topology_name=topo.name, topology_sha256=topo.sha256,
                 idle=tuple(names[d] for d in range(topo.size) if d not in used))

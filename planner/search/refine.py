@@ -36,13 +36,13 @@ def refine_split(ctx, candidate: Candidate, budget: int = REFINE_EVALUATIONS) ->
     best, spent = candidate, 0
     while spent < budget:
         leader = best
-        for counts, micro in _neighbours(best.layer_counts, best.microbatches):
+        for counts, micro in _neighbours(best.layer_counts, best.micro_batches):
             if spent >= budget:
                 break
             spent += 1
-            score = score_split(ctx, best.assign, counts, micro, best.micro_batch, best.schedule)
+            score = score_split(ctx, best.assign, counts, micro, best.micro_batch_size, best.schedule)
             if score is not None and score < leader.score_s - 1e-12:
-                leader = replace(best, layer_counts=counts, microbatches=micro, score_s=score)
+                leader = replace(best, layer_counts=counts, micro_batches=micro, score_s=score)
         if leader is best:
             break
         best = leader
