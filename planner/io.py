@@ -2,32 +2,177 @@
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 import yaml
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.resolver import Resolver
 
 from planner.errors import InputError
 
-__all__ = ["read_yaml", "write_document"]
+__all__ = ["read_yaml", "write_document", "MAX_FILE_BYTES", "MAX_DEPTH", "MAX_VALUES"]
 
-def read_yaml(path) -> object:
-    """Read a YAML (or JSON) file with the safe loader; every failure is an ``InputError`` naming the file."""
-    path = Path(path)
+MAX_FILE_BYTES = 8 * 2**20  # 16,384 devices listed one per entry take about 2 MiB
+MAX_DEPTH = 32  # mappings and lists inside each other; a topology needs 5 (network.matrix.latency[i][j])
+MAX_VALUES = 4_000_000  # values after expanding YAML aliases (an 8 MiB file holds about 2 million)
+
+try:  # libyaml's parser is iterative: deep nesting reaches the depth check instead of the C stack
+    from yaml._yaml import CParser as _Parser
+except ImportError:  # pragma: no cover - PyYAML built without libyaml
+    from yaml.parser import Parser as _Parser
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """A document the reader refuses (too deep, a key twice, a value its tag cannot read)."""
+
+    def __init__(self, problem: str, mark, field: str | None = None):
+        super().__init__(problem=problem, problem_mark=mark)
+        self.field = field
+
+
+class _Loader(Composer, _Parser, SafeConstructor, Resolver):
+    """The safe loader (plain data only), with the nesting depth bounded and duplicate keys refused."""
+
+    def __init__(self, text: str):
+        _Parser.__init__(self, text)
+        Composer.__init__(self)
+        SafeConstructor.__init__(self)
+        Resolver.__init__(self)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _Refused(f"nests deeper than {MAX_DEPTH} levels: flatten it", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep=deep)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, KeyError, OverflowError, ArithmeticError) as error:
+            value = node.value if isinstance(node, yaml.ScalarNode) else node.id
+            raise _Refused(f"cannot read {value!r} as {node.tag.rsplit(':', 1)[-1]} ({error.__class__.__name__}): "
+                           "fix the value or drop the tag", node.start_mark) from None
+
+
+def _check_tree(node) -> None:
+    """Refuse duplicate keys (naming the field) and alias bombs, without recursion."""
+    sizes: dict = {}
+    stack = [(node, "", False)]
+    while stack:
+        current, where, done = stack.pop()
+        key = id(current)
+        if key in sizes and not done:
+            continue
+        if isinstance(current, yaml.ScalarNode):
+            sizes[key] = 1
+            continue
+        if isinstance(current, yaml.MappingNode):
+            children = [child for pair in current.value for child in pair]
+        else:
+            children = list(current.value)
+        if done:
+            sizes[key] = 1 + sum(sizes[id(child)] for child in children)
+            if sizes[key] > MAX_VALUES:
+                raise _Refused(f"expands to more than {MAX_VALUES:,} values (YAML aliases repeat their anchor): "
+                               "write the values out", current.start_mark, where or None)
+            continue
+        sizes[key] = 0  # on the path: an alias back to it would be a cycle, which the composer refuses
+        stack.append((current, where, True))
+        if isinstance(current, yaml.MappingNode):
+            seen = {}
+            for k, v in current.value:
+                name = k.value if isinstance(k, yaml.ScalarNode) else None
+                path = f"{where}.{name}" if where and name is not None else (name if name is not None else where)
+                if name is not None:
+                    if (k.tag, name) in seen:
+                        first = seen[(k.tag, name)]
+                        raise _Refused(f"key '{name}' appears twice (lines {first.line + 1} and "
+                                       f"{k.start_mark.line + 1}): keep one", k.start_mark, path)
+                    seen[(k.tag, name)] = k.start_mark
+                stack.append((k, where, False))
+                stack.append((v, path, False))
+        else:
+            for i, child in enumerate(children):
+                stack.append((child, f"{where}[{i}]", False))
+
+
+def _parse(text: str):
+    loader = _Loader(text)
     try:
-        text = path.read_text()
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_tree(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _read_text(path: Path) -> str:
+    """The file's text: only a regular file, only up to ``MAX_FILE_BYTES`` (a FIFO or /dev/zero never blocks)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise InputError("file not found: check the path", source=str(path)) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
+    except (IsADirectoryError, PermissionError, OSError) as error:
         raise InputError(f"cannot read it ({error.__class__.__name__}): pass a readable YAML file",
                          source=str(path)) from None
     try:
-        return yaml.safe_load(text)
+        mode = os.fstat(descriptor).st_mode
+        if stat.S_ISDIR(mode):
+            raise InputError("cannot read it (IsADirectoryError): pass a readable YAML file", source=str(path))
+        if not stat.S_ISREG(mode):
+            raise InputError("is not a regular file (a device, pipe or socket): pass a YAML file", source=str(path))
+        chunks, size = [], 0
+        while size <= MAX_FILE_BYTES:
+            chunk = os.read(descriptor, MAX_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        data = b"".join(chunks)
+    finally:
+        os.close(descriptor)
+    if len(data) > MAX_FILE_BYTES:
+        raise InputError(f"is larger than the {MAX_FILE_BYTES // 2**20} MiB limit of an input file: "
+                         "describe repeated devices with 'count' instead of one entry each", source=str(path))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError("cannot read it (UnicodeDecodeError): save it as UTF-8 text", source=str(path)) from None
+
+
+def read_yaml(path) -> object:
+    """Read a YAML (or JSON) file with the safe loader; every failure is an ``InputError`` naming the file.
+
+    Refused with one line: anything but a regular file, files over ``MAX_FILE_BYTES``, nesting deeper than
+    ``MAX_DEPTH``, a key twice in one mapping, a value its tag cannot read (``!!int abc``), and aliases
+    expanding past ``MAX_VALUES``.
+    """
+    path = Path(path)
+    text = _read_text(path)
+    try:
+        return _parse(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(error, "problem", None) or "invalid YAML"
-        raise InputError(f"not valid YAML{where}: {problem}", source=str(path)) from None
+        raise InputError(f"not valid YAML{where}: {problem}", source=str(path),
+                         field=getattr(error, "field", None)) from None
+    except RecursionError:  # a guard: the depth check above comes first
+        raise InputError(f"not valid YAML: nests deeper than {MAX_DEPTH} levels: flatten it", source=str(path)) from None
+    except Exception as error:  # any other failure inside the loader is still a bad file, not a crash
+        raise InputError(f"not valid YAML: {error.__class__.__name__}: {error}".replace("\n", " "),
+                         source=str(path)) from None
 
 
 def write_document(document: dict, path) -> None:

@@ -17,7 +17,7 @@ from planner.inputs.catalog import PRECISIONS, device_type, peak_for
 from planner.errors import InputError
 from planner.inputs.calibration import measured_links
 from planner.fields import Fields
-from planner.inputs.units import parse_bandwidth_bytes_per_s, parse_bytes, parse_flops, parse_seconds
+from planner.inputs.units import check_range, parse_bandwidth_bytes_per_s, parse_bytes, parse_flops, parse_seconds
 
 __all__ = ["Device", "Topology", "parse_topology", "MAX_DEVICES"]
 
@@ -74,8 +74,11 @@ class Topology:
         object.__setattr__(self, "_index", {name: i for i, name in enumerate(names)})
         hosts = sorted({d.host for d in self.devices})
         regions = sorted({d.region for d in self.devices})
-        object.__setattr__(self, "host_ids", np.array([hosts.index(d.host) for d in self.devices]))
-        object.__setattr__(self, "region_ids", np.array([regions.index(d.region) for d in self.devices]))
+        host_index = {name: h for h, name in enumerate(hosts)}
+        region_index = {name: r for r, name in enumerate(regions)}
+        object.__setattr__(self, "host_ids", np.array([host_index[d.host] for d in self.devices], dtype=np.int64))
+        object.__setattr__(self, "region_ids", np.array([region_index[d.region] for d in self.devices],
+                                                        dtype=np.int64))
         object.__setattr__(self, "hosts", tuple(hosts))
         object.__setattr__(self, "regions", tuple(regions))
 
@@ -135,7 +138,7 @@ def _parse_peak(value, where: str) -> dict:
 def _parse_devices(entries) -> list:
     if not isinstance(entries, list) or not entries:
         raise InputError("expected a non-empty list of devices", field="devices")
-    devices, total = [], 0
+    devices, total, entry_of = [], 0, {}
     for position, entry in enumerate(entries):
         where = f"devices[{position}]"
         f = Fields(entry, where)
@@ -177,6 +180,12 @@ def _parse_devices(entries) -> list:
         f.finish()
         for i in range(count):
             dev_name = f"{base}-{i}" if count > 1 else base
+            if dev_name in entry_of:
+                first = entry_of[dev_name]
+                named = f"devices[{first}] makes it too" if first != position else "this entry makes it twice"
+                raise InputError(f"device name {dev_name!r} appears twice ({named}): names must be unique, "
+                                 "rename one entry", field=f.path("name") if name else f.path("type"))
+            entry_of[dev_name] = position
             if per_host:
                 dev_host = f"{host or base}-h{i // per_host}"
             else:
@@ -184,11 +193,6 @@ def _parse_devices(entries) -> list:
             devices.append(Device(name=dev_name, type_name=type_name or "custom", memory_bytes=memory,
                                   peak_flops=peak, efficiency=eff, memory_bandwidth_bytes_per_s=mem_bw,
                                   memory_reserved_bytes=reserved, host=dev_host, region=region))
-    seen = set()
-    for d in devices:
-        if d.name in seen:
-            raise InputError(f"device name {d.name!r} appears twice: names must be unique", field="devices")
-        seen.add(d.name)
     return devices
 
 
@@ -209,13 +213,15 @@ def _matrix(f: Fields, n: int) -> tuple:
     result = []
     for key, scale, positive in (("latency", lat_scale, False), ("bandwidth", bw_scale, True)):
         rows = m.list(key)
-        try:
-            array = np.array(rows, dtype=float)
-        except (TypeError, ValueError):
-            raise InputError("must be a list of rows of numbers", field=m.path(key)) from None
-        if array.shape != (n, n):
-            raise InputError(f"must be {n} x {n} (one row and column per device), got shape {array.shape}",
-                             field=m.path(key))
+        if len(rows) != n or any(not isinstance(row, list) or len(row) != n for row in rows):
+            shape = f"{len(rows)} rows of lengths {sorted({len(r) if isinstance(r, list) else 0 for r in rows})}"
+            raise InputError(f"must be {n} x {n} (one row and column per device), got {shape}", field=m.path(key))
+        for i, row in enumerate(rows):
+            for j, cell in enumerate(row):
+                if isinstance(cell, bool) or not isinstance(cell, (int, float)):
+                    raise InputError(f"holds {cell!r}, not a number: write a plain number (its unit is {key}_unit)",
+                                     field=f"{m.path(key)}[{i}][{j}]")
+        array = np.array(rows, dtype=float)
         off = ~np.eye(n, dtype=bool)
         if not np.all(np.isfinite(array)):
             raise InputError("holds a value that is not a finite number", field=m.path(key))
@@ -223,7 +229,11 @@ def _matrix(f: Fields, n: int) -> tuple:
         if bad.any():
             raise InputError(f"holds a {'non-positive' if positive else 'negative'} value off the diagonal: "
                              "every link needs a positive bandwidth and non-negative latency", field=m.path(key))
-        result.append(array * scale)
+        array = array * scale
+        array[np.eye(n, dtype=bool)] = 0.0  # the diagonal is ignored (a device to itself)
+        check_range(array, "seconds" if key == "latency" else "bandwidth", field=m.path(key),
+                    text="holds a value that")
+        result.append(array)
     m.finish()
     return result[0], result[1]
 
@@ -244,46 +254,89 @@ def _calibrated_links(f: Fields, devices: list, latency, bandwidth, calibration)
     return calibration.sha256, float(calibration.network.get("message_overhead_s", 0.0))
 
 
+def _some(names, shown: int = 8) -> str:
+    """The first few of ``names`` for a message, and how many there are in all."""
+    names = list(names)
+    more = f", ... ({len(names)} in all)" if len(names) > shown else ""
+    return ", ".join(str(name) for name in names[:shown]) + more
+
+
+def _region_name(value, where: str, regions: dict) -> int:
+    """The index of region ``value``; a clear error for a non-string or a region without devices."""
+    if not isinstance(value, str) or not value:
+        raise InputError(f"expected a region name, got {value!r}", field=where)
+    if value not in regions:
+        raise InputError(f"region {value!r} has no device: use one of {_some(regions)}", field=where)
+    return regions[value]
+
+
+def _region_pairs(f: Fields, regions: dict, table_lat: np.ndarray, table_bw: np.ndarray) -> None:
+    """Fill the region-to-region tables from ``network.region_pairs``: one O(1) step per entry."""
+    for k, entry in enumerate(f.list("region_pairs", [])):
+        e = Fields(entry, f"network.region_pairs[{k}]")
+        if e.has("regions"):
+            pair = e.list("regions")
+            if len(pair) != 2:
+                raise InputError("must name exactly two regions", field=e.path("regions"))
+            a, b = (_region_name(name, e.path("regions"), regions) for name in pair)
+            if not e.bool("symmetric", True):
+                raise InputError("a 'regions' entry sets both directions: use from/to for one direction",
+                                 field=e.path("symmetric"))
+            symmetric = True
+        else:
+            a = _region_name(e.str("from"), e.path("from"), regions)
+            b = _region_name(e.str("to"), e.path("to"), regions)
+            symmetric = e.bool("symmetric", False)
+        lat = e.quantity("latency", parse_seconds)
+        bw = e.quantity("bandwidth", parse_bandwidth_bytes_per_s)
+        e.finish()
+        for i, j in ((a, b), (b, a)) if symmetric else ((a, b),):
+            table_lat[i, j], table_bw[i, j] = lat, bw
+
+
+def _level_links(f: Fields, devices: list) -> tuple:
+    """Latency and bandwidth matrices from the host/region/global levels and region pairs.
+
+    Linear in devices plus entries (besides writing the N x N result once): links are set on an
+    R x R region table, spread over device pairs by region index, then host blocks are overwritten.
+    """
+    n = len(devices)
+    regions = {name: r for r, name in enumerate(dict.fromkeys(d.region for d in devices))}
+    region_of = np.array([regions[d.region] for d in devices], dtype=np.int64)
+    links = {level: _link(f.raw(level), f.path(level)) for level in _LEVELS if f.has(level)}
+    table_lat = np.full((len(regions), len(regions)), np.nan)
+    table_bw = np.full((len(regions), len(regions)), np.nan)
+    if "global" in links:
+        table_lat[:], table_bw[:] = links["global"]
+    if "region" in links:
+        np.fill_diagonal(table_lat, links["region"][0])
+        np.fill_diagonal(table_bw, links["region"][1])
+    else:
+        np.fill_diagonal(table_lat, np.nan)
+        np.fill_diagonal(table_bw, np.nan)
+    _region_pairs(f, regions, table_lat, table_bw)
+    latency = table_lat[region_of[:, None], region_of[None, :]]
+    bandwidth = table_bw[region_of[:, None], region_of[None, :]]
+    host_lat, host_bw = links.get("host", (np.nan, np.nan))
+    members: dict = {}
+    for i, d in enumerate(devices):
+        members.setdefault(d.host, []).append(i)
+    for group in members.values():
+        if len(group) > 1:
+            block = np.ix_(group, group)
+            latency[block], bandwidth[block] = host_lat, host_bw
+    assert latency.shape == (n, n)
+    return latency, bandwidth
+
+
 def _parse_network(document, devices: list, calibration) -> tuple:
     n = len(devices)
     f = Fields(document, "network")
     measured, overhead = "", 0.0
-    latency = np.full((n, n), np.nan)
-    bandwidth = np.full((n, n), np.nan)
     if f.has("matrix"):
         latency, bandwidth = _matrix(f, n)
     else:
-        hosts = np.array([d.host for d in devices])
-        regions = np.array([d.region for d in devices])
-        same_host = hosts[:, None] == hosts[None, :]
-        same_region = regions[:, None] == regions[None, :]
-        masks = {"host": same_host, "region": same_region & ~same_host, "global": ~same_region}
-        for level in _LEVELS:
-            if f.has(level):
-                lat, bw = _link(f.raw(level), f.path(level))
-                latency[masks[level]] = lat
-                bandwidth[masks[level]] = bw
-        for k, entry in enumerate(f.list("region_pairs", [])):
-            where = f"network.region_pairs[{k}]"
-            e = Fields(entry, where)
-            if e.has("regions"):
-                pair = e.list("regions")
-                if len(pair) != 2:
-                    raise InputError("must name exactly two regions", field=e.path("regions"))
-                directions = [(pair[0], pair[1]), (pair[1], pair[0])]
-            else:
-                directions = [(e.str("from"), e.str("to"))]
-            lat = e.quantity("latency", parse_seconds)
-            bw = e.quantity("bandwidth", parse_bandwidth_bytes_per_s)
-            e.finish()
-            for a, b in directions:
-                for region in (a, b):
-                    if region not in set(regions):
-                        raise InputError(f"region {region!r} has no device: use one of {', '.join(sorted(set(regions)))}",
-                                         field=where)
-                mask = (regions[:, None] == a) & (regions[None, :] == b)
-                latency[mask] = lat
-                bandwidth[mask] = bw
+        latency, bandwidth = _level_links(f, devices)
     if f.has("calibration"):
         f.str("calibration")
         measured, overhead = _calibrated_links(f, devices, latency, bandwidth, calibration)
@@ -311,7 +364,7 @@ def _parse_network(document, devices: list, calibration) -> tuple:
         e = Fields(entry, where)
         host = e.str("host")
         if host not in host_names:
-            raise InputError(f"host {host!r} has no device: use one of {', '.join(sorted(host_names))}", field=where)
+            raise InputError(f"host {host!r} has no device: use one of {_some(sorted(host_names))}", field=where)
         both = e.quantity("bandwidth", parse_bandwidth_bytes_per_s, None)
         egress = e.quantity("egress", parse_bandwidth_bytes_per_s, both)
         ingress = e.quantity("ingress", parse_bandwidth_bytes_per_s, both)
@@ -322,9 +375,9 @@ def _parse_network(document, devices: list, calibration) -> tuple:
     f.finish()
     np.fill_diagonal(latency, 0.0)
     np.fill_diagonal(bandwidth, np.inf)
-    missing = np.argwhere(np.isnan(latency))
-    if missing.size:
-        i, j = missing[0]
+    missing = np.isnan(latency) | np.isnan(bandwidth)
+    if missing.any():
+        i, j = np.unravel_index(int(np.argmax(missing)), missing.shape)
         a, b = devices[i], devices[j]
         level = "host" if a.host == b.host else ("region" if a.region == b.region else "global")
         raise InputError(f"no link from {a.name} (host {a.host}, region {a.region}) to {b.name} "

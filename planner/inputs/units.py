@@ -8,6 +8,8 @@ binary prefixes (``GiB``) powers of 1024; ``bps`` counts bits, ``B/s`` bytes.
 import math
 import re
 
+import numpy as np
+
 from planner.errors import InputError
 
 __all__ = [
@@ -20,6 +22,8 @@ __all__ = [
     "format_seconds",
     "format_flops",
     "format_bandwidth",
+    "check_range",
+    "RANGES",
 ]
 
 _NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
@@ -45,6 +49,28 @@ _KINDS = {
     "seconds": (_SECONDS, "67ms or 0.5s"),
     "flops": (_FLOPS, "312TFLOPS"),
 }
+
+# What this planner models, in SI units: anything outside is a typo (a wrong unit or exponent), and
+# numbers near the float limits (1e-300bps) would turn transfer times into infinities.
+RANGES = {
+    "bytes": (1.0, 1e18, "1 B to 1 EB"),
+    "bandwidth": (125.0, 1e18, "1 kbit/s to 8 Ebit/s"),
+    "seconds": (0.0, 3600.0, "0 s to 1 hour"),
+    "flops": (1e6, 1e21, "1 MFLOP/s to 1 ZFLOP/s"),
+}
+
+_BITS = ("b/s", "bit", "bits", "b", "bits/s", "bit/sec", "b/sec", "bitps", "bs")
+_BYTE_RATES = ("Bps", "B", "B/sec", "Byte/s", "Bytes/s", "byte/s", "bytes/s", "Bs")
+
+
+def check_range(values, kind: str, *, field: str, text: str) -> None:
+    """Refuse SI ``values`` (a number or array; 0 passes where zero is allowed) outside ``RANGES[kind]``."""
+    low, high, span = RANGES[kind]
+    values = np.asarray(values, dtype=float)
+    outside = (values != 0) & ((values < low) | (values > high))
+    if outside.any():
+        raise InputError(f"{text} lies outside {span}, the range this planner models: check the number and the unit",
+                         field=field)
 
 
 def parse_quantity(value, kind: str, *, field: str, allow_zero: bool = False) -> float:
@@ -78,14 +104,29 @@ def parse_quantity(value, kind: str, *, field: str, allow_zero: bool = False) ->
         raise InputError(f"{value!r} is not a finite number", field=field)
     if result < 0 or (result == 0 and not allow_zero):
         raise InputError(f"{value!r} must be greater than zero", field=field)
+    check_range(result, kind, field=field, text=repr(value))
     return result
 
 
 def _unit_hint(unit: str, table: dict) -> str:
+    """A likely intended unit: the bit or byte rate the spelling shows (``Gb/s`` -> ``Gbps``), else a case fix."""
+    if table is _BANDWIDTH:
+        prefixes = sorted(set(_DECIMAL) | set(_BINARY), key=len, reverse=True)
+        prefix = next((p for p in prefixes if p and unit.startswith(p)), "")
+        rest = unit[len(prefix):]
+        if rest in _BITS and f"{prefix}bps" in table:
+            return f" (did you mean {prefix + 'bps'!r}? b = bit, B = byte)"
+        if rest in _BYTE_RATES and f"{prefix}B/s" in table:
+            return f" (did you mean {prefix + 'B/s'!r}? b = bit, B = byte)"
     lowered = {u.lower(): u for u in table}
-    if unit.lower() in lowered:
-        return f" (did you mean {lowered[unit.lower()]!r}? units are case-sensitive: b = bit, B = byte)"
-    return ""
+    guess = lowered.get(unit.lower())
+    if guess is None:
+        return ""
+    swaps = ("b" in unit) != ("b" in guess) or ("B" in unit) != ("B" in guess)
+    if table is _BANDWIDTH and swaps:  # a case fix must not turn bits into bytes (8x) or back
+        prefix = guess[:-3] if guess.endswith(("bps", "B/s")) else guess.split("b")[0]
+        return f" (bits or bytes? {prefix + 'bps'!r} for bits, {prefix + 'B/s'!r} for bytes per second)"
+    return f" (did you mean {guess!r}? units are case-sensitive: b = bit, B = byte)"
 
 
 def parse_bytes(value, *, field: str) -> float:
