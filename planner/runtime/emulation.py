@@ -15,7 +15,11 @@ import numpy as np
 
 from cost_models.simulator import PipelineJob, sync_resources
 
-__all__ = ["SharedResources", "Emulator", "resource_slots", "sleep_until", "now_s"]
+__all__ = ["SharedResources", "Emulator", "resource_slots", "sleep_until", "now_s", "compute_overrun",
+           "OVERRUN_WARNING_SHARE"]
+
+OVERRUN_WARNING_SHARE = 0.02  # compute overrun of the worst rank, as a share of the iteration, that is warned of
+_COMPUTE_KINDS = ("fwd", "bwd", "step")
 
 
 def now_s() -> float:
@@ -84,3 +88,44 @@ class Emulator:
         busy = float(self.job.sync_s[self.stage]) * self.scale
         start = self.resources.reserve(sync_resources(self.job, self.stage), ready_s, busy)
         return start + busy
+
+
+def compute_overrun(trace: list, job: PipelineJob, time_scale: float, iteration_s: float, *, names: dict) -> dict:
+    """How far the measured compute ops of an emulated iteration ran past the plan's durations.
+
+    An emulated op sleeps until ``start + plan duration x time_scale``, so it lasts longer only when
+    this host's real work (the reduced model, Python, a loaded CPU) took longer than the plan allows;
+    then every later op shifts and the run measures the host, not the plan. ``trace``: the measured
+    ops (dicts with rank, replica, stage, kind, start_s, end_s, seconds of this host); ``iteration_s``:
+    the predicted iteration in seconds of this host. Returns totals per rank, the worst rank's share
+    of the iteration, a suggested time scale and a warning (``""`` when the share is small).
+    """
+    tables = {"fwd": job.forward_s, "bwd": job.backward_s,
+              "step": job.optimizer_s if job.optimizer_s is not None else np.zeros_like(job.forward_s)}
+    per_rank, ratio, ops, over = {}, 1.0, 0, 0
+    for op in trace:
+        if op["kind"] not in _COMPUTE_KINDS:
+            continue
+        planned = float(tables[op["kind"]][op["replica"], op["stage"]]) * time_scale
+        excess = max(op["end_s"] - op["start_s"] - planned, 0.0)
+        ops += 1
+        over += excess > 0.05 * planned
+        entry = per_rank.setdefault(op["rank"], {"planned_s": 0.0, "overrun_s": 0.0})
+        entry["planned_s"] += planned
+        entry["overrun_s"] += excess
+        if planned > 0 and excess > 0:
+            ratio = max(ratio, (op["end_s"] - op["start_s"]) / planned)
+    worst = max(per_rank, key=lambda r: per_rank[r]["overrun_s"]) if per_rank else None
+    share = per_rank[worst]["overrun_s"] / iteration_s if worst is not None and iteration_s > 0 else 0.0
+    suggested = time_scale * ratio * 1.5
+    warning = ""
+    if share > OVERRUN_WARNING_SHARE:
+        w = per_rank[worst]
+        warning = (f"this host overran the plan's compute times: {names.get(worst, f'rank {worst}')} took "
+                   f"{w['overrun_s']:.3f} s more than its planned {w['planned_s']:.3f} s of compute in the median "
+                   f"iteration ({100 * share:.1f}% of the predicted {iteration_s:.3f} s), so the measured time is "
+                   f"the host's, not the plan's; {over} of {ops} compute ops ran over: rerun with --time-scale "
+                   f"{suggested:.3g} or less load on this host")
+    return {"ops": ops, "ops_over": int(over), "worst_rank": worst, "worst_share_of_iteration": share,
+            "per_rank": {str(r): v for r, v in sorted(per_rank.items())}, "time_scale": time_scale,
+            "suggested_time_scale": suggested, "warning": warning}

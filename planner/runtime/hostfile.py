@@ -8,19 +8,57 @@ Format, one host per line, ``#`` starts a comment::
 The first line's host is the rendezvous master.
 """
 
+import ipaddress
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from planner.errors import InputError
 
-__all__ = ["HostEntry", "parse_hostfile", "torchrun_arguments", "shell_line"]
+__all__ = ["HostEntry", "parse_hostfile", "check_address", "torchrun_arguments", "shell_line"]
+
+# RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens, 253 characters at most.
+_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+# A login name before '@' (POSIX portable user names; no leading hyphen).
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$")
 
 
 @dataclass(frozen=True)
 class HostEntry:
-    address: str
+    address: str  # as written: host name, IP address (IPv6 may be in brackets) or user@ one of those
     devices: tuple
+
+    @property
+    def host(self) -> str:
+        """The address without user and brackets: what torchrun's rendezvous connects to."""
+        host = self.address.rpartition("@")[2]
+        return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+    @property
+    def ssh_target(self) -> str:
+        """``[user@]host`` for ssh (which takes IPv6 addresses without brackets)."""
+        user, at, _ = self.address.rpartition("@")
+        return f"{user}{at}{self.host}"
+
+
+def check_address(address: str) -> str:
+    """``address`` if it is a host name, an IPv4 or IPv6 address (``[...]`` allowed), or ``user@`` one of
+    those; else ``ValueError`` saying why. Nothing else reaches ``ssh`` (a leading ``-`` is an option there)."""
+    user, at, host = address.rpartition("@")
+    if at and not _USER.match(user):
+        raise ValueError(f"user {user!r} is not a login name (letters, digits, '_', '.', '-'; no leading '-')")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ipaddress.ip_address(host)
+        return address
+    except ValueError:
+        pass
+    labels = host.split(".")
+    if len(host) > 253 or not all(_LABEL.match(label) for label in labels) or host.replace(".", "").isdigit():
+        raise ValueError(f"{host!r} is not a host name, IPv4 or IPv6 address")
+    return address
 
 
 def parse_hostfile(path, plan, topology) -> list:
@@ -42,6 +80,11 @@ def parse_hostfile(path, plan, topology) -> list:
         if len(words) < 2:
             raise InputError("names a host but no devices: write 'ADDRESS DEVICE [DEVICE...]' or 'ADDRESS @HOST'",
                              source=source, field=where)
+        try:
+            check_address(words[0])
+        except ValueError as error:
+            raise InputError(f"address {words[0]!r}: {error}: write a host name, an IP address or user@host",
+                             source=source, field=where) from None
         devices = []
         for word in words[1:]:
             if word.startswith("@"):
@@ -76,7 +119,7 @@ def torchrun_arguments(entries: list, node: int, *, plan_path: str, topology_pat
     """Arguments after ``torchrun`` for host ``node`` of ``entries``."""
     entry = entries[node]
     return [f"--nnodes={len(entries)}", f"--node-rank={node}", f"--nproc-per-node={len(entry.devices)}",
-            f"--master-addr={entries[0].address}", f"--master-port={master_port}",
+            f"--master-addr={entries[0].host}", f"--master-port={master_port}",
             "-m", "planner.runtime.worker", "--plan", plan_path, "--topology", topology_path,
             "--devices", ",".join(entry.devices), "--out", out_dir, "--iterations", str(iterations),
             "--warmup", str(warmup), "--seed", str(seed), "--lr", repr(learning_rate),

@@ -7,9 +7,10 @@ one are reached with ``ssh``). Either way, if any rank dies or raises, the other
 and the launch fails naming the rank, its device and the error; no process is left behind.
 """
 
+import contextlib
 import datetime
+import functools
 import multiprocessing
-import multiprocessing.connection
 import os
 import signal
 import socket
@@ -19,13 +20,15 @@ import time
 from dataclasses import dataclass
 
 from planner.errors import InputError
+from planner.runtime.guard import die_with_parent
 from planner.runtime.hostfile import parse_hostfile, shell_line, torchrun_arguments
 from planner.runtime.inputs import RUNTIME_PRECISIONS, RunInputs, load_run_inputs
+from planner.runtime.supervise import LaunchFailure, local_rank, stop_processes, watch
 
 __all__ = ["LaunchOptions", "LaunchFailure", "launch", "auto_time_scale", "EMULATION_TARGET_S"]
 
 EMULATION_TARGET_S = 2.0  # an emulated iteration is scaled to last about this long (seconds of this host)
-_GRACE_S = 1.0  # after a failure, how long to collect the other ranks' reports before stopping them
+_SLOW_FIRST_ITERATION_S = 60.0  # a CPU run whose first iteration is estimated longer gets the estimate said
 _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 
@@ -45,10 +48,6 @@ class LaunchOptions:
     dry_run: bool = False
     master_port: int = 29500
     save_state: bool = False
-
-
-class LaunchFailure(RuntimeError):
-    """A rank died or raised; the message names it."""
 
 
 def auto_time_scale(inputs: RunInputs) -> float:
@@ -79,7 +78,9 @@ def _check(options: LaunchOptions) -> None:
 def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
     """Run ``plan_path``; returns the results document (None for a dry run).
 
-    Input mistakes raise ``InputError`` before anything starts; a failed rank raises ``LaunchFailure``.
+    Input mistakes raise ``InputError`` before anything starts (and leave no folder behind); a failed
+    rank raises ``LaunchFailure``. SIGTERM stops every rank and raises ``LaunchFailure``; SIGKILL of
+    this process stops every rank too (see ``planner.runtime.guard``).
     """
     _check(options)
     import importlib.util
@@ -91,16 +92,46 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
         raise InputError(f"the runtime trains in {' or '.join(RUNTIME_PRECISIONS)}, not {inputs.training.precision}: "
                          "plan again with precision bf16, or --emulate", source=inputs.plan_path,
                          field="training.precision")
-    if options.hostfile:
-        return _launch_hosts(inputs, options, log)
-    return _launch_local(inputs, options, log)
+    from planner.runtime.preflight import check_memory
+
+    check_memory(inputs)
+    with _stopped_by_sigterm():
+        if options.hostfile:
+            return _launch_hosts(inputs, options, log)
+        return _launch_local(inputs, options, log)
 
 
-def _backend(options: LaunchOptions, world: int) -> tuple:
-    """(backend, CUDA indices per rank or ())."""
+class _Terminated(BaseException):
+    """SIGTERM arrived: unwinds the launcher so that every rank is stopped on the way out."""
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm():
+    """SIGTERM unwinds the launch (stopping every rank) instead of ending the process on the spot."""
+    def handler(signum, frame):
+        raise _Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: the guards still stop the ranks if this process dies
+        yield
+        return
+    try:
+        yield
+    except _Terminated:
+        raise LaunchFailure("the launcher got SIGTERM; every rank was stopped") from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _gpus() -> int:
     import torch
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _backend(options: LaunchOptions, world: int, gpus: int) -> tuple:
+    """(backend, CUDA indices per rank or ())."""
     choice = options.backend
     if options.emulate:
         if choice == "nccl":
@@ -116,104 +147,93 @@ def _backend(options: LaunchOptions, world: int) -> tuple:
     return "gloo", ()
 
 
+def _say_what_it_costs(inputs: RunInputs, backend: str, log) -> None:
+    """Before a CPU run of a full-size model: the first iteration's estimated time on this host."""
+    from planner.runtime.preflight import cpu_flops, first_iteration_estimate, format_duration
+
+    if backend != "gloo":
+        return
+    flops = cpu_flops()
+    estimate = first_iteration_estimate(inputs, flops)
+    log(f"training the full {inputs.model.name} on this CPU ({flops / 1e9:.0f} GFLOP/s measured): about "
+        f"{format_duration(estimate)} per iteration" + (" (Ctrl-C stops it; --emulate runs the plan's devices "
+                                                         "emulated)" if estimate > _SLOW_FIRST_ITERATION_S else ""))
+
+
 def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
     import torch.distributed as dist
 
     from planner.runtime.emulation import resource_slots
+    from planner.runtime.preflight import check_devices_present, prepare_out_folder, results_bytes
     from planner.runtime.results import read_results
-    from planner.runtime.worker import WorkerConfig, run_local_worker
 
     plan = inputs.plan
     world = plan.stages * plan.replicas
-    backend, cuda_devices = _backend(options, world)
+    gpus = _gpus()
+    if not options.emulate:
+        check_devices_present(inputs, options.backend, gpus)
+    backend, cuda_devices = _backend(options, world, gpus)
     scale = 1.0
     if options.emulate:
         scale = options.time_scale if options.time_scale is not None else auto_time_scale(inputs)
-    config = WorkerConfig(plan_path=inputs.plan_path, topology_path=inputs.topology_path, out_dir=options.out_dir,
-                          iterations=options.iterations, warmup=options.warmup, seed=options.seed,
-                          learning_rate=options.learning_rate, timeout_s=options.timeout_s,
-                          emulate=options.emulate, time_scale=scale, backend=backend,
-                          threads=max(1, (os.cpu_count() or 1) // world) if backend == "gloo" else 4,
-                          save_state=options.save_state, cuda_devices=cuda_devices)
-    os.makedirs(options.out_dir, exist_ok=True)
+    config = dict(plan_path=inputs.plan_path, topology_path=inputs.topology_path, out_dir=options.out_dir,
+                  iterations=options.iterations, warmup=options.warmup, seed=options.seed,
+                  learning_rate=options.learning_rate, timeout_s=options.timeout_s,
+                  emulate=options.emulate, time_scale=scale, backend=backend,
+                  threads=max(1, (os.cpu_count() or 1) // world) if backend == "gloo" else 4,
+                  save_state=options.save_state, cuda_devices=cuda_devices)
+    prepare_out_folder(options.out_dir, results_bytes(inputs, options.iterations, options.warmup,
+                                                      options.save_state))
     names = _rank_names(plan)
     mode = f"emulated at time scale {scale:.4g}" if options.emulate else backend
     log(f"launching {world} ranks ({plan.replicas} replica(s) x {plan.stages} stage(s), {mode}), "
         f"{options.warmup} warm-up + {options.iterations} measured iterations")
+    if not options.emulate:
+        _say_what_it_costs(inputs, backend, log)
     store = dist.TCPStore("127.0.0.1", 0, world + 1, True, timeout=datetime.timedelta(seconds=options.timeout_s),
                           wait_for_workers=False)
     context = multiprocessing.get_context("spawn")
     shared = None
     if options.emulate:
         shared = context.Array("d", resource_slots(inputs.topology.size, len(inputs.topology.hosts)))
+    heartbeats = context.Array("d", 2 * world, lock=False)
     errors = context.Queue()
-    processes = {rank: context.Process(target=run_local_worker, name=f"rank{rank}",
-                                       args=(rank, world, config, store.port, shared, errors))
+    processes = {rank: context.Process(target=local_rank, name=f"rank{rank}",
+                                       args=(rank, world, config, store.port, shared, errors, heartbeats,
+                                             os.getpid()))
                  for rank in range(world)}
-    for process in processes.values():
-        process.start()
+    started = time.monotonic()
     try:
-        _watch(processes, errors, names)
+        for process in processes.values():
+            process.start()
+        watch(processes, errors, names, heartbeats, timeout_s=options.timeout_s, log=log, started_s=started)
     finally:
-        _stop(processes.values())
+        stop_processes(processes.values())
     if not os.path.exists(os.path.join(options.out_dir, "results.json")):
         raise LaunchFailure(f"every rank exited but rank 0 wrote no results in {options.out_dir}")
+    if options.emulate:
+        _record_overrun(inputs, options.out_dir, scale, log)
     return read_results(options.out_dir)
+
+
+def _record_overrun(inputs: RunInputs, out_dir, scale: float, log) -> None:
+    """Compare the emulated compute ops with the plan's; warn and record when the host overran them."""
+    from planner.prediction.predict import build_pipeline_job
+    from planner.runtime.emulation import compute_overrun
+    from planner.runtime.results import read_results, update_results
+
+    results = read_results(out_dir)
+    job = build_pipeline_job(inputs.plan, inputs.topology, inputs.model, inputs.training)
+    overrun = compute_overrun(results["measured"]["trace"], job, scale, results["comparison"]["predicted_s"],
+                              names=_rank_names(inputs.plan))
+    if overrun["warning"]:
+        log(f"warning: {overrun['warning']}")
+    update_results(out_dir, "emulation", {"compute_overrun": overrun})
 
 
 def _rank_names(plan) -> dict:
     return {r * plan.stages + s: f"rank {r * plan.stages + s} (device {name}, replica {r}, stage {s})"
             for r, row in enumerate(plan.assignment) for s, name in enumerate(row)}
-
-
-def _watch(processes: dict, errors, names: dict) -> None:
-    """Wait for every rank; on the first failure collect reports briefly, then raise ``LaunchFailure``."""
-    alive = dict(processes)
-    while alive:
-        multiprocessing.connection.wait([p.sentinel for p in alive.values()], timeout=1.0)
-        codes = {r: p.exitcode for r, p in alive.items()}  # read once: a rank may exit meanwhile
-        failed = [r for r, code in codes.items() if code not in (None, 0)]
-        for rank in [r for r, code in codes.items() if code is not None]:
-            del alive[rank]
-        if failed:
-            deadline = time.monotonic() + _GRACE_S
-            while time.monotonic() < deadline:
-                time.sleep(0.05)
-            raise LaunchFailure(_failure_message(processes, errors, names))
-
-
-def _failure_message(processes: dict, errors, names: dict) -> str:
-    reported = {}
-    while True:
-        try:
-            rank, text = errors.get(timeout=0.1)
-        except Exception:  # queue.Empty
-            break
-        reported.setdefault(rank, text)
-    killed = [r for r, p in processes.items() if p.exitcode is not None and p.exitcode < 0]
-    if killed:
-        rank = killed[0]
-        signame = signal.Signals(-processes[rank].exitcode).name
-        return f"{names[rank]} was killed by {signame}; the other ranks were stopped"
-    secondary = ("connection", "closed", "timed out", "timeout", "peer", "broken pipe")
-    causes = [r for r, text in reported.items() if not any(word in text.lower() for word in secondary)]
-    rank = (causes or sorted(reported) or [r for r, p in processes.items() if p.exitcode not in (None, 0)])[0]
-    text = reported.get(rank, f"exited with code {processes[rank].exitcode}")
-    return f"{names[rank]} failed: {text}; the other ranks were stopped"
-
-
-def _stop(processes) -> None:
-    """Terminate what still runs, then kill what ignores it; reap everything."""
-    processes = list(processes)
-    for p in processes:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + 5.0
-    for p in processes:
-        p.join(timeout=max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-            p.join()
 
 
 def _launch_hosts(inputs: RunInputs, options: LaunchOptions, log) -> dict | None:
@@ -230,16 +250,27 @@ def _launch_hosts(inputs: RunInputs, options: LaunchOptions, log) -> dict | None
             log(shell_line(command))
         return None
     local = _LOCAL_NAMES | {socket.gethostname(), socket.getfqdn()}
+    if entries[0].host in local:  # rank 0 writes the results here: check the folder before starting
+        from planner.runtime.preflight import prepare_out_folder, results_bytes
+
+        prepare_out_folder(options.out_dir, results_bytes(inputs, options.iterations, options.warmup, False))
+    # In each child between fork and exec: SIGTERM when this launcher dies (guard and ssh exit cleanly on it).
+    parent_death = functools.partial(die_with_parent, os.getpid(), signal.SIGTERM)
     started = []
-    for entry, command in zip(entries, commands):
-        if entry.address in local:
-            argv = [sys.executable, "-m", "torch.distributed.run"] + command[1:]
-        else:
-            remote = f"cd {shell_line([os.getcwd()])} && {shell_line(command)}"
-            argv = ["ssh", "-o", "BatchMode=yes", entry.address, remote]
-        log(f"starting on {entry.address}: {shell_line(command)}")
-        started.append((entry, subprocess.Popen(argv, start_new_session=True)))
     try:
+        for entry, command in zip(entries, commands):
+            # Each torchrun runs under a guard that stops its tree when this launcher dies (parent-death
+            # signal here, end of the stdin pipe this process holds, there and across ssh).
+            if entry.host in local:
+                argv = [sys.executable, "-m", "planner.runtime.guard", "--stdin", "--parent", str(os.getpid()),
+                        "--", sys.executable, "-m", "torch.distributed.run"] + command[1:]
+            else:
+                guarded = ["python3", "-m", "planner.runtime.guard", "--stdin", "--"] + command
+                remote = f"cd {shell_line([os.getcwd()])} && exec {shell_line(guarded)}"
+                argv = ["ssh", "-o", "BatchMode=yes", "--", entry.ssh_target, remote]
+            log(f"starting on {entry.address}: {shell_line(command)}")
+            started.append((entry, subprocess.Popen(argv, stdin=subprocess.PIPE, start_new_session=True,
+                                                    preexec_fn=parent_death)))
         while started:
             for entry, process in list(started):
                 code = process.poll()
@@ -252,6 +283,7 @@ def _launch_hosts(inputs: RunInputs, options: LaunchOptions, log) -> dict | None
             time.sleep(0.2)
     finally:
         for _, process in started:
+            process.stdin.close()  # the guard's signal to stop
             try:
                 os.killpg(process.pid, signal.SIGTERM)
             except ProcessLookupError:

@@ -15,7 +15,7 @@ from pathlib import Path
 from planner.errors import InputError
 
 __all__ = ["RESULTS_FILE", "TRACE_FILE", "RESULTS_FORMAT", "summarise_iterations", "comparison",
-           "write_results", "read_results", "chrome_trace"]
+           "write_results", "update_results", "read_results", "chrome_trace"]
 
 RESULTS_FILE = "results.json"
 TRACE_FILE = "trace.json"
@@ -37,14 +37,32 @@ def comparison(predicted_plan_s: float, time_scale: float, measured_s: float) ->
     return {"predicted_s": predicted, "measured_s": measured_s, "relative_error": (measured_s - predicted) / predicted}
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    """Temp file in the same folder, then rename: a full disk leaves neither half a file nor the temp."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    try:
+        temporary.write_text(text)
+        temporary.replace(path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
 def write_results(folder, document: dict, trace_events: list) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / RESULTS_FILE
-    temporary = folder / f".{RESULTS_FILE}.tmp"
-    temporary.write_text(json.dumps(document, indent=1) + "\n")
-    temporary.replace(path)
-    (folder / TRACE_FILE).write_text(json.dumps({"traceEvents": trace_events, "displayTimeUnit": "ms"}) + "\n")
+    _write_atomically(folder / TRACE_FILE, json.dumps({"traceEvents": trace_events, "displayTimeUnit": "ms"}) + "\n")
+    _write_atomically(path, json.dumps(document, indent=1) + "\n")
+    return path
+
+
+def update_results(folder, key: str, value) -> Path:
+    """Add (or replace) one top-level ``key`` of a run folder's ``results.json``, atomically."""
+    path = Path(folder) / RESULTS_FILE
+    document = json.loads(path.read_text())
+    document[key] = value
+    _write_atomically(path, json.dumps(document, indent=1) + "\n")
     return path
 
 
