@@ -3,7 +3,11 @@
 import argparse
 import dataclasses
 import json
+import math
+import os
 import sys
+import tempfile
+from pathlib import Path
 
 from planner.errors import InputError
 
@@ -24,8 +28,9 @@ def _plan_parser(sub) -> None:
     p.add_argument("--stages", type=int, help="pin the number of pipeline stages")
     p.add_argument("--replicas", type=int, help="pin the number of data-parallel replicas")
     p.add_argument("--calibration", help="calibration file from 'plan calibrate' (measured efficiency, links)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same plan)")
-    p.add_argument("--time-limit", type=float, default=30.0, help="search time limit in seconds")
+    p.add_argument("--seed", type=int, default=0, help="random seed, 0 or more (same seed, same plan)")
+    p.add_argument("--time-limit", type=float, default=30.0,
+                   help="search time limit in seconds (the search ends within it; default 30)")
     p.add_argument("--objective", choices=["time", "dtfm"], default="time",
                    help="time: the simulated iteration time (default); dtfm: DTFM's objective (all devices, "
                         "even splits), for comparison")
@@ -78,20 +83,27 @@ def _plot_parser(sub) -> None:
                    help="comma-separated subset of accuracy, timeline, memory (default: all)")
 
 
+COMMANDS = ("make", "launch", "calibrate", "plot")
+
+
 def _parse(argv: list) -> argparse.Namespace:
+    """Parse ``argv``; anything that does not start with a command is ``plan make``'s, options first
+    or not (``plan -o plan.yaml topo.yaml`` is ``plan make -o plan.yaml topo.yaml``)."""
+    from planner import __version__
+
     parser = argparse.ArgumentParser(prog="plan", description="Plan training on heterogeneous devices.")
+    parser.add_argument("--version", action="version", version=f"plan (hetplan) {__version__}")
     sub = parser.add_subparsers(dest="command")
     _plan_parser(sub)
     _launch_parser(sub)
     _calibrate_parser(sub)
     _plot_parser(sub)
-    commands = {"make", "launch", "calibrate", "plot"}
-    if argv and argv[0] not in commands and not argv[0].startswith("-"):
-        argv = ["make"] + argv
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         print("\n  plan TOPOLOGY [options]   (same as 'plan make'; 'plan make -h' lists the options)")
         raise SystemExit(0)
+    if argv[0] not in COMMANDS and argv[0] != "--version":
+        argv = ["make"] + list(argv)
     return parser.parse_args(argv)
 
 
@@ -126,17 +138,68 @@ def _positive(name: str, value):
     return value
 
 
+def _non_negative(name: str, value: int) -> int:
+    if value < 0:
+        raise InputError(f"must be 0 or more, got {value}: pass a non-negative seed such as 0", field=name)
+    return value
+
+
+def _finite_positive(name: str, value, *, unit: str = "seconds"):
+    """``value`` when it is a finite number above zero (``nan`` and ``inf`` parse as floats)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise InputError(f"must be a finite number of {unit} above 0, got {value}", field=name)
+    return value
+
+
+PLAN_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _check_writable(path: str, field: str) -> None:
+    """Refuse an output path that cannot be written, before the work that fills it: a folder, a
+    missing or read-only folder, a name without .yaml/.json. A probe file is created and removed."""
+    target = Path(path)
+    if target.is_dir():
+        raise InputError(f"is a folder: name a file in it, e.g. {target / 'plan.yaml'}", source=path, field=field)
+    if target.suffix.lower() not in PLAN_SUFFIXES:
+        raise InputError(f"unknown extension {target.suffix or '(none)'}: name the file .yaml or .json",
+                         source=path, field=field)
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise InputError(f"its folder {folder} does not exist: create it first", source=path, field=field)
+    try:
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as error:
+        raise InputError(f"cannot write in {folder} ({error.strerror or error.__class__.__name__}): "
+                         "choose a writable folder", source=path, field=field) from None
+    os.close(handle)
+    os.unlink(probe)
+
+
+def _write_output(document: dict, path: str, field: str) -> None:
+    """Write the plan; a failure (full disk, folder made read-only meanwhile) is one line, and the
+    atomic writer leaves neither a half file nor its temporary behind."""
+    from planner.plan.document import write_plan
+
+    try:
+        write_plan(document, path)
+    except OSError as error:
+        raise InputError(f"cannot write it ({error.strerror or error.__class__.__name__}): free space or "
+                         "choose another path; nothing was written", source=path, field=field) from None
+
+
 def _make(args) -> int:
     from planner.inputs.job import load_job
-    from planner.plan.document import plan_to_document, write_plan
+    from planner.plan.document import plan_to_document
     from planner.report.text import render_plan
     from planner.search.front import SearchOptions, search
     from planner.search.objective import OBJECTIVES
 
     overrides = {"global_batch": _positive("--global-batch", args.global_batch),
                  "micro_batch_size": _positive("--micro-batch-size", args.micro_batch_size), "schedule": args.schedule}
-    if args.time_limit <= 0:
-        raise InputError(f"must be positive, got {args.time_limit}", field="--time-limit")
+    _finite_positive("--time-limit", args.time_limit)
+    _non_negative("--seed", args.seed)
+    if args.output:
+        _check_writable(args.output, "--output")
     job = load_job(args.topology, model=args.model, model_file=args.model_file, training_overrides=overrides)
     record = {}
     if args.calibration:
@@ -160,7 +223,7 @@ def _make(args) -> int:
         result = dataclasses.replace(result, plan=plan)
     document = plan_to_document(plan, model=job.model, training=job.training, topology_source=args.topology)
     if args.output:
-        write_plan(document, args.output)
+        _write_output(document, args.output, "--output")
     if args.format == "json":
         print(json.dumps(document, indent=2))
     else:
@@ -178,6 +241,9 @@ def _launch(args) -> int:
     from planner.runtime.launch import LaunchFailure, LaunchOptions, launch
 
     options = LaunchOptions(iterations=args.iterations, warmup=args.warmup, out_dir=args.out, emulate=args.emulate,
+    _non_negative("--seed", args.seed)
+    _finite_positive("--timeout", args.timeout)
+    _finite_positive("--time-scale", args.time_scale, unit="emulated seconds per plan second")
                             time_scale=args.time_scale, seed=args.seed, learning_rate=args.lr,
                             timeout_s=args.timeout, backend=args.backend, topology=args.topology,
                             hostfile=args.hostfile, dry_run=args.dry_run, master_port=args.master_port,
@@ -219,6 +285,7 @@ def _calibrate(args) -> int:
     if args.repeats < 1:
         raise InputError(f"must be at least 1, got {args.repeats}", field="--repeats")
     options = CalibrateOptions(out=args.output, device_type=args.device_type,
+    _check_writable(args.output, "--output")
                                processes=_positive("--processes", args.processes),
                                names=tuple(args.names.split(",")) if args.names else (), backend=args.backend,
                                repeats=args.repeats, model=args.model,

@@ -125,3 +125,120 @@ def test_progress_bar_only_on_a_terminal_after_a_second(monkeypatch, capsys):
     progress.close()
     err = capsys.readouterr().err
     assert "[##########----------]" in err and "3 candidates, best 1.500 s" in err and err.endswith("\n")
+
+
+def test_options_may_come_before_the_topology(write_yaml, tmp_path, capsys):
+    topo, out = str(write_yaml(small_topology())), tmp_path / "plan.yaml"
+    assert main(["-o", str(out), "--no-exact", "--time-limit", "5", topo]) == 0
+    assert "CP-SAT, " not in capsys.readouterr().out
+    plan, _ = read_plan(out)
+    job = load_job(topo)
+    validate_plan(plan, job.topology, job.model, job.training)
+    assert main(["--format", "json", topo]) == 0
+    assert json.loads(capsys.readouterr().out)["format_version"] == 1
+
+
+def test_version_is_the_installed_package_version(capsys, monkeypatch):
+    import importlib.metadata
+
+    import planner
+
+    assert planner.__version__ == importlib.metadata.version("hetplan")
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"plan (hetplan) {planner.__version__}"
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert planner.__version__ == "0+unknown"
+
+
+def test_python_dash_m_planner_is_the_plan_command(write_yaml):
+    version = subprocess.run([sys.executable, "-m", "planner", "--version"], capture_output=True, text=True)
+    assert version.returncode == 0 and "plan (hetplan) " in version.stdout
+    topo = str(write_yaml(small_topology()))
+    result = subprocess.run([sys.executable, "-m", "planner", "--format", "json", "--no-exact", topo],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["degrees"]["tensor"] == 1
+    bad = subprocess.run([sys.executable, "-m", "planner", topo, "--seed", "-5"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--seed" in bad.stderr
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--seed", "-5"], "'--seed': must be 0 or more"),
+    (["--time-limit", "nan"], "'--time-limit': must be a finite number"),
+    (["--time-limit", "inf"], "'--time-limit': must be a finite number"),
+    (["--time-limit", "0"], "'--time-limit': must be a finite number"),
+])
+def test_bad_numbers_on_the_command_line_are_refused(write_yaml, capsys, args, fragment):
+    assert main([str(write_yaml(small_topology())), *args]) == 2
+    assert fragment in _one_line(capsys)
+
+
+def test_launch_refuses_non_finite_seconds_before_reading_the_plan(capsys):
+    assert main(["launch", "missing.yaml", "--timeout", "nan"]) == 2
+    assert "'--timeout': must be a finite number" in _one_line(capsys)
+    assert main(["launch", "missing.yaml", "--seed", "-1"]) == 2
+    assert "'--seed'" in _one_line(capsys)
+
+
+def _leftovers(folder) -> list:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_output_naming_a_folder_or_a_missing_folder_is_one_line(write_yaml, tmp_path, capsys):
+    topo = str(write_yaml(small_topology()))
+    folder = tmp_path / "plans.yaml"
+    folder.mkdir()
+    assert main([topo, "-o", str(folder)]) == 2
+    err = _one_line(capsys)
+    assert str(folder) in err and "'--output': is a folder: name a file in it" in err
+    assert main([topo, "-o", str(tmp_path / "missing" / "plan.yaml")]) == 2
+    assert "does not exist: create it first" in _one_line(capsys)
+    assert _leftovers(tmp_path) == [] and list(folder.iterdir()) == []
+
+
+def test_output_in_a_read_only_folder_is_refused_before_the_search(write_yaml, tmp_path, capsys, monkeypatch):
+    import errno
+    import tempfile
+
+    from planner.search import front
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    searched = []
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(front, "search", lambda *a, **k: searched.append(1))
+    out = tmp_path / "plan.yaml"
+    assert main([str(write_yaml(small_topology())), "-o", str(out)]) == 2
+    err = _one_line(capsys)
+    assert str(out) in err and "'--output': cannot write in" in err and "Read-only file system" in err
+    assert searched == [] and not out.exists() and _leftovers(tmp_path) == []
+
+
+def test_full_disk_while_writing_the_plan_loses_nothing(write_yaml, tmp_path, capsys, monkeypatch):
+    import errno
+
+    from planner import io
+
+    out = tmp_path / "plan.yaml"
+    out.write_text("the plan written yesterday\n")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(io.os, "fsync", full)
+    assert main([str(write_yaml(small_topology())), "-o", str(out), "--no-exact", "--time-limit", "5"]) == 2
+    err = _one_line(capsys)
+    assert str(out) in err and "No space left on device" in err and "nothing was written" in err
+    assert out.read_text() == "the plan written yesterday\n" and _leftovers(tmp_path) == []
