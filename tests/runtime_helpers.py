@@ -33,9 +33,11 @@ def write_test_plan(folder: Path, topology_path: Path, *, assignment, layer_boun
     training = parse_training({"global_batch": micro_batch_size * sum(micro_batches),
                                "micro_batch_size": micro_batch_size, "precision": "fp32", "optimizer": optimizer,
                                "schedule": schedule})
+    used = {d for row in assignment for d in row}
     plan = Plan(layer_bounds=tuple(layer_bounds), assignment=tuple(tuple(r) for r in assignment),
                 micro_batches=tuple(micro_batches), micro_batch_size=micro_batch_size, schedule=schedule,
-                topology_name=topology.name, topology_sha256=topology.sha256)
+                topology_name=topology.name, topology_sha256=topology.sha256,
+                idle=tuple(d.name for d in topology.devices if d.name not in used))
     path = folder / name
     write_plan(plan_to_document(plan, model=model, training=training, topology_source=str(topology_path)), path)
     return path

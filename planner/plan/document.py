@@ -1,6 +1,7 @@
 """The plan file: a plan as a name-keyed document (never positions), read back and written atomically."""
 
 import json
+import re
 from dataclasses import asdict
 
 from planner.errors import InputError
@@ -13,6 +14,10 @@ from planner.plan.plan import Plan
 __all__ = ["PLAN_FORMAT_VERSION", "plan_to_document", "plan_from_document", "write_plan", "read_plan"]
 
 PLAN_FORMAT_VERSION = 1
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# degrees: the names written now, and those of earlier files (stages, replicas) with what each must equal.
+# (``idle_devices`` is checked against the topology with ``idle`` itself, by the launch.)
+_DEGREES = {"pipeline": "stages", "data": "replicas", "tensor": "tensor", "stages": "stages", "replicas": "replicas"}
 
 
 def plan_to_document(plan: Plan, *, model=None, training=None, topology_source: str = "") -> dict:
@@ -61,9 +66,13 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
             raise InputError(f"version {version} is not {PLAN_FORMAT_VERSION}: plan again with this version",
                              field="format_version")
         topo = Fields(f.raw("topology"), "topology")
+        sha256 = topo.raw("sha256", "")
+        if not isinstance(sha256, str) or not _SHA256.match(sha256):
+            raise InputError(f"must be the 64-hex-digit hash of the topology the plan was made for, got {sha256!r}: "
+                             "plan again (the launch checks the topology by it)", field="topology.sha256")
         stages = f.list("stages")
         replicas = f.list("replicas")
-        bounds, rings = [], []
+        bounds, rings, stage_devices = [], [], []
         for k, entry in enumerate(stages):
             e = Fields(entry, f"stages[{k}]")
             layers = e.list("layers")
@@ -73,17 +82,18 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
                 raise InputError("stages must be contiguous", field=e.path("layers"))
             bounds = bounds or [layers[0]]
             bounds.append(layers[1])
-            e.list("devices")
+            stage_devices.append(e.list("devices"))
             rings.append(e.list("ring", []))
-            e.raw("index", None)
+            _check_index(e, k)
             e.finish()
         assignment, micro_batches = [], []
         for k, entry in enumerate(replicas):
             e = Fields(entry, f"replicas[{k}]")
             assignment.append(tuple(str(d) for d in e.list("devices")))
             micro_batches.append(e.int("micro_batches"))
-            e.raw("index", None)
+            _check_index(e, k)
             e.finish()
+        _check_stage_devices(stage_devices, assignment)
         position = {}
         for r, row in enumerate(assignment):
             for s, name in enumerate(row):
@@ -105,12 +115,50 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
         )
         topo.raw("path", "")
         topo.finish()
-        for key in ("degrees", "global_batch", "model", "training", "prediction"):
+        _check_derived(f, plan)
+        for key in ("model", "training", "prediction"):
             f.raw(key, None)
         f.finish()
         return plan
     except InputError as error:
         raise error.located(source=source) from None
+
+def _check_index(e: Fields, k: int) -> None:
+    index = e.raw("index", None)
+    if index is not None and index != k:
+        raise InputError(f"is {index!r} but this is entry {k} of the list: the list order is the index; "
+                         "plan again rather than editing", field=e.path("index"))
+
+
+def _check_stage_devices(stage_devices: list, assignment: list) -> None:
+    """``stages[s].devices`` restates column s of the replicas' devices; an edit of one alone is refused."""
+    for s, listed in enumerate(stage_devices):
+        expected = [row[s] if s < len(row) else None for row in assignment]
+        if [str(d) for d in listed] != expected:
+            raise InputError(f"lists {listed} but the replicas' devices put {expected} in this stage: the replicas "
+                             "decide; make both agree or plan again", field=f"stages[{s}].devices")
+
+
+def _check_derived(f: Fields, plan: Plan) -> None:
+    """``degrees`` and ``global_batch`` follow from the rest of the plan: refuse one edited alone."""
+    actual = {"stages": plan.stages, "replicas": plan.replicas, "tensor": 1}
+    global_batch = f.raw("global_batch", None)
+    if global_batch is not None and global_batch != plan.global_batch:
+        raise InputError(f"is {global_batch!r} but micro_batch_size x the replicas' micro_batches = "
+                         f"{plan.global_batch}: the replicas decide; make both agree or plan again",
+                         field="global_batch")
+    degrees = f.raw("degrees", None)
+    if degrees is None:
+        return
+    d = Fields(degrees, "degrees")
+    d.raw("idle_devices", None)
+    for key, source in _DEGREES.items():
+        value = d.raw(key, None)
+        if value is not None and value != actual[source]:
+            raise InputError(f"is {value!r} but the plan has {actual[source]} ({source}): the stages, replicas and "
+                             "idle lists decide; make both agree or plan again", field=f"degrees.{key}")
+    d.finish()
+
 
 def _calibration(f: Fields) -> dict:
     if not f.has("calibration"):

@@ -34,6 +34,7 @@ OPTIMIZER_PROBE_PARAMETERS = 32 * 2**20
 _SIZES_CPU = (4 * 2**10, 64 * 2**10, 2**20, 8 * 2**20)
 _LINK_REPEATS = 20  # round trips per size and pair (median)
 _SIZES_GPU = (4 * 2**10, 2**20, 16 * 2**20, 128 * 2**20)
+_IMPLAUSIBLE_EFFICIENCY = 0.01  # below this share of peak, the measured device is probably not the named type
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,12 +64,23 @@ def fit_latency_bandwidth(sizes_bytes, round_trip_s) -> tuple:
     return max(float(intercept), 0.0) / 2.0, 1.0 / float(slope)
 
 
+def _file_micro_batch_size(topology_path) -> int:
+    """The topology file's ``training.micro_batch_size`` when it names one, else 0."""
+    from planner.io import read_yaml
+
+    document = read_yaml(topology_path)
+    section = document.get("training") if isinstance(document, dict) else None
+    value = section.get("micro_batch_size") if isinstance(section, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def _job(topology_path, options: CalibrateOptions):
     from planner.inputs.job import load_job
 
-    overrides = {"micro_batch_size": options.micro_batch_size}
-    if options.model:
-        overrides["global_batch"] = options.micro_batch_size or 1
+    # Only the micro-batch is measured: the global batch is set to it, so no batch the user never
+    # wrote can clash with the file's or the option's micro-batch size.
+    micro = options.micro_batch_size or _file_micro_batch_size(topology_path) or 1
+    overrides = {"micro_batch_size": micro, "global_batch": micro}
     job = load_job(topology_path, model=options.model, training_overrides=overrides)
     types = sorted({d.type_name for d in job.topology.devices})
     kind = options.device_type
@@ -80,6 +92,20 @@ def _job(topology_path, options: CalibrateOptions):
     elif kind not in types:
         raise InputError(f"{kind!r} is not in the topology (it has {', '.join(types)})", field="--device-type")
     return job, kind
+
+
+def _check_device_here(kind: str, backend: str, gpus: int) -> None:
+    """Measure only a device type that is here: a GPU type needs CUDA, a CPU type the CPU (gloo)."""
+    from planner.runtime.preflight import is_cpu_type
+
+    if backend == "gloo" and not is_cpu_type(kind):
+        here = "this host has no CUDA GPU" if not gpus else "--backend gloo measures the CPU"
+        raise InputError(f"{kind} is a GPU type but {here}, so its efficiency would be the CPU's: run 'plan "
+                         f"calibrate' on a host with a {kind}, or name this host's type (CPU-core)",
+                         field="--device-type")
+    if backend == "nccl" and is_cpu_type(kind):
+        raise InputError(f"{kind} is a CPU type but --backend nccl measures this host's GPU: use --backend gloo",
+                         field="--device-type")
 
 
 def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
@@ -95,6 +121,7 @@ def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
     names = list(options.names) or [d.name for d in job.topology.devices if d.type_name == kind][:processes]
     if len(names) != processes:
         raise InputError(f"needs {processes} device names, got {len(names)}: pass --names", field="--names")
+    _check_device_here(kind, backend, gpus)
     log(f"calibrating {kind} with {processes} process(es) over {backend}: {', '.join(names)}")
     try:
         reports = gather_from_ranks(_worker, processes, args=(backend, job, options), timeout_s=options.timeout_s,
@@ -102,6 +129,10 @@ def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
     except RankFailure as failure:
         raise CalibrationFailure(str(failure)) from None
     document = _document(job, kind, backend, names, reports, options)
+    efficiency = document["device_types"][kind]["efficiency"]
+    if efficiency < _IMPLAUSIBLE_EFFICIENCY:
+        log(f"warning: measured efficiency {efficiency:.4f} of {kind}'s peak is implausibly low: is this host's "
+            f"device really a {kind}, and is it otherwise idle?")
     write_calibration(document, options.out)
     return document
 

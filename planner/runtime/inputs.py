@@ -56,6 +56,7 @@ def load_run_inputs(plan_path, topology_path=None) -> RunInputs:
         training = parse_training(document["training"], where="training")
     except InputError as error:
         raise error.located(source=source) from None
+    _check_training_agrees(plan, training, source)
     training = replace(training, schedule=plan.schedule, micro_batch_size=plan.micro_batch_size)
     path = _topology_path(plan_path, document, topology_path)
     topology = load_topology(path)
@@ -65,8 +66,38 @@ def load_run_inputs(plan_path, topology_path=None) -> RunInputs:
         validate_plan(plan, topology, model, training)
     except InputError as error:
         raise error.located(source=source) from None
+    _check_idle(plan, document, topology, source)
     return RunInputs(plan=plan, plan_document=document, plan_path=str(plan_path), topology=topology,
                      topology_path=str(path), model=model, training=training)
+
+
+def _check_training_agrees(plan: Plan, training: TrainingSpec, source: str) -> None:
+    """The training section may leave schedule and micro-batch size to the search ('auto'); where it
+    names them they must be the plan's, or an edit of one would be silently ignored."""
+    if training.micro_batch_size and training.micro_batch_size != plan.micro_batch_size:
+        raise InputError(f"is {training.micro_batch_size} but the plan's micro_batch_size is {plan.micro_batch_size}: "
+                         "make both agree or plan again", source=source, field="training.micro_batch_size")
+    if training.schedule != "auto" and training.schedule != plan.schedule:
+        raise InputError(f"is {training.schedule} but the plan's schedule is {plan.schedule}: make both agree or "
+                         "plan again", source=source, field="training.schedule")
+
+
+def _check_idle(plan: Plan, document: dict, topology: Topology, source: str) -> None:
+    """``idle`` lists exactly the topology's devices that the plan leaves unused; ``degrees.idle_devices``
+    counts them."""
+    used = {d for row in plan.assignment for d in row}
+    expected = [d.name for d in topology.devices if d.name not in used]
+    if sorted(map(str, plan.idle)) != sorted(expected):
+        extra = sorted(set(map(str, plan.idle)) - set(expected))
+        missing = sorted(set(expected) - set(map(str, plan.idle)))
+        what = (f"lists {extra[0]}, which is not an unused device of topology {topology.name}" if extra
+                else f"leaves out {missing[0]}, which the plan does not use")
+        raise InputError(f"{what}: idle must list exactly the unused devices; make it agree or plan again",
+                         source=source, field="idle")
+    count = (document.get("degrees") or {}).get("idle_devices")
+    if count is not None and count != len(expected):
+        raise InputError(f"is {count!r} but the plan leaves {len(expected)} device(s) of topology {topology.name} "
+                         "unused: make it agree or plan again", source=source, field="degrees.idle_devices")
 
 
 def _calibrated(topology: Topology, record: dict, plan_path: Path) -> Topology:

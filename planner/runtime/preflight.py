@@ -126,15 +126,7 @@ def prepare_out_folder(out_dir, need_bytes: int, *, field: str = "--out") -> boo
         free = shutil.disk_usage(path).free
         if free < need_bytes:
             raise OSError(errno.ENOSPC, "not enough space")
-        handle = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            size = min(need_bytes, _PROBE_LIMIT_BYTES)
-            if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(handle, 0, size)
-            else:
-                os.write(handle, b"\0" * size)
-        finally:
-            os.close(handle)
+        _reserve(probe, min(need_bytes, _PROBE_LIMIT_BYTES))
     except OSError as error:
         probe.unlink(missing_ok=True)
         _remove(missing)
@@ -146,6 +138,18 @@ def prepare_out_folder(out_dir, need_bytes: int, *, field: str = "--out") -> boo
                          field=field) from None
     probe.unlink(missing_ok=True)
     return bool(missing)
+
+
+def _reserve(path: Path, size: int) -> None:
+    """Create ``path`` holding ``size`` bytes of disk (a full disk or quota fails here, not after the run)."""
+    handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(handle, 0, size)
+        else:
+            os.write(handle, b"\0" * size)
+    finally:
+        os.close(handle)
 
 
 def _remove(created: list) -> None:
