@@ -221,6 +221,7 @@ def _make(args) -> int:
     if record:
         plan = dataclasses.replace(plan, calibration=record)
         result = dataclasses.replace(result, plan=plan)
+    job = dataclasses.replace(job, training=result.training)  # the precision the plan runs in
     document = plan_to_document(plan, model=job.model, training=job.training, topology_source=args.topology)
     if args.output:
         _write_output(document, args.output, "--output")

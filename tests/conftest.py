@@ -16,7 +16,7 @@ def small_topology(**overrides) -> dict:
         "network": {"region": {"latency": "1ms", "bandwidth": "10Gbps"},
                     "global": {"latency": "20ms", "bandwidth": "1Gbps"}},
         "model": "tiny",
-        "training": {"global_batch": 16, "micro_batch_size": 1, "schedule": "1f1b", "precision": "bf16"},
+        "training": {"global_batch": 16, "micro_batch_size": 1, "schedule": "1f1b", "precision": "auto"},
     }
     doc.update(overrides)
     return doc

@@ -105,7 +105,7 @@ def test_objective_dtfm_reports_dtfms_cost_and_a_valid_plan(tmp_path, capsys):
 
 
 def test_objective_dtfm_that_does_not_fit_is_one_line(write_yaml, capsys):
-    doc = small_topology(training={"global_batch": 64, "micro_batch_size": 8, "schedule": "gpipe", "precision": "bf16"},
+    doc = small_topology(training={"global_batch": 64, "micro_batch_size": 8, "schedule": "gpipe", "precision": "auto"},
                          model="gpt3-xl")
     code = main([str(write_yaml(doc)), "--objective", "dtfm"])
     err = capsys.readouterr().err

@@ -10,9 +10,10 @@ from planner.errors import InputError
 from planner.fields import Fields
 from planner.inputs.units import parse_bandwidth_bytes_per_s, parse_bytes, parse_flops
 
-__all__ = ["DeviceType", "PRECISIONS", "load_catalog", "device_type", "parse_device_type", "peak_for"]
+__all__ = ["DeviceType", "PRECISIONS", "load_catalog", "device_type", "parse_device_type", "peak_for", "runs"]
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+AUTO = "auto"  # training precision: bf16 where every used device has it, else fp16 (``planner.plan.precision``)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,13 +38,23 @@ class DeviceType:
             raise ValueError(f"{self.type_name}: efficiency must lie in (0, 1]")
 
 
+def runs(peak_flops: dict, precision: str) -> bool:
+    """Whether a device with this per-precision table can train in ``precision``: bf16 needs a bf16
+    entry (V100 and T4 have none); fp16 storage and fp32 run everywhere."""
+    return precision != "bf16" or "bf16" in peak_flops
+
+
 def peak_for(peak_flops: dict, precision: str) -> float:
-    """Peak dense FLOP/s at ``precision`` from a per-precision table: bf16 runs on fp16 hardware
-    where bf16 is missing (V100, T4), and anything else missing falls back to fp32."""
+    """Peak dense FLOP/s at ``precision`` from a per-precision table; a missing entry (tf32, or fp16
+    on a part without fp16 tensor cores) falls back to fp32. ``auto`` is the 16-bit format the
+    device would run under the ``auto`` rule: bf16 where it has it, else fp16. bf16 on a device
+    without it is not a speed but an impossible plan (``runs``)."""
+    if precision == AUTO:
+        precision = "bf16" if "bf16" in peak_flops else "fp16"
+    if not runs(peak_flops, precision):
+        raise ValueError(f"no bf16 on this device (peak table {sorted(peak_flops)})")
     if precision in peak_flops:
         return peak_flops[precision]
-    if precision == "bf16" and "fp16" in peak_flops:
-        return peak_flops["fp16"]
     return peak_flops["fp32"]
 
 

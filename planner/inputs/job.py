@@ -8,6 +8,7 @@ from planner.inputs.calibration import read_calibration
 from planner.io import read_yaml
 from planner.inputs.model import ModelSpec, TrainingSpec, model_preset, parse_model, parse_training
 from planner.inputs.topology import Topology, parse_topology
+from planner.plan.precision import check_precision
 
 __all__ = ["Job", "load_job", "load_topology"]
 
@@ -38,6 +39,7 @@ def load_job(path, *, model: str | ModelSpec | None = None, model_file=None, tra
         topology = _topology(document, path)
         spec = _model(document, model, model_file)
         training = _training(document.get("training"), training_overrides or {})
+        check_precision(topology, training)
     except InputError as error:
         raise error.located(source=source) from None
     return Job(topology=topology, model=spec, training=training)

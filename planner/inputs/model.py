@@ -13,7 +13,8 @@ from planner.fields import Fields
 __all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "parse_model", "parse_training", "model_preset", "preset_names"]
 
 SCHEDULES = tuple(s.value for s in Schedule)
-_PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# "auto": bf16 where every used device has it, else fp16 (``planner.plan.precision``); 16-bit either way.
+_PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "auto": 2}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +50,7 @@ class TrainingSpec:
 
     global_batch: int
     micro_batch_size: int = 0  # 0: the search picks it
-    precision: str = "bf16"
+    precision: str = "auto"
     optimizer: str = "adam"
     recompute: bool = False
     flash_attention: bool = False
@@ -62,7 +63,7 @@ class TrainingSpec:
             raise InputError(f"global_batch {self.global_batch} is not a multiple of micro_batch_size "
                              f"{self.micro_batch_size}: change either", field="training.micro_batch_size")
         if self.precision not in _PRECISION_BYTES:
-            raise InputError(f"{self.precision!r} is not one of fp32, bf16, fp16", field="training.precision")
+            raise InputError(f"{self.precision!r} is not one of {', '.join(_PRECISION_BYTES)}", field="training.precision")
         if self.optimizer not in ("adam", "sgd"):
             raise InputError(f"{self.optimizer!r} is not one of adam, sgd", field="training.optimizer")
         if self.schedule not in SCHEDULES + ("auto",):
@@ -113,7 +114,7 @@ def parse_training(document, *, where: str = "training") -> TrainingSpec:
     result = TrainingSpec(
         global_batch=f.int("global_batch"),
         micro_batch_size=micro,
-        precision=f.str("precision", "bf16", choices=tuple(_PRECISION_BYTES)),
+        precision=f.str("precision", "auto", choices=tuple(_PRECISION_BYTES)),
         optimizer=f.str("optimizer", "adam", choices=("adam", "sgd")),
         recompute=f.bool("recompute", False),
         flash_attention=f.bool("flash_attention", False),

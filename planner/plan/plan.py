@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 from planner.errors import InputError
 from planner.inputs.model import SCHEDULES
 from planner.plan.dims import Degrees, Schedule, Sync
+from planner.plan.precision import plan_precision_problem
 
 __all__ = ["Plan", "Prediction", "validate_plan"]
 
@@ -63,6 +64,10 @@ class Plan:
     def global_batch(self) -> int:
         return self.micro_batch_size * sum(self.micro_batches)
 
+    @property
+    def used_devices(self) -> list:
+        return [d for row in self.assignment for d in row]
+
     def stage_devices(self, stage: int) -> list:
         return [self.assignment[r][stage] for r in range(self.replicas)]
 
@@ -96,6 +101,9 @@ def validate_plan(plan: Plan, topology, model, training) -> None:
     if len(set(used)) != len(used):
         twice = sorted({d for d in used if used.count(d) > 1})
         raise InputError(f"device {twice[0]} is used more than once", field="replicas")
+    problem = plan_precision_problem(topology, used, training.precision)
+    if problem:
+        raise InputError(problem, field="training.precision")
     if len(plan.micro_batches) != R or any(m < 1 for m in plan.micro_batches):
         raise InputError("every replica needs a positive micro-batch count", field="replicas.micro_batches")
     if plan.micro_batch_size < 1 or plan.global_batch != training.global_batch:

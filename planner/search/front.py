@@ -24,6 +24,7 @@ from cost_models.schedule import Schedule
 from planner.prediction.predict import predict
 from planner.errors import InputError
 from planner.plan.plan import Plan, validate_plan
+from planner.plan.precision import resolve_precision
 from planner.search.bounds import work_flops
 from planner.search.construct import layouts
 from planner.search.cpsat_placement import exact_placement, model_is_small_enough
@@ -64,6 +65,7 @@ class SearchResult:
     history: list = field(default_factory=list)  # (evaluations, wall_s, best estimate)
     algorithm: str = "construct+local+genetic"
     exact_shapes: list = field(default_factory=list)  # per CP-SAT-solved shape: status, optimum, bound
+    training: object = None  # the training the plan runs: the asked one with its precision resolved
 
 
 EXACT_DEVICES = 12  # CP-SAT placement is tried on topologies up to this size
@@ -131,9 +133,10 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     engine = {"placement": _placement_search, "allocation": _allocation_search}[objective.engine]
     plan, record = engine(topology, model, training, options, rng=rng, callback=callback, x0=x0, started=started)
     history = record.pop("history", [])
+    bound = objective.lower_bound(topology, model, training)  # over every device, at the asked precision
+    training, plan = _with_resolved_precision(plan, topology, model, training)
     validate_plan(plan, topology, model, training)
     score = objective.score(plan, topology, model, training)
-    bound = objective.lower_bound(topology, model, training)
     wall = time.perf_counter() - started
     gap = max(0.0, (score - bound) / score) if score > 0 else 0.0
     plan = replace(plan, search={**record, "objective": objective.name, "objective_s": score, "seed": options.seed,
@@ -141,7 +144,20 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     return SearchResult(plan=plan, predicted_s=plan.prediction.iteration_s, objective=objective.name,
                         objective_s=score, lower_bound_s=bound, gap=gap, evaluations=record.get("evaluations", 0),
                         wall_s=wall, history=history,
-                        algorithm=record["algorithm"], exact_shapes=record.get("exact", []))
+                        algorithm=record["algorithm"], exact_shapes=record.get("exact", []), training=training)
+
+
+def _with_resolved_precision(plan, topology, model, training) -> tuple:
+    """``auto`` precision becomes bf16 or fp16 by the devices the plan uses; the plan is predicted
+    again at the resolved format's peak when that changes a device's speed."""
+    precision = resolve_precision(topology, plan.used_devices, training.precision)
+    if precision == training.precision:
+        return training, plan
+    resolved = replace(training, precision=precision)
+    devices = [topology.devices[topology.index(name)] for name in plan.used_devices]
+    if any(d.effective_flops(training.precision) != d.effective_flops(precision) for d in devices):
+        plan = plan.with_prediction(predict(plan, topology, model, resolved))
+    return resolved, plan
 
 
 def _allocation_search(topology, model, training, options, *, rng, callback, x0, started) -> tuple:
