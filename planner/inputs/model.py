@@ -10,9 +10,15 @@ from cost_models.schedule import Schedule
 from planner.errors import InputError
 from planner.fields import Fields
 
-__all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "parse_model", "parse_training", "model_preset", "preset_names"]
+__all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "MAX_GLOBAL_BATCH", "MODEL_LIMITS", "parse_model", "parse_training",
+           "model_preset", "preset_names"]
 
 SCHEDULES = tuple(s.value for s in Schedule)
+# Largest sizes planned (each search and simulation step stays bounded below them): 65,536 sequences is
+# the largest published batch (LAMB's BERT pre-training); the model limits are well past today's models.
+MAX_GLOBAL_BATCH = 2**16
+MODEL_LIMITS = {"layers": 4096, "hidden": 2**20, "heads": 2**16, "sequence": 2**22, "vocabulary": 2**22,
+                "ffn_hidden": 2**22}
 # "auto": bf16 where every used device has it, else fp16 (``planner.plan.precision``); 16-bit either way.
 _PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "auto": 2}
 
@@ -37,6 +43,10 @@ class ModelSpec:
         for name in ("layers", "hidden", "heads", "sequence", "vocabulary"):
             if getattr(self, name) < 1:
                 raise InputError(f"must be at least 1, got {getattr(self, name)}", field=f"model.{name}")
+        for name, most in MODEL_LIMITS.items():
+            if getattr(self, name) > most:
+                raise InputError(f"is {getattr(self, name):,}, above the {most:,} this planner handles: lower it",
+                                 field=f"model.{name}")
         if self.hidden % self.heads:
             raise InputError(f"hidden {self.hidden} is not divisible by heads {self.heads}: "
                              "pick heads that divide it", field="model.heads")
@@ -59,6 +69,9 @@ class TrainingSpec:
     def __post_init__(self):
         if self.global_batch < 1:
             raise InputError("must be at least 1", field="training.global_batch")
+        if self.global_batch > MAX_GLOBAL_BATCH:
+            raise InputError(f"is {self.global_batch:,} sequences, above the {MAX_GLOBAL_BATCH:,} this planner handles "
+                             "(the largest published batches): lower it", field="training.global_batch")
         if self.micro_batch_size and self.global_batch % self.micro_batch_size:
             raise InputError(f"global_batch {self.global_batch} is not a multiple of micro_batch_size "
                              f"{self.micro_batch_size}: change either", field="training.micro_batch_size")

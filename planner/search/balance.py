@@ -95,7 +95,9 @@ def split_batch(total: int, fill_s: np.ndarray, bottleneck_s: np.ndarray, cap: n
 
     ``cap[r]`` bounds ``M_r`` (GPipe keeps every micro-batch in flight). None when ``total`` cannot
     be placed (fewer micro-batches than replicas, or caps too small). A bisection on the finish time
-    places all but a few micro-batches at once; the greedy finishes the rest one at a time.
+    down to adjacent floats (at most ``_BISECTIONS`` steps, each O(R)) leaves only replicas whose
+    next micro-batch ends within that last interval; they take the rest in order of that end, so the
+    work is O(R log R) per step whatever ``total`` is.
     """
     R = len(fill_s)
     cap = np.full(R, total, dtype=np.int64) if cap is None else np.minimum(cap, total)
@@ -104,25 +106,35 @@ def split_batch(total: int, fill_s: np.ndarray, bottleneck_s: np.ndarray, cap: n
     step = np.maximum(bottleneck_s, 1e-300)
 
     def count(limit):
-        return np.clip(np.floor((limit - fill_s) / step).astype(np.int64) + 1, 1, cap)
+        with np.errstate(over="ignore", invalid="ignore"):  # a zero bottleneck takes any number at its fill time
+            more = np.nan_to_num(np.floor((limit - fill_s) / step), nan=0.0, posinf=float(total), neginf=-1.0)
+        return np.clip(more + 1, 1, cap).astype(np.int64)
 
-    lo, hi = float(fill_s.min()), float((fill_s + (total - 1) * step).max())
-    for _ in range(32):
+    lo, hi = float(fill_s.min()), float((fill_s + (cap - 1) * bottleneck_s).max())
+    for _ in range(64):  # rounding may leave the last micro-batch just past hi
+        if count(hi).sum() >= total:
+            break
+        hi = 2.0 * hi + 1e-300 if hi > 0 else hi + 1.0
+    for _ in range(_BISECTIONS):
         mid = 0.5 * (lo + hi)
+        if not lo < mid < hi:
+            break
         if count(mid).sum() >= total:
             hi = mid
         else:
             lo = mid
     counts = count(lo)
-    if counts.sum() > total:
+    if counts.sum() > total:  # only at the first lo, when every replica takes one
         counts = np.ones(R, dtype=np.int64)
-    heap = [(fill_s[r] + counts[r] * bottleneck_s[r], r) for r in range(R) if counts[r] < cap[r]]
-    heapq.heapify(heap)
-    for _ in range(int(total - counts.sum())):
-        if not heap:
-            return None
-        _, r = heapq.heappop(heap)
-        counts[r] += 1
-        if counts[r] < cap[r]:
-            heapq.heappush(heap, (fill_s[r] + counts[r] * bottleneck_s[r], r))
-    return counts
+    extra = count(hi) - counts
+    left = int(total - counts.sum())
+    for r in sorted(np.flatnonzero(extra), key=lambda r: (fill_s[r] + counts[r] * bottleneck_s[r], r)):
+        if left <= 0:
+            break
+        take = min(int(extra[r]), left)
+        counts[r] += take
+        left -= take
+    return counts if left == 0 else None
+
+
+_BISECTIONS = 2200  # halving a float64 interval reaches adjacent floats well before this
