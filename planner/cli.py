@@ -215,9 +215,11 @@ def _make(args) -> int:
     try:
         result = search(job.topology, job.model, job.training, options, objective=OBJECTIVES[args.objective],
                         callback=progress)
-        plan = result.plan
+    except InputError as error:  # no plan for this file's devices and these options: name the file
+        raise error.located(source=args.topology) from None
     finally:
         progress.close()
+    plan = result.plan
     if record:
         plan = dataclasses.replace(plan, calibration=record)
         result = dataclasses.replace(result, plan=plan)
@@ -241,10 +243,10 @@ def _make(args) -> int:
 def _launch(args) -> int:
     from planner.runtime.launch import LaunchFailure, LaunchOptions, launch
 
-    options = LaunchOptions(iterations=args.iterations, warmup=args.warmup, out_dir=args.out, emulate=args.emulate,
     _non_negative("--seed", args.seed)
     _finite_positive("--timeout", args.timeout)
     _finite_positive("--time-scale", args.time_scale, unit="emulated seconds per plan second")
+    options = LaunchOptions(iterations=args.iterations, warmup=args.warmup, out_dir=args.out, emulate=args.emulate,
                             time_scale=args.time_scale, seed=args.seed, learning_rate=args.lr,
                             timeout_s=args.timeout, backend=args.backend, topology=args.topology,
                             hostfile=args.hostfile, dry_run=args.dry_run, master_port=args.master_port,
@@ -285,8 +287,8 @@ def _calibrate(args) -> int:
 
     if args.repeats < 1:
         raise InputError(f"must be at least 1, got {args.repeats}", field="--repeats")
-    options = CalibrateOptions(out=args.output, device_type=args.device_type,
     _check_writable(args.output, "--output")
+    options = CalibrateOptions(out=args.output, device_type=args.device_type,
                                processes=_positive("--processes", args.processes),
                                names=tuple(args.names.split(",")) if args.names else (), backend=args.backend,
                                repeats=args.repeats, model=args.model,
