@@ -11,6 +11,18 @@ def _table(header: list, rows: list) -> list:
     return [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
 
+def _idle_reason(plan, devices: int) -> str:
+    """Why some devices are left out: the user's pinned degrees, or the search's choice."""
+    pinned = (plan.search or {}).get("pinned") or {}
+    used = plan.stages * plan.replicas
+    if pinned.get("stages") and pinned.get("replicas"):
+        return f"--stages {plan.stages} x --replicas {plan.replicas} pin {used} of {devices} devices"
+    for flag, value in (("stages", plan.stages), ("replicas", plan.replicas)):
+        if pinned.get(flag):
+            return f"with --{flag} {value} pinned, using them would not speed up the iteration"
+    return "using them would not speed up the iteration"
+
+
 def render_plan(plan, topology, model, training, *, result=None) -> str:
     p = plan.prediction
     S, R = plan.stages, plan.replicas
@@ -31,7 +43,7 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
                                                    for s in range(S)))
     out += _table(header, rows)
     if plan.idle:
-        out += ["", "Idle devices (using them would not speed up the iteration): " + ", ".join(plan.idle)]
+        out += ["", f"Idle devices ({_idle_reason(plan, topology.size)}): " + ", ".join(plan.idle)]
     if p is not None:
         out += ["", f"Predicted iteration time: {format_seconds(p.iteration_s)}"]
         total = p.iteration_s
@@ -53,6 +65,12 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
                 out.append(f"CP-SAT, {shape['stages']} stages x {shape['replicas']} replicas, micro-batch "
                            f"{shape['micro_batch_size']}, {shape['schedule']}: {shape['status']}, estimate {estimate} "
                            f"({shape['wall_s']:.2f} s)")
+            below = [s["estimate_s"] for s in result.exact_shapes
+                     if s["estimate_s"] is not None and s["estimate_s"] < p.iteration_s]
+            if below:
+                out.append(f"  (CP-SAT minimises the search's estimate, {format_seconds(min(below))} at best; the event "
+                           f"simulator picked the plan above and predicts {format_seconds(p.iteration_s)} for it: the "
+                           "two disagree here, and the simulator's time is the one to expect)")
         out += ["", "Memory (predicted peak / capacity):"]
         mem_rows = []
         for name in sorted(p.memory_bytes, key=topology.index):

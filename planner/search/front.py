@@ -34,6 +34,7 @@ from planner.search.genetic import POPULATION, genetic_search
 from planner.search.local import iterated_local_search
 from planner.search.objective import IterationTime, Objective
 from planner.search.plans import candidate_to_plan
+from planner.search.no_plan import network_error, no_degrees_error, no_fit_error, too_few_micro_batches_error
 from planner.search.refine import refine_split
 
 __all__ = ["SearchOptions", "SearchResult", "search"]
@@ -185,13 +186,18 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
     best_score = np.inf
     # Degree pairs by ascending work bound; once a pair's bound reaches the best estimate, no later
     # pair can beat it (every estimate is at least its pair's bound), so the loop stops there.
-    pairs = _ordered_pairs(_degree_pairs(topology.size, model.layers, options), work_flops(topology, model, training),
-                           ctx.speed)
+    allowed = _degree_pairs(topology.size, model.layers, options)
+    sizes = _micro_batch_sizes(training, options)
+    if not allowed:
+        raise no_degrees_error(topology.size, model.layers, options.stages, options.replicas)
+    if min(d for _, d in allowed) > training.global_batch // min(sizes):
+        raise too_few_micro_batches_error(training.global_batch, min(sizes), min(d for _, d in allowed))
+    pairs = _ordered_pairs(allowed, work_flops(topology, model, training), ctx.speed)
     for pair_bound, stages, replicas in pairs:
         if pair_bound >= best_score:
             break
         for layout_name, assign in layouts(topology, ctx.speed, ctx.capacity, stages, replicas).items():
-            for micro_batch_size in _micro_batch_sizes(training, options):
+            for micro_batch_size in sizes:
                 for schedule in _schedules(training):
                     evaluations += 1
                     candidate = evaluate_placement(ctx, assign, micro_batch_size, schedule)
@@ -206,8 +212,8 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
     if start is not None:
         candidates.append(start)
     if not candidates:
-        raise InputError("no plan fits in memory on these devices: add devices or memory, enable "
-                         "recompute, or lower micro_batch_size", field="training")
+        raise no_fit_error(topology, model, training, allowed, sizes, stages_pinned=bool(options.stages),
+                           speed=ctx.speed, capacity=ctx.capacity)
     candidates.sort(key=lambda c: c.score_s)
     best_estimate = candidates[0].score_s
     history.append((evaluations, time.perf_counter() - started, best_estimate))
@@ -294,18 +300,22 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
     unique = refined
     best_estimate = min([best_estimate] + [c.score_s for c in unique])
     history.append((evaluations, time.perf_counter() - started, best_estimate))
-    best_plan, best_time = None, np.inf
+    best_plan, best_time, unfinished = None, np.inf, []
     for c in unique:
         plan = candidate_to_plan(ctx, c)
         prediction, _ = predict(plan, topology, model, training)
-        if prediction.fits and prediction.iteration_s < best_time:
+        if prediction.fits and not math.isfinite(prediction.iteration_s):
+            unfinished.append(prediction.iteration_s)
+        elif prediction.fits and prediction.iteration_s < best_time:
             best_plan, best_time = plan.with_prediction(prediction), prediction.iteration_s
     if best_plan is None:
-        raise InputError("no plan fits in memory on these devices: add devices or memory, enable "
-                         "recompute, or lower micro_batch_size", field="training")
+        if unfinished:
+            raise network_error(unfinished)
+        raise no_fit_error(topology, model, training, allowed, sizes, stages_pinned=bool(options.stages),
+                           speed=ctx.speed, capacity=ctx.capacity)
     algorithm = "construct+local+genetic" + ("+cpsat" if exact_shapes else "") + "+refine"
     return best_plan, {"algorithm": algorithm, "evaluations": evaluations, "exact": exact_shapes,
-                       "history": history}
+                       "history": history, "pinned": {"stages": options.stages, "replicas": options.replicas}}
 
 
 def _start_candidate(ctx, x0: Plan | None) -> Candidate | None:

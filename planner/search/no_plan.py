@@ -1,0 +1,109 @@
+"""Why the search found no plan: one line naming the cause (the pinned degrees, the batch, a device's
+memory, the network) and the fix, instead of one message for every cause."""
+
+import math
+
+import numpy as np
+
+from planner.errors import InputError
+from planner.inputs.units import format_bytes
+from planner.prediction.stage_model import layer_costs, stage_memory_bytes
+from planner.search.construct import choose_devices
+
+__all__ = ["no_degrees_error", "too_few_micro_batches_error", "no_fit_error", "network_error",
+           "stage_memory_floor"]
+
+
+def no_degrees_error(devices: int, layers: int, stages: int | None, replicas: int | None) -> InputError:
+    """No (stages, replicas) pair allowed by the pins fits ``devices`` devices and ``layers`` layers."""
+    most_stages = min(layers, devices)
+    if stages and stages > layers:
+        return InputError(f"{stages} stages for a model of {layers} layers (a stage holds at least one layer): "
+                          f"use --stages {most_stages} or fewer", field="--stages")
+    if stages and stages > devices:
+        return InputError(f"{stages} stages need at least {stages} devices and the topology has {devices}: "
+                          f"use --stages {most_stages} or fewer", field="--stages")
+    if stages and replicas:
+        return InputError(f"{stages} stages x {replicas} replicas need {stages * replicas} devices and the "
+                          f"topology has {devices}: use --replicas {devices // stages} or fewer, or fewer stages",
+                          field="--replicas")
+    return InputError(f"{replicas} replicas need at least {replicas} devices (one stage each) and the topology has "
+                      f"{devices}: use --replicas {devices} or fewer", field="--replicas")
+
+
+def too_few_micro_batches_error(global_batch: int, micro_batch_size: int, replicas: int) -> InputError:
+    """Every replica needs at least one micro-batch."""
+    count = global_batch // micro_batch_size
+    return InputError(f"the global batch of {global_batch} at micro-batch size {micro_batch_size} gives {count} "
+                      f"micro-batches and each of the {replicas} replicas needs one: use --replicas {count} or "
+                      "fewer, or a larger global batch", field="--replicas")
+
+
+def stage_memory_floor(model, training, micro_batch_size: int, stages: int) -> float:
+    """Bytes that some device must hold in any plan of ``stages`` stages: one stage has at least
+    ``ceil(layers / stages)`` layers and keeps at least one micro-batch in flight; the least of its
+    possible positions (first and last stages carry the embeddings and the head)."""
+    costs = layer_costs(model, training, micro_batch_size, stages)
+    per_stage = math.ceil(model.layers / stages)
+    return float(min(stage_memory_bytes(costs, per_stage, s, 1.0) for s in range(stages)))
+
+
+def _gib(value_bytes: float) -> str:
+    return format_bytes(value_bytes)
+
+
+def no_fit_error(topology, model, training, pairs: list, micro_batch_sizes: list, *, stages_pinned: bool,
+                 speed: np.ndarray, capacity: np.ndarray) -> InputError:
+    """No placement of any allowed (stages, replicas) pair fits in memory: name the device that cannot
+    hold its share and the change that makes it fit.
+
+    ``pairs``: the (stages, replicas) pairs the search tried; ``capacity``: usable bytes per device.
+    """
+    b = min(micro_batch_sizes)
+    most = max(s for s, _ in pairs)
+    floor = stage_memory_floor(model, training, b, most)
+    largest = int(np.argmax(capacity))
+    recompute = "recompute on" if training.recompute else "recompute off"
+    layers = math.ceil(model.layers / most)
+    if floor > capacity[largest]:
+        # No device can hold a stage at this stage count: more stages, recomputation, a smaller
+        # micro-batch, or bigger devices are the only ways out.
+        device = topology.devices[largest]
+        cause = (f"no plan fits in memory: with {most} stage(s) a stage holds at least {layers} of {model.layers} "
+                 f"layers and needs {_gib(floor)} at micro-batch size {b} ({recompute}), more than the largest "
+                 f"device, {device.name} ({device.type_name}), holds ({_gib(capacity[largest])})")
+        limit = min(model.layers, topology.size)
+        enough = next((s for s in range(most + 1, limit + 1)
+                       if stage_memory_floor(model, training, b, s) <= capacity[largest]), None)
+        if stages_pinned and enough is not None:
+            return InputError(f"{cause}: use --stages {enough} or more", field="--stages")
+        if not training.recompute:
+            return InputError(f"{cause}: set recompute: true", field="training.recompute")
+        if b > 1:
+            return InputError(f"{cause}: lower micro_batch_size", field="training.micro_batch_size")
+        return InputError(f"{cause}: add devices with more memory or plan a smaller model", field="model")
+    # Some device could hold a stage, but every placement of the allowed pairs had to use smaller
+    # ones: name the smallest device the fewest-replica pair with the most stages must use.
+    s, r = min((p for p in pairs if p[0] == most), key=lambda p: p[1])
+    chosen = choose_devices(speed, capacity, s * r)
+    weakest = int(chosen[np.argmin(capacity[chosen])])
+    device = topology.devices[weakest]
+    cause = (f"no plan fits in memory: {s} stage(s) x {r} replica(s) must use {device.name} ({device.type_name}, "
+             f"{_gib(capacity[weakest])} usable), and a stage of {layers} layers needs at least {_gib(floor)} at "
+             f"micro-batch size {b} ({recompute})")
+    if r > 1:
+        return InputError(f"{cause}: use fewer replicas (--replicas) or more stages", field="--replicas")
+    if not training.recompute:
+        return InputError(f"{cause}: set recompute: true", field="training.recompute")
+    if b > 1:
+        return InputError(f"{cause}: lower micro_batch_size or add devices with more memory",
+                          field="training.micro_batch_size")
+    return InputError(f"{cause}: add devices with more memory or plan a smaller model", field="model")
+
+
+def network_error(times_s: list) -> InputError:
+    """Every plan that fits has a predicted iteration time that is not finite: some link or NIC on
+    every path between the devices is too slow to carry a message in finite time."""
+    return InputError(f"no plan finishes an iteration in finite time ({len(times_s)} plans simulated): a link or NIC "
+                      "on every path between the devices is too slow; raise its bandwidth in the network section",
+                      field="network")

@@ -1,0 +1,129 @@
+"""When there is no plan, or devices are left idle, the words name the real cause and the fix."""
+
+import dataclasses
+
+import pytest
+
+from planner.cli import main
+from planner.inputs.job import load_job
+from planner.report.text import render_plan
+from planner.search.front import SearchOptions, search
+from planner.search.no_plan import stage_memory_floor
+
+from conftest import small_topology
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--stages", "100"], "field '--stages': 100 stages for a model of 4 layers (a stage holds at least one layer): "
+                          "use --stages 4 or fewer"),
+    (["--replicas", "1000"], "field '--replicas': 1000 replicas need at least 1000 devices (one stage each) and the "
+                             "topology has 4: use --replicas 4 or fewer"),
+    (["--stages", "2", "--replicas", "6"], "field '--replicas': 2 stages x 6 replicas need 12 devices and the "
+                                          "topology has 4: use --replicas 2 or fewer"),
+    (["--replicas", "4", "--global-batch", "2"], "field '--replicas': the global batch of 2 at micro-batch size 1 "
+                                                 "gives 2 micro-batches and each of the 4 replicas needs one"),
+])
+def test_impossible_pins_name_the_pin_not_memory(write_yaml, capsys, args, fragment):
+    path = write_yaml(small_topology())
+    assert main([str(path), *args]) == 2
+    err = _error(capsys)
+    assert err.startswith(f"plan: error: {path}: ") and fragment in err and "memory" not in err
+
+
+def test_a_stage_too_big_for_every_device_names_the_device_and_the_stage_count(write_yaml, capsys):
+    doc = small_topology(model="gpt3-6.7b")
+    doc["training"].update(recompute=True, global_batch=8)
+    path = write_yaml(doc)
+    assert main([str(path), "--stages", "1", "--replicas", "1"]) == 2
+    err = _error(capsys)
+    assert err.startswith(f"plan: error: {path}: field '--stages': no plan fits in memory: with 1 stage(s)")
+    assert "more than the largest device, fast-0 (A100-80GB), holds" in err and err.endswith("use --stages 2 or more")
+    assert "recompute: true" not in err  # it is on already
+
+
+def test_recompute_is_the_fix_only_when_it_is_off(write_yaml, capsys):
+    doc = small_topology(model="gpt3-13b")
+    doc["training"]["global_batch"] = 16
+    path = write_yaml(doc)
+    assert main([str(path), "--time-limit", "5"]) == 2
+    assert _error(capsys) == (f"plan: error: {path}: field 'training.recompute': no plan fits in memory: 4 stage(s) "
+                              "x 1 replica(s) must use slow-0 (T4, 15 GiB usable), and a stage of 10 layers needs at "
+                              f"least {_gib(doc, 4)} at micro-batch size 1 (recompute off): set recompute: true")
+    doc["training"]["recompute"] = True
+    assert main([str(write_yaml(doc)), "--time-limit", "5"]) == 2
+    err = _error(capsys)
+    assert "field 'model'" in err and "(recompute on)" in err and "recompute: true" not in err
+    assert err.endswith("add devices with more memory or plan a smaller model")  # micro-batch size is 1 already
+
+
+def _gib(doc, stages: int) -> str:
+    from planner.inputs.units import format_bytes
+
+    return format_bytes(stage_memory_floor(_job(doc).model, _job(doc).training, 1, stages))
+
+
+def _job(doc):
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "t.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        return load_job(path)
+
+
+def test_stage_memory_floor_is_below_every_fitting_stage_and_falls_with_more_stages():
+    job = _job(small_topology(model="gpt3-6.7b"))
+    floors = [stage_memory_floor(job.model, job.training, 1, s) for s in (1, 2, 4, 8)]
+    assert floors == sorted(floors, reverse=True) and floors[0] > 80e9 > floors[1]
+
+
+def test_idle_devices_left_by_the_pins_are_said_to_be(write_yaml):
+    job = load_job(write_yaml(small_topology()))
+    pinned = search(job.topology, job.model, job.training, SearchOptions(stages=1, replicas=2, exact=False, time_limit_s=2))
+    text = render_plan(pinned.plan, job.topology, job.model, job.training, result=pinned)
+    assert "Idle devices (--stages 1 x --replicas 2 pin 2 of 4 devices): " in text
+    assert "would not speed up" not in text
+    one = search(job.topology, job.model, job.training, SearchOptions(stages=1, exact=False, time_limit_s=2))
+    if one.plan.idle:
+        assert "Idle devices (with --stages 1 pinned, using them would not speed up the iteration)" in render_plan(
+            one.plan, job.topology, job.model, job.training, result=one)
+
+
+def test_cpsat_estimate_below_the_chosen_plan_says_the_simulator_picked_it(write_yaml):
+    job = load_job(write_yaml(small_topology()))
+    result = search(job.topology, job.model, job.training, SearchOptions(exact=False, time_limit_s=2))
+    chosen = result.plan.prediction.iteration_s
+    shape = {"stages": 1, "replicas": 2, "micro_batch_size": 1, "schedule": "1f1b", "status": "optimal",
+             "bound_s": 0.5 * chosen, "wall_s": 0.1}
+    above = dataclasses.replace(result, exact_shapes=[{**shape, "estimate_s": 1.5 * chosen}])
+    assert "the event simulator picked" not in render_plan(result.plan, job.topology, job.model, job.training,
+                                                           result=above)
+    below = dataclasses.replace(result, exact_shapes=[{**shape, "estimate_s": 0.9 * chosen}])
+    text = render_plan(result.plan, job.topology, job.model, job.training, result=below)
+    assert "CP-SAT minimises the search's estimate" in text and "the event simulator picked the plan above" in text
+
+
+def test_a_network_too_slow_for_any_plan_is_named(write_yaml, capsys, monkeypatch):
+    from planner.search import front
+
+    real = front.predict
+
+    def endless(plan, *args, **kwargs):
+        prediction, rest = real(plan, *args, **kwargs)
+        return dataclasses.replace(prediction, iteration_s=float("inf")), rest
+
+    monkeypatch.setattr(front, "predict", endless)
+    path = write_yaml(small_topology())
+    assert main([str(path), "--no-exact", "--time-limit", "2"]) == 2
+    err = _error(capsys)
+    assert err.startswith(f"plan: error: {path}: field 'network': no plan finishes an iteration in finite time")
+    assert "raise its bandwidth" in err and "memory" not in err
