@@ -43,3 +43,18 @@ def test_bf16_training_with_master_weights_tracks_fp32(tmp_path):
     # bf16 rounding: the first loss (before any update) agrees closely, then the curves stay near
     assert results["measured"]["loss"][0] == pytest.approx(losses[0], rel=0.01)
     assert results["measured"]["loss"] == pytest.approx(losses, rel=0.1)
+
+
+def test_fp16_training_with_loss_scaling_tracks_fp32(tmp_path):
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    plan = write_test_plan(tmp_path, topology, assignment=[["a0", "a1"]], layer_bounds=[0, 2, 4],
+                           micro_batches=[4], micro_batch_size=2, schedule="1f1b", optimizer="adam")
+    plan.write_text(plan.read_text().replace("precision: fp32", "precision: fp16"))
+    results = launch(plan, LaunchOptions(iterations=5, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=1e-2,
+                                         backend="nccl"), log=lambda line: None)
+    run = results["run"]
+    assert run["precision"] == "fp16" and run["loss_scale"] >= 1.0 and run["skipped_steps"] == 0
+    losses, _ = train_single_process(model_preset("tiny"), global_batch=8, iterations=5, learning_rate=1e-2,
+                                     optimizer="adam")
+    assert results["measured"]["loss"][0] == pytest.approx(losses[0], rel=0.01)
+    assert results["measured"]["loss"] == pytest.approx(losses, rel=0.1)

@@ -251,11 +251,13 @@ def _compute_probe(job, options, device, threads) -> dict:
 
     from planner.prediction.stage_model import OPTIMIZER_BYTES_PER_PARAMETER
     from planner.runtime.gpt import Block, make_norm
-    from planner.runtime.precision import make_optimizer
+    from planner.plan.precision import resolve_precision
+    from planner.runtime.precision import make_optimizer, runtime_dtype
 
     model, training = job.model, job.training
     b = training.micro_batch_size or 1
-    dtype = torch.bfloat16 if device.type == "cuda" and training.precision == "bf16" else torch.float32
+    dtype = runtime_dtype(resolve_precision(job.topology, [d.name for d in job.topology.devices], training.precision),
+                          device)
     block = Block(model).to(device=device, dtype=dtype)
     x = torch.randn(b, model.sequence, model.hidden, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)

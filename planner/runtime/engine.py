@@ -101,6 +101,7 @@ class StageExecutor:
         ids = {id(p) for p in shared}
         self.stage_parameters = [p for p in module.parameters() if id(p) not in ids]
         self.timer = _Timer(device)
+        self.loss_scale = 1.0
 
     # -- one iteration -------------------------------------------------------------------------
     def iteration(self, index: int) -> tuple:
@@ -113,6 +114,7 @@ class StageExecutor:
             tokens = global_batch_tokens(self.seed, index, self.plan.global_batch, m.spec.sequence,
                                          m.spec.vocabulary).to(self.device)
         inputs, outputs, grads, pending = {}, {}, {}, []
+        self.loss_scale = getattr(self.optimizer, "loss_scale", 1.0)  # fp16: fixed for the iteration
         loss_sum = torch.zeros((), device=self.device)
         marks, done = [self.timer.mark()], []
         for kind, mb in self.ops:
@@ -130,7 +132,7 @@ class StageExecutor:
             elif kind == "bwd":
                 y = outputs.pop(mb)
                 if m.is_last:
-                    y.backward()
+                    (y * self.loss_scale if self.loss_scale != 1.0 else y).backward()
                 else:
                     torch.autograd.backward(y, grad_tensors=grads.pop(mb))
                 self._emulate_compute("bwd", start)

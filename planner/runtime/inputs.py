@@ -7,12 +7,11 @@ from planner.errors import InputError
 from planner.inputs.model import ModelSpec, TrainingSpec, parse_model, parse_training
 from planner.plan.plan import Plan, validate_plan
 from planner.plan.document import read_plan
+from planner.plan.precision import resolve_precision
 from planner.inputs.job import load_topology
 from planner.inputs.topology import Topology
 
-__all__ = ["RunInputs", "load_run_inputs", "emulated_model", "RUNTIME_PRECISIONS"]
-
-RUNTIME_PRECISIONS = ("fp32", "bf16")
+__all__ = ["RunInputs", "load_run_inputs", "emulated_model"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -43,7 +42,7 @@ def load_run_inputs(plan_path, topology_path=None) -> RunInputs:
     """The plan, its topology (``topology.path`` in the plan, or ``topology_path``), model and training.
 
     Refuses a plan that does not match its topology, lacks its model or training sections, or asks
-    for a precision the runtime does not run.
+    for bf16 on a device without it; ``auto`` precision is resolved by the plan's devices.
     """
     plan_path = Path(plan_path)
     plan, document = read_plan(plan_path)
@@ -62,6 +61,7 @@ def load_run_inputs(plan_path, topology_path=None) -> RunInputs:
     topology = load_topology(path)
     if plan.calibration:
         topology = _calibrated(topology, plan.calibration, plan_path)
+    training = replace(training, precision=resolve_precision(topology, plan.used_devices, training.precision))
     try:
         validate_plan(plan, topology, model, training)
     except InputError as error:

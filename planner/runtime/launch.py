@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from planner.errors import InputError
 from planner.runtime.guard import die_with_parent
 from planner.runtime.hostfile import parse_hostfile, shell_line, torchrun_arguments
-from planner.runtime.inputs import RUNTIME_PRECISIONS, RunInputs, load_run_inputs
+from planner.runtime.inputs import RunInputs, load_run_inputs
 from planner.runtime.supervise import LaunchFailure, local_rank, stop_processes, watch
 
 __all__ = ["LaunchOptions", "LaunchFailure", "launch", "auto_time_scale", "EMULATION_TARGET_S"]
@@ -88,10 +88,6 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
     if importlib.util.find_spec("torch") is None:  # the runtime's one optional dependency
         raise InputError("needs torch: pip install -e '.[runtime]'", field="plan launch") from None
     inputs = load_run_inputs(plan_path, options.topology)
-    if not options.emulate and inputs.training.precision not in RUNTIME_PRECISIONS:
-        raise InputError(f"the runtime trains in {' or '.join(RUNTIME_PRECISIONS)}, not {inputs.training.precision}: "
-                         "plan again with precision bf16, or --emulate", source=inputs.plan_path,
-                         field="training.precision")
     from planner.runtime.preflight import check_memory
 
     check_memory(inputs)

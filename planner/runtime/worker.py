@@ -26,7 +26,7 @@ from planner.runtime.emulation import Emulator, SharedResources, now_s
 from planner.runtime.engine import Layout, StageExecutor, make_groups
 from planner.runtime.gpt import build_stage
 from planner.runtime.inputs import RunInputs, emulated_model, load_run_inputs
-from planner.runtime.precision import make_optimizer
+from planner.runtime.precision import make_optimizer, runtime_dtype
 from planner.runtime.results import RESULTS_FORMAT, chrome_trace, comparison, summarise_iterations, write_results
 
 __all__ = ["WorkerConfig", "run_local_worker", "main"]
@@ -109,7 +109,7 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     groups = make_groups(layout, stage, executed.tied_embeddings)
     module = build_stage(executed, plan.layer_bounds[stage], plan.layer_bounds[stage + 1], seed=config.seed)
     # 16-bit weights with fp32 master weights on GPUs (as the memory model counts); fp32 on the CPU.
-    dtype = torch.bfloat16 if device.type == "cuda" and training.precision == "bf16" else torch.float32
+    dtype = runtime_dtype(training.precision, device)
     module = module.to(device=device, dtype=dtype)
     optimizer = make_optimizer(module, training.optimizer, config.learning_rate, dtype, device)
     emulator = None
@@ -158,10 +158,13 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         torch.save({k: v.detach().cpu() for k, v in module.state_dict().items()},
                    os.path.join(state_dir, f"stage{stage}.pt"))
     if rank == 0:
-        _write(config, inputs, executed, times, losses, gathered, device, dtype)
+        scaler = getattr(optimizer, "scaler", None)  # fp16: every rank holds the same scale
+        scaling = {"loss_scale": scaler.scale, "skipped_steps": scaler.skipped} if scaler else {}
+        _write(config, inputs, executed, times, losses, gathered, device, dtype, scaling)
 
 
-def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, reports, device, dtype) -> None:
+def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, reports, device, dtype,
+           scaling: dict) -> None:
     plan, model, training, topology = inputs.plan, inputs.model, inputs.training, inputs.topology
     prediction, timeline = predict(plan, topology, model, training, keep_records=True)
     plan = plan.with_prediction(prediction)
@@ -197,7 +200,8 @@ def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, rep
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
             "world": len(reports), "iterations": config.iterations, "warmup": config.warmup, "seed": config.seed,
             "learning_rate": config.learning_rate, "emulated": config.emulate, "time_scale": config.time_scale,
-            "executed_model": asdict(executed), "precision": "bf16" if dtype == torch.bfloat16 else "fp32",
+            "executed_model": asdict(executed),
+            "precision": {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32"), **scaling,
             "plan_path": inputs.plan_path, "topology_path": inputs.topology_path,
         },
         "measured": measured,
