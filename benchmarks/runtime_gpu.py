@@ -40,6 +40,7 @@ def main() -> int:
     import torch
 
     from planner.inputs.model import parse_model
+    from planner.report.accuracy import prediction_error
     from planner.runtime.launch import LaunchOptions, launch
     from planner.runtime.reference import run_pipelining
 
@@ -61,7 +62,8 @@ def main() -> int:
                                               out_dir=str(runs / name)), log=print)
         m, p = r["measured"], r["predicted"]
         rows.append({"plan": label, "file": plan, "measured_s": m["median_s"], "p10_s": m["p10_s"], "p90_s": m["p90_s"],
-                     "predicted_s": p["iteration_s"], "error": r["comparison"]["relative_error"],
+                     "predicted_s": p["iteration_s"],
+                     "error": prediction_error(r["comparison"]["predicted_s"], r["comparison"]["measured_s"]),
                      "tokens_per_s": m["tokens_per_s"], "mfu": m["mfu"],
                      "peak_memory_gb": {d: b / 1e9 for d, b in m["peak_memory_bytes"].items()},
                      "predicted_memory_gb": {d: b / 1e9 for d, b in p["memory_bytes"].items()},

@@ -262,11 +262,15 @@ def _launch(args) -> int:
 
 
 def _run_summary(results: dict, folder: str) -> str:
+    from planner.report.accuracy import prediction_error
+
     m, c, run = results["measured"], results["comparison"], results["run"]
-    scale = f" (emulated, time scale {run['time_scale']:.4g})" if run["emulated"] else ""
+    scale = (f" (emulated seconds: plan seconds x time scale {run['time_scale']:.4g})" if run["emulated"] else "")
+    error = prediction_error(c["predicted_s"], c["measured_s"])
     lines = [f"measured: median {m['median_s']:.4f} s per iteration (p10 {m['p10_s']:.4f}, p90 {m['p90_s']:.4f}, "
              f"{len(m['iteration_s'])} iterations){scale}",
-             f"predicted: {c['predicted_s']:.4f} s; measured/predicted - 1 = {100 * c['relative_error']:+.1f}%",
+             f"predicted: {c['predicted_s']:.4f} s; prediction error (predicted - measured) / measured = "
+             f"{100 * error:+.1f}%",
              f"throughput: {m['tokens_per_s']:,.0f} tokens/s, MFU {100 * m['mfu']:.1f}% "
              f"(plan's model and devices), final loss {m['loss'][-1]:.4f}"]
     peaks = {d: b for d, b in m["peak_memory_bytes"].items() if b is not None}

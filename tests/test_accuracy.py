@@ -37,3 +37,44 @@ def test_plot_of_a_folder_without_results_is_one_line(tmp_path, capsys):
     assert main(["plot", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "results.json" in err and len(err.strip().splitlines()) == 1
+
+
+def test_one_sign_for_the_prediction_error_everywhere():
+    import json
+
+    from planner.cli import _run_summary
+    from planner.report.accuracy import prediction_error, run_row
+    from planner.runtime.results import comparison
+
+    assert prediction_error(1.1, 1.0) == pytest.approx(0.1)  # predicted too slow: positive
+    c = comparison(predicted_plan_s=1.0, time_scale=2.0, measured_s=2.5)  # ran slower than predicted
+    assert c["prediction_error"] == pytest.approx(-0.2) == prediction_error(c["predicted_s"], c["measured_s"])
+    results = json.loads((DATA / "emulated-run" / "results.json").read_text())
+    row = run_row(results, "run")
+    assert row["error"] == pytest.approx(prediction_error(results["comparison"]["predicted_s"],
+                                                          results["comparison"]["measured_s"]))
+    summary = _run_summary(results, "runs/x")
+    assert f"prediction error (predicted - measured) / measured = {100 * row['error']:+.1f}%" in summary
+
+
+def test_nothing_reads_the_old_opposite_sign_key():
+    root = Path(__file__).resolve().parent.parent
+    sources = [*root.glob("planner/**/*.py"), *root.glob("benchmarks/*.py"), *root.glob("notebooks/*.ipynb")]
+    assert len(sources) > 40
+    assert [str(p) for p in sources if "relative_error" in p.read_text()] == []
+
+
+def test_timeline_titles_name_the_clock():
+    import json
+
+    from planner.report.plot import timeline_title
+
+    emulated = json.loads((DATA / "emulated-run" / "results.json").read_text())
+    scale = emulated["run"]["time_scale"]
+    title, xlabel = timeline_title(emulated, "e")
+    assert emulated["run"]["emulated"] and "emulated s" in title and f"time scale {scale:.4g}" in title
+    assert f"plan: {emulated['comparison']['predicted_s'] / scale:.3f} s predicted" in title
+    assert xlabel == f"emulated seconds since the iteration started (plan seconds x {scale:.4g})"
+    gpu = json.loads((DATA / "gpu-run" / "results.json").read_text())
+    title, xlabel = timeline_title(gpu, "g")
+    assert "emulated" not in title + xlabel and "(predicted - measured) / measured" in title

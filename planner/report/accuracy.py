@@ -1,9 +1,19 @@
 """Predicted against measured, over run folders written by ``plan launch``: the numbers behind the
-accuracy benchmark and ``plan plot``."""
+accuracy benchmark and ``plan plot``.
+
+One sign convention everywhere (CLI, results.json, figures, notebook, benchmarks): the prediction
+error is ``(predicted - measured) / measured``; positive means the prediction was too slow (the run
+was faster than predicted), negative that the run took longer than predicted.
+"""
 
 import numpy as np
 
-__all__ = ["run_row", "mean_absolute_percentage_error", "rank_correlation", "memory_rows"]
+__all__ = ["prediction_error", "run_row", "mean_absolute_percentage_error", "rank_correlation", "memory_rows"]
+
+
+def prediction_error(predicted_s: float, measured_s: float) -> float:
+    """``(predicted - measured) / measured``, as a fraction: the one sign convention (module docstring)."""
+    return (predicted_s - measured_s) / measured_s
 
 
 def run_row(results: dict, label: str) -> dict:
@@ -13,7 +23,7 @@ def run_row(results: dict, label: str) -> dict:
     degrees = results["plan"]["degrees"]  # named pipeline/data; runs recorded before the names: stages/replicas
     measured = results["comparison"]["measured_s"] / results["run"]["time_scale"]
     return {"label": label, "predicted_s": predicted, "measured_s": measured,
-            "error": (predicted - measured) / measured, "time_scale": results["run"]["time_scale"],
+            "error": prediction_error(predicted, measured), "time_scale": results["run"]["time_scale"],
             "emulated": results["run"]["emulated"], "schedule": results["plan"]["schedule"],
             "stages": degrees.get("pipeline", degrees.get("stages")),
             "replicas": degrees.get("data", degrees.get("replicas")),

@@ -2,9 +2,12 @@
 
 - ``accuracy``: predicted vs measured iteration time over runs, the y = x line, points numbered and
   named in a legend (numbers never overlap), MAPE and Spearman's rank correlation in the title.
-- ``timeline``: one run's predicted and measured per-rank Gantt charts, one above the other.
+- ``timeline``: one run's predicted and measured per-rank Gantt charts, one above the other, on the
+  run's clock: an emulated run's in emulated seconds (the plan's seconds times the time scale), the
+  title giving both clocks.
 - ``memory``: predicted vs measured peak allocator memory per device.
-Each figure is written as PNG and SVG.
+Each figure is written as PNG and SVG. Errors are ``(predicted - measured) / measured``
+(``planner.report.accuracy.prediction_error``).
 """
 
 from pathlib import Path
@@ -16,9 +19,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
-from planner.report.accuracy import mean_absolute_percentage_error, memory_rows, rank_correlation, run_row  # noqa: E402
+from planner.report.accuracy import (mean_absolute_percentage_error, memory_rows, prediction_error,  # noqa: E402
+                                     rank_correlation, run_row)
 
-__all__ = ["plot_accuracy", "plot_timeline", "plot_memory", "FORMATS"]
+__all__ = ["plot_accuracy", "plot_timeline", "plot_memory", "timeline_title", "FORMATS"]
 
 FORMATS = ("png", "svg")
 _COLOURS = {"fwd": "#4C72B0", "bwd": "#DD8452", "recv": "#C8C8C8", "send": "#8C8C8C", "sync": "#55A868",
@@ -67,7 +71,7 @@ def plot_accuracy(runs: list, stem, *, title: str = "Predicted vs measured itera
     names = [f"{k}: {r['label']} ({100 * r['error']:+.1f}%)" for k, r in enumerate(rows, start=1)]
     handles = [Patch(color="none", label=n) for n in names]
     axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False,
-                handlelength=0, title="run (predicted - measured)", title_fontsize=8)
+                handlelength=0, title="run ((predicted - measured) / measured)", title_fontsize=8)
     axes.grid(alpha=0.3)
     return _save(figure, Path(stem))
 
@@ -82,8 +86,25 @@ def _bars(axes, trace: list, rows: dict, scale: float) -> None:
                   edgecolor="none")
 
 
+def timeline_title(results: dict, label: str = "") -> tuple:
+    """(suptitle, x-axis label) of a run's timeline, naming the clock: an emulated run is drawn in
+    emulated seconds, which are the plan's seconds times ``run.time_scale``."""
+    c, run = results["comparison"], results["run"]
+    error = prediction_error(c["predicted_s"], c["measured_s"])
+    name = label or results["plan"]["topology"]["name"]
+    if run["emulated"]:
+        scale = run["time_scale"]
+        return (f"{name}: predicted {c['predicted_s']:.3f}, measured {c['measured_s']:.3f} emulated s "
+                f"(plan: {c['predicted_s'] / scale:.3f} s predicted, {c['measured_s'] / scale:.3f} s measured; "
+                f"time scale {scale:.4g}); error {100 * error:+.1f}% (predicted - measured) / measured",
+                f"emulated seconds since the iteration started (plan seconds x {scale:.4g})")
+    return (f"{name}: predicted {c['predicted_s']:.3f} s, measured {c['measured_s']:.3f} s; "
+            f"error {100 * error:+.1f}% (predicted - measured) / measured",
+            "seconds since the iteration started")
+
+
 def plot_timeline(results: dict, stem, *, label: str = "") -> list:
-    """Predicted (top) and measured (bottom) Gantt charts of one run, in seconds of this host."""
+    """Predicted (top) and measured (bottom) Gantt charts of one run, on the run's clock."""
     measured = results["measured"]["trace"]
     predicted = results["predicted"]["trace"]
     scale = results["run"]["time_scale"]
@@ -100,11 +121,9 @@ def plot_timeline(results: dict, stem, *, label: str = "") -> list:
         axes.invert_yaxis()
         axes.set_title(what, fontsize=10, loc="left")
         axes.grid(axis="x", alpha=0.3)
-    bottom.set_xlabel("time since the iteration started (s)")
-    c = results["comparison"]
-    figure.suptitle(f"{label or results['plan']['topology']['name']}: predicted {c['predicted_s']:.3f} s, "
-                    f"measured {c['measured_s']:.3f} s ({100 * c['relative_error']:+.1f}% measured vs predicted)",
-                    fontsize=11)
+    title, xlabel = timeline_title(results, label)
+    bottom.set_xlabel(xlabel)
+    figure.suptitle(title, fontsize=10)
     figure.legend(handles=[Patch(color=_COLOURS[k], label=_LEGEND[k]) for k in _COLOURS], loc="lower center",
                   ncol=6, fontsize=8, frameon=False, bbox_to_anchor=(0.5, -0.02))
     figure.tight_layout(rect=(0, 0.04, 1, 1))
@@ -121,7 +140,7 @@ def plot_memory(results: dict, stem, *, label: str = "") -> list:
     axes.bar([i - 0.2 for i in x], [p / 1e9 for _, p, _ in rows], width=0.4, label="predicted", color="#4C72B0")
     axes.bar([i + 0.2 for i in x], [m / 1e9 for _, _, m in rows], width=0.4, label="measured", color="#DD8452")
     for i, (_, p, m) in enumerate(rows):
-        axes.annotate(f"{100 * (p - m) / m:+.1f}%", (i, max(p, m) / 1e9), textcoords="offset points",
+        axes.annotate(f"{100 * prediction_error(p, m):+.1f}%", (i, max(p, m) / 1e9), textcoords="offset points",
                       xytext=(0, 3), ha="center", fontsize=8)
     axes.set_xticks(list(x))
     axes.set_xticklabels([d for d, _, _ in rows])

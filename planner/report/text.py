@@ -68,9 +68,9 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
             below = [s["estimate_s"] for s in result.exact_shapes
                      if s["estimate_s"] is not None and s["estimate_s"] < p.iteration_s]
             if below:
-                out.append(f"  (CP-SAT minimises the search's estimate, {format_seconds(min(below))} at best; the event "
-                           f"simulator picked the plan above and predicts {format_seconds(p.iteration_s)} for it: the "
-                           "two disagree here, and the simulator's time is the one to expect)")
+                out.append(f"  (CP-SAT minimises the search's estimate, {format_seconds(min(below))} at best; the "
+                           f"event simulator picked the plan above and predicts {format_seconds(p.iteration_s)} for "
+                           "it: the two disagree here, and the simulator's time is the one to expect)")
         out += ["", "Memory (predicted peak / capacity):"]
         mem_rows = []
         for name in sorted(p.memory_bytes, key=topology.index):

@@ -5,7 +5,7 @@ by side, plus a Chrome trace of the measured (and predicted) per-op timelines.
 this host: per-iteration times as the max over ranks, median, spread, tokens/s, MFU, loss, peak
 memory per device, the op trace of the median iteration), ``predicted`` (the simulator's iteration
 time, memory and op trace, in the plan's seconds) and ``comparison`` (both in this host's seconds:
-the prediction times ``run.time_scale``, and the relative error).
+the prediction times ``run.time_scale``, and ``prediction_error`` = (predicted - measured) / measured).
 """
 
 import json
@@ -34,7 +34,8 @@ def summarise_iterations(seconds: list) -> dict:
 
 def comparison(predicted_plan_s: float, time_scale: float, measured_s: float) -> dict:
     predicted = predicted_plan_s * time_scale
-    return {"predicted_s": predicted, "measured_s": measured_s, "relative_error": (measured_s - predicted) / predicted}
+    return {"predicted_s": predicted, "measured_s": measured_s,
+            "prediction_error": (predicted - measured_s) / measured_s}
 
 
 def _write_atomically(path: Path, text: str) -> None:
