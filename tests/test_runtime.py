@@ -263,3 +263,78 @@ def test_gather_from_ranks_collects_each_rank_and_names_a_failing_one():
     with pytest.raises(RankFailure, match=r"process 1 \(b\) failed: ValueError: boom"):
         gather_from_ranks(rank_reporting_one_failure, 3, names=["a", "b", "c"])
     assert gather_from_ranks(rank_reporting_one_failure, 1) == {0: 0}
+
+
+def _job(forward, backward, step):
+    import numpy as np
+    from types import SimpleNamespace
+
+    return SimpleNamespace(forward_s=np.array(forward), backward_s=np.array(backward), optimizer_s=np.array(step))
+
+
+def test_compute_overrun_measures_ops_past_the_plans_scaled_durations():
+    from planner.runtime.emulation import compute_overrun
+
+    job = _job([[0.1, 0.2]], [[0.2, 0.4]], [[0.01, 0.01]])  # plan seconds, replica 0, stages 0 and 1
+    scale = 2.0  # emulated seconds per plan second
+    on_time = [dict(rank=0, replica=0, stage=0, kind="fwd", start_s=0.0, end_s=0.2001),
+               dict(rank=1, replica=0, stage=1, kind="bwd", start_s=1.0, end_s=1.8),
+               dict(rank=1, replica=0, stage=1, kind="recv_fwd", start_s=0.0, end_s=0.9)]  # waits are not compute
+    calm = compute_overrun(on_time, job, scale, 2.0, names={})
+    assert calm["warning"] == "" and calm["ops"] == 2 and calm["ops_over"] == 0
+    late = on_time + [dict(rank=1, replica=0, stage=1, kind="fwd", start_s=2.0, end_s=2.0 + 0.4 + 0.3),
+                      dict(rank=0, replica=0, stage=0, kind="step", start_s=3.0, end_s=3.0 + 0.02 + 0.05)]
+    result = compute_overrun(late, job, scale, 2.0, names={1: "rank 1 (device b)"})
+    assert result["per_rank"]["1"]["overrun_s"] == pytest.approx(0.3)
+    assert result["per_rank"]["1"]["planned_s"] == pytest.approx(0.8 + 0.4)
+    assert result["per_rank"]["0"]["overrun_s"] == pytest.approx(0.05 + 0.0001)
+    assert result["worst_rank"] == 1 and result["worst_share_of_iteration"] == pytest.approx(0.15)
+    assert "rank 1 (device b) took 0.300 s more" in result["warning"] and "--time-scale" in result["warning"]
+    # at the suggested scale, rank 1's planned compute covers what this host took
+    assert result["suggested_time_scale"] >= scale * (1.2 + 0.3) / 1.2
+
+
+def test_emulated_run_past_the_plans_compute_times_warns_and_records_it(tmp_path):
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    plan = write_test_plan(tmp_path, topology, assignment=[["a0", "b0"]], layer_bounds=[0, 2, 4],
+                           micro_batches=[2], micro_batch_size=1, schedule="1f1b")
+    lines = []
+    # 1e-4 emulated seconds per plan second: the plan's compute lasts microseconds, this host's milliseconds.
+    results = launch(plan, LaunchOptions(emulate=True, time_scale=1e-4, iterations=2, warmup=0,
+                                         out_dir=str(tmp_path / "run")), log=lines.append)
+    overrun = results["emulation"]["compute_overrun"]
+    assert overrun["ops_over"] > 0 and overrun["worst_share_of_iteration"] > 0.02
+    assert overrun["suggested_time_scale"] > 1e-4
+    warnings = [line for line in lines if line.startswith("warning: this host overran the plan's compute times")]
+    assert len(warnings) == 1 and overrun["warning"] in warnings[0]
+
+
+def test_a_ranks_phase_is_the_innermost_known_function_on_its_stack():
+    import sys as system
+
+    from planner.runtime.supervise import PHASES, phase_of
+
+    space = {"sys": system}
+    exec(compile("def _recv():\n    return sys._getframe()\n", "engine.py", "exec"), space)
+    exec(compile("def _run(inner):\n    return inner()\n", "worker.py", "exec"), space)
+    exec(compile("def build_stage():\n    return sys._getframe()\n", "gpt.py", "exec"), space)
+    assert PHASES[phase_of(space["_run"](space["_recv"]))][0] == "training: waiting for the previous or next stage"
+    assert PHASES[phase_of(space["_run"](system._getframe))][0].startswith("training: synchronising")
+    assert PHASES[phase_of(space["build_stage"]())][0] == "building its stage"
+    assert PHASES[phase_of(system._getframe())][0] == "loading torch and the runtime"  # nothing known yet
+
+
+def test_a_cpu_launch_says_what_it_costs_and_what_each_rank_does(tmp_path):
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    plan = write_test_plan(tmp_path, topology, assignment=[["a0", "b0"]], layer_bounds=[0, 2, 4],
+                           micro_batches=[2], micro_batch_size=1, schedule="1f1b")
+    lines = []
+    launch(plan, LaunchOptions(backend="gloo", iterations=2, warmup=0, out_dir=str(tmp_path / "run"), progress_s=0.5),
+           log=lines.append)
+    estimate = [line for line in lines if line.startswith("training the full tiny on this CPU")]
+    assert len(estimate) == 1 and "GFLOP/s measured" in estimate[0] and "per iteration" in estimate[0]
+    progress = [line for line in lines if line.startswith("[")]
+    assert progress and all(" s] rank" in line for line in progress)
+    from planner.runtime.supervise import PHASES
+
+    assert any(phase in line for line in progress for phase, _ in PHASES[1:])

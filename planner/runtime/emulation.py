@@ -102,7 +102,7 @@ def compute_overrun(trace: list, job: PipelineJob, time_scale: float, iteration_
     """
     tables = {"fwd": job.forward_s, "bwd": job.backward_s,
               "step": job.optimizer_s if job.optimizer_s is not None else np.zeros_like(job.forward_s)}
-    per_rank, ratio, ops, over = {}, 1.0, 0, 0
+    per_rank, ops, over = {}, 0, 0
     for op in trace:
         if op["kind"] not in _COMPUTE_KINDS:
             continue
@@ -113,11 +113,12 @@ def compute_overrun(trace: list, job: PipelineJob, time_scale: float, iteration_
         entry = per_rank.setdefault(op["rank"], {"planned_s": 0.0, "overrun_s": 0.0})
         entry["planned_s"] += planned
         entry["overrun_s"] += excess
-        if planned > 0 and excess > 0:
-            ratio = max(ratio, (op["end_s"] - op["start_s"]) / planned)
     worst = max(per_rank, key=lambda r: per_rank[r]["overrun_s"]) if per_rank else None
     share = per_rank[worst]["overrun_s"] / iteration_s if worst is not None and iteration_s > 0 else 0.0
-    suggested = time_scale * ratio * 1.5
+    # A scale at which each rank's planned compute covers what this host took, with a 1.5x margin.
+    stretch = max([(v["planned_s"] + v["overrun_s"]) / v["planned_s"] for v in per_rank.values() if v["planned_s"] > 0]
+                  + [1.0])
+    suggested = time_scale * stretch * 1.5
     warning = ""
     if share > OVERRUN_WARNING_SHARE:
         w = per_rank[worst]

@@ -48,6 +48,7 @@ class LaunchOptions:
     dry_run: bool = False
     master_port: int = 29500
     save_state: bool = False
+    progress_s: float = 15.0  # local launches: every this many seconds, say what each rank is doing
 
 
 def auto_time_scale(inputs: RunInputs) -> float:
@@ -202,7 +203,8 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
     try:
         for process in processes.values():
             process.start()
-        watch(processes, errors, names, heartbeats, timeout_s=options.timeout_s, log=log, started_s=started)
+        watch(processes, errors, names, heartbeats, timeout_s=options.timeout_s, log=log, started_s=started,
+              progress_s=options.progress_s)
     finally:
         stop_processes(processes.values())
     if not os.path.exists(os.path.join(options.out_dir, "results.json")):

@@ -6,6 +6,8 @@ this host: per-iteration times as the max over ranks, median, spread, tokens/s, 
 memory per device, the op trace of the median iteration), ``predicted`` (the simulator's iteration
 time, memory and op trace, in the plan's seconds) and ``comparison`` (both in this host's seconds:
 the prediction times ``run.time_scale``, and ``prediction_error`` = (predicted - measured) / measured).
+Emulated runs add ``emulation`` (``compute_overrun``: how far this host ran past the plan's compute
+times, per rank, and the warning the launch printed).
 """
 
 import json

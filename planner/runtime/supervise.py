@@ -38,7 +38,7 @@ PHASES = (
     ("training: gradient all-reduce", ("engine.py", "_sync")),
     ("training: emulated compute", ("engine.py", "_emulate_compute")),
     ("training", ("engine.py", "iteration")),
-    ("training: between iterations", ("worker.py", "_run")),
+    ("training: synchronising ranks between iterations", ("worker.py", "_run")),
     ("writing results", ("worker.py", "_write")),
     ("finished", None),
 )
