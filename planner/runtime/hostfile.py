@@ -5,7 +5,9 @@ Format, one host per line, ``#`` starts a comment::
     10.0.0.1  a100-0 a100-1      # plan device names, in local-rank order
     10.0.0.2  @dc2-node0         # or @HOST: every plan device on that topology host
 
-The first line's host is the rendezvous master.
+The first line's host is the rendezvous master. An address is a host name, an IPv4 or IPv6 address
+(``[fe80::1]`` or ``fe80::1``) or ``user@`` one of those; anything else (``-oProxyCommand=...``, spaces,
+shell characters) is refused, and ssh gets ``--`` before the host.
 """
 
 import ipaddress

@@ -4,7 +4,11 @@ Local: one process per device of the plan on this host (NCCL when there is a GPU
 on the CPU; ``emulate`` runs the plan's devices and network emulated, see ``emulation``). With a
 hostfile: one ``torchrun`` per host (``dry_run`` prints the commands; otherwise hosts other than this
 one are reached with ``ssh``). Either way, if any rank dies or raises, the others are stopped at once
-and the launch fails naming the rank, its device and the error; no process is left behind.
+and the launch fails naming the rank, its device and the error (a rank that stops answering is found
+by its heartbeat, ``supervise``); no process is left behind, even when the launcher itself is killed
+(``guard``). Before anything starts, ``preflight`` re-checks memory with the plan's own model,
+refuses a GPU plan on a host without CUDA (``--backend gloo`` runs it on the CPU anyway, after saying
+what an iteration will cost) and makes sure the results folder can take the results.
 """
 
 import contextlib
@@ -152,9 +156,10 @@ def _say_what_it_costs(inputs: RunInputs, backend: str, log) -> None:
         return
     flops = cpu_flops()
     estimate = first_iteration_estimate(inputs, flops)
-    log(f"training the full {inputs.model.name} on this CPU ({flops / 1e9:.0f} GFLOP/s measured): about "
-        f"{format_duration(estimate)} per iteration" + (" (Ctrl-C stops it; --emulate runs the plan's devices "
-                                                         "emulated)" if estimate > _SLOW_FIRST_ITERATION_S else ""))
+    log(f"training the full {inputs.model.name} on this CPU: at least {format_duration(estimate)} per iteration "
+        f"(its model FLOPs at this CPU's {flops / 1e9:.0f} GFLOP/s of matrix products)"
+        + (" - Ctrl-C stops it; --emulate runs the plan's devices emulated" if estimate > _SLOW_FIRST_ITERATION_S
+           else ""))
 
 
 def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
