@@ -6,6 +6,7 @@ from cost_models.schedule import Schedule
 
 __all__ = [
     "state_bytes_per_parameter",
+    "optimizer_state_bytes_per_parameter",
     "layer_activation_bytes",
     "in_flight_micro_batches",
     "logits_bytes",
@@ -24,6 +25,15 @@ def state_bytes_per_parameter(precision: str, optimizer: str) -> float:
     if optimizer == "sgd":
         return 12.0
     raise ValueError(f"unknown optimizer {optimizer!r}")
+
+
+def optimizer_state_bytes_per_parameter(precision: str, optimizer: str) -> float:
+    """The part of ``state_bytes_per_parameter`` that ZeRO stage 1 shards over ``N_d`` data-parallel
+    ranks (Rajbhandari et al. 2020, sec. 5.1: ``(2 + 2 + K / N_d) * Psi`` with ``K = 12`` for
+    mixed-precision Adam): everything but the working weights and gradients (2 + 2 B in 16-bit,
+    4 + 4 B in fp32). Adam: 12 B mixed, 8 B fp32; SGD with momentum: 8 B mixed, 4 B fp32."""
+    working = 8.0 if precision == "fp32" else 4.0
+    return state_bytes_per_parameter(precision, optimizer) - working
 
 
 def layer_activation_bytes(s: int, b: int, h: int, a: int, *, dtype_bytes: int = 2, flash_attention: bool = False,

@@ -6,7 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planner.runtime.precision import DynamicLossScaler, MasterWeightOptimizer, runtime_dtype  # noqa: E402
+from planner.runtime.precision import (DynamicLossScaler, MasterWeightOptimizer, TrainingOptimizer,  # noqa: E402
+                                      runtime_dtype)
 
 CPU = torch.device("cpu")
 
@@ -32,7 +33,8 @@ def test_the_step_unscales_gradients_and_matches_fp32():
     model = _fp16_model()
     reference = torch.nn.Linear(8, 4)
     reference.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
-    optimizer = MasterWeightOptimizer(model.parameters(), "sgd", 0.1, fused=False, scaler=DynamicLossScaler(CPU))
+    optimizer = TrainingOptimizer([MasterWeightOptimizer(model.parameters(), "sgd", 0.1, fused=False)],
+                                  DynamicLossScaler(CPU))
     x = torch.randn(16, 8)
     loss = model(x.half()).float().pow(2).mean()
     (loss * optimizer.loss_scale).backward()
@@ -49,7 +51,8 @@ def test_the_step_unscales_gradients_and_matches_fp32():
 def test_an_overflow_skips_the_step_and_keeps_the_weights():
     model = _fp16_model()
     before = [p.detach().clone() for p in model.parameters()]
-    optimizer = MasterWeightOptimizer(model.parameters(), "adam", 0.1, fused=False, scaler=DynamicLossScaler(CPU))
+    optimizer = TrainingOptimizer([MasterWeightOptimizer(model.parameters(), "adam", 0.1, fused=False)],
+                                  DynamicLossScaler(CPU))
     for p in model.parameters():
         p.grad = torch.full_like(p, float("inf"))
     optimizer.step()

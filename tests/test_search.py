@@ -116,7 +116,7 @@ def test_estimate_and_simulator_agree_on_one_device_including_the_optimizer_step
     plan = Plan(layer_bounds=(0, job.model.layers), assignment=(("slow-0",),), micro_batches=(8,),
                 micro_batch_size=1, schedule="1f1b")
     prediction = predict(plan, job.topology, job.model, training)[0]
-    step = float(step_seconds(ctx, assign, stage_costs(ctx, 1, 1), (job.model.layers,))[0, 0])
+    step = float(step_seconds(ctx, assign, stage_costs(ctx, 1, 1, 1), (job.model.layers,))[0, 0])
     assert step == pytest.approx(prediction.breakdown_s["optimizer_s"]) and step > 0
     assert estimate == pytest.approx(prediction.iteration_s, rel=1e-9)
 

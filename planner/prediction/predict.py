@@ -11,7 +11,7 @@ from cost_models.network import Sync
 from cost_models.simulator import PipelineJob, Timeline, simulate
 from planner.plan.plan import Plan, Prediction
 from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_flops, layer_costs, optimizer_time_s,
-                                            stage_memory_bytes, stage_profile)
+                                            stage_memory_bytes, stage_profile, stage_step_bytes)
 
 __all__ = ["sync_time_s", "build_pipeline_job", "predict", "model_flops_per_iteration"]
 
@@ -26,7 +26,7 @@ def sync_time_s(topology, plan: Plan, profile: StageProfile, stage: int) -> floa
 
 def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts | None = None) -> PipelineJob:
     """The simulator's input for ``plan`` (``costs``: the stage model's, when the caller has them)."""
-    costs = costs or layer_costs(model, training, plan.micro_batch_size, plan.stages)
+    costs = costs or layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
     profile = stage_profile(costs, plan.layer_bounds)
     S = plan.stages
     device = np.array([[topology.index(d) for d in row] for row in plan.assignment])
@@ -34,7 +34,7 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     # The head runs at its own calibrated efficiency: its FLOPs count ``slowdown`` times.
     extra_head = profile.head_forward_flops[None, :] * (topology.head_slowdowns()[device] - 1.0)
     mem_bw = np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices])[device]
-    optimizer = optimizer_time_s(profile.parameters[None, :], costs.optimizer_bytes_per_param, mem_bw)
+    optimizer = optimizer_time_s(stage_step_bytes(costs, profile.parameters, np.arange(S))[None, :], mem_bw)
     sync = np.array([sync_time_s(topology, plan, profile, s) for s in range(S)])
     links = []
     for s in range(S):
@@ -55,7 +55,7 @@ def model_flops_per_iteration(model, global_batch: int) -> float:
 
 def predict(plan: Plan, topology, model, training, *, keep_records: bool = False) -> tuple:
     """Simulate ``plan``: returns (Prediction, Timeline)."""
-    costs = layer_costs(model, training, plan.micro_batch_size, plan.stages)
+    costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
     counts = np.diff(plan.layer_bounds)
     job = build_pipeline_job(plan, topology, model, training, costs)
     timeline: Timeline = simulate(job, keep_records=keep_records)

@@ -13,7 +13,8 @@ import numpy as np
 from cost_models import flops, memory
 
 __all__ = ["OPTIMIZER_BYTES_PER_PARAMETER", "LayerCosts", "layer_costs", "StageProfile", "stage_profile",
-           "stage_parameters", "stage_memory_bytes", "in_flight_table", "optimizer_time_s", "iteration_flops"]
+           "stage_parameters", "stage_memory_bytes", "stage_step_bytes", "in_flight_table", "optimizer_time_s",
+           "iteration_flops", "optimizer_shards"]
 
 # Bytes the optimizer update moves per parameter (read + write), a roofline estimate of a fused
 # Adam step: fp32 master, m and v read and written (24 B), the 16-bit gradient read and the 16-bit
@@ -26,7 +27,12 @@ class LayerCosts:
     """Per-block and per-stage-extra work, memory and messages for one micro-batch of
     ``micro_batch_size`` sequences, in a pipeline of ``stages`` stages. The extras of each stage
     (embeddings on the first, head and logits on the last) are derived once into arrays of length
-    ``stages``: ``stage_extra_params``, ``stage_extra_kept_bytes``, ``stage_transient_bytes``."""
+    ``stages``: ``stage_extra_params``, ``stage_extra_kept_bytes``, ``stage_transient_bytes``.
+
+    With the optimizer state sharded over ``shards`` replicas (ZeRO stage 1), the per-parameter
+    state and step bytes are the sharded ones; a tied embedding's two copies are summed over their
+    own group and stay unsharded, which ``stage_unsharded_bytes`` and ``stage_unsharded_step_bytes``
+    add back on the first and last stages."""
 
     stages: int
     layers: int
@@ -46,6 +52,11 @@ class LayerCosts:
     gradient_bytes_per_param: float  # what the all-reduce moves per parameter
     optimizer_bytes_per_param: float  # what the optimizer step reads and writes per parameter
     boundary_bytes: float
+    shards: int = 1  # replicas the optimizer state is sharded over (1: not sharded)
+    first_unsharded_params: float = 0.0  # the tied embedding on the first stage, when sharded
+    last_unsharded_params: float = 0.0  # its copy on the last stage
+    unsharded_state_bytes_per_param: float = 0.0  # optimizer state an unsharded parameter keeps beyond the sharded rate
+    unsharded_step_bytes_per_param: float = 0.0
 
     def __post_init__(self):
         first = (np.arange(self.stages) == 0).astype(float)
@@ -53,10 +64,20 @@ class LayerCosts:
         object.__setattr__(self, "stage_extra_params", first * self.first_params + last * self.last_params)
         object.__setattr__(self, "stage_extra_kept_bytes", first * self.first_kept_bytes + last * self.last_kept_bytes)
         object.__setattr__(self, "stage_transient_bytes", self.transient_bytes + last * self.last_transient_bytes)
+        unsharded = first * self.first_unsharded_params + last * self.last_unsharded_params
+        object.__setattr__(self, "stage_unsharded_bytes", unsharded * self.unsharded_state_bytes_per_param)
+        object.__setattr__(self, "stage_unsharded_step_bytes", unsharded * self.unsharded_step_bytes_per_param)
 
 
-def layer_costs(model, training, micro_batch_size: int, stages: int) -> LayerCosts:
-    """The costs of ``model`` under ``training`` (formulas in ``cost_models``, sources cited there)."""
+def optimizer_shards(training, replicas: int) -> int:
+    """Replicas each stage's optimizer state is split over: all of them under ZeRO stage 1
+    (``training.shard_optimizer`` true or auto), else 1."""
+    return replicas if training.shard_optimizer is not False and replicas > 1 else 1
+
+
+def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: int = 1) -> LayerCosts:
+    """The costs of ``model`` under ``training`` (formulas in ``cost_models``, sources cited there),
+    for ``stages`` stages of ``replicas`` replicas each (the optimizer state's shards)."""
     b, s, h, a, v = micro_batch_size, model.sequence, model.hidden, model.heads, model.vocabulary
     dtype = training.activation_bytes
     fwd = flops.layer_forward_flops(b, s, h, model.ffn_hidden, gated_mlp=model.gated_mlp)
@@ -74,6 +95,11 @@ def layer_costs(model, training, micro_batch_size: int, stages: int) -> LayerCos
         last_params = 0.0
     # Recomputation re-runs a block's forward in backward and keeps one block's full set meanwhile.
     transient = 2.0 * boundary + (full if training.recompute else 0.0)  # send and receive buffers
+    shards = optimizer_shards(training, replicas)
+    state = memory.state_bytes_per_parameter(training.precision, training.optimizer)
+    sharded_state = memory.optimizer_state_bytes_per_parameter(training.precision, training.optimizer)
+    step = OPTIMIZER_BYTES_PER_PARAMETER[training.optimizer]
+    tied_copy = float(v * h) if model.tied_embeddings and stages > 1 and shards > 1 else 0.0
     return LayerCosts(
         stages=stages, layers=model.layers, layer_forward_flops=fwd,
         layer_flops=fwd * flops.training_flops_multiplier(training.recompute),
@@ -83,10 +109,12 @@ def layer_costs(model, training, micro_batch_size: int, stages: int) -> LayerCos
         first_params=float(first_params), last_params=float(last_params), layer_kept_bytes=kept,
         first_kept_bytes=boundary, last_kept_bytes=memory.logits_bytes(s, b, v), transient_bytes=transient,
         last_transient_bytes=memory.logits_bytes(s, b, v),  # the logits' gradient
-        state_bytes_per_param=memory.state_bytes_per_parameter(training.precision, training.optimizer),
+        state_bytes_per_param=state - sharded_state * (1.0 - 1.0 / shards),
         gradient_bytes_per_param=float(dtype),
-        optimizer_bytes_per_param=OPTIMIZER_BYTES_PER_PARAMETER[training.optimizer],
-        boundary_bytes=boundary)
+        optimizer_bytes_per_param=step / shards,
+        boundary_bytes=boundary, shards=shards, first_unsharded_params=tied_copy, last_unsharded_params=tied_copy,
+        unsharded_state_bytes_per_param=sharded_state * (1.0 - 1.0 / shards),
+        unsharded_step_bytes_per_param=step * (1.0 - 1.0 / shards))
 
 
 def stage_parameters(costs: LayerCosts, n_layers, stage):
@@ -100,7 +128,13 @@ def stage_memory_bytes(costs: LayerCosts, n_layers, stage, in_flight):
     micro-batch's transient working set (recomputation, logits gradient, message buffers)."""
     kept = n_layers * costs.layer_kept_bytes + costs.stage_extra_kept_bytes[stage]
     return (stage_parameters(costs, n_layers, stage) * costs.state_bytes_per_param + in_flight * kept
-            + costs.stage_transient_bytes[stage])
+            + costs.stage_transient_bytes[stage] + costs.stage_unsharded_bytes[stage])
+
+
+def stage_step_bytes(costs: LayerCosts, parameters, stage):
+    """Bytes the optimizer step of stage ``stage`` moves, for ``parameters`` parameters on the stage
+    (this worker's shard of them under ZeRO stage 1)."""
+    return parameters * costs.optimizer_bytes_per_param + costs.stage_unsharded_step_bytes[stage]
 
 
 def in_flight_table(schedule: str, stages: int, micro_batches) -> np.ndarray:
@@ -110,9 +144,10 @@ def in_flight_table(schedule: str, stages: int, micro_batches) -> np.ndarray:
     return table if table.shape[1] == stages else np.repeat(table, stages, axis=1)
 
 
-def optimizer_time_s(parameters, optimizer_bytes_per_param: float, memory_bandwidth_bytes_per_s):
-    """The optimizer update is memory-bound: bytes moved / memory bandwidth (roofline, Williams et al. 2009)."""
-    return parameters * optimizer_bytes_per_param / memory_bandwidth_bytes_per_s
+def optimizer_time_s(step_bytes, memory_bandwidth_bytes_per_s):
+    """The optimizer update is memory-bound: bytes moved (``stage_step_bytes``) / memory bandwidth
+    (roofline, Williams et al. 2009)."""
+    return step_bytes / memory_bandwidth_bytes_per_s
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -18,7 +18,7 @@ from cost_models.schedule import stage_ops
 from planner.runtime.data import global_batch_tokens, micro_batch_rows
 from planner.runtime.emulation import Emulator, now_s, sleep_until
 
-__all__ = ["Layout", "StageGroups", "make_groups", "StageExecutor", "BUCKET_BYTES"]
+__all__ = ["Layout", "StageGroups", "make_groups", "split_parameters", "StageExecutor", "BUCKET_BYTES"]
 
 BUCKET_BYTES = 64 * 2**20  # gradient all-reduce bucket (Li et al. 2020, PyTorch DDP, sec. 3.2.3)
 
@@ -77,6 +77,19 @@ class _Timer:
         return [m - marks[0] for m in marks]
 
 
+def split_parameters(module, stages: int) -> tuple:
+    """(the stage's own parameters, synced over its replicas; the tied embedding's copy on the first
+    or last stage, synced over the embedding group and never sharded)."""
+    tied = module.spec.tied_embeddings and stages > 1
+    shared = []
+    if tied and module.is_first:
+        shared.append(module.embed.weight)
+    if tied and module.tied_copy:
+        shared.append(module.head.weight)
+    ids = {id(p) for p in shared}
+    return [p for p in module.parameters() if id(p) not in ids], shared
+
+
 class StageExecutor:
     """Runs iterations of one (replica, stage) of ``plan`` on ``module``."""
 
@@ -91,15 +104,7 @@ class StageExecutor:
         self.total_micro_batches = sum(plan.micro_batches)
         spec = module.spec
         self.boundary_shape = (plan.micro_batch_size, spec.sequence, spec.hidden)
-        tied = spec.tied_embeddings and layout.stages > 1
-        shared = []
-        if tied and module.is_first:
-            shared.append(module.embed.weight)
-        if tied and module.tied_copy:
-            shared.append(module.head.weight)
-        self.embedding_parameters = shared
-        ids = {id(p) for p in shared}
-        self.stage_parameters = [p for p in module.parameters() if id(p) not in ids]
+        self.stage_parameters, self.embedding_parameters = split_parameters(module, layout.stages)
         self.timer = _Timer(device)
         self.loss_scale = 1.0
 
@@ -193,7 +198,10 @@ class StageExecutor:
                                dtype=torch.float64)
             dist.all_reduce(end, op=dist.ReduceOp.MAX, group=self.groups.stage)
             end_s = float(end[0])
-        if self.layout.replicas > 1:
+        sharded = getattr(self.optimizer, "sharded", None)
+        if sharded is not None:
+            sharded.reduce_scatter()  # ZeRO stage 1: each replica gets its own shard's sum
+        elif self.layout.replicas > 1:
             _all_reduce_sum(self.stage_parameters, self.groups.stage)
         if self.groups.embedding is not None and self.embedding_parameters:
             _all_reduce_sum(self.embedding_parameters, self.groups.embedding)

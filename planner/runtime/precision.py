@@ -17,8 +17,8 @@ flag is all-reduced over all ranks.
 import torch
 import torch.distributed as dist
 
-__all__ = ["MasterWeightOptimizer", "DynamicLossScaler", "make_optimizer", "plain_optimizer", "runtime_dtype",
-           "CHUNK_BYTES"]
+__all__ = ["MasterWeightOptimizer", "DynamicLossScaler", "TrainingOptimizer", "make_optimizer", "plain_optimizer",
+           "runtime_dtype", "CHUNK_BYTES"]
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -73,9 +73,8 @@ def plain_optimizer(parameters, name: str, learning_rate: float, fused: bool = F
 class MasterWeightOptimizer:
     """Steps fp32 master copies of 16-bit ``parameters`` and writes the result back into them."""
 
-    def __init__(self, parameters, name: str, learning_rate: float, *, fused: bool,
-                 scaler: DynamicLossScaler | None = None):
-        self.parameters, self.scaler = list(parameters), scaler
+    def __init__(self, parameters, name: str, learning_rate: float, *, fused: bool):
+        self.parameters = list(parameters)
         self.chunks = []
         chunk, size = [], 0
         for p in self.parameters:
@@ -89,16 +88,11 @@ class MasterWeightOptimizer:
         self.masters = [[p.detach().float().clone() for p in chunk] for chunk in self.chunks]
         self.optimizers = [plain_optimizer(masters, name, learning_rate, fused) for masters in self.masters]
 
-    @property
-    def loss_scale(self) -> float:
-        """What the loss is multiplied by before backward (1 without a scaler)."""
-        return self.scaler.scale if self.scaler else 1.0
+    def grads(self) -> list:
+        return [p.grad for p in self.parameters if p.grad is not None]
 
     @torch.no_grad()
-    def step(self) -> None:
-        unscale = 1.0 / self.loss_scale
-        if self.scaler and self.scaler.overflowed([p.grad for p in self.parameters if p.grad is not None]):
-            return  # every rank skips this step; the scale is halved
+    def step(self, unscale: float = 1.0) -> None:
         for chunk, masters, optimizer in zip(self.chunks, self.masters, self.optimizers):
             for p, m in zip(chunk, masters):
                 m.grad = p.grad.float().mul_(unscale) if p.grad is not None else None
@@ -112,10 +106,66 @@ class MasterWeightOptimizer:
             p.grad = None
 
 
-def make_optimizer(module, name: str, learning_rate: float, dtype: torch.dtype, device: torch.device):
-    """The optimizer for ``module``: plain fp32, or master weights when the module is 16-bit."""
+class _Plain:
+    """A torch optimizer over fp32 parameters as they are (no loss scaling in fp32)."""
+
+    def __init__(self, parameters, name: str, learning_rate: float, *, fused: bool):
+        self.parameters = list(parameters)
+        self.optimizer = plain_optimizer(self.parameters, name, learning_rate, fused)
+
+    def grads(self) -> list:
+        return [p.grad for p in self.parameters if p.grad is not None]
+
+    def step(self, unscale: float = 1.0) -> None:
+        assert unscale == 1.0, "fp32 runs do not scale the loss"
+        self.optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+
+class TrainingOptimizer:
+    """A worker's optimizer: its parts (the stage's parameters, sharded or not, and a tied
+    embedding's copy, never sharded), stepped together after one overflow check in fp16."""
+
+    def __init__(self, parts: list, scaler: DynamicLossScaler | None = None):
+        self.parts, self.scaler = [p for p in parts if p is not None], scaler
+
+    @property
+    def loss_scale(self) -> float:
+        """What the loss is multiplied by before backward (1 without a scaler)."""
+        return self.scaler.scale if self.scaler else 1.0
+
+    @property
+    def sharded(self):
+        """The part whose optimizer state is sharded over the stage's replicas, or None."""
+        return next((p for p in self.parts if hasattr(p, "reduce_scatter")), None)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        unscale = 1.0 / self.loss_scale
+        if self.scaler and self.scaler.overflowed([g for part in self.parts for g in part.grads()]):
+            return  # every rank skips this step; the scale is halved
+        for part in self.parts:
+            part.step(unscale)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self.parts:
+            part.zero_grad(set_to_none)
+
+
+def make_optimizer(parameters, name: str, learning_rate: float, dtype: torch.dtype, device: torch.device, *,
+                   sharded=(), shard_group=None) -> TrainingOptimizer:
+    """The optimizer of a worker: plain fp32, or fp32 master weights when the weights are 16-bit
+    (with loss scaling in fp16); ``sharded`` parameters keep only this rank's shard of the state
+    over ``shard_group`` (ZeRO stage 1, ``planner.runtime.sharded``)."""
+    from planner.runtime.sharded import ShardedOptimizer
+
     fused = device.type == "cuda"
-    if dtype == torch.float32:
-        return plain_optimizer(module.parameters(), name, learning_rate, fused)
-    scaler = DynamicLossScaler(device) if dtype == torch.float16 else None
-    return MasterWeightOptimizer(module.parameters(), name, learning_rate, fused=fused, scaler=scaler)
+    parameters = list(parameters.parameters()) if isinstance(parameters, torch.nn.Module) else list(parameters)
+    sharded_ids = {id(p) for p in sharded}
+    rest = [p for p in parameters if id(p) not in sharded_ids]
+    kind = _Plain if dtype == torch.float32 else MasterWeightOptimizer
+    parts = [ShardedOptimizer(list(sharded), name, learning_rate, group=shard_group, fused=fused) if sharded else None,
+             kind(rest, name, learning_rate, fused=fused) if rest else None]
+    return TrainingOptimizer(parts, DynamicLossScaler(device) if dtype == torch.float16 else None)

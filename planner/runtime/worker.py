@@ -23,7 +23,7 @@ import torch.distributed as dist
 from planner.prediction.predict import build_pipeline_job, model_flops_per_iteration, predict
 from planner.plan.document import plan_to_document
 from planner.runtime.emulation import Emulator, SharedResources, now_s
-from planner.runtime.engine import Layout, StageExecutor, make_groups
+from planner.runtime.engine import Layout, StageExecutor, make_groups, split_parameters
 from planner.runtime.gpt import build_stage
 from planner.runtime.inputs import RunInputs, emulated_model, load_run_inputs
 from planner.runtime.precision import make_optimizer, runtime_dtype
@@ -111,7 +111,10 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     # 16-bit weights with fp32 master weights on GPUs (as the memory model counts); fp32 on the CPU.
     dtype = runtime_dtype(training.precision, device)
     module = module.to(device=device, dtype=dtype)
-    optimizer = make_optimizer(module, training.optimizer, config.learning_rate, dtype, device)
+    own, _ = split_parameters(module, layout.stages)
+    shard = training.shard_optimizer is not False and layout.replicas > 1
+    optimizer = make_optimizer(module, training.optimizer, config.learning_rate, dtype, device,
+                               sharded=own if shard else (), shard_group=groups.stage)
     emulator = None
     if config.emulate:
         job = build_pipeline_job(plan, inputs.topology, model, training)
@@ -160,6 +163,7 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     if rank == 0:
         scaler = getattr(optimizer, "scaler", None)  # fp16: every rank holds the same scale
         scaling = {"loss_scale": scaler.scale, "skipped_steps": scaler.skipped} if scaler else {}
+        scaling["optimizer_shards"] = optimizer.sharded.shards if optimizer.sharded else 1
         _write(config, inputs, executed, times, losses, gathered, device, dtype, scaling)
 
 

@@ -39,7 +39,8 @@ def lower_bound_s(topology, model, training) -> float:
     fastest = np.cumsum(speed)
     per_sequence = layer_costs(model, training, 1, 1)  # the stage model for one sequence, one stage
     params = per_sequence.layers * per_sequence.layer_params + per_sequence.first_params  # the whole model
-    state = params * per_sequence.state_bytes_per_param
+    # The least state a device can hold: the model's sharded over every device if sharding is allowed.
+    state = params * layer_costs(model, training, 1, 1, topology.size).state_bytes_per_param
     fewest_stages = max(1, math.ceil(state / float(topology.memory_bytes().max())))
     layer_params, sequence_layer_flops = per_sequence.layer_params, per_sequence.layer_flops
     gradient_bytes = per_sequence.gradient_bytes_per_param

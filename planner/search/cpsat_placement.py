@@ -38,7 +38,7 @@ from cost_models.schedule import Schedule
 from ortools.sat.python import cp_model
 
 from planner.search.cpsat import RESOLUTION_S, make_solver
-from planner.prediction.stage_model import stage_memory_bytes, stage_parameters
+from planner.prediction.stage_model import stage_memory_bytes, stage_parameters, stage_step_bytes
 from planner.search.evaluate import (Candidate, backward_share, gradient_bytes, ring_cost, score_split,
                                     stage_costs)
 
@@ -76,7 +76,7 @@ def exact_placement(ctx, stages: int, replicas: int, micro_batch_size: int, sche
     """
     started = time.perf_counter()
     n, total = ctx.topology.size, ctx.training.global_batch // micro_batch_size
-    costs = stage_costs(ctx, micro_batch_size, stages)
+    costs = stage_costs(ctx, micro_batch_size, stages, replicas)
     if stages * replicas > n or stages > costs.layers or total < replicas:
         return ExactPlacement(status="infeasible", candidate=None, objective_s=math.inf, bound_s=math.inf,
                               wall_s=time.perf_counter() - started)
@@ -296,7 +296,7 @@ class _PlacementModel:
         """Each worker's optimizer step after its stage's all-reduce: the stage's parameters
         (``stage_parameters``, linear in its layer count) through the device's memory bandwidth."""
         m, S, c = self.model, self.S, self.costs
-        fixed = stage_parameters(c, 0.0, np.arange(S)) * c.optimizer_bytes_per_param
+        fixed = stage_step_bytes(c, stage_parameters(c, 0.0, np.arange(S)), np.arange(S))
         per_layer_ns = _ns(c.layer_params * c.optimizer_bytes_per_param / self.ctx.mem_bw)  # (n,)
         fixed_ns = _ns(fixed[None, :] / self.ctx.mem_bw[:, None])  # (n, S)
         self.step_horizon_ns = int((per_layer_ns * self.L + fixed_ns.max(axis=1)).max())

@@ -11,7 +11,7 @@ import numpy as np
 
 from cost_models.schedule import Schedule
 from planner.prediction.stage_model import (in_flight_table, layer_costs, optimizer_time_s, stage_memory_bytes,
-                                            stage_parameters)
+                                            stage_parameters, stage_step_bytes)
 from planner.search.balance import split_batch, split_layers
 
 __all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "score_split", "fits", "stage_costs",
@@ -54,11 +54,11 @@ def make_context(topology, model, training) -> SearchContext:
                          network=topology.network, costs={}, rings={}, ring_nics={})
 
 
-def stage_costs(ctx: SearchContext, micro_batch_size: int, stages: int):
-    """The per-layer costs of ``stages`` stages at ``micro_batch_size``, memoised in the context."""
-    key = (micro_batch_size, stages)
+def stage_costs(ctx: SearchContext, micro_batch_size: int, stages: int, replicas: int):
+    """The per-layer costs of ``stages`` x ``replicas`` at ``micro_batch_size``, memoised in the context."""
+    key = (micro_batch_size, stages, replicas)
     if key not in ctx.costs:
-        ctx.costs[key] = layer_costs(ctx.model, ctx.training, micro_batch_size, stages)
+        ctx.costs[key] = layer_costs(ctx.model, ctx.training, micro_batch_size, stages, replicas)
     return ctx.costs[key]
 
 
@@ -213,7 +213,7 @@ def _stage_params(costs, counts) -> np.ndarray:
 
 
 def _step(ctx, assign, costs, params) -> np.ndarray:
-    return optimizer_time_s(params[None, :], costs.optimizer_bytes_per_param, ctx.mem_bw[assign])
+    return optimizer_time_s(stage_step_bytes(costs, params, np.arange(params.size))[None, :], ctx.mem_bw[assign])
 
 
 def gradient_bytes(costs, counts) -> np.ndarray:
@@ -239,7 +239,7 @@ def score_split(ctx: SearchContext, assign: np.ndarray, counts, micro_batches, m
     """The estimate for a fully decided placement, layer split and batch split (None if it does not
     fit or the counts are invalid): the objective ``evaluate_placement`` minimises over the splits."""
     R, S = assign.shape
-    costs = stage_costs(ctx, micro_batch_size, S)
+    costs = stage_costs(ctx, micro_batch_size, S, R)
     total = ctx.training.global_batch // micro_batch_size
     if (len(counts) != S or sum(counts) != costs.layers or min(counts) < 1 or len(micro_batches) != R
             or sum(micro_batches) != total or min(micro_batches) < 1):
@@ -272,7 +272,7 @@ def _evaluate(ctx, assign, micro_batch_size, schedule, micro_batches, split) -> 
     total = ctx.training.global_batch // micro_batch_size
     if total < R:
         return None
-    costs = stage_costs(ctx, micro_batch_size, S)
+    costs = stage_costs(ctx, micro_batch_size, S, R)
     speed = ctx.speed[assign]
     capacity = ctx.capacity[assign]
     head_slowdown = float(ctx.head_slowdown[assign[:, -1]].max())

@@ -22,6 +22,7 @@ import numpy as np
 from cost_models.schedule import Schedule
 
 from planner.prediction.predict import predict
+from planner.prediction.stage_model import optimizer_shards
 from planner.errors import InputError
 from planner.plan.plan import Plan, validate_plan
 from planner.plan.precision import resolve_precision
@@ -135,7 +136,7 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     plan, record = engine(topology, model, training, options, rng=rng, callback=callback, x0=x0, started=started)
     history = record.pop("history", [])
     bound = objective.lower_bound(topology, model, training)  # over every device, at the asked precision
-    training, plan = _with_resolved_precision(plan, topology, model, training)
+    training, plan = _resolved_training(plan, topology, model, training)
     validate_plan(plan, topology, model, training)
     score = objective.score(plan, topology, model, training)
     wall = time.perf_counter() - started
@@ -148,12 +149,15 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
                         algorithm=record["algorithm"], exact_shapes=record.get("exact", []), training=training)
 
 
-def _with_resolved_precision(plan, topology, model, training) -> tuple:
-    """``auto`` precision becomes bf16 or fp16 by the devices the plan uses; the plan is predicted
-    again at the resolved format's peak when that changes a device's speed."""
+def _resolved_training(plan, topology, model, training) -> tuple:
+    """The training the plan runs: ``auto`` precision becomes bf16 or fp16 by the devices the plan
+    uses (the plan is predicted again at the resolved format's peak when that changes a device's
+    speed), and ``shard_optimizer`` says whether this plan's stages shard their optimizer state."""
     precision = resolve_precision(topology, plan.used_devices, training.precision)
     if precision == training.precision:
         return training, plan
+    shard = optimizer_shards(training, plan.replicas) > 1
+    resolved = replace(training, precision=precision, shard_optimizer=shard)
     resolved = replace(training, precision=precision)
     devices = [topology.devices[topology.index(name)] for name in plan.used_devices]
     if any(d.effective_flops(training.precision) != d.effective_flops(precision) for d in devices):
