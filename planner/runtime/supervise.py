@@ -192,7 +192,9 @@ def _failure_message(processes: dict, errors, names: dict, ranks: _Ranks) -> str
     causes = [r for r, text in reported.items() if not any(word in text.lower() for word in secondary)]
     rank = (causes or sorted(reported) or [r for r, p in processes.items() if p.exitcode not in (None, 0)])[0]
     text = reported.get(rank, f"exited with code {processes[rank].exitcode}")
-    return f"{names[rank]} failed: {text}; the other ranks were stopped"
+    doing = ranks.summary() if reported and not causes else ""  # only waits failed: who was doing what
+    return f"{names[rank]} failed: {text}; " + (f"still running then: {doing}; " if doing else "") + \
+        "the other ranks were stopped"
 
 
 def stop_processes(processes) -> None:
