@@ -29,6 +29,8 @@ from planner.plan.precision import resolve_precision
 from planner.search.bounds import work_flops
 from planner.search.construct import layouts
 from planner.search.cpsat_placement import exact_placement, model_is_small_enough
+from planner.search.deadline import (REFINE_ESTIMATES_PER_S, SIMULATION_UNITS_PER_S, Budget, construct_units,
+                                     simulation_units)
 from planner.search.dtfm_plan import dtfm_objective_plan
 from planner.search.evaluate import Candidate, evaluate_placement, make_context, score_split
 from planner.search.genetic import POPULATION, genetic_search
@@ -36,7 +38,7 @@ from planner.search.local import iterated_local_search
 from planner.search.objective import IterationTime, Objective
 from planner.search.plans import candidate_to_plan
 from planner.search.no_plan import network_error, no_degrees_error, no_fit_error, too_few_micro_batches_error
-from planner.search.refine import refine_split
+from planner.search.refine import REFINE_EVALUATIONS, refine_split
 
 __all__ = ["SearchOptions", "SearchResult", "search"]
 
@@ -181,13 +183,21 @@ def _allocation_search(topology, model, training, options, *, rng, callback, x0,
 
 def _placement_search(topology, model, training, options, *, rng, callback, x0, started) -> tuple:
     """The placement engine (steps 1-6 of this module's description): the best plan by the
-    simulator among the estimate's best candidates, and the search's record."""
-    deadline = started + options.time_limit_s
+    simulator among the estimate's best candidates, and the search's record.
+
+    Every phase runs on a deterministic work budget sized by the time limit and stops at its share
+    of the limit if the clock gets there first (``planner.search.deadline``)."""
+    budget = Budget(limit_s=options.time_limit_s, started=started)
     ctx = make_context(topology, model, training)
     history = []
     evaluations = 0
     candidates = []
     best_score = np.inf
+
+    def report(phase: str, best: float) -> None:
+        if callback and callback({"evaluations": evaluations, "best_s": best, "phase": phase}):
+            budget.stop()
+
     # Degree pairs by ascending work bound; once a pair's bound reaches the best estimate, no later
     # pair can beat it (every estimate is at least its pair's bound), so the loop stops there.
     allowed = _degree_pairs(topology.size, model.layers, options)
@@ -197,32 +207,34 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
     if min(d for _, d in allowed) > training.global_batch // min(sizes):
         raise too_few_micro_batches_error(training.global_batch, min(sizes), min(d for _, d in allowed))
     pairs = _ordered_pairs(allowed, work_flops(topology, model, training), ctx.speed)
+    units = 0.0
     for pair_bound, stages, replicas in pairs:
         if pair_bound >= best_score:
             break
+        if candidates and (units >= budget.construct_units() or budget.out_of_time("construct")):
+            break  # the first pair with a plan that fits is always finished
         for layout_name, assign in layouts(topology, ctx.speed, ctx.capacity, stages, replicas).items():
             for micro_batch_size in sizes:
                 for schedule in _schedules(training):
                     evaluations += 1
+                    units += construct_units(stages * replicas)
                     candidate = evaluate_placement(ctx, assign, micro_batch_size, schedule)
                     if candidate is not None:
                         candidates.append(candidate)
                         best_score = min(best_score, candidate.score_s)
-        if callback and callback({"evaluations": evaluations, "best_s": best_score, "phase": "construct"}):
-            deadline = 0.0
-        if time.perf_counter() > deadline:
-            break
-    start = _start_candidate(ctx, x0)
-    if start is not None:
-        candidates.append(start)
+        report("construct", best_score)
+    x0_candidate = _start_candidate(ctx, x0)
+    if x0_candidate is not None:
+        candidates.append(x0_candidate)
     if not candidates:
         raise no_fit_error(topology, model, training, allowed, sizes, stages_pinned=bool(options.stages),
                            speed=ctx.speed, capacity=ctx.capacity)
     candidates.sort(key=lambda c: c.score_s)
     best_estimate = candidates[0].score_s
+    first = candidates[0]
+    budget.reserve_finalists(first.assign.shape[1], first.assign.shape[0], sum(first.micro_batches))
     history.append((evaluations, time.perf_counter() - started, best_estimate))
-    if callback and callback({"evaluations": evaluations, "best_s": best_estimate, "phase": "construct"}):
-        deadline = 0.0
+    report("construct", best_estimate)
     # Local search from the best three distinct shapes, the best of each schedule among them: the
     # estimate's errors differ between GPipe and 1F1B, so both get improved placements to simulate.
     seen, starts = set(), []
@@ -238,42 +250,45 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
             starts.append(c)
     starts.sort(key=lambda c: c.score_s)
     improved = []
-    per_start = options.max_evaluations // max(len(starts), 1)
+    per_start = budget.estimates("local", options.max_evaluations) // max(len(starts), 1)
     for start in starts:
-        result, used = iterated_local_search(ctx, start, rng, per_start, deadline)
+        result, used = iterated_local_search(ctx, start, rng, per_start, budget.end("local"))
+        budget.note_cut("local", used < per_start and budget.out_of_time("local"))
         evaluations += used
         improved.append(result)
         best_estimate = min(best_estimate, result.score_s)
         history.append((evaluations, time.perf_counter() - started, best_estimate))
-        if callback and callback({"evaluations": evaluations, "best_s": best_estimate, "phase": "local"}):
-            deadline = 0.0
+        report("local", best_estimate)
     # Genetic search on the best shape, seeded with its layouts and local-search results.
     leader = min(improved, key=lambda c: c.score_s)
     shape = (leader.assign.shape, leader.micro_batch_size, leader.schedule)
     seeds = [c for c in sorted(improved + candidates, key=lambda c: c.score_s)
              if (c.assign.shape, c.micro_batch_size, c.schedule) == shape][:POPULATION]
-    result, used = genetic_search(ctx, seeds, rng, options.max_evaluations // 4, deadline)
+    genetic_budget = budget.estimates("genetic", options.max_evaluations // 4)
+    result, used = genetic_search(ctx, seeds, rng, genetic_budget, budget.end("genetic"))
+    budget.note_cut("genetic", used < genetic_budget and budget.out_of_time("genetic"))
     evaluations += used
     improved.append(result)
     best_estimate = min(best_estimate, result.score_s)
     history.append((evaluations, time.perf_counter() - started, best_estimate))
-    if callback:
-        callback({"evaluations": evaluations, "best_s": best_estimate, "phase": "genetic"})
+    report("genetic", best_estimate)
     exact_shapes = []
     if options.exact and topology.size <= EXACT_DEVICES:
+        work = budget.exact_work(len(starts), options.exact_work_per_shape)
         for start in starts:
-            if time.perf_counter() > deadline:
+            if budget.remaining_s("exact") < _EXACT_MIN_S:
+                budget.note_cut("exact", True)
                 break
             shape_best = min((c for c in improved + candidates if _shape(c) == _shape(start)), key=lambda c: c.score_s)
-            record, exact = _solve_exactly(ctx, shape_best, options, deadline)
+            record, exact = _solve_exactly(ctx, shape_best, work, budget.remaining_s("exact"))
             if record is not None:
                 exact_shapes.append(record)
             if exact is not None:
                 improved.append(exact)
                 best_estimate = min(best_estimate, exact.score_s)
+            budget.note_cut("exact", budget.out_of_time("exact"))
         history.append((evaluations, time.perf_counter() - started, best_estimate))
-        if callback:
-            callback({"evaluations": evaluations, "best_s": best_estimate, "phase": "exact"})
+        report("exact", best_estimate)
     pool = sorted(improved + candidates, key=lambda c: c.score_s)
     unique, keys = [], set()
     for c in pool:
@@ -289,29 +304,61 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
         if leader.key() not in keys:
             keys.add(leader.key())
             unique.append(leader)
-    if start is not None and start.key() not in keys:  # the starting plan is simulated too
-        keys.add(start.key())
-        unique.append(start)
+    if x0_candidate is not None and x0_candidate.key() not in keys:  # the starting plan is simulated too
+        keys.add(x0_candidate.key())
+        unique.append(x0_candidate)
+    # The best constructed plan too: local search lowers the estimate, which can misjudge a
+    # placement by more than it gains (case 5: an improved 8 x 8 estimated 37.2 s simulates at
+    # 40.4 s, the constructed one estimated 38.2 s at 30.6 s).
+    constructed = candidates[0]
+    if constructed.key() not in keys:
+        keys.add(constructed.key())
+        unique.insert(1, constructed)
+    # The best of each shape first: when the finalists' budget ends the simulation early, the
+    # shapes the estimate may misjudge have each had their best simulated.
+    leaders, shapes = [], set()
+    for c in unique[:1] + [constructed] + unique[1:]:
+        if any(c is leader for leader in leaders):
+            continue
+        if _shape(c) not in shapes:
+            shapes.add(_shape(c))
+            leaders.append(c)
+        elif c is constructed:
+            leaders.append(c)
+    unique = leaders + [c for c in unique if not any(c is leader for leader in leaders)]
     # Refined splits go to the simulator, and the two leading unrefined ones too: the estimate that
-    # refinement lowers is not the simulator's prediction, which has the last word.
-    refined = []
+    # refinement lowers is not the simulator's prediction, which has the last word. Finalists are
+    # refined and simulated in order until the finalists' share of the limit is spent; the first
+    # is always simulated, so there is a plan.
+    best_plan, best_time, unfinished, simulated = None, np.inf, [], 0
+    work_s, allowed_s = 0.0, budget.finalists_work_s()  # deterministic work, in seconds at fixed rates
+
+    def more() -> bool:  # whether another finalist may be refined or simulated: until one fits, always
+        return best_plan is None or (work_s < allowed_s and not budget.out_of_time("finalists"))
+
     for rank, c in enumerate(unique):
-        better, used = refine_split(ctx, c)
-        evaluations += used
-        refined.append(better)
-        if rank < KEEP_UNREFINED and better is not c:
-            refined.append(c)
-    unique = refined
-    best_estimate = min([best_estimate] + [c.score_s for c in unique])
+        if not more():
+            break
+        tries = [c]
+        if more():
+            better, used = refine_split(ctx, c, budget=min(REFINE_EVALUATIONS, max(1, int(
+                REFINE_ESTIMATES_PER_S * max(allowed_s - work_s, 0.0)))), deadline=budget.end("finalists"))
+            evaluations += used
+            work_s += used / REFINE_ESTIMATES_PER_S
+            tries = [better, c] if rank < KEEP_UNREFINED and better is not c else [better]
+            best_estimate = min(best_estimate, better.score_s)
+        for candidate in tries:
+            if not more():
+                break
+            plan = candidate_to_plan(ctx, candidate)
+            prediction, _ = predict(plan, topology, model, training)
+            simulated += 1
+            work_s += simulation_units(plan.stages, plan.replicas, sum(plan.micro_batches)) / SIMULATION_UNITS_PER_S
+            if prediction.fits and not math.isfinite(prediction.iteration_s):
+                unfinished.append(prediction.iteration_s)
+            elif prediction.fits and prediction.iteration_s < best_time:
+                best_plan, best_time = plan.with_prediction(prediction), prediction.iteration_s
     history.append((evaluations, time.perf_counter() - started, best_estimate))
-    best_plan, best_time, unfinished = None, np.inf, []
-    for c in unique:
-        plan = candidate_to_plan(ctx, c)
-        prediction, _ = predict(plan, topology, model, training)
-        if prediction.fits and not math.isfinite(prediction.iteration_s):
-            unfinished.append(prediction.iteration_s)
-        elif prediction.fits and prediction.iteration_s < best_time:
-            best_plan, best_time = plan.with_prediction(prediction), prediction.iteration_s
     if best_plan is None:
         if unfinished:
             raise network_error(unfinished)
@@ -319,7 +366,8 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
                            speed=ctx.speed, capacity=ctx.capacity)
     algorithm = "construct+local+genetic" + ("+cpsat" if exact_shapes else "") + "+refine"
     return best_plan, {"algorithm": algorithm, "evaluations": evaluations, "exact": exact_shapes,
-                       "history": history, "pinned": {"stages": options.stages, "replicas": options.replicas}}
+                       "history": history, "pinned": {"stages": options.stages, "replicas": options.replicas},
+                       "simulated": simulated, "clock_cut": list(budget.clock_cut)}
 
 
 def _start_candidate(ctx, x0: Plan | None) -> Candidate | None:
@@ -341,15 +389,18 @@ def _shape(c: Candidate) -> tuple:
     return c.assign.shape, c.micro_batch_size, c.schedule
 
 
-def _solve_exactly(ctx, hint: Candidate, options, deadline: float) -> tuple:
-    """(record, best candidate) of CP-SAT on ``hint``'s shape; (None, None) when its sync groups are
-    too many to enumerate."""
+_EXACT_MIN_S = 0.05  # CP-SAT is not started with less time than this left in its share
+
+
+def _solve_exactly(ctx, hint: Candidate, work_limit: float, seconds: float) -> tuple:
+    """(record, best candidate) of CP-SAT on ``hint``'s shape within ``work_limit`` units of
+    deterministic time and ``seconds`` of wall time (half for completing the hint, half for the
+    solve); (None, None) when its sync groups are too many to enumerate."""
     R, S = hint.assign.shape
     if not model_is_small_enough(ctx.topology.size, S, R):
         return None, None
-    result = exact_placement(ctx, S, R, hint.micro_batch_size, hint.schedule, hint=hint,
-                             work_limit=options.exact_work_per_shape,
-                             time_limit_s=max(0.1, deadline - time.perf_counter()))
+    result = exact_placement(ctx, S, R, hint.micro_batch_size, hint.schedule, hint=hint, work_limit=work_limit,
+                             time_limit_s=seconds / 2)
     return {"stages": S, "replicas": R, "micro_batch_size": hint.micro_batch_size, "schedule": hint.schedule,
             "status": result.status, "estimate_s": _finite(result.objective_s), "bound_s": _finite(result.bound_s),
             "wall_s": round(result.wall_s, 3)}, result.candidate

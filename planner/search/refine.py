@@ -9,6 +9,8 @@ micro-batch need not be balanced like the others). A best-improvement descent ov
 ``score_split``, closes that difference on the final candidates.
 """
 
+import math
+import time
 from dataclasses import replace
 
 from planner.search.evaluate import Candidate, score_split
@@ -31,10 +33,11 @@ def _neighbours(counts: tuple, micro: tuple):
         yield counts, tuple(moved)
 
 
-def refine_split(ctx, candidate: Candidate, budget: int = REFINE_EVALUATIONS) -> tuple:
-    """(refined candidate, estimates spent): never worse than ``candidate``, same placement."""
+def refine_split(ctx, candidate: Candidate, budget: int = REFINE_EVALUATIONS, deadline: float = math.inf) -> tuple:
+    """(refined candidate, estimates spent): never worse than ``candidate``, same placement; stops
+    at ``budget`` estimates or after the round in which ``time.perf_counter()`` passes ``deadline``."""
     best, spent = candidate, 0
-    while spent < budget:
+    while spent < budget and time.perf_counter() < deadline:
         leader = best
         for counts, micro in _neighbours(best.layer_counts, best.micro_batches):
             if spent >= budget:

@@ -1,0 +1,132 @@
+"""The search's budget: deterministic work per phase, sized by the time limit, with the clock as a cap.
+
+Each phase of the placement search gets a share of ``--time-limit`` and a work budget proportional
+to that share (estimates, CP-SAT deterministic time, simulated events), at rates set below what a
+2-core machine does unloaded. On an unloaded machine every phase then ends on its work budget, not
+on the clock, and the same seed and limit give the same plan; on a loaded or slower machine the
+clock ends a phase at its share instead, the plan may differ, and the search record lists the
+phases the clock cut (``clock_cut``). Whatever the load, the search ends within the limit plus at
+most one unit of work that cannot be split: one degree pair's constructive layouts, one CP-SAT
+hint completion, one round of split refinement, or the event simulation of the first finalist,
+which must run once to give a plan.
+
+The phases, in order: ``construct`` ends at ``CONSTRUCT_END`` of the limit. The finalists' share
+(refinement and event simulation) is reserved next, sized by the best constructed plan's
+simulation work (``simulation_units``), between ``FINALISTS_MIN`` and ``FINALISTS_MAX`` of the
+limit; ``local``, ``genetic`` and ``exact`` split the time between, and ``finalists`` ends at
+``FINALISTS_END`` of the limit, leaving the rest for the plan's validation and the lower bound.
+"""
+
+import math
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["Budget", "CONSTRUCT_END", "FINALISTS_END", "FINALISTS_MIN", "FINALISTS_MAX", "MIDDLE_ENDS",
+           "ESTIMATES_PER_S", "CONSTRUCT_UNITS_PER_S", "EXACT_WORK_PER_S", "REFINE_ESTIMATES_PER_S",
+           "SIMULATION_UNITS_PER_S", "construct_units", "simulation_units"]
+
+CONSTRUCT_END = 0.25
+FINALISTS_END = 0.97
+FINALISTS_MIN, FINALISTS_MAX = 0.40, 0.60
+MIDDLE_ENDS = {"local": 0.40, "genetic": 0.55, "exact": 1.0}  # of the time between construct and finalists
+
+# Work per second of a phase's share, set below what 2 cores do unloaded. Measured: a constructive
+# evaluation of a 64-device shape ~3 ms; a local-search or genetic estimate 1.5-2.6 ms on case 5
+# (64 devices) but 6-12 ms on a 4-device topology whose batch split dominates; a split
+# refinement's estimate ~0.3 ms; an event simulation 12-40 us per ``simulation_units``.
+CONSTRUCT_UNITS_PER_S = 225.0  # constructive evaluations of 64 devices (``construct_units``)
+ESTIMATES_PER_S = 200.0  # local-search and genetic estimates
+REFINE_ESTIMATES_PER_S = 2000.0  # split-refinement estimates
+SIMULATION_UNITS_PER_S = 35_000.0  # ``simulation_units`` simulated
+EXACT_WORK_PER_S = 0.5  # CP-SAT deterministic time (about seconds)
+
+
+def construct_units(devices_used: int) -> float:
+    """Work of one constructive evaluation, in units of a 64-device shape's (its cost grows about
+    as the square root of the devices placed: 0.2 ms at 8, 3 ms at 64, 10-17 ms at 1,024)."""
+    return max(1.0, math.sqrt(devices_used / 64.0))
+
+
+def simulation_units(stages: int, replicas: int, micro_batches: int) -> float:
+    """Events the simulator handles for a plan: each stage's forward and backward of every
+    micro-batch, and each stage's ring all-reduce (``2 (R - 1)`` steps of ``R`` transfers)."""
+    return stages * micro_batches + 2.0 * stages * replicas * (replicas - 1)
+
+
+@dataclass(kw_only=True)
+class Budget:
+    """The phases' deadlines and work budgets for one search of ``limit_s`` seconds from ``started``."""
+
+    limit_s: float
+    started: float
+    clock: object = None  # seconds, monotonic; None: time.perf_counter, looked up at each reading
+    clock_cut: list = field(default_factory=list)  # phases the clock ended before their work budget
+    stopped: bool = False  # a progress callback asked to stop: every phase is out of time
+    finalists_s: float = 0.0  # reserved by ``reserve_finalists``; FINALISTS_MIN of the limit until then
+
+    def __post_init__(self):
+        self.finalists_s = FINALISTS_MIN * self.limit_s
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def reserve_finalists(self, stages: int, replicas: int, micro_batches: int) -> None:
+        """Size the finalists' share by the simulation work of a plan like the best constructed
+        one (two simulations and their refinement), within its bounds."""
+        needed = 2.0 * simulation_units(stages, replicas, micro_batches) / SIMULATION_UNITS_PER_S
+        self.finalists_s = min(max(needed, FINALISTS_MIN * self.limit_s), FINALISTS_MAX * self.limit_s)
+
+    def _bounds(self, phase: str) -> tuple:
+        """(start, end) of ``phase`` as fractions of seconds from ``started``."""
+        if phase == "construct":
+            return 0.0, CONSTRUCT_END * self.limit_s
+        finalists_start = FINALISTS_END * self.limit_s - self.finalists_s
+        if phase == "finalists":
+            return finalists_start, FINALISTS_END * self.limit_s
+        middle0 = CONSTRUCT_END * self.limit_s
+        span = max(finalists_start - middle0, 0.0)
+        names = list(MIDDLE_ENDS)
+        before = MIDDLE_ENDS[names[names.index(phase) - 1]] if names.index(phase) else 0.0
+        return middle0 + before * span, middle0 + MIDDLE_ENDS[phase] * span
+
+    def end(self, phase: str) -> float:
+        """The clock time at which ``phase`` must stop."""
+        return self.started if self.stopped else self.started + self._bounds(phase)[1]
+
+    def share_s(self, phase: str) -> float:
+        """Seconds of the limit that ``phase`` gets."""
+        start, end = self._bounds(phase)
+        return end - start
+
+    def estimates(self, phase: str, cap: int) -> int:
+        """The deterministic estimate budget of ``local`` or ``genetic`` (at least 1, at most ``cap``)."""
+        return max(1, min(cap, int(ESTIMATES_PER_S * self.share_s(phase))))
+
+    def construct_units(self) -> float:
+        return CONSTRUCT_UNITS_PER_S * self.share_s("construct")
+
+    def exact_work(self, shapes: int, cap: float) -> float:
+        """CP-SAT deterministic time per shape."""
+        return min(cap, EXACT_WORK_PER_S * self.share_s("exact") / max(shapes, 1))
+
+    def finalists_work_s(self) -> float:
+        """The finalists' deterministic budget, in seconds at the rates above."""
+        return self.share_s("finalists")
+
+    def now(self) -> float:
+        return time.perf_counter() if self.clock is None else self.clock()
+
+    def remaining_s(self, phase: str) -> float:
+        return self.end(phase) - self.now()
+
+    def out_of_time(self, phase: str) -> bool:
+        """Whether the clock has passed ``phase``'s end (recorded as a cut)."""
+        if self.now() < self.end(phase):
+            return False
+        self.note_cut(phase, True)
+        return True
+
+    def note_cut(self, phase: str, stopped_early: bool) -> None:
+        """Record that the clock, not the work budget, ended ``phase``."""
+        if stopped_early and phase not in self.clock_cut and not self.stopped:
+            self.clock_cut.append(phase)

@@ -1,0 +1,79 @@
+"""The search's time limit is a limit: every phase ends within it, on deterministic work budgets."""
+
+import time
+
+import pytest
+
+from planner.cli import main
+from planner.inputs.job import load_job
+from planner.plan.document import read_plan
+from planner.plan.plan import validate_plan
+from planner.search.deadline import CONSTRUCT_END, FINALISTS_END, FINALISTS_MIN, Budget
+from planner.search.front import SearchOptions, search
+
+from conftest import ROOT, small_topology
+
+CASE5 = ROOT / "topologies" / "dtfm" / "case5-worldwide.yaml"
+OVERRUN_S = 1.0  # one indivisible unit (a case-5 simulation is ~0.3 s) with room for a loaded machine
+
+
+def test_phase_ends_and_work_budgets_scale_with_the_limit():
+    short, long = Budget(limit_s=2.0, started=100.0, clock=lambda: 100.0), Budget(limit_s=8.0, started=0.0)
+    assert short.end("construct") == pytest.approx(100.0 + CONSTRUCT_END * 2.0)
+    assert short.end("finalists") == pytest.approx(100.0 + FINALISTS_END * 2.0)
+    assert short.share_s("finalists") == pytest.approx(FINALISTS_MIN * 2.0)
+    order = [short.end(p) for p in ("construct", "local", "genetic", "exact", "finalists")]
+    assert order == sorted(order) and order[-1] < 102.0
+    assert long.estimates("local", 10**9) == pytest.approx(4 * short.estimates("local", 10**9), abs=4)
+    assert long.construct_units() == pytest.approx(4 * short.construct_units())
+    assert short.estimates("local", 5) == 5  # the cap
+    short.reserve_finalists(8, 128, 2048)  # a simulation heavier than the limit: the largest share
+    assert short.share_s("finalists") == pytest.approx(0.6 * 2.0)
+    assert not short.out_of_time("local") and short.clock_cut == []
+    short.clock = lambda: 101.9
+    assert short.out_of_time("local") and short.clock_cut == ["local"]
+    short.stop()
+    assert short.end("finalists") == 100.0
+
+
+@pytest.mark.parametrize("limit", [1.0, 2.0])
+def test_case5_search_ends_within_its_limit(limit, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    started = time.perf_counter()
+    assert main([str(CASE5), "--time-limit", str(limit), "-o", str(out)]) == 0
+    wall = time.perf_counter() - started
+    plan, _ = read_plan(out)
+    assert plan.search["wall_s"] <= limit + OVERRUN_S and plan.search["simulated"] >= 1
+    assert wall <= limit + OVERRUN_S + 1.0  # + reading the topology and writing the plan
+    job = load_job(CASE5)
+    validate_plan(plan, job.topology, job.model, job.training)
+
+
+def _plan_key(result) -> tuple:
+    p = result.plan
+    return p.assignment, p.layer_bounds, p.micro_batches, p.micro_batch_size, p.schedule
+
+
+def test_same_plan_on_a_machine_twice_as_slow_when_the_clock_cuts_nothing(write_yaml, monkeypatch):
+    """The work budgets, not the clock, end every phase: a clock that runs twice as fast (a machine
+    at half speed) changes nothing while the phases fit their shares."""
+    job = load_job(write_yaml(small_topology()))
+    options = SearchOptions(seed=3, time_limit_s=20.0, exact=False, max_evaluations=300)
+    normal = search(job.topology, job.model, job.training, options)
+    assert normal.plan.search["clock_cut"] == [] and normal.wall_s < 10.0
+    real = time.perf_counter
+    origin = real()
+    monkeypatch.setattr(time, "perf_counter", lambda: origin + 2.0 * (real() - origin))
+    slow = search(job.topology, job.model, job.training, options)
+    monkeypatch.undo()
+    assert slow.plan.search["clock_cut"] == [] and _plan_key(slow) == _plan_key(normal)
+    assert slow.evaluations == normal.evaluations
+
+
+def test_a_limit_too_short_for_any_phase_still_gives_a_valid_plan(write_yaml):
+    job = load_job(write_yaml(small_topology()))
+    started = time.perf_counter()
+    result = search(job.topology, job.model, job.training, SearchOptions(time_limit_s=1e-3))
+    assert time.perf_counter() - started < 2.0
+    assert result.plan.search["simulated"] >= 1 and "local" in result.plan.search["clock_cut"]
+    validate_plan(result.plan, job.topology, job.model, job.training)
