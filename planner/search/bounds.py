@@ -54,7 +54,7 @@ def lower_bound_s(topology, model, training) -> float:
         if replicas.size == 0:
             break
         compute = work / fastest[stages * replicas - 1]
-        ring = np.where(replicas > 1, 2.0 * (replicas - 1) / replicas / best_out[replicas - 1], 0.0)  # s/byte
+        ring = 2.0 * (replicas - 1) / replicas / np.where(replicas > 1, best_out[replicas - 1], 1.0)  # s/byte
         sync = params / stages * gradient_bytes * ring
         pipe = 0.0
         if stages > 1:
