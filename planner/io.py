@@ -31,6 +31,7 @@ class _Refused(yaml.MarkedYAMLError):
     def __init__(self, problem: str, mark, field: str | None = None):
         super().__init__(problem=problem, problem_mark=mark)
         self.field = field
+        self.node = None  # the node whose value could not be read, to name its field
 
 
 class _Loader(Composer, _Parser, SafeConstructor, Resolver):
@@ -55,12 +56,16 @@ class _Loader(Composer, _Parser, SafeConstructor, Resolver):
     def construct_object(self, node, deep=False):
         try:
             return super().construct_object(node, deep=deep)
-        except yaml.YAMLError:
+        except yaml.YAMLError as error:
+            if getattr(error, "node", None) is None:  # the innermost node names the field
+                error.node = node
             raise
         except (ValueError, TypeError, KeyError, OverflowError, ArithmeticError) as error:
             value = node.value if isinstance(node, yaml.ScalarNode) else node.id
-            raise _Refused(f"cannot read {value!r} as {node.tag.rsplit(':', 1)[-1]} ({error.__class__.__name__}): "
-                           "fix the value or drop the tag", node.start_mark) from None
+            refused = _Refused(f"cannot read {value!r} as {node.tag.rsplit(':', 1)[-1]} "
+                               f"({error.__class__.__name__}): fix the value or drop the tag", node.start_mark)
+            refused.node = node
+            raise refused from None
 
 
 def _check_tree(node) -> None:
@@ -105,6 +110,25 @@ def _check_tree(node) -> None:
                 stack.append((child, f"{where}[{i}]", False))
 
 
+def _path_to(root, target) -> str | None:
+    """The field path of ``target`` inside ``root`` (e.g. ``network.region.bandwidth``), for a message."""
+    stack, seen = [(root, "")], set()
+    while stack:
+        node, where = stack.pop()
+        if node is target:
+            return where or None
+        if id(node) in seen or isinstance(node, yaml.ScalarNode):
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                name = k.value if isinstance(k, yaml.ScalarNode) else "?"
+                stack.append((v, f"{where}.{name}" if where else name))
+        else:
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(node.value))
+    return None
+
+
 def _parse(text: str):
     loader = _Loader(text)
     try:
@@ -112,7 +136,12 @@ def _parse(text: str):
         if node is None:
             return None
         _check_tree(node)
-        return loader.construct_document(node)
+        try:
+            return loader.construct_document(node)
+        except yaml.YAMLError as error:
+            if getattr(error, "node", None) is not None:
+                error.field = _path_to(node, error.node)
+            raise
     finally:
         loader.dispose()
 

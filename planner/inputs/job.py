@@ -35,7 +35,8 @@ def load_job(path, *, model: str | ModelSpec | None = None, model_file=None, tra
             raise InputError("expected a mapping with 'devices' and 'network' at the top")
         unknown = [k for k in document if k not in _TOP_KEYS]
         if unknown:
-            raise InputError(f"unknown top-level key '{unknown[0]}': use only {', '.join(_TOP_KEYS)}")
+            raise InputError(f"unknown top-level key '{unknown[0]}': use only {', '.join(_TOP_KEYS)}",
+                             field=str(unknown[0]))
         topology = _topology(document, path)
         spec = _model(document, model, model_file)
         training = _training(document.get("training"), training_overrides or {})
@@ -92,5 +93,8 @@ def _topology(document: dict, path) -> Topology:
             calibration = read_calibration(calibration_path)
         except InputError as error:
             raise InputError(f"{error}", field="network.calibration") from None
-    name = document.get("name") or Path(path).stem
+    name = document.get("name")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise InputError(f"expected a non-empty string, got {name!r}", field="name")
+    name = name or Path(path).stem
     return parse_topology(document, name=str(name), source=str(path), calibration=calibration)

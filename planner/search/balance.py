@@ -95,45 +95,56 @@ def split_batch(total: int, fill_s: np.ndarray, bottleneck_s: np.ndarray, cap: n
 
     ``cap[r]`` bounds ``M_r`` (GPipe keeps every micro-batch in flight). None when ``total`` cannot
     be placed (fewer micro-batches than replicas, or caps too small). A bisection on the finish time
-    down to adjacent floats (at most ``_BISECTIONS`` steps, each O(R)) leaves only replicas whose
-    next micro-batch ends within that last interval; they take the rest in order of that end, so the
-    work is O(R log R) per step whatever ``total`` is.
+    (at most ``_BISECTIONS`` steps of O(R)) stops once at most 2R micro-batches are left undecided or
+    the interval reaches adjacent floats; a greedy gives the rest to the replica that finishes earliest
+    with them, several at a time where one replica stays earliest (a zero bottleneck takes them all at
+    once), so no step depends on ``total``.
     """
     R = len(fill_s)
     cap = np.full(R, total, dtype=np.int64) if cap is None else np.minimum(cap, total)
     if total < R or (cap < 1).any() or cap.sum() < total:
         return None
-    step = np.maximum(bottleneck_s, 1e-300)
+    inverse = 1.0 / np.maximum(bottleneck_s, 1e-300)
+    most = cap.astype(float)
 
     def count(limit):
         with np.errstate(over="ignore", invalid="ignore"):  # a zero bottleneck takes any number at its fill time
-            more = np.nan_to_num(np.floor((limit - fill_s) / step), nan=0.0, posinf=float(total), neginf=-1.0)
-        return np.clip(more + 1, 1, cap).astype(np.int64)
+            more = np.floor((limit - fill_s) * inverse)
+        return np.clip(more + 1.0, 1.0, most).astype(np.int64)
 
     lo, hi = float(fill_s.min()), float((fill_s + (cap - 1) * bottleneck_s).max())
     for _ in range(64):  # rounding may leave the last micro-batch just past hi
         if count(hi).sum() >= total:
             break
         hi = 2.0 * hi + 1e-300 if hi > 0 else hi + 1.0
+    below, above = int(count(lo).sum()), int(count(hi).sum())
     for _ in range(_BISECTIONS):
         mid = 0.5 * (lo + hi)
-        if not lo < mid < hi:
+        if above - below <= 2 * R or not lo < mid < hi:
             break
-        if count(mid).sum() >= total:
-            hi = mid
+        placed = int(count(mid).sum())
+        if placed >= total:
+            hi, above = mid, placed
         else:
-            lo = mid
+            lo, below = mid, placed
     counts = count(lo)
     if counts.sum() > total:  # only at the first lo, when every replica takes one
         counts = np.ones(R, dtype=np.int64)
-    extra = count(hi) - counts
     left = int(total - counts.sum())
-    for r in sorted(np.flatnonzero(extra), key=lambda r: (fill_s[r] + counts[r] * bottleneck_s[r], r)):
-        if left <= 0:
-            break
-        take = min(int(extra[r]), left)
+    heap = [(fill_s[r] + counts[r] * bottleneck_s[r], r) for r in range(R) if counts[r] < cap[r]]
+    heapq.heapify(heap)
+    while left > 0 and heap:
+        finish, r = heapq.heappop(heap)
+        take = 1
+        if bottleneck_s[r] <= 0:
+            take = left
+        elif heap:  # as many as keep this replica the earliest to finish
+            take = max(1, int(min(left, (heap[0][0] - finish) / bottleneck_s[r] + 1)))
+        take = min(take, left, int(cap[r] - counts[r]))
         counts[r] += take
         left -= take
+        if counts[r] < cap[r]:
+            heapq.heappush(heap, (fill_s[r] + counts[r] * bottleneck_s[r], r))
     return counts if left == 0 else None
 
 
