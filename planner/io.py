@@ -198,7 +198,8 @@ def read_yaml(path) -> object:
         raise InputError(f"not valid YAML{where}: {problem}", source=str(path),
                          field=getattr(error, "field", None)) from None
     except RecursionError:  # a guard: the depth check above comes first
-        raise InputError(f"not valid YAML: nests deeper than {MAX_DEPTH} levels: flatten it", source=str(path)) from None
+        raise InputError(f"not valid YAML: nests deeper than {MAX_DEPTH} levels: flatten it",
+                         source=str(path)) from None
     except Exception as error:  # any other failure inside the loader is still a bad file, not a crash
         raise InputError(f"not valid YAML: {error.__class__.__name__}: {error}".replace("\n", " "),
                          source=str(path)) from None

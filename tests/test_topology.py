@@ -117,7 +117,7 @@ def test_yaml_is_loaded_safely(write_yaml, tmp_path):
     """A python tag is refused, not run: with an unsafe loader the file would create ``marker``."""
     marker = tmp_path / "created-by-the-file"
     path = write_yaml(f"devices: !!python/object/apply:builtins.open [{str(marker)!r}, w]\nnetwork: {{}}\n")
-    with pytest.raises(InputError, match=r"field 'devices': not valid YAML at line 1, .*could not determine a constructor"):
+    with pytest.raises(InputError, match=r"field 'devices': not valid YAML at line 1, .*could not determine"):
         load_job(path)
     assert not marker.exists()
 
@@ -173,8 +173,8 @@ def test_region_pairs_cost_no_work_per_device_pair():
                for h in range(188)]
     pairs = [{"regions": [f"r{a}", f"r{b}"], "latency": "50ms", "bandwidth": "2Gbps"}
              for a in range(regions) for b in range(a + 1, regions)][:1000]
-    network = {"host": {"latency": "0.01ms", "bandwidth": "100Gbps"},
-               "region": {"latency": "1ms", "bandwidth": "10Gbps"}, "global": {"latency": "100ms", "bandwidth": "1Gbps"}}
+    network = {"host": {"latency": "0.01ms", "bandwidth": "100Gbps"}, "region": {"latency": "1ms", "bandwidth": "10Gbps"},
+               "global": {"latency": "100ms", "bandwidth": "1Gbps"}}
     started = time.perf_counter()
     parse_topology({"devices": devices, "network": network})
     without = time.perf_counter() - started

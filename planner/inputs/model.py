@@ -10,8 +10,8 @@ from cost_models.schedule import Schedule
 from planner.errors import InputError
 from planner.fields import Fields
 
-__all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "MAX_GLOBAL_BATCH", "MODEL_LIMITS", "parse_model", "parse_training",
-           "model_preset", "preset_names"]
+__all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "MAX_GLOBAL_BATCH", "MODEL_LIMITS", "parse_model",
+           "parse_training", "model_preset", "preset_names"]
 
 SCHEDULES = tuple(s.value for s in Schedule)
 # Largest sizes planned (each search and simulation step stays bounded below them): 65,536 sequences is
