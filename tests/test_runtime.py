@@ -340,3 +340,18 @@ def test_a_cpu_launch_says_what_it_costs_and_what_each_rank_does(tmp_path):
     from planner.runtime.supervise import PHASES
 
     assert any(phase in line for line in progress for phase, _ in PHASES[1:])
+
+
+def test_every_phase_names_a_function_the_runtime_has():
+    import importlib
+
+    from planner.runtime.supervise import PHASES
+
+    for phase, key in PHASES:
+        if key is None:
+            continue
+        filename, function = key
+        module = {"distributed_c10d.py": "torch.distributed.distributed_c10d", "_tensor.py": "torch._tensor"}.get(
+            filename, f"planner.runtime.{filename[:-3]}")
+        source = Path(importlib.import_module(module).__file__).read_text()
+        assert f"def {function}(" in source, (phase, key)
