@@ -146,12 +146,15 @@ def _hostfile_launch(tmp_path, plan, hosts: str, env=None):
 
 
 @pytest.mark.slow
-def test_hostfile_launch_on_this_host_leaves_nothing_when_the_launcher_is_killed(tmp_path, plan):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_hostfile_launch_on_this_host_leaves_nothing_when_the_launcher_dies(tmp_path, plan, sig):
     launcher = _hostfile_launch(tmp_path, plan, "127.0.0.1 a0\nlocalhost b0\n")
     everything = _wait_for_training(launcher, 2)
     agents = [p for p in everything if "-m torch.distributed.run" in _cmdline(p) and "guard" not in _cmdline(p)]
     assert len(agents) == 2
-    _kill_and_check(launcher, everything, signal.SIGKILL)
+    error = _kill_and_check(launcher, everything, sig)
+    if sig == signal.SIGTERM:
+        assert launcher.returncode == 1 and "the launcher got SIGTERM; every rank was stopped" in error
 
 
 @pytest.mark.slow
