@@ -24,7 +24,8 @@ def cpu_topology(path: Path, *, cross_host: str = "1Gbps", slow_peak: str | None
 
 
 def write_test_plan(folder: Path, topology_path: Path, *, assignment, layer_bounds, micro_batches, micro_batch_size,
-                    schedule, model=None, optimizer="sgd", name="plan.yaml", shard_optimizer=True) -> Path:
+                    schedule, model=None, optimizer="sgd", name="plan.yaml", shard_optimizer=True,
+                    recompute=False) -> Path:
     from planner.io import read_yaml
     from planner.inputs.topology import parse_topology
 
@@ -32,7 +33,8 @@ def write_test_plan(folder: Path, topology_path: Path, *, assignment, layer_boun
     topology = parse_topology(read_yaml(topology_path), name="cpu-six")
     training = parse_training({"global_batch": micro_batch_size * sum(micro_batches),
                                "micro_batch_size": micro_batch_size, "precision": "fp32", "optimizer": optimizer,
-                               "schedule": schedule, "shard_optimizer": shard_optimizer})
+                               "schedule": schedule, "shard_optimizer": shard_optimizer,
+                               "recompute": recompute})
     used = {d for row in assignment for d in row}
     plan = Plan(layer_bounds=tuple(layer_bounds), assignment=tuple(tuple(r) for r in assignment),
                 micro_batches=tuple(micro_batches), micro_batch_size=micro_batch_size, schedule=schedule,

@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planner.runtime.precision import (DynamicLossScaler, MasterWeightOptimizer, TrainingOptimizer,  # noqa: E402
-                                      runtime_dtype)
+from planner.runtime.optimizer import TrainingOptimizer  # noqa: E402
+from planner.runtime.precision import DynamicLossScaler, MasterWeightOptimizer, runtime_dtype  # noqa: E402
 
 CPU = torch.device("cpu")
 

@@ -53,12 +53,13 @@ EQUIVALENCE_CASES = {
 }
 
 
-@pytest.mark.parametrize("shard", [True, False], ids=["zero1", "all-reduce"])
+@pytest.mark.parametrize("shard, recompute", [(True, False), (False, False), (True, True)],
+                         ids=["zero1", "all-reduce", "zero1-recompute"])
 @pytest.mark.parametrize("case", sorted(EQUIVALENCE_CASES))
-def test_pipeline_and_data_parallel_training_equals_single_process(tmp_path, case, shard):
+def test_pipeline_and_data_parallel_training_equals_single_process(tmp_path, case, shard, recompute):
     kwargs = EQUIVALENCE_CASES[case]
     topology = cpu_topology(tmp_path / "topology.yaml")
-    plan = write_test_plan(tmp_path, topology, **kwargs, shard_optimizer=shard)
+    plan = write_test_plan(tmp_path, topology, **kwargs, shard_optimizer=shard, recompute=recompute)
     out = tmp_path / "run"
     results = launch(plan, LaunchOptions(backend="gloo", iterations=3, warmup=0, out_dir=str(out), learning_rate=0.05,
                                          save_state=True), log=lambda line: None)
@@ -234,6 +235,7 @@ def test_emulation_follows_bandwidth_and_device_speed_as_the_simulator_says(tmp_
 
 def test_master_weights_step_like_fp32_adam_in_chunks(monkeypatch):
     import planner.runtime.precision as precision
+    from planner.runtime.optimizer import make_optimizer
 
     monkeypatch.setattr(precision, "CHUNK_BYTES", 4 * 300)  # several chunks
     torch.manual_seed(0)
@@ -243,7 +245,7 @@ def test_master_weights_step_like_fp32_adam_in_chunks(monkeypatch):
         for r, h in zip(reference.parameters(), half.parameters()):
             r.copy_(h.float())
     fp32 = torch.optim.Adam(reference.parameters(), lr=1e-2)
-    mixed = precision.make_optimizer(half, "adam", 1e-2, torch.bfloat16, torch.device("cpu")).parts[0]
+    mixed = make_optimizer(half, "adam", 1e-2, torch.bfloat16, torch.device("cpu")).parts[0]
     assert len(mixed.chunks) > 1
     for _ in range(3):
         for r, h in zip(reference.parameters(), half.parameters()):
@@ -355,3 +357,26 @@ def test_every_phase_names_a_function_the_runtime_has():
             filename, f"planner.runtime.{filename[:-3]}")
         source = Path(importlib.import_module(module).__file__).read_text()
         assert f"def {function}(" in source, (phase, key)
+
+
+def test_recompute_keeps_block_inputs_only_and_gives_the_same_gradients():
+    from planner.runtime.gpt import build_stage
+
+    spec = model_preset("tiny")
+    tokens = torch.randint(0, spec.vocabulary, (2, spec.sequence))
+    saved, grads = {}, {}
+    for recompute in (False, True):
+        module = build_stage(spec, 0, spec.layers, seed=3, recompute=recompute)
+        count = [0]
+
+        def pack(tensor, count=count):
+            count[0] += tensor.numel()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            loss = module(tokens).float().logsumexp(-1).mean()
+        loss.backward()
+        saved[recompute] = count[0]
+        grads[recompute] = [p.grad.clone() for p in module.parameters()]
+    assert saved[True] < 0.5 * saved[False], saved
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads[False], grads[True]))

@@ -252,7 +252,8 @@ def _compute_probe(job, options, device, threads) -> dict:
     from planner.prediction.stage_model import OPTIMIZER_BYTES_PER_PARAMETER
     from planner.runtime.gpt import Block, make_norm
     from planner.plan.precision import resolve_precision
-    from planner.runtime.precision import make_optimizer, runtime_dtype
+    from planner.runtime.optimizer import make_optimizer
+    from planner.runtime.precision import runtime_dtype
 
     model, training = job.model, job.training
     b = training.micro_batch_size or 1

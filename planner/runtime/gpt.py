@@ -14,6 +14,7 @@ gradient is summed with the first stage's (Megatron-LM's embedding group).
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 __all__ = ["StageModule", "build_stage", "INIT_STD"]
 
@@ -66,9 +67,9 @@ class Block(nn.Module):
 class StageModule(nn.Module):
     """Layers ``[first, end)`` of the model; the first stage embeds tokens, the last returns logits."""
 
-    def __init__(self, spec, first: int, end: int):
+    def __init__(self, spec, first: int, end: int, *, recompute: bool = False):
         super().__init__()
-        self.spec = spec
+        self.spec, self.recompute = spec, recompute
         self.first, self.end = first, end
         self.is_first, self.is_last = first == 0, end == spec.layers
         if self.is_first:
@@ -93,7 +94,10 @@ class StageModule(nn.Module):
             if self.spec.learned_positions:
                 x = x + self.positions(torch.arange(tokens.shape[1], device=tokens.device))
         for block in self.blocks.values():
-            x = block(x)
+            # Full recomputation keeps each block's input and re-runs its forward in backward
+            # (Chen et al. 2016; Korthikanti et al. 2022, sec. 4), as the memory model counts.
+            recompute = self.recompute and torch.is_grad_enabled()
+            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
         if self.is_last:
             weight = self.embed.weight if not hasattr(self, "head") else self.head.weight
             x = F.linear(self.norm(x), weight)
@@ -112,9 +116,10 @@ def _init(module: nn.Module, seed: int) -> None:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * INIT_STD)
 
 
-def build_stage(spec, first: int, end: int, *, seed: int = 0) -> StageModule:
-    """The stage holding layers ``[first, end)``, initialised deterministically (CPU, fp32)."""
-    module = StageModule(spec, first, end)
+def build_stage(spec, first: int, end: int, *, seed: int = 0, recompute: bool = False) -> StageModule:
+    """The stage holding layers ``[first, end)``, initialised deterministically (CPU, fp32);
+    ``recompute``: its blocks recompute their forward in backward."""
+    module = StageModule(spec, first, end, recompute=recompute)
     base = seed * 1_000_003
     if module.is_first:
         _init(module.embed, base)

@@ -19,14 +19,19 @@ import math
 import torch
 import torch.distributed as dist
 
-from planner.runtime.precision import plain_optimizer
+from planner.runtime.precision import CHUNK_BYTES, plain_optimizer
 
 __all__ = ["ShardedOptimizer"]
 
 
 class ShardedOptimizer:
     """The optimizer of ``parameters`` (one stage, the same on every rank of ``group``) with the
-    state of shard ``rank(group)`` of ``world_size(group)`` equal shards only."""
+    state of shard ``rank(group)`` of ``world_size(group)`` equal shards only.
+
+    Memory per parameter: the 16-bit (or fp32) weights and gradients whole, the fp32 master and
+    optimizer state of the own shard; the collectives work in place on NCCL (the own shard is a
+    view of the flat buffers) and the step runs ``CHUNK_BYTES`` of fp32 gradient at a time, as
+    ``MasterWeightOptimizer`` does, so nothing else of the stage's size is allocated."""
 
     def __init__(self, parameters, name: str, learning_rate: float, *, group, fused: bool):
         self.parameters, self.group = list(parameters), group
@@ -48,26 +53,35 @@ class ShardedOptimizer:
                 offset += n
         low = self.index * self.shard_numel
         self.own = slice(low, low + self.shard_numel)
-        self.grad_shard = torch.zeros(self.shard_numel, dtype=self.dtype, device=self.device)
+        self.in_place = self.device.type == "cuda"  # NCCL takes the own shard as a view; gloo wants copies
+        step = max(1, CHUNK_BYTES // 4)
+        self.chunks = [slice(a, min(a + step, self.shard_numel)) for a in range(0, self.shard_numel, step)]
+        own = self.flat[self.own]
         # fp32 weights are their own master; 16-bit ones get an fp32 master of this shard only.
-        fp32 = self.dtype == torch.float32
-        self.master = self.flat[self.own] if fp32 else self.flat[self.own].float()
-        self.optimizer = plain_optimizer([self.master], name, learning_rate, fused)
+        self.masters = [own[c] if self.dtype == torch.float32 else own[c].float() for c in self.chunks]
+        self.optimizers = [plain_optimizer([m], name, learning_rate, fused) for m in self.masters]
 
     def reduce_scatter(self) -> None:
-        """The gradient sync: this rank receives the sum over the group of its own shard."""
-        dist.reduce_scatter_tensor(self.grad_shard, self.flat_grad, group=self.group)
+        """The gradient sync: this rank's shard of the flat gradient becomes its sum over the group."""
+        own = self.flat_grad[self.own]
+        output = own if self.in_place else torch.empty_like(own)
+        dist.reduce_scatter_tensor(output, self.flat_grad, group=self.group)
+        if not self.in_place:
+            own.copy_(output)
 
     def grads(self) -> list:
-        return [self.grad_shard]
+        return [self.flat_grad[self.own]]
 
     @torch.no_grad()
     def step(self, unscale: float = 1.0) -> None:
-        self.master.grad = self.grad_shard.float().mul_(unscale)
-        self.optimizer.step()
-        self.master.grad = None
-        shard = self.master.clone() if self.dtype == torch.float32 else self.master.to(self.dtype)
-        dist.all_gather_into_tensor(self.flat, shard, group=self.group)
+        own_grad, own = self.flat_grad[self.own], self.flat[self.own]
+        for chunk, master, optimizer in zip(self.chunks, self.masters, self.optimizers):
+            master.grad = own_grad[chunk].float().mul_(unscale)
+            optimizer.step()
+            master.grad = None
+            if self.dtype != torch.float32:
+                own[chunk].copy_(master)
+        dist.all_gather_into_tensor(self.flat, own if self.in_place else own.clone(), group=self.group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zeroes the flat gradient in place (the ``.grad`` views stay, whatever ``set_to_none``)."""

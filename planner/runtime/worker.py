@@ -26,7 +26,8 @@ from planner.runtime.emulation import Emulator, SharedResources, now_s
 from planner.runtime.engine import Layout, StageExecutor, make_groups, split_parameters
 from planner.runtime.gpt import build_stage
 from planner.runtime.inputs import RunInputs, emulated_model, load_run_inputs
-from planner.runtime.precision import make_optimizer, runtime_dtype
+from planner.runtime.optimizer import make_optimizer
+from planner.runtime.precision import runtime_dtype
 from planner.runtime.results import RESULTS_FORMAT, chrome_trace, comparison, summarise_iterations, write_results
 
 __all__ = ["WorkerConfig", "run_local_worker", "main"]
@@ -107,7 +108,8 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     plan, model, training = inputs.plan, inputs.model, inputs.training
     executed = emulated_model(model) if config.emulate else model
     groups = make_groups(layout, stage, executed.tied_embeddings)
-    module = build_stage(executed, plan.layer_bounds[stage], plan.layer_bounds[stage + 1], seed=config.seed)
+    module = build_stage(executed, plan.layer_bounds[stage], plan.layer_bounds[stage + 1], seed=config.seed,
+                         recompute=training.recompute is True)
     # 16-bit weights with fp32 master weights on GPUs (as the memory model counts); fp32 on the CPU.
     dtype = runtime_dtype(training.precision, device)
     module = module.to(device=device, dtype=dtype)
