@@ -62,7 +62,7 @@ class TrainingSpec:
     micro_batch_size: int = 0  # 0: the search picks it
     precision: str = "auto"
     optimizer: str = "adam"
-    recompute: bool = False
+    recompute: bool | str = False  # "auto": the search plans with and without and keeps the faster
     flash_attention: bool = False
     schedule: str = "auto"  # "auto": the search picks gpipe or 1f1b
     # ZeRO stage 1 over each stage's replicas: "auto" (and True) shard wherever a stage has two or
@@ -82,6 +82,8 @@ class TrainingSpec:
             raise InputError(f"{self.precision!r} is not one of {', '.join(_PRECISION_BYTES)}", field="training.precision")
         if self.optimizer not in ("adam", "sgd"):
             raise InputError(f"{self.optimizer!r} is not one of adam, sgd", field="training.optimizer")
+        if not (isinstance(self.recompute, bool) or self.recompute == "auto"):
+            raise InputError(f"{self.recompute!r} is not one of true, false, auto", field="training.recompute")
         if not (isinstance(self.shard_optimizer, bool) or self.shard_optimizer == "auto"):
             raise InputError(f"{self.shard_optimizer!r} is not one of true, false, auto", field="training.shard_optimizer")
         if self.schedule not in SCHEDULES + ("auto",):
@@ -134,7 +136,7 @@ def parse_training(document, *, where: str = "training") -> TrainingSpec:
         micro_batch_size=micro,
         precision=f.str("precision", "auto", choices=tuple(_PRECISION_BYTES)),
         optimizer=f.str("optimizer", "adam", choices=("adam", "sgd")),
-        recompute=f.bool("recompute", False),
+        recompute=f.raw("recompute", False),
         flash_attention=f.bool("flash_attention", False),
         schedule=schedule,
         shard_optimizer=f.raw("shard_optimizer", "auto"),

@@ -78,6 +78,8 @@ def optimizer_shards(training, replicas: int) -> int:
 def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: int = 1) -> LayerCosts:
     """The costs of ``model`` under ``training`` (formulas in ``cost_models``, sources cited there),
     for ``stages`` stages of ``replicas`` replicas each (the optimizer state's shards)."""
+    if not isinstance(training.recompute, bool):
+        raise ValueError("recompute 'auto' is a search decision: resolve it before costing a plan")
     b, s, h, a, v = micro_batch_size, model.sequence, model.hidden, model.heads, model.vocabulary
     dtype = training.activation_bytes
     fwd = flops.layer_forward_flops(b, s, h, model.ffn_hidden, gated_mlp=model.gated_mlp)

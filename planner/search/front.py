@@ -128,6 +128,9 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     it. ``callback(info)`` may return True to stop early. Returns the plan, its score under the
     objective, the objective's lower bound and the gap.
     """
+    if training.recompute == "auto":
+        return _best_recompute(topology, model, training, options, objective=objective, x0=x0, rng=rng,
+                               callback=callback)
     started = time.perf_counter()
     objective = objective or IterationTime()
     if x0 is not None and objective.engine != "placement":
@@ -149,6 +152,27 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
                         objective_s=score, lower_bound_s=bound, gap=gap, evaluations=record.get("evaluations", 0),
                         wall_s=wall, history=history,
                         algorithm=record["algorithm"], exact_shapes=record.get("exact", []), training=training)
+
+
+def _best_recompute(topology, model, training, options, **kwargs) -> SearchResult:
+    """``recompute: auto``: the better of a search without recomputation and one with it, each on
+    half the time limit (recomputation costs a forward per block and saves memory, so it wins only
+    where memory binds). The bound is the smaller of the two, so it holds for either plan."""
+    half = replace(options, time_limit_s=options.time_limit_s / 2)
+    results, errors = [], []
+    for recompute in (False, True):
+        try:
+            results.append(search(topology, model, replace(training, recompute=recompute), half, **kwargs))
+        except InputError as error:
+            errors.append(error)
+    if not results:
+        raise errors[-1]  # the error with recomputation on: memory binds even then
+    best = min(results, key=lambda r: r.objective_s)
+    bound = min(r.lower_bound_s for r in results)
+    gap = max(0.0, (best.objective_s - bound) / best.objective_s) if best.objective_s > 0 else 0.0
+    tried = {"recompute_tried": {str(r.training.recompute).lower(): r.objective_s for r in results}}
+    plan = replace(best.plan, search={**best.plan.search, "lower_bound_s": bound, "gap": gap, **tried})
+    return replace(best, plan=plan, lower_bound_s=bound, gap=gap, wall_s=sum(r.wall_s for r in results))
 
 
 def _resolved_training(plan, topology, model, training) -> tuple:
