@@ -38,7 +38,7 @@ CONSTRUCT_UNITS_PER_S = 225.0  # constructive evaluations of 64 devices (``const
 ESTIMATES_PER_S = 200.0  # local-search and genetic estimates
 REFINE_ESTIMATES_PER_S = 2000.0  # split-refinement estimates
 SIMULATION_UNITS_PER_S = 35_000.0  # ``simulation_units`` simulated
-EXACT_WORK_PER_S = 0.5  # CP-SAT deterministic time (about seconds)
+EXACT_WORK_PER_S = 1.0  # CP-SAT deterministic time (about seconds)
 
 
 def construct_units(devices_used: int) -> float:
