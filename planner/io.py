@@ -15,9 +15,9 @@ from planner.errors import InputError
 
 __all__ = ["read_yaml", "write_document", "MAX_FILE_BYTES", "MAX_DEPTH", "MAX_VALUES"]
 
-MAX_FILE_BYTES = 8 * 2**20  # 16,384 devices listed one per entry take about 2 MiB
+MAX_FILE_BYTES = 4 * 2**20  # 16,384 devices listed one per entry take about 1.2 MiB
 MAX_DEPTH = 32  # mappings and lists inside each other; a topology needs 5 (network.matrix.latency[i][j])
-MAX_VALUES = 4_000_000  # values after expanding YAML aliases (an 8 MiB file holds about 2 million)
+MAX_VALUES = 500_000  # keys, values and entries, aliases expanded (16,384 listed devices: ~150,000)
 
 try:  # libyaml's parser is iterative: deep nesting reaches the depth check instead of the C stack
     from yaml._yaml import CParser as _Parser
@@ -35,7 +35,7 @@ class _Refused(yaml.MarkedYAMLError):
 
 
 class _Loader(Composer, _Parser, SafeConstructor, Resolver):
-    """The safe loader (plain data only), with the nesting depth bounded and duplicate keys refused."""
+    """The safe loader (plain data only), with nesting depth and value count bounded while composing."""
 
     def __init__(self, text: str):
         _Parser.__init__(self, text)
@@ -43,12 +43,17 @@ class _Loader(Composer, _Parser, SafeConstructor, Resolver):
         SafeConstructor.__init__(self)
         Resolver.__init__(self)
         self._depth = 0
+        self._nodes = 0
 
     def compose_node(self, parent, index):
         self._depth += 1
+        self._nodes += 1
         try:
             if self._depth > MAX_DEPTH:
                 raise _Refused(f"nests deeper than {MAX_DEPTH} levels: flatten it", self.peek_event().start_mark)
+            if self._nodes > MAX_VALUES:
+                raise _Refused(f"holds more than {MAX_VALUES:,} values: describe repeated devices with 'count'",
+                               self.peek_event().start_mark)
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
