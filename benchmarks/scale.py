@@ -60,7 +60,7 @@ def main() -> int:
           f"{'evaluations':>11}")
     for n in args.sizes:
         topology = parse_topology(generated_topology(n), name=f"generated-{n}")
-        training = parse_training({"global_batch": 2 * n, "micro_batch_size": 1, "precision": "bf16",
+        training = parse_training({"global_batch": 2 * n, "micro_batch_size": 1, "precision": "auto",
                                    "recompute": True, "flash_attention": True})
         started = time.perf_counter()
         result = search(topology, model, training, SearchOptions(seed=0, time_limit_s=args.time_limit))
