@@ -129,6 +129,14 @@ def gpu(out: Path, iterations: int, warmup: int, seed: int) -> dict:
     plans["2x1-mb2-1f1b-even-12-12"] = (replace(plan, layer_bounds=(0, 12, 24)), pinned)
     plan, pinned = plans["1x2-mb2-1f1b"]
     plans["1x2-mb2-1f1b-uneven-batch-6-2"] = (replace(plan, micro_batches=(6, 2)), pinned)
+    # The plan space's dimensions: the optimizer state sharded (the default above) or not, fp16.
+    plans["1x2-mb2-1f1b-unsharded"] = (plan, replace(pinned, training=replace(pinned.training, shard_optimizer=False)))
+    plans["1x2-mb2-1f1b-fp16"] = (plan, replace(pinned, training=replace(pinned.training, precision="fp16")))
+    plan, pinned = plans["2x1-mb2-1f1b"]
+    plans["2x1-mb2-1f1b-fp16"] = (plan, replace(pinned, training=replace(pinned.training, precision="fp16")))
+    plans["2x1-mb2-1f1b-recompute"] = (plan, replace(pinned, training=replace(pinned.training, recompute=True)))
+    plan, pinned = plans["1x2-mb2-1f1b"]
+    plans["1x2-mb2-1f1b-recompute"] = (plan, replace(pinned, training=replace(pinned.training, recompute=True)))
     rows, memory = [], []
     for label, (plan, pinned) in plans.items():
         path = _write(plan, pinned, GPU_TOPOLOGY, out / "plans" / f"{label}.yaml", calibration)
