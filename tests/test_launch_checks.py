@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from planner.cli import main
+from planner.errors import InputError
 from tests.runtime_helpers import cpu_topology, write_test_plan
 
 
@@ -269,3 +270,18 @@ def test_calibrating_the_shipped_home_mini_with_the_tiny_model_reads_its_batch()
                      CalibrateOptions(model="tiny", device_type="RTX-4090"))
     assert kind == "RTX-4090" and job.model.name == "tiny" and job.training.micro_batch_size == 4
 
+
+
+def test_a_plan_that_does_not_fit_is_refused_on_devices_and_only_warned_about_in_emulation(tmp_path, plan_file):
+    pytest.importorskip("torch")
+    from planner.runtime.inputs import load_run_inputs
+    from planner.runtime.preflight import check_memory
+
+    document = yaml.safe_load(plan_file.read_text())
+    document["model"]["hidden"] = 16384
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump(document, sort_keys=False))
+    inputs = load_run_inputs(edited)
+    with pytest.raises(InputError, match="memory"):
+        check_memory(inputs)
+    assert "does not fit in memory" in check_memory(inputs, refuse=False)

@@ -95,7 +95,9 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
     inputs = load_run_inputs(plan_path, options.topology)
     from planner.runtime.preflight import check_memory
 
-    check_memory(inputs)
+    problem = check_memory(inputs, refuse=not options.emulate)
+    if problem:
+        log(f"warning: {problem}; emulated anyway (emulation does not hold the real memory)")
     with _stopped_by_sigterm():
         if options.hostfile:
             return _launch_hosts(inputs, options, log)

@@ -24,8 +24,10 @@ def is_cpu_type(type_name: str) -> bool:
     return type_name.upper().startswith("CPU")
 
 
-def check_memory(inputs) -> None:
-    """Re-check memory with the plan's own model and training (an edited ``model.hidden`` shows here)."""
+def check_memory(inputs, *, refuse: bool = True) -> str | None:
+    """Re-check memory with the plan's own model and training (an edited ``model.hidden`` shows here).
+    A plan that does not fit is refused on real devices; for emulation (``refuse=False``, where
+    what-if plans are measured too) the problem is returned instead."""
     from planner.plan.plan import validate_plan
     from planner.prediction.predict import predict
 
@@ -33,8 +35,11 @@ def check_memory(inputs) -> None:
     try:
         validate_plan(inputs.plan.with_prediction(prediction), inputs.topology, inputs.model, inputs.training)
     except InputError as error:
+        if not refuse and error.field == "memory":
+            return f"{error.detail}: the plan does not fit in memory"
         raise InputError(f"{error.detail} with this model and training: plan again (was model or training edited?)",
                          source=inputs.plan_path, field=error.field) from None
+    return None
 
 
 def check_devices_present(inputs, backend_choice: str, gpus: int) -> None:
