@@ -180,11 +180,10 @@ def _resolved_training(plan, topology, model, training) -> tuple:
     uses (the plan is predicted again at the resolved format's peak when that changes a device's
     speed), and ``shard_optimizer`` says whether this plan's stages shard their optimizer state."""
     precision = resolve_precision(topology, plan.used_devices, training.precision)
-    if precision == training.precision:
-        return training, plan
     shard = optimizer_shards(training, plan.replicas) > 1
     resolved = replace(training, precision=precision, shard_optimizer=shard)
-    resolved = replace(training, precision=precision)
+    if precision == training.precision:
+        return resolved, plan
     devices = [topology.devices[topology.index(name)] for name in plan.used_devices]
     if any(d.effective_flops(training.precision) != d.effective_flops(precision) for d in devices):
         plan = plan.with_prediction(predict(plan, topology, model, resolved))
