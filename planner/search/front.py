@@ -204,6 +204,32 @@ def _allocation_search(topology, model, training, options, *, rng, callback, x0,
     return plan, {**plan.search, "dtfm_evaluations": dtfm.evaluations, "dtfm_wall_s": round(dtfm.wall_s, 3)}
 
 
+PROBE_SHARE = 0.5  # of the construction budget, at most, for the probes that order the pairs
+PROBE_FIRST = 8  # pairs with the best probes constructed first; the rest follow in bound order
+
+
+def _probed_order(ctx, topology, pairs: list, micro_batch_size: int, schedule, budget, most_units: float) -> tuple:
+    """The degree pairs in construction order, and the construction units the probes took: the
+    ``PROBE_FIRST`` pairs whose probe (the locality layout at the smallest micro-batch size) is
+    best, then every other pair in bound order.
+
+    The compute bound ranks pairs that use more devices first; on a topology where the extra
+    devices sit behind slow links (homes on 1 Gbit/s beside a GPU host) those pairs are the worst,
+    and a pair of a few fast devices came too late for the construction budget. One layout's probe
+    can also misjudge a pair that another layout serves well, so the bound order keeps the rest."""
+    scored, units = [], 0.0
+    for index, (bound, stages, replicas) in enumerate(pairs):
+        if units >= most_units or budget.out_of_time("construct"):
+            scored += [(np.inf, i) for i in range(index, len(pairs))]
+            break
+        assign = layouts(topology, ctx.speed, ctx.capacity, stages, replicas)["pipelines-local"]
+        units += construct_units(stages * replicas)
+        probe = evaluate_placement(ctx, assign, micro_batch_size, schedule)
+        scored.append((probe.score_s if probe is not None else np.inf, index))
+    first = [i for score, i in sorted(scored)[:PROBE_FIRST] if np.isfinite(score)]
+    return [pairs[i] for i in first] + [p for i, p in enumerate(pairs) if i not in set(first)], units
+
+
 def _placement_search(topology, model, training, options, *, rng, callback, x0, started) -> tuple:
     """The placement engine (steps 1-6 of this module's description): the best plan by the
     simulator among the estimate's best candidates, and the search's record.
@@ -231,9 +257,15 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
         raise too_few_micro_batches_error(training.global_batch, min(sizes), min(d for _, d in allowed))
     pairs = _ordered_pairs(allowed, work_flops(topology, model, training), ctx.speed)
     units = 0.0
+    if topology.size <= DENSE_DEVICES:
+        schedules = _schedules(training)  # the probe takes 1F1B where allowed: it keeps the fewest activations
+        probe_schedule = Schedule.ONE_F_ONE_B if Schedule.ONE_F_ONE_B in schedules else schedules[0]
+        pairs, probed = _probed_order(ctx, topology, pairs, sizes[0], probe_schedule, budget,
+                                      budget.construct_units() * PROBE_SHARE)
+        units += probed
     for pair_bound, stages, replicas in pairs:
         if pair_bound >= best_score:
-            break
+            continue  # no plan of this pair can beat the best estimate
         if candidates and (units >= budget.construct_units() or budget.out_of_time("construct")):
             break  # the first pair with a plan that fits is always finished
         for layout_name, assign in layouts(topology, ctx.speed, ctx.capacity, stages, replicas).items():
