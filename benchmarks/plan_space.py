@@ -1,0 +1,122 @@
+"""Do the plan space's new dimensions put weak devices to work? Idle devices and predicted time
+before and after, on the shipped heterogeneous topologies.
+
+    python benchmarks/plan_space.py [--time-limit 10]
+
+For each topology in ``topologies/hetero/``, three searches with the same seed and limit:
+
+- before: pipeline x data parallelism as the planner had it: the optimizer state whole on every
+  replica (``shard_optimizer: false``) and recomputation as the file fixes it (``auto`` read as on);
+- after: the optimizer state sharded over each stage's replicas and ``recompute: auto``;
+- fastest type alone: the after settings on the devices of the fastest type only (the plan a user
+  gets by leaving the other devices out).
+
+Precision is the same in all three (``auto``: bf16 where every used device has it, else fp16).
+Prints a table and writes ``benchmarks/results/plan_space.json``.
+"""
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from planner.errors import InputError  # noqa: E402
+from planner.inputs.job import load_job  # noqa: E402
+from planner.inputs.topology import parse_topology  # noqa: E402
+from planner.io import read_yaml  # noqa: E402
+from planner.search.front import SearchOptions, search  # noqa: E402
+
+
+def _fastest_type_only(path: Path):
+    """The topology with the devices of its fastest type (by peak FLOP/s) only, or None if it has one type."""
+    job = load_job(path)
+    types = {d.type_name: d for d in job.topology.devices}
+    if len(types) < 2:
+        return None
+    fastest = max(types, key=lambda t: types[t].effective_flops("auto"))
+    document = read_yaml(path)
+    document["devices"] = [e for e in document["devices"] if e.get("type") == fastest]
+    kept = {d.host for d in job.topology.devices if d.type_name == fastest}
+    network = document["network"]
+    network.pop("pairs", None)
+    regions = {d.region for d in job.topology.devices if d.type_name == fastest}
+    if "region_pairs" in network:
+        network["region_pairs"] = [p for p in network["region_pairs"]
+                                   if {p.get("from"), p.get("to")} <= regions] or None
+        if network["region_pairs"] is None:
+            network.pop("region_pairs")
+    if "nics" in network:
+        network["nics"] = [n for n in network["nics"] if n["host"] in kept] or None
+        if network["nics"] is None:
+            network.pop("nics")
+    return parse_topology(document, name=f"{job.topology.name}-{fastest}-only"), fastest
+
+
+def _run(topology, model, training, options) -> dict:
+    started = time.perf_counter()
+    try:
+        result = search(topology, model, training, options)
+    except InputError as error:
+        return {"fits": False, "error": str(error), "wall_s": time.perf_counter() - started}
+    plan = result.plan
+    return {"fits": True, "predicted_s": result.predicted_s, "stages": plan.stages, "replicas": plan.replicas,
+            "used": plan.stages * plan.replicas, "idle": topology.size - plan.stages * plan.replicas,
+            "recompute": result.training.recompute, "shard_optimizer": result.training.shard_optimizer,
+            "precision": result.training.precision, "wall_s": time.perf_counter() - started}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--time-limit", type=float, default=10.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "plan_space.json"))
+    args = parser.parse_args()
+    options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit)
+    rows = []
+    for path in sorted((ROOT / "topologies" / "hetero").glob("*.yaml")):
+        job = load_job(path)
+        asked = replace(job.training, precision="auto")
+        before = replace(asked, shard_optimizer=False, recompute=asked.recompute is not False)
+        after = replace(asked, shard_optimizer="auto", recompute="auto")
+        row = {"topology": job.topology.name, "devices": job.topology.size,
+               "before": _run(job.topology, job.model, before, options),
+               "after": _run(job.topology, job.model, after, options)}
+        alone = _fastest_type_only(path)
+        if alone is not None:
+            row["fastest_type"] = alone[1]
+            row["fastest_type_alone"] = _run(alone[0], job.model, after, options)
+        rows.append(row)
+        print(f"{path.name} done", flush=True)
+
+    def cell(r):
+        if not r["fits"]:
+            return f"{'no plan':>10} {'-':>9}"
+        return f"{r['predicted_s']:10.2f} {r['idle']:4d} idle"
+
+    print(f"\n{'topology':30} {'devices':>7}  {'before s':>10} {'':>9}  {'after s':>10} {'':>9}  "
+          f"{'speed-up':>8}  {'fastest type alone s':>20}  {'after vs alone':>14}  after: recompute, sharded")
+    for row in rows:
+        b, a, f = row["before"], row["after"], row.get("fastest_type_alone")
+        speedup = b["predicted_s"] / a["predicted_s"] if b["fits"] and a["fits"] else None
+        row["speedup"] = speedup
+        versus = f["predicted_s"] / a["predicted_s"] if f and f["fits"] and a["fits"] else None
+        row["after_vs_fastest_type_alone"] = versus
+        alone_cell = f"{f['predicted_s']:.2f} ({row['fastest_type']})" if f and f["fits"] else "-"
+        print(f"{row['topology']:30} {row['devices']:7d}  {cell(b)}  {cell(a)}  "
+              f"{(f'{speedup:.2f}x' if speedup else '-'):>8}  "
+              f"{alone_cell:>20}  "
+              f"{(f'{versus:.2f}x' if versus else '-'):>14}  "
+              f"{a.get('recompute', '-')}, {a.get('shard_optimizer', '-')}")
+    Path(args.out).write_text(json.dumps({"time_limit_s": args.time_limit, "seed": args.seed, "rows": rows},
+                                         indent=1) + "\n")
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
