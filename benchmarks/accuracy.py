@@ -73,7 +73,9 @@ def emulated(out: Path, iterations: int, warmup: int, seed: int) -> dict:
     for topology_path in EMULATED_TOPOLOGIES:
         job = load_job(ROOT / topology_path)
         name = job.topology.name
-        pick = search(job.topology, job.model, job.training, SearchOptions(seed=seed, time_limit_s=20)).plan
+        result = search(job.topology, job.model, job.training, SearchOptions(seed=seed, time_limit_s=20))
+        # The training the pick runs (precision and recompute resolved); sharding stays per plan.
+        pick, job = result.plan, replace(job, training=replace(result.training, shard_optimizer="auto"))
         other = "gpipe" if pick.schedule == "1f1b" else "1f1b"
         plans = {f"planner-{pick.stages}x{pick.replicas}-{pick.schedule}": pick,
                  f"planner-{pick.stages}x{pick.replicas}-{other}": replace(pick, schedule=other)}
@@ -85,15 +87,22 @@ def emulated(out: Path, iterations: int, warmup: int, seed: int) -> dict:
                     (tuple(map(int, pick.layer_bounds)), tuple(map(int, pick.micro_batches))):
                 plans[f"planner-placement-even-split-{pick.schedule}"] = even
         plans.update(_even_plans(job, seed))
+        plans = {label: (plan, job) for label, plan in plans.items()}
+        # The plan space's dimensions on the pick: recomputation flipped, the optimizer state not sharded.
+        flipped = not job.training.recompute
+        plans[f"planner-recompute-{'on' if flipped else 'off'}"] = (
+            pick, replace(job, training=replace(job.training, recompute=flipped)))
+        if pick.replicas > 1:
+            plans["planner-unsharded"] = (pick, replace(job, training=replace(job.training, shard_optimizer=False)))
         scale = EMULATED_SECONDS / predict(pick, job.topology, job.model, job.training)[0].iteration_s
-        for label, plan in plans.items():
-            path = _write(plan, job, topology_path, out / "plans" / f"{name}--{label}.yaml")
+        for label, (plan, run_job) in plans.items():
+            path = _write(plan, run_job, topology_path, out / "plans" / f"{name}--{label}.yaml")
             run_dir = out / f"{name}--{label}"
             results = launch(path, LaunchOptions(iterations=iterations, warmup=warmup, out_dir=str(run_dir),
                                                  emulate=True, time_scale=scale, backend="gloo"), log=lambda s: None)
             row = run_row(results, f"{name}--{label}")
             row["planner_pick"] = label == next(iter(plans))
-            row["fits"] = predict(plan, job.topology, job.model, job.training)[0].fits
+            row["fits"] = predict(plan, run_job.topology, run_job.model, run_job.training)[0].fits
             rows.append(row)
             print(f"{row['label']:58} predicted {row['predicted_s']:8.3f} s  measured {row['measured_s']:8.3f} s  "
                   f"{100 * row['error']:+6.1f}%", flush=True)

@@ -24,6 +24,12 @@ from planner.runtime.precision import CHUNK_BYTES, plain_optimizer
 __all__ = ["ShardedOptimizer"]
 
 
+def _collective(name: str, older: str):
+    """torch.distributed's flat-tensor collective by its current name (2.13 deprecates the older one,
+    which torch 2.11 still has alone); same signature."""
+    return getattr(dist, name, None) or getattr(dist, older)
+
+
 class ShardedOptimizer:
     """The optimizer of ``parameters`` (one stage, the same on every rank of ``group``) with the
     state of shard ``rank(group)`` of ``world_size(group)`` equal shards only.
@@ -65,7 +71,7 @@ class ShardedOptimizer:
         """The gradient sync: this rank's shard of the flat gradient becomes its sum over the group."""
         own = self.flat_grad[self.own]
         output = own if self.in_place else torch.empty_like(own)
-        dist.reduce_scatter_tensor(output, self.flat_grad, group=self.group)
+        _collective("reduce_scatter_single", "reduce_scatter_tensor")(output, self.flat_grad, group=self.group)
         if not self.in_place:
             own.copy_(output)
 
@@ -81,7 +87,8 @@ class ShardedOptimizer:
             master.grad = None
             if self.dtype != torch.float32:
                 own[chunk].copy_(master)
-        dist.all_gather_into_tensor(self.flat, own if self.in_place else own.clone(), group=self.group)
+        _collective("all_gather_single", "all_gather_into_tensor")(self.flat, own if self.in_place else own.clone(),
+                                                                   group=self.group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zeroes the flat gradient in place (the ``.grad`` views stay, whatever ``set_to_none``)."""
