@@ -54,7 +54,7 @@ def test_recompute_is_the_fix_only_when_it_is_off(write_yaml, capsys):
     assert main([str(path), "--time-limit", "5"]) == 2
     assert _error(capsys) == (f"plan: error: {path}: field 'training.recompute': no plan fits in memory: 4 stage(s) "
                               "x 1 replica(s) must use slow-0 (T4, 15 GiB usable), and a stage of 10 layers needs at "
-                              f"least {_gib(doc, 4)} at micro-batch size 1 (recompute off): set recompute: true")
+                              f"least {_gib(doc, 4, 4)} at micro-batch size 1 (recompute off): set recompute: true")
     doc["training"]["recompute"] = True
     assert main([str(write_yaml(doc)), "--time-limit", "5"]) == 2
     err = _error(capsys)
@@ -62,10 +62,10 @@ def test_recompute_is_the_fix_only_when_it_is_off(write_yaml, capsys):
     assert err.endswith("add devices with more memory or plan a smaller model")  # micro-batch size is 1 already
 
 
-def _gib(doc, stages: int) -> str:
+def _gib(doc, stages: int, replicas: int) -> str:
     from planner.inputs.units import format_bytes
 
-    return format_bytes(stage_memory_floor(_job(doc).model, _job(doc).training, 1, stages))
+    return format_bytes(stage_memory_floor(_job(doc).model, _job(doc).training, 1, stages, replicas))
 
 
 def _job(doc):
@@ -84,6 +84,8 @@ def test_stage_memory_floor_is_below_every_fitting_stage_and_falls_with_more_sta
     job = _job(small_topology(model="gpt3-6.7b"))
     floors = [stage_memory_floor(job.model, job.training, 1, s) for s in (1, 2, 4, 8)]
     assert floors == sorted(floors, reverse=True) and floors[0] > 80e9 > floors[1]
+    sharded = [stage_memory_floor(job.model, job.training, 1, s, 4) for s in (1, 2, 4, 8)]
+    assert all(a < b for a, b in zip(sharded, floors))  # the state sharded over 4 replicas needs less
 
 
 def test_idle_devices_left_by_the_pins_are_said_to_be(write_yaml):

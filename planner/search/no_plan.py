@@ -39,11 +39,12 @@ def too_few_micro_batches_error(global_batch: int, micro_batch_size: int, replic
                       "fewer, or a larger global batch", field="--replicas")
 
 
-def stage_memory_floor(model, training, micro_batch_size: int, stages: int) -> float:
-    """Bytes that some device must hold in any plan of ``stages`` stages: one stage has at least
-    ``ceil(layers / stages)`` layers and keeps at least one micro-batch in flight; the least of its
-    possible positions (first and last stages carry the embeddings and the head)."""
-    costs = layer_costs(model, training, micro_batch_size, stages)
+def stage_memory_floor(model, training, micro_batch_size: int, stages: int, replicas: int = 1) -> float:
+    """Bytes that some device must hold in any plan of ``stages`` stages and at most ``replicas``
+    replicas: one stage has at least ``ceil(layers / stages)`` layers and keeps at least one
+    micro-batch in flight, its optimizer state sharded over as many replicas as allowed; the least
+    of its possible positions (first and last stages carry the embeddings and the head)."""
+    costs = layer_costs(model, training, micro_batch_size, stages, replicas)
     per_stage = math.ceil(model.layers / stages)
     return float(min(stage_memory_bytes(costs, per_stage, s, 1.0) for s in range(stages)))
 
@@ -61,7 +62,8 @@ def no_fit_error(topology, model, training, pairs: list, micro_batch_sizes: list
     """
     b = min(micro_batch_sizes)
     most = max(s for s, _ in pairs)
-    floor = stage_memory_floor(model, training, b, most)
+    most_replicas = max(d for _, d in pairs)  # the most shards any tried plan could spread its state over
+    floor = stage_memory_floor(model, training, b, most, most_replicas)
     largest = int(np.argmax(capacity))
     recompute = "recompute on" if training.recompute else "recompute off"
     layers = math.ceil(model.layers / most)
@@ -74,7 +76,8 @@ def no_fit_error(topology, model, training, pairs: list, micro_batch_sizes: list
                  f"device, {device.name} ({device.type_name}), holds ({_gib(capacity[largest])})")
         limit = min(model.layers, topology.size)
         enough = next((s for s in range(most + 1, limit + 1)
-                       if stage_memory_floor(model, training, b, s) <= capacity[largest]), None)
+                       if stage_memory_floor(model, training, b, s, max(1, topology.size // s))
+                       <= capacity[largest]), None)
         if stages_pinned and enough is not None:
             return InputError(f"{cause}: use --stages {enough} or more", field="--stages")
         if not training.recompute:
