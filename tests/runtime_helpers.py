@@ -48,3 +48,19 @@ def write_test_plan(folder: Path, topology_path: Path, *, assignment, layer_boun
 def rank_reporting_one_failure(rank, world, store_port, results):
     """For the spawn test: rank 1 reports an error, the others their rank squared."""
     results.put((rank, "ValueError: boom" if rank == 1 else rank * rank))
+
+
+def two_by_two_plan(folder: Path) -> Path:
+    """2 replicas x 2 stages of the tiny model on the six CPU devices (a0 b0 / a1 b1), 1F1B."""
+    topology = cpu_topology(folder / "topology.yaml")
+    return write_test_plan(folder, topology, assignment=[["a0", "b0"], ["a1", "b1"]], layer_bounds=[0, 2, 4],
+                           micro_batches=[2, 2], micro_batch_size=2, schedule="1f1b")
+
+
+def run_cli(argv, capsys) -> tuple:
+    """(exit code, stdout, stderr) of ``plan ARGV`` run in this process."""
+    from planner.cli import main
+
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

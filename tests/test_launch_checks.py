@@ -12,20 +12,16 @@ import yaml
 
 from planner.cli import main
 from planner.errors import InputError
-from tests.runtime_helpers import cpu_topology, write_test_plan
+from tests.runtime_helpers import run_cli, two_by_two_plan
 
 
 @pytest.fixture
 def plan_file(tmp_path):
-    topology = cpu_topology(tmp_path / "topology.yaml")
-    return write_test_plan(tmp_path, topology, assignment=[["a0", "b0"], ["a1", "b1"]], layer_bounds=[0, 2, 4],
-                           micro_batches=[2, 2], micro_batch_size=2, schedule="1f1b")
+    return two_by_two_plan(tmp_path)
 
 
 def _launch(argv, capsys):
-    code = main(["launch"] + [str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    return run_cli(["launch", *argv], capsys)
 
 
 def _set(document, path, value):

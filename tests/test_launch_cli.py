@@ -6,21 +6,15 @@ import socket
 
 import pytest
 
-from planner.cli import main
-from tests.runtime_helpers import cpu_topology, write_test_plan
+from tests.runtime_helpers import run_cli, two_by_two_plan
 
 
 @pytest.fixture
 def two_stage_plan(tmp_path):
-    topology = cpu_topology(tmp_path / "topology.yaml")
-    return write_test_plan(tmp_path, topology, assignment=[["a0", "b0"], ["a1", "b1"]], layer_bounds=[0, 2, 4],
-                           micro_batches=[2, 2], micro_batch_size=2, schedule="1f1b")
+    return two_by_two_plan(tmp_path)
 
 
-def _run(argv, capsys):
-    code = main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+_run = run_cli
 
 
 def test_dry_run_prints_one_torchrun_per_host_with_its_devices(tmp_path, two_stage_plan, capsys):

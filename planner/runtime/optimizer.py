@@ -25,7 +25,7 @@ class TrainingOptimizer:
     @property
     def sharded(self):
         """The part whose optimizer state is sharded over the stage's replicas, or None."""
-        return next((p for p in self.parts if hasattr(p, "reduce_scatter")), None)
+        return next((p for p in self.parts if isinstance(p, ShardedOptimizer)), None)
 
     @torch.no_grad()
     def step(self) -> None:

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from planner.prediction.predict import build_pipeline_job, model_flops_per_iteration, predict
+from planner.prediction.stage_model import optimizer_shards
 from planner.plan.document import plan_to_document
 from planner.runtime.emulation import Emulator, SharedResources, now_s
 from planner.runtime.engine import Layout, StageExecutor, make_groups, split_parameters
@@ -114,7 +115,7 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     dtype = runtime_dtype(training.precision, device)
     module = module.to(device=device, dtype=dtype)
     own, _ = split_parameters(module, layout.stages)
-    shard = training.shard_optimizer is not False and layout.replicas > 1
+    shard = optimizer_shards(training, layout.replicas) > 1  # the cost model's rule
     optimizer = make_optimizer(module, training.optimizer, config.learning_rate, dtype, device,
                                sharded=own if shard else (), shard_group=groups.stage)
     emulator = None

@@ -227,7 +227,8 @@ def _probed_order(ctx, topology, pairs: list, micro_batch_size: int, schedule, b
         probe = evaluate_placement(ctx, assign, micro_batch_size, schedule)
         scored.append((probe.score_s if probe is not None else np.inf, index))
     first = [i for score, i in sorted(scored)[:PROBE_FIRST] if np.isfinite(score)]
-    return [pairs[i] for i in first] + [p for i, p in enumerate(pairs) if i not in set(first)], units
+    chosen = set(first)
+    return [pairs[i] for i in first] + [p for i, p in enumerate(pairs) if i not in chosen], units
 
 
 def _placement_search(topology, model, training, options, *, rng, callback, x0, started) -> tuple:
