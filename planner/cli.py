@@ -70,6 +70,11 @@ def _calibrate_parser(sub) -> None:
     p.add_argument("--names", help="comma-separated topology device names of those processes")
     p.add_argument("--model", help="model preset (overrides the topology's model)")
     p.add_argument("--micro-batch-size", type=int, help="micro-batch size to measure at")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="save weights, optimizer state and data position every N iterations (with --checkpoint-dir)")
+    p.add_argument("--checkpoint-dir", metavar="DIR", help="folder for the checkpoints (the last 2 are kept)")
+    p.add_argument("--resume", metavar="DIR",
+                   help="continue from the newest checkpoint in DIR, under this plan (any split and degrees)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
 
@@ -250,7 +255,8 @@ def _launch(args) -> int:
                             time_scale=args.time_scale, seed=args.seed, learning_rate=args.lr,
                             timeout_s=args.timeout, backend=args.backend, topology=args.topology,
                             hostfile=args.hostfile, dry_run=args.dry_run, master_port=args.master_port,
-                            save_state=args.save_state)
+                            save_state=args.save_state, checkpoint_every=args.checkpoint_every,
+                            checkpoint_dir=args.checkpoint_dir, resume=args.resume)
     try:
         results = launch(args.plan, options, log=lambda line: print(line, flush=True))
     except LaunchFailure as failure:

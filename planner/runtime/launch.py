@@ -53,6 +53,9 @@ class LaunchOptions:
     master_port: int = 29500
     save_state: bool = False
     progress_s: float = 15.0  # local launches: every this many seconds, say what each rank is doing
+    checkpoint_every: int = 0  # 0: none; else save every this many iterations into checkpoint_dir
+    checkpoint_dir: str | None = None
+    resume: str | None = None  # a checkpoint folder (or the checkpoint_dir of a run) to continue from
 
 
 def auto_time_scale(inputs: RunInputs) -> float:
@@ -78,6 +81,15 @@ def _check(options: LaunchOptions) -> None:
         raise InputError("emulation runs on one host: drop --hostfile or --emulate", field="--emulate")
     if options.dry_run and not options.hostfile:
         raise InputError("prints the torchrun command of each host: pass --hostfile FILE", field="--dry-run")
+    if options.checkpoint_every < 0:
+        raise InputError(f"must be 0 (no checkpoints) or more, got {options.checkpoint_every}",
+                         field="--checkpoint-every")
+    if bool(options.checkpoint_every) != bool(options.checkpoint_dir):
+        raise InputError("--checkpoint-every N and --checkpoint-dir DIR go together: pass both", field=(
+            "--checkpoint-dir" if options.checkpoint_every else "--checkpoint-every"))
+    if options.hostfile and (options.checkpoint_every or options.resume):
+        raise InputError("checkpoints are written and resumed by local launches only: drop --hostfile",
+                         field="--checkpoint-every" if options.checkpoint_every else "--resume")
 
 
 def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
@@ -95,13 +107,46 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
     inputs = load_run_inputs(plan_path, options.topology)
     from planner.runtime.preflight import check_memory
 
+    resume = _check_resume(inputs, options)
     problem = check_memory(inputs, refuse=not options.emulate)
     if problem:
         log(f"warning: {problem}; emulated anyway (emulation does not hold the real memory)")
     with _stopped_by_sigterm():
         if options.hostfile:
             return _launch_hosts(inputs, options, log)
-        return _launch_local(inputs, options, log)
+        return _launch_local(inputs, options, log, resume)
+
+
+def _check_resume(inputs: RunInputs, options: LaunchOptions) -> str:
+    """The checkpoint folder a resumed run loads ("" without --resume), after refusing one of another
+    model, global batch, optimizer or seed; the checkpoint folder must take a checkpoint."""
+    from planner.runtime.checkpoint import check_resumable, read_checkpoint
+    from planner.runtime.inputs import emulated_model
+
+    executed = emulated_model(inputs.model) if options.emulate else inputs.model
+    if options.checkpoint_dir:
+        from planner.runtime.preflight import prepare_out_folder
+
+        prepare_out_folder(options.checkpoint_dir, _checkpoint_bytes(inputs, executed), field="--checkpoint-dir")
+    if not options.resume:
+        return ""
+    folder, document = read_checkpoint(options.resume)
+    check_resumable(document, str(folder / "checkpoint.json"), model=executed, training=inputs.training,
+                    seed=options.seed)
+    return str(folder)
+
+
+def _checkpoint_bytes(inputs: RunInputs, executed) -> int:
+    """Space one checkpoint takes: fp32 weights and optimizer state of the model the run executes."""
+    from planner.prediction.stage_model import layer_costs, stage_parameters
+    import numpy as np
+
+    plan = inputs.plan
+    costs = layer_costs(executed, inputs.training, plan.micro_batch_size, plan.stages)
+    counts = np.diff(plan.layer_bounds)
+    parameters = sum(float(stage_parameters(costs, counts[s], s)) for s in range(plan.stages))
+    per_parameter = 4 * (1 + (2 if inputs.training.optimizer == "adam" else 1))
+    return int(parameters * per_parameter)
 
 
 class _Terminated(BaseException):
@@ -164,7 +209,7 @@ def _say_what_it_costs(inputs: RunInputs, backend: str, log) -> None:
            else ""))
 
 
-def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
+def _launch_local(inputs: RunInputs, options: LaunchOptions, log, resume: str = "") -> dict:
     import torch.distributed as dist
 
     from planner.runtime.emulation import resource_slots
@@ -185,13 +230,17 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
                   learning_rate=options.learning_rate, timeout_s=options.timeout_s,
                   emulate=options.emulate, time_scale=scale, backend=backend,
                   threads=max(1, (os.cpu_count() or 1) // world) if backend == "gloo" else 4,
-                  save_state=options.save_state, cuda_devices=cuda_devices)
+                  save_state=options.save_state, cuda_devices=cuda_devices,
+                  checkpoint_every=options.checkpoint_every, checkpoint_dir=options.checkpoint_dir or "",
+                  resume_from=resume)
     prepare_out_folder(options.out_dir, results_bytes(inputs, options.iterations, options.warmup,
                                                       options.save_state))
     names = _rank_names(plan)
     mode = f"emulated at time scale {scale:.4g}" if options.emulate else backend
     log(f"launching {world} ranks ({plan.replicas} replica(s) x {plan.stages} stage(s), {mode}), "
         f"{options.warmup} warm-up + {options.iterations} measured iterations")
+    if resume:
+        log(f"resuming from {resume}")
     if not options.emulate:
         _say_what_it_costs(inputs, backend, log)
     store = dist.TCPStore("127.0.0.1", 0, world + 1, True, timeout=datetime.timedelta(seconds=options.timeout_s),

@@ -38,6 +38,8 @@ PHASES = (
     ("training: gradient all-reduce", ("engine.py", "_sync")),
     ("training: emulated compute", ("engine.py", "_emulate_compute")),
     ("training", ("engine.py", "iteration")),
+    ("loading a checkpoint", ("checkpoint.py", "load_checkpoint")),
+    ("writing a checkpoint", ("worker.py", "_checkpoint")),
     ("training: synchronising ranks between iterations", ("worker.py", "_run")),
     ("writing results", ("worker.py", "_write")),
     ("finished", None),

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from planner.prediction.predict import build_pipeline_job, model_flops_per_iteration, predict
 from planner.prediction.stage_model import optimizer_shards
 from planner.plan.document import plan_to_document
+from planner.runtime.checkpoint import checkpoint_due, checkpoint_meta, save_checkpoint
 from planner.runtime.emulation import Emulator, SharedResources, now_s
 from planner.runtime.engine import Layout, StageExecutor, make_groups, split_parameters
 from planner.runtime.gpt import build_stage
@@ -52,6 +53,9 @@ class WorkerConfig:
     threads: int = 1
     save_state: bool = False
     cuda_devices: tuple = field(default=())  # rank -> CUDA index, for local launches
+    checkpoint_every: int = 0  # 0: no checkpoints; else every this many iterations into checkpoint_dir
+    checkpoint_dir: str = ""
+    resume_from: str = ""  # a checkpoint folder (``checkpoint.read_checkpoint``) to start from
 
 
 def _die_with_parent() -> None:
@@ -118,6 +122,12 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     shard = optimizer_shards(training, layout.replicas) > 1  # the cost model's rule
     optimizer = make_optimizer(module, training.optimizer, config.learning_rate, dtype, device,
                                sharded=own if shard else (), shard_group=groups.stage)
+    first, resumed = 0, None  # the iteration to run first (the data of iteration i is fixed by i)
+    if config.resume_from:
+        from planner.runtime.checkpoint import load_checkpoint, read_checkpoint
+
+        folder, resumed = read_checkpoint(config.resume_from)
+        first = load_checkpoint(folder, resumed, module=module, optimizer=optimizer)
     emulator = None
     if config.emulate:
         job = build_pipeline_job(plan, inputs.topology, model, training)
@@ -130,8 +140,8 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     total = config.warmup + config.iterations
-    times, losses, traces = [], [], []
-    for iteration in range(total):
+    times, losses, traces, checkpoints = [], [], [], []
+    for iteration in range(first, first + total):
         barrier()
         start = now_s()
         loss, trace = executor.iteration(iteration)
@@ -143,15 +153,18 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         loss_total = stats[1:].clone()
         dist.all_reduce(loss_total)
-        warm = iteration < config.warmup
+        warm = iteration - first < config.warmup
         if rank == 0:
             label = "warm-up" if warm else "measured"
-            print(f"iteration {iteration + 1}/{total} ({label}): {float(slowest[0]):.4f} s, "
+            print(f"iteration {iteration - first + 1}/{total} ({label}): {float(slowest[0]):.4f} s, "
                   f"loss {float(loss_total[0]):.4f}", flush=True)
         if not warm:
             times.append(float(slowest[0]))
             losses.append(float(loss_total[0]))
             traces.append(trace)
+        if checkpoint_due(iteration, config.checkpoint_every):
+            checkpoints.append(_checkpoint(config, inputs, executed, module, optimizer, rank, replica, stage,
+                                           iteration + 1))
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     device_name = plan.assignment[replica][stage]
     report = {"rank": rank, "replica": replica, "stage": stage, "device": device_name, "peak_memory_bytes": peak,
@@ -167,7 +180,19 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         scaler = getattr(optimizer, "scaler", None)  # fp16: every rank holds the same scale
         scaling = {"loss_scale": scaler.scale, "skipped_steps": scaler.skipped} if scaler else {}
         scaling["optimizer_shards"] = optimizer.sharded.shards if optimizer.sharded else 1
+        scaling.update(first_iteration=first, checkpoints=checkpoints,
+                       resumed_from={"path": config.resume_from, "iteration": first} if resumed else None)
         _write(config, inputs, executed, times, losses, gathered, device, dtype, scaling)
+
+
+def _checkpoint(config: WorkerConfig, inputs: RunInputs, executed, module, optimizer, rank, replica, stage,
+                next_iteration: int) -> dict:
+    """Save the state before ``next_iteration`` (every rank takes part); what it cost, for the results."""
+    started = now_s()
+    meta = checkpoint_meta(seed=config.seed, model=executed, training=inputs.training, plan=inputs.plan)
+    folder = save_checkpoint(config.checkpoint_dir, iteration=next_iteration, module=module, optimizer=optimizer,
+                             rank=rank, replica=replica, stage=stage, meta=meta)
+    return {"iteration": next_iteration, "path": str(folder), "seconds": now_s() - started}
 
 
 def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, reports, device, dtype,
