@@ -1,5 +1,6 @@
 """The runtime on real GPUs: the committed 2-GPU plans, measured against their prediction, and our
-runtime against torch.distributed.pipelining on the same split.
+runtime against torch.distributed.pipelining on the same split, with a fused Adam and each of two
+precision recipes (the runtime's own bf16 weights with fp32 masters, and fp32 weights under autocast).
 
 Run on a host with 2 CUDA GPUs, from the repository root:
 
@@ -42,7 +43,7 @@ def main() -> int:
     from planner.inputs.model import parse_model
     from planner.report.accuracy import prediction_error
     from planner.runtime.launch import LaunchOptions, launch
-    from planner.runtime.reference import run_pipelining
+    from planner.runtime.reference import PIPELINING_RECIPES, run_pipelining
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
@@ -76,13 +77,16 @@ def main() -> int:
         document = json.loads(json.dumps(ours["plan"]))
         spec = parse_model(document["model"])
         bounds = [s["layers"][0] for s in document["stages"]] + [document["stages"][-1]["layers"][1]]
-        _, theirs = run_pipelining(spec, bounds, micro_batch_size=document["micro_batch_size"],
-                                   micro_batches=document["replicas"][0]["micro_batches"], schedule=schedule,
-                                   iterations=args.iterations, warmup=args.warmup, backend="nccl",
-                                   optimizer=document["training"]["optimizer"])
-        comparison.append({"schedule": schedule, "ours_s": ours["measured"]["median_s"],
-                           "pipelining_s": statistics.median(theirs),
-                           "speedup": statistics.median(theirs) / ours["measured"]["median_s"]})
+        row = {"schedule": schedule, "ours_s": ours["measured"]["median_s"], "ours_mfu": ours["measured"]["mfu"]}
+        for recipe in PIPELINING_RECIPES:
+            _, theirs = run_pipelining(spec, bounds, micro_batch_size=document["micro_batch_size"],
+                                       micro_batches=document["replicas"][0]["micro_batches"], schedule=schedule,
+                                       iterations=args.iterations, warmup=args.warmup, backend="nccl",
+                                       optimizer=document["training"]["optimizer"], recipe=recipe)
+            seconds = statistics.median(theirs)
+            row[recipe] = {"pipelining_s": seconds, "mfu": ours["measured"]["mfu"] * row["ours_s"] / seconds,
+                           "speedup": seconds / row["ours_s"]}
+        comparison.append(row)
     print(f"\n{'plan':28} {'measured s':>10} {'p10-p90':>15} {'predicted s':>11} {'error':>7} "
           f"{'tokens/s':>9} {'MFU':>6}  peak memory GB (predicted)")
     for row in rows:
@@ -91,9 +95,14 @@ def main() -> int:
         print(f"{row['plan']:28} {row['measured_s']:10.4f} {row['p10_s']:7.4f}-{row['p90_s']:7.4f} "
               f"{row['predicted_s']:11.4f} {100 * row['error']:+6.1f}% {row['tokens_per_s']:9.0f} "
               f"{100 * row['mfu']:5.1f}%  {memory}")
-    print(f"\n{'same split, untied head':28} {'ours s':>8} {'pipelining s':>13} {'pipelining / ours':>18}")
+    print(f"\nsame split, untied head; torch.distributed.pipelining with a fused Adam in two precision recipes "
+          f"(bf16-master: ours; autocast: fp32 weights under bf16 autocast)")
+    print(f"{'schedule':10} {'ours s':>8} {'MFU':>6} " + " ".join(f"{r + ' s':>16} {'MFU':>6} {'speedup':>8}"
+                                                           for r in PIPELINING_RECIPES))
     for row in comparison:
-        print(f"{row['schedule']:28} {row['ours_s']:8.4f} {row['pipelining_s']:13.4f} {row['speedup']:18.3f}")
+        print(f"{row['schedule']:10} {row['ours_s']:8.4f} {100 * row['ours_mfu']:5.1f}% " + " ".join(
+            f"{row[r]['pipelining_s']:16.4f} {100 * row[r]['mfu']:5.1f}% {row[r]['speedup']:8.3f}"
+            for r in PIPELINING_RECIPES))
     (out / "runtime_gpu.json").write_text(json.dumps({"runs": rows, "versus_pipelining": comparison,
                                                       "iterations": args.iterations, "warmup": args.warmup,
                                                       "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE",)}},

@@ -5,6 +5,8 @@ vocabulary, l layers. One multiply-add = 2 FLOPs.
 """
 
 __all__ = [
+    "VOCABULARY_MULTIPLE",
+    "padded_vocabulary",
     "layer_parameters",
     "embedding_parameters",
     "head_parameters",
@@ -17,6 +19,17 @@ __all__ = [
 
 
 def layer_parameters(h: int, f: int, *, gated_mlp: bool = False, biases: bool = True) -> int:
+VOCABULARY_MULTIPLE = 128  # Megatron-LM's --make-vocab-size-divisible-by default
+
+
+def padded_vocabulary(v: int) -> int:
+    """Rows of the embedding and the LM head as trained: ``V`` rounded up to a multiple of 128
+    (Megatron-LM, ``_vocab_size_with_padding``). An odd row count (GPT-2's 50,257) leaves the
+    logits' leading dimension unaligned and the head's matrix products far slower on tensor cores;
+    the padded rows are never looked up and their logits are dropped before the loss."""
+    return -(-v // VOCABULARY_MULTIPLE) * VOCABULARY_MULTIPLE
+
+
     """Parameters of one transformer block.
 
     GPT (f = 4h, biases, LayerNorm): ``12h^2 + 13h`` = QKV ``3h^2+3h`` + output projection

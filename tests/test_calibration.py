@@ -110,6 +110,7 @@ def test_topology_takes_measured_links_from_a_calibration(tmp_path, write_yaml):
     (lambda d: d["network"].update(bandwidth_bytes_per_s=[[0, -1], [1, 0]]), "positive"),
     (lambda d: d["device_types"]["T4"].update(efficiency=1.5), "device_types.T4"),
     (lambda d: d.update(extra=1), "extra"),
+    (lambda d: d["network"].update(message_overhead_s=-1e-6), "network.message_overhead_s"),
 ])
 def test_bad_calibration_file_is_one_line(tmp_path, write_yaml, capsys, change, message):
     cal = _calibration(tmp_path / "cal.yaml")
@@ -119,6 +120,11 @@ def test_bad_calibration_file_is_one_line(tmp_path, write_yaml, capsys, change, 
     code = main([str(write_yaml(small_topology())), "--calibration", str(cal)])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "cal.yaml" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_zero_message_overhead_reads_back(tmp_path):
+    """On a loaded host the fitted latency can be 0; the file plan calibrate wrote must still load."""
+    assert read_calibration(_calibration(tmp_path / "cal.yaml", latency_us=0.0)).network["message_overhead_s"] == 0.0
 
 
 def test_topology_calibration_naming_no_device_is_refused(tmp_path, write_yaml, capsys):

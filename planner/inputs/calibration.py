@@ -82,7 +82,10 @@ def read_calibration(path) -> Calibration:
                        "latency_s": _matrix(e.raw("latency_s"), n, "network.latency_s", positive=False),
                        "bandwidth_bytes_per_s": _matrix(e.raw("bandwidth_bytes_per_s"), n,
                                                         "network.bandwidth_bytes_per_s", positive=True)}
-            network["message_overhead_s"] = e.float("message_overhead_s", 0.0)
+            overhead = e.raw("message_overhead_s", 0.0)  # 0 where the fitted latency is (a loaded host)
+            if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not 0 <= overhead < 1:
+                raise InputError(f"must be seconds in [0, 1), got {overhead!r}", field=e.path("message_overhead_s"))
+            network["message_overhead_s"] = float(overhead)
             e.raw("probe", {})
             e.finish()
         for key in ("host", "how", "torch", "backend"):

@@ -80,7 +80,8 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
     for ``stages`` stages of ``replicas`` replicas each (the optimizer state's shards)."""
     if not isinstance(training.recompute, bool):
         raise ValueError("recompute 'auto' is a search decision: resolve it before costing a plan")
-    b, s, h, a, v = micro_batch_size, model.sequence, model.hidden, model.heads, model.vocabulary
+    b, s, h, a = micro_batch_size, model.sequence, model.hidden, model.heads
+    v = flops.padded_vocabulary(model.vocabulary)  # the rows the runtime trains
     dtype = training.activation_bytes
     fwd = flops.layer_forward_flops(b, s, h, model.ffn_hidden, gated_mlp=model.gated_mlp)
     head_fwd = flops.head_forward_flops(b, s, h, v)

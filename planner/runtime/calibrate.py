@@ -138,13 +138,13 @@ def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
 
 
 def _document(job, kind, backend, names, reports, options) -> dict:
-    from cost_models.flops import head_forward_flops, layer_forward_flops
+    from cost_models.flops import head_forward_flops, layer_forward_flops, padded_vocabulary
 
     compute = reports[0]["compute"]
     model, training = job.model, job.training
     b = compute["micro_batch_size"]
     block = layer_forward_flops(b, model.sequence, model.hidden, model.ffn_hidden, gated_mlp=model.gated_mlp)
-    head = head_forward_flops(b, model.sequence, model.hidden, model.vocabulary)
+    head = head_forward_flops(b, model.sequence, model.hidden, padded_vocabulary(model.vocabulary))
     achieved = 3.0 * block / (compute["block_forward_s"] + compute["block_backward_s"])
     head_achieved = 3.0 * head / compute["head_s"]
     device = next(d for d in job.topology.devices if d.type_name == kind)
@@ -249,6 +249,7 @@ def _compute_probe(job, options, device, threads) -> dict:
     import torch
     import torch.nn.functional as F
 
+    from cost_models.flops import padded_vocabulary
     from planner.prediction.stage_model import OPTIMIZER_BYTES_PER_PARAMETER
     from planner.runtime.gpt import Block, make_norm
     from planner.plan.precision import resolve_precision
@@ -265,11 +266,12 @@ def _compute_probe(job, options, device, threads) -> dict:
     forward = _timed(lambda: block(x), options.repeats, device)
     both = _timed(lambda: block(x).backward(grad), options.repeats, device)
     norm = make_norm(model, model.hidden).to(device=device, dtype=dtype)
-    head = torch.nn.Linear(model.hidden, model.vocabulary, bias=False).to(device=device, dtype=dtype)
+    head = torch.nn.Linear(model.hidden, padded_vocabulary(model.vocabulary), bias=False).to(device=device,
+                                                                                              dtype=dtype)
     targets = torch.randint(0, model.vocabulary, (b, model.sequence), device=device)
 
-    def head_step():
-        logits = head(norm(x))
+    def head_step():  # as the runtime's last stage runs it (planner.runtime.gpt)
+        logits = head(norm(x))[..., :model.vocabulary]
         F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).backward()
 
     head_s = _timed(head_step, options.repeats, device)

@@ -9,12 +9,18 @@ Every module is initialised from its own seed (embedding = 0, block i = i + 1, h
 so a stage built alone holds exactly the weights of the same layers in the whole model. With tied
 embeddings and more than one stage the last stage keeps its own copy of the token embedding, whose
 gradient is summed with the first stage's (Megatron-LM's embedding group).
+
+The embedding and the head have ``padded_vocabulary(V)`` rows (a multiple of 128, as Megatron-LM
+pads): the extra rows start at zero, are never looked up, and their logits are dropped before the
+loss, so they receive no gradient and training equals that of the unpadded model.
 """
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from cost_models.flops import padded_vocabulary
 
 __all__ = ["StageModule", "build_stage", "INIT_STD"]
 
@@ -73,14 +79,14 @@ class StageModule(nn.Module):
         self.first, self.end = first, end
         self.is_first, self.is_last = first == 0, end == spec.layers
         if self.is_first:
-            self.embed = nn.Embedding(spec.vocabulary, spec.hidden)
+            self.embed = nn.Embedding(padded_vocabulary(spec.vocabulary), spec.hidden)
             if spec.learned_positions:
                 self.positions = nn.Embedding(spec.sequence, spec.hidden)
         self.blocks = nn.ModuleDict({str(i): Block(spec) for i in range(first, end)})
         if self.is_last:
             self.norm = make_norm(spec, spec.hidden)
             if not (spec.tied_embeddings and self.is_first):
-                self.head = nn.Linear(spec.hidden, spec.vocabulary, bias=False)
+                self.head = nn.Linear(spec.hidden, padded_vocabulary(spec.vocabulary), bias=False)
 
     @property
     def tied_copy(self) -> bool:
@@ -100,11 +106,13 @@ class StageModule(nn.Module):
             x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
         if self.is_last:
             weight = self.embed.weight if not hasattr(self, "head") else self.head.weight
-            x = F.linear(self.norm(x), weight)
+            x = F.linear(self.norm(x), weight)[..., :self.spec.vocabulary]  # padded rows dropped
         return x
 
 
-def _init(module: nn.Module, seed: int) -> None:
+def _init(module: nn.Module, seed: int, rows: int | None = None) -> None:
+    """Biases 0, norm scales 1, matrices N(0, INIT_STD) drawn from ``seed``; with ``rows`` (a
+    padded vocabulary's true size) the rows past it are zero."""
     generator = torch.Generator().manual_seed(seed)
     for name, parameter in module.named_parameters(recurse=True):
         with torch.no_grad():
@@ -114,6 +122,8 @@ def _init(module: nn.Module, seed: int) -> None:
                 parameter.fill_(1.0)
             else:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * INIT_STD)
+                if rows is not None:
+                    parameter[rows:].zero_()
 
 
 def build_stage(spec, first: int, end: int, *, seed: int = 0, recompute: bool = False) -> StageModule:
@@ -122,7 +132,7 @@ def build_stage(spec, first: int, end: int, *, seed: int = 0, recompute: bool = 
     module = StageModule(spec, first, end, recompute=recompute)
     base = seed * 1_000_003
     if module.is_first:
-        _init(module.embed, base)
+        _init(module.embed, base, rows=spec.vocabulary)
         if spec.learned_positions:
             # Positions draw after the token embedding from the same stream as in every stage layout.
             generator = torch.Generator().manual_seed(base + spec.layers + 2)
@@ -135,7 +145,7 @@ def build_stage(spec, first: int, end: int, *, seed: int = 0, recompute: bool = 
         _init(module.norm, base + spec.layers + 1)
         if hasattr(module, "head"):
             if spec.tied_embeddings:
-                _init(module.head, base)  # the same draw as the first stage's token embedding
+                _init(module.head, base, rows=spec.vocabulary)  # the same draw as the first stage's embedding
             else:
-                _init(module.head, base + spec.layers + 3)
+                _init(module.head, base + spec.layers + 3, rows=spec.vocabulary)
     return module

@@ -1,6 +1,11 @@
 """References the runtime is checked against: plain single-process training of the whole model on
 the whole global batch, and ``torch.distributed.pipelining`` (PyTorch's own GPipe/1F1B) on the same
-stage split. Both use the runtime's model, data and initialisation."""
+stage split. Both use the runtime's model, data and initialisation.
+
+On GPUs the pipelining run takes one of two precision recipes (``PIPELINING_RECIPES``), each with
+a fused Adam: ``bf16-master`` is the runtime's own (bf16 weights, activations and messages, fp32
+master weights and state), ``autocast`` is the common one (fp32 weights under bf16 autocast, fp32
+messages). On the CPU both train in fp32."""
 
 import datetime
 import time
@@ -12,10 +17,12 @@ import torch.nn.functional as F
 
 from planner.runtime.data import global_batch_tokens
 from planner.runtime.gpt import build_stage
-from planner.runtime.precision import plain_optimizer
+from planner.runtime.precision import MasterWeightOptimizer, plain_optimizer
 from planner.runtime.spawn import gather_from_ranks
 
-__all__ = ["train_single_process", "PipeliningRun", "pipelining_worker", "run_pipelining"]
+__all__ = ["train_single_process", "PipeliningRun", "pipelining_worker", "run_pipelining", "PIPELINING_RECIPES"]
+
+PIPELINING_RECIPES = ("bf16-master", "autocast")
 
 
 def train_single_process(spec, *, global_batch: int, iterations: int, seed: int = 0, learning_rate: float = 1e-3,
@@ -46,6 +53,7 @@ class PipeliningRun:
     seed: int = 0
     learning_rate: float = 1e-3
     optimizer: str = "sgd"
+    recipe: str = "bf16-master"
 
 
 def pipelining_worker(rank: int, world: int, store_port: int, results, spec, layer_bounds: tuple,
@@ -77,10 +85,15 @@ def _pipelining(rank, world, store_port, results, spec, layer_bounds, run: Pipel
     dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120), **({"device_id": device} if cuda else {}))
     try:
-        module = build_stage(spec, layer_bounds[rank], layer_bounds[rank + 1], seed=seed).to(device)
+        master = cuda and run.recipe == "bf16-master"
+        module = build_stage(spec, layer_bounds[rank], layer_bounds[rank + 1], seed=seed)
+        module = module.to(device=device, dtype=torch.bfloat16 if master else torch.float32)
         if module.tied_copy:
             raise ValueError("the pipelining cross-check needs untied embeddings or a single stage")
-        opt = plain_optimizer(module.parameters(), optimizer, learning_rate)
+        if master:
+            opt = MasterWeightOptimizer(module.parameters(), optimizer, learning_rate, fused=True)
+        else:
+            opt = plain_optimizer(module.parameters(), optimizer, learning_rate, fused=cuda)
         stage = PipelineStage(module, rank, world, device)
 
         def loss_fn(logits, targets):
@@ -97,7 +110,8 @@ def _pipelining(rank, world, store_port, results, spec, layer_bounds, run: Pipel
                 torch.cuda.synchronize()
             start = time.monotonic()
             per_microbatch = []
-            autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
+            autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=not master) if cuda \
+                else torch.autocast("cpu", enabled=False)
             with autocast:
                 if rank == 0:
                     runner.step(tokens[:, :-1].contiguous())
@@ -122,11 +136,11 @@ def _pipelining(rank, world, store_port, results, spec, layer_bounds, run: Pipel
 
 def run_pipelining(spec, layer_bounds, *, micro_batch_size: int, micro_batches: int, schedule: str, iterations: int,
                    warmup: int = 0, backend: str = "gloo", seed: int = 0, learning_rate: float = 1e-3,
-                   optimizer: str = "sgd") -> tuple:
+                   optimizer: str = "sgd", recipe: str = "bf16-master") -> tuple:
     """One ``pipelining_worker`` per stage; returns (last stage's losses, iteration seconds)."""
     run = PipeliningRun(micro_batch_size=micro_batch_size, micro_batches=micro_batches, schedule=schedule,
                         iterations=iterations, warmup=warmup, backend=backend, seed=seed,
-                        learning_rate=learning_rate, optimizer=optimizer)
+                        learning_rate=learning_rate, optimizer=optimizer, recipe=recipe)
     world = len(layer_bounds) - 1
     got = gather_from_ranks(pipelining_worker, world, args=(spec, tuple(layer_bounds), run))
     return got[world - 1][0], got[0][1]
