@@ -18,7 +18,6 @@ __all__ = [
 ]
 
 
-def layer_parameters(h: int, f: int, *, gated_mlp: bool = False, biases: bool = True) -> int:
 VOCABULARY_MULTIPLE = 128  # Megatron-LM's --make-vocab-size-divisible-by default
 
 
@@ -30,6 +29,7 @@ def padded_vocabulary(v: int) -> int:
     return -(-v // VOCABULARY_MULTIPLE) * VOCABULARY_MULTIPLE
 
 
+def layer_parameters(h: int, f: int, *, gated_mlp: bool = False, biases: bool = True) -> int:
     """Parameters of one transformer block.
 
     GPT (f = 4h, biases, LayerNorm): ``12h^2 + 13h`` = QKV ``3h^2+3h`` + output projection
