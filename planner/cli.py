@@ -31,9 +31,20 @@ def _plan_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed, 0 or more (same seed, same plan)")
     p.add_argument("--time-limit", type=float, default=30.0,
                    help="search time limit in seconds (the search ends within it; default 30)")
-    p.add_argument("--objective", choices=["time", "dtfm"], default="time",
-                   help="time: the simulated iteration time (default); dtfm: DTFM's objective (all devices, "
+    p.add_argument("--objective", choices=["time", "cost", "time-under-budget", "dtfm"], default="time",
+                   help="time: the simulated iteration time (default); cost: US dollars per iteration (device-hours "
+                        "of the used devices plus egress between regions); time-under-budget: the fastest plan "
+                        "costing at most --budget-usd-per-iteration; dtfm: DTFM's objective (all devices, "
                         "even splits), for comparison")
+    p.add_argument("--budget-usd-per-iteration", type=float,
+                   help="with --objective time-under-budget: the most one iteration may cost, in US dollars")
+    p.add_argument("--charge-idle", action="store_true",
+                   help="charge every device of the topology, used or idle (a rented whole cluster); "
+                        "by default idle devices cost nothing")
+    p.add_argument("--pareto", action="store_true",
+                   help="print the time / $ front of distinct plans and write each to PLAN-pareto-K.yaml "
+                        "(PLAN: the -o file's name, else 'plan')")
+    p.add_argument("--top", type=int, metavar="K", help="list the K best distinct plans (degrees or device sets differ)")
     p.add_argument("--no-exact", action="store_true",
                    help="skip the CP-SAT exact placement of the leading shapes (topologies of up to 12 devices)")
     p.add_argument("-o", "--output", help="write the plan to FILE (.yaml or .json)")
@@ -197,7 +208,7 @@ def _make(args) -> int:
     from planner.plan.document import plan_to_document
     from planner.report.text import render_plan
     from planner.search.front import SearchOptions, search
-    from planner.search.objective import OBJECTIVES
+    from planner.search.objective import make_objective
 
     overrides = {"global_batch": _positive("--global-batch", args.global_batch),
                  "micro_batch_size": _positive("--micro-batch-size", args.micro_batch_size), "schedule": args.schedule}
@@ -205,6 +216,8 @@ def _make(args) -> int:
     _non_negative("--seed", args.seed)
     if args.output:
         _check_writable(args.output, "--output")
+    objective = _objective(args)
+    pareto_files = _pareto_files(args) if args.pareto else []
     job = load_job(args.topology, model=args.model, model_file=args.model_file, training_overrides=overrides)
     record = {}
     if args.calibration:
@@ -218,8 +231,7 @@ def _make(args) -> int:
                             exact=not args.no_exact)
     progress = _Progress(args.time_limit)
     try:
-        result = search(job.topology, job.model, job.training, options, objective=OBJECTIVES[args.objective],
-                        callback=progress)
+        result = search(job.topology, job.model, job.training, options, objective=objective, callback=progress)
     except InputError as error:  # no plan for this file's devices and these options: name the file
         raise error.located(source=args.topology) from None
     finally:
@@ -242,7 +254,63 @@ def _make(args) -> int:
                   f"{s['dtfm_pp_s']:.3f} s), {s['dtfm_evaluations']} allocations in {s['dtfm_wall_s']:.2f} s")
         if args.output:
             print(f"\nPlan written to {args.output}")
+    _print_choices(args, result, job, objective, pareto_files)
     return 0
+
+def _objective(args):
+    """The objective the flags ask for, or the one-line error of a flag that does not fit it."""
+    from planner.search.objective import make_objective
+
+    _finite_positive("--budget-usd-per-iteration", args.budget_usd_per_iteration, unit="US dollars")
+    _positive("--top", args.top)
+    compares = args.pareto or args.top
+    if compares and args.objective == "dtfm":
+        raise InputError("compares plans in time and dollars: use --objective time, cost or time-under-budget",
+                         field="--pareto" if args.pareto else "--top")
+    return make_objective(args.objective, budget_usd_per_iteration=args.budget_usd_per_iteration,
+                          charge_idle=args.charge_idle, pooled=bool(compares))
+
+
+def _pareto_files(args) -> list:
+    """The name pattern of the front's plan files, ``PLAN-pareto-K.yaml``, checked writable up front."""
+    base = Path(args.output) if args.output else Path("plan.yaml")
+    pattern = str(base.with_name(f"{base.stem}-pareto-{{}}{base.suffix or '.yaml'}"))
+    _check_writable(pattern.format(1), "--pareto")
+    return [pattern]
+
+
+def _print_choices(args, result, job, objective, pareto_files) -> None:
+    """The plan's price, the time / $ front (written to files) and the K best, where asked."""
+    from planner.plan.document import plan_to_document
+    from planner.report.choices import render_dollars, render_entries
+    from planner.search.dollars import plan_dollars
+    from planner.search.front import _resolved_training
+    from planner.search.pareto import pareto_front, top_plans
+
+    charge_idle = args.charge_idle
+    text = args.format == "text"
+    priced = all(d.price_per_hour_usd is not None for d in job.topology.devices)
+    if text and priced and args.objective != "dtfm":
+        dollars = plan_dollars(result.plan, job.topology, job.model, job.training, charge_idle=charge_idle)
+        print("\n" + render_dollars(dollars, job.topology, charge_idle=charge_idle))
+    if args.pareto:
+        front = pareto_front(result.pool)
+        files = []
+        for k, entry in enumerate(front, 1):
+            training, plan = _resolved_training(entry.plan, job.topology, job.model, entry.training)
+            path = pareto_files[0].format(k)
+            _write_output(plan_to_document(plan, model=job.model, training=training, topology_source=args.topology),
+                          path, "--pareto")
+            files.append(path)
+        out = sys.stdout if text else sys.stderr
+        print("\n" + render_entries(front, job.topology, f"Time / $ front: {len(front)} of {len(result.pool)} distinct "
+                                    "plans that no other plan beats in both", files=files), file=out)
+    if args.top:
+        best = top_plans(result.pool, args.top, objective)
+        print("\n" + render_entries(best, job.topology, f"The {len(best)} best of {len(result.pool)} distinct plans by "
+                                    f"{objective.name} (distinct: other degrees or another device set)"),
+              file=sys.stdout if text else sys.stderr)
+
 
 
 def _launch(args) -> int:

@@ -10,10 +10,32 @@ from planner.errors import InputError
 from planner.fields import Fields
 from planner.inputs.units import parse_bandwidth_bytes_per_s, parse_bytes, parse_flops
 
-__all__ = ["DeviceType", "PRECISIONS", "load_catalog", "device_type", "parse_device_type", "peak_for", "runs"]
+__all__ = ["DeviceType", "PRECISIONS", "PRICE_PER_HOUR_USD", "EGRESS_USD_PER_GB", "load_catalog", "device_type",
+           "parse_device_type", "peak_for", "runs"]
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 AUTO = "auto"  # training precision: bf16 where every used device has it, else fp16 (``planner.plan.precision``)
+
+# Default price of one device for one hour, in US dollars: public on-demand list prices per GPU (an
+# instance's price divided by its GPUs), or a rental marketplace's typical price for consumer cards.
+# A topology overrides them per device group with ``price_per_hour_usd`` (0 for hardware you own).
+PRICE_PER_HOUR_USD = {
+    "H100-SXM": 2.99,  # Lambda On-Demand Cloud, 8x H100 SXM 80GB instance, $2.99/GPU/h (list price, 2024)
+    "A100-80GB": 1.79,  # Lambda On-Demand Cloud, 8x A100 SXM 80GB instance, $1.79/GPU/h (list price, 2024)
+    "A100-40GB": 1.29,  # Lambda On-Demand Cloud, 8x A100 SXM 40GB instance, $1.29/GPU/h (list price, 2024)
+    "V100-16GB": 0.55,  # Lambda On-Demand Cloud, 8x V100 16GB instance, $4.40/h / 8 (list price, 2024)
+    "V100-32GB": 3.90,  # AWS EC2 p3dn.24xlarge, 8x V100 32GB, us-east-1, $31.212/h / 8 (list price, 2024)
+    "T4": 0.526,  # AWS EC2 g4dn.xlarge, 1x T4, us-east-1, $0.526/h (list price, 2024)
+    "L4": 0.8048,  # AWS EC2 g6.xlarge, 1x L4, us-east-1, $0.8048/h (list price, 2024)
+    "A40": 0.44,  # RunPod Secure Cloud, 1x A40 48GB pod, $0.44/h (list price, 2024)
+    "RTX-4090": 0.34,  # RunPod Community Cloud, 1x RTX 4090, $0.34/h (typical marketplace price, March 2026)
+    "RTX-3090": 0.22,  # RunPod Community Cloud, 1x RTX 3090, $0.22/h (typical marketplace price, March 2026)
+    "CPU-core": 0.08925,  # AWS EC2 c7i.large, 2 vCPU = 1 physical core, us-east-1, $0.08925/h (list price, 2024)
+}
+# Default price of one GB leaving a region for another, in US dollars (0 inside a region): AWS data
+# transfer between AWS regions, from us-east-1, $0.02/GB (list price, 2024). A topology sets its
+# own with ``network.egress_usd_per_gb`` (one number, or per region pair).
+EGRESS_USD_PER_GB = 0.02
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,6 +52,7 @@ class DeviceType:
     memory_reserved_origin: str
     source: str
     description: str = ""
+    price_per_hour_usd: float | None = None  # on-demand price of one device (``PRICE_PER_HOUR_USD``); None: unknown
 
     def __post_init__(self):
         if self.memory_bytes <= 0:
@@ -78,6 +101,7 @@ def parse_device_type(document, *, source: str) -> DeviceType:
         efficiency_origin=cal.str("efficiency_origin", "default, not measured"),
         memory_reserved_bytes=cal.quantity("memory_reserved", parse_bytes, 2.0**30),
         memory_reserved_origin=cal.str("memory_reserved_origin", "default, not measured"),
+        price_per_hour_usd=PRICE_PER_HOUR_USD.get(f.str("type")),
     )
     cal.finish()
     f.finish()

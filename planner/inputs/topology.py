@@ -16,6 +16,7 @@ from cost_models.network import Network
 from planner.inputs.catalog import PRECISIONS, device_type, peak_for
 from planner.errors import InputError
 from planner.inputs.calibration import measured_links
+from planner.inputs.prices import parse_egress, parse_price
 from planner.fields import Fields
 from planner.inputs.units import check_range, parse_bandwidth_bytes_per_s, parse_bytes, parse_flops, parse_seconds
 
@@ -39,6 +40,7 @@ class Device:
     host: str
     region: str
     head_efficiency: float = 0.0  # measured efficiency of the LM head and loss; 0: same as the blocks
+    price_per_hour_usd: float | None = None  # what one hour of this device costs; None: unknown (custom type)
 
     @property
     def head_slowdown(self) -> float:
@@ -65,6 +67,7 @@ class Topology:
     message_overhead_s: float = 0.0  # measured per-message software cost (a calibration's network section)
     sha256: str = ""
     source: str = ""
+    egress_usd_per_gb: np.ndarray | None = None  # R x R over ``regions``; None: the catalog's default
 
     def __post_init__(self):
         n = len(self.devices)
@@ -81,6 +84,8 @@ class Topology:
                                                         dtype=np.int64))
         object.__setattr__(self, "hosts", tuple(hosts))
         object.__setattr__(self, "regions", tuple(regions))
+        if self.egress_usd_per_gb is None:
+            object.__setattr__(self, "egress_usd_per_gb", parse_egress(None, regions))
 
     @property
     def size(self) -> int:
@@ -160,9 +165,12 @@ def _parse_devices(entries) -> list:
                 raise error.located(field_prefix=where) from None
             peak, memory, eff = dict(kind.peak_flops), kind.memory_bytes, kind.efficiency
             mem_bw, reserved = kind.memory_bandwidth_bytes_per_s, kind.memory_reserved_bytes
+            price = kind.price_per_hour_usd
         else:
-            peak = memory = None
+            peak = memory = price = None
             eff, mem_bw, reserved = 0.4, 1e12, 2.0**30
+        if f.has("price_per_hour_usd"):
+            price = parse_price(f.raw("price_per_hour_usd"), field=f.path("price_per_hour_usd"))
         if f.has("peak_flops"):
             peak = _parse_peak(f.raw("peak_flops"), f.path("peak_flops"))
         if peak is None:
@@ -192,7 +200,8 @@ def _parse_devices(entries) -> list:
                 dev_host = host or dev_name
             devices.append(Device(name=dev_name, type_name=type_name or "custom", memory_bytes=memory,
                                   peak_flops=peak, efficiency=eff, memory_bandwidth_bytes_per_s=mem_bw,
-                                  memory_reserved_bytes=reserved, host=dev_host, region=region))
+                                  memory_reserved_bytes=reserved, host=dev_host, region=region,
+                                  price_per_hour_usd=price))
     return devices
 
 
@@ -407,7 +416,12 @@ def parse_topology(document: dict, *, name: str = "topology", source: str = "", 
     if "network" not in document:
         raise InputError("is missing: describe the links (levels host/region/global or a matrix)", field="network")
     devices = _parse_devices(document["devices"])
-    latency, bandwidth, nics, measured, overhead = _parse_network(document["network"], devices, calibration)
+    network = document["network"]
+    egress = None
+    if isinstance(network, dict) and "egress_usd_per_gb" in network:  # prices, not links: read apart
+        network = {k: v for k, v in network.items() if k != "egress_usd_per_gb"}
+        egress = parse_egress(document["network"]["egress_usd_per_gb"], sorted({d.region for d in devices}))
+    latency, bandwidth, nics, measured, overhead = _parse_network(network, devices, calibration)
     return Topology(name=name, devices=tuple(devices), latency_s=latency, bandwidth_bytes_per_s=bandwidth,
-                    nic_bytes_per_s=nics, message_overhead_s=overhead, sha256=topology_hash(document["devices"], document["network"], measured),
+                    nic_bytes_per_s=nics, message_overhead_s=overhead, egress_usd_per_gb=egress, sha256=topology_hash(document["devices"], document["network"], measured),
                     source=source)

@@ -56,9 +56,10 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
         out.append(f"Throughput: {p.tokens_per_s:,.0f} tokens/s, {format_flops(p.achieved_flops)} achieved "
                    f"(MFU {100 * p.mfu:.1f}% of the used devices' peak)")
         if result is not None:
+            unit = (lambda usd: f"${usd:.4g}") if result.objective == "cost" else format_seconds  # dollars, or seconds
             on = "" if result.objective == "time" else f" on the {result.objective} objective " \
-                f"({format_seconds(result.objective_s)} for this plan)"
-            out.append(f"Lower bound{on}: {format_seconds(result.lower_bound_s)}  gap {100 * result.gap:.1f}%  "
+                f"({unit(result.objective_s)} for this plan)"
+            out.append(f"Lower bound{on}: {unit(result.lower_bound_s)}  gap {100 * result.gap:.1f}%  "
                        f"({result.evaluations} candidates in {result.wall_s:.2f} s)")
             for shape in result.exact_shapes:
                 estimate = "none fits" if shape["estimate_s"] is None else format_seconds(shape["estimate_s"])

@@ -70,6 +70,7 @@ class SearchResult:
     algorithm: str = "construct+local+genetic"
     exact_shapes: list = field(default_factory=list)  # per CP-SAT-solved shape: status, optimum, bound
     training: object = None  # the training the plan runs: the asked one with its precision resolved
+    pool: list = field(default_factory=list)  # the "pool" engine's distinct plans (planner.search.pareto.PoolEntry)
 
 
 EXACT_DEVICES = 12  # CP-SAT placement is tried on topologies up to this size
@@ -137,9 +138,10 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
         raise InputError(f"the {objective.name} objective plans every device with even splits and does not start "
                          "from a plan: drop the starting plan or use the time objective", field="x0")
     rng = rng if rng is not None else np.random.default_rng(options.seed)
-    engine = {"placement": _placement_search, "allocation": _allocation_search}[objective.engine]
-    plan, record = engine(topology, model, training, options, rng=rng, callback=callback, x0=x0, started=started)
-    history = record.pop("history", [])
+    engine = {"placement": _placement_search, "allocation": _allocation_search, "pool": _pool_search}[objective.engine]
+    plan, record = engine(topology, model, training, options, rng=rng, callback=callback, x0=x0, started=started,
+                          **({"objective": objective} if objective.engine == "pool" else {}))
+    history, pool = record.pop("history", []), record.pop("pool", [])
     bound = objective.lower_bound(topology, model, training)  # over every device, at the asked precision
     training, plan = _resolved_training(plan, topology, model, training)
     validate_plan(plan, topology, model, training)
@@ -151,7 +153,8 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     return SearchResult(plan=plan, predicted_s=plan.prediction.iteration_s, objective=objective.name,
                         objective_s=score, lower_bound_s=bound, gap=gap, evaluations=record.get("evaluations", 0),
                         wall_s=wall, history=history,
-                        algorithm=record["algorithm"], exact_shapes=record.get("exact", []), training=training)
+                        algorithm=record["algorithm"], exact_shapes=record.get("exact", []), training=training,
+                        pool=pool)
 
 
 def _best_recompute(topology, model, training, options, **kwargs) -> SearchResult:
@@ -172,7 +175,8 @@ def _best_recompute(topology, model, training, options, **kwargs) -> SearchResul
     gap = max(0.0, (best.objective_s - bound) / best.objective_s) if best.objective_s > 0 else 0.0
     tried = {"recompute_tried": {str(r.training.recompute).lower(): r.objective_s for r in results}}
     plan = replace(best.plan, search={**best.plan.search, "lower_bound_s": bound, "gap": gap, **tried})
-    return replace(best, plan=plan, lower_bound_s=bound, gap=gap, wall_s=sum(r.wall_s for r in results))
+    return replace(best, plan=plan, lower_bound_s=bound, gap=gap, wall_s=sum(r.wall_s for r in results),
+                   pool=[entry for r in results for entry in r.pool])
 
 
 def _resolved_training(plan, topology, model, training) -> tuple:
@@ -188,6 +192,18 @@ def _resolved_training(plan, topology, model, training) -> tuple:
     if any(d.effective_flops(training.precision) != d.effective_flops(precision) for d in devices):
         plan = plan.with_prediction(predict(plan, topology, model, resolved))
     return resolved, plan
+
+
+def _pool_search(topology, model, training, options, *, objective, rng, callback, x0, started) -> tuple:
+    """Objectives in dollars or under a budget: the objective's choice among a pool of distinct
+    plans (``planner.search.pareto``) that holds the placement engine's plan."""
+    from planner.search.pareto import POOL_SHARE, plan_pool
+
+    placement = replace(options, time_limit_s=options.time_limit_s * (1.0 - POOL_SHARE))  # the pool takes the rest
+    fastest, record = _placement_search(topology, model, training, placement, rng=rng, callback=callback, x0=x0,
+                                        started=started)
+    pool = plan_pool(topology, model, training, options, [fastest], charge_idle=objective.charge_idle)
+    return objective.choose(pool).plan, {**record, "pool": pool, "pool_plans": len(pool)}
 
 
 def _allocation_search(topology, model, training, options, *, rng, callback, x0, started) -> tuple:
