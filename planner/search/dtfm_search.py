@@ -1,12 +1,22 @@
 """Search under DTFM's own objective (``COST_DP + 2 * COST_PP``), and the baselines it is compared to.
 
-Ours: constructive allocations from the network's locality (each pipeline inside one locality, or
-each data-parallel group inside one), then a seeded local search of swaps between groups with an
-evaluation budget; on up to 16 devices, CP-SAT's exact allocation (``planner.search.cpsat_dtfm``)
-started from it. Baselines: a re-implementation of DTFM's GCMA (100 random individuals, 4,900
-steady-state trials, five-point crossover on group labels, greedy balance repair, a local search
-by its gain function, replacement of the worse parent when the child beats the first parent),
-random allocation, and contiguous allocation (consecutive devices per group, Megatron's default).
+Ours: constructive allocations from the network's locality (each pipeline inside one locality, each
+data-parallel group inside one, or each group built from one device of every host), then a seeded
+local search (``planner.search.dtfm_moves``: single swaps, host blocks exchanged between groups,
+a host gathered into one group or spread over several, and bounded walks over equal-cost moves to
+leave plateaus), then CP-SAT (``planner.search.cpsat_dtfm``) started from its answer: per device on
+up to 16 devices, per class of interchangeable devices beyond, whose bound is reported with the
+answer. Under this objective the order of the groups along the pipeline and which device feeds
+which are exact (Held-Karp's path and bottleneck matchings), so moves only change the partition.
+
+Budget: the local search's evaluations and CP-SAT's deterministic time are sized by the time limit
+at fixed rates (``EVALUATIONS_PER_S``, ``EXACT_WORK_PER_S``), so the same seed and limit give the
+same allocation on an unloaded or a loaded machine; the clock only caps them (``clock_cut``).
+
+Baselines: a re-implementation of DTFM's GCMA (100 random individuals, 4,900 steady-state trials,
+five-point crossover on group labels, greedy balance repair, a local search by its gain function,
+replacement of the worse parent when the child beats the first parent), random allocation, and
+contiguous allocation (consecutive devices per group, Megatron's default).
 """
 
 import time
@@ -14,15 +24,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cost_models.dtfm import DTFM_C_PP_BYTES, bottleneck_matching, network_dtfm_cost
+from cost_models.comm import sharded_exchange_pair_s
+from cost_models.dtfm import DTFM_C_DP_BYTES, DTFM_C_PP_BYTES, bottleneck_matching, network_dtfm_cost
+from planner.search.cpsat_dtfm import class_dtfm_allocation, exact_dtfm_allocation
+from planner.search.dtfm_moves import local_search
 from planner.search.locality import locality_order
-from planner.search.cpsat_dtfm import exact_dtfm_allocation
 
-__all__ = ["DtfmResult", "dtfm_degrees", "dtfm_search", "gcma", "random_allocation", "contiguous_allocation", "groups_to_pipelines"]
+__all__ = ["DtfmResult", "dtfm_degrees", "dtfm_search", "gcma", "random_allocation", "contiguous_allocation",
+           "host_strided_allocation", "groups_to_pipelines", "dtfm_floor_s"]
 
 
-EXACT_DEVICES = 16  # up to this many devices the allocation is also solved by CP-SAT
-EXACT_SECONDS = 5.0
+EXACT_DEVICES = 16  # up to this many devices CP-SAT's model is per device; beyond, per class of devices
+LOCAL_SHARE = 0.4  # of the time limit for the local search; CP-SAT gets the rest
+# Fixed rates that turn the time limit into deterministic work, set below what a 2-core machine does
+# unloaded: an incremental evaluation of 8 x 8 groups takes 3-5 ms; CP-SAT's class model on DTFM's
+# 64-device cases ran 3 units of deterministic time in 4-15 s of wall clock (unloaded-loaded).
+EVALUATIONS_PER_S = 150.0
+EXACT_WORK_PER_S = 0.25
+MAX_EXACT_WORK = 20.0  # CP-SAT's deterministic time at most, whatever the limit
 
 
 @dataclass(kw_only=True)
@@ -35,6 +54,13 @@ class DtfmResult:
     wall_s: float
     history: list = field(default_factory=list)
     algorithm: str = ""
+    bound_s: float = 0.0  # lower bound on DTFM's objective of every allocation of this shape
+    exact_status: str = ""  # CP-SAT's: optimal (the answer is proven optimal), feasible, unknown, or "" (not run)
+    clock_cut: list = field(default_factory=list)  # phases the clock ended before their work budget
+
+    @property
+    def gap(self) -> float:
+        return max(0.0, 1.0 - self.bound_s / self.cost_s) if self.cost_s > 0 else 0.0
 
 
 def _score(topology, groups):
@@ -56,19 +82,62 @@ def random_allocation(n: int, stages: int, replicas: int, rng) -> list:
     return [sorted(perm[j * replicas:(j + 1) * replicas].tolist()) for j in range(stages)]
 
 
+def host_strided_allocation(host_ids: np.ndarray, order: np.ndarray, stages: int, replicas: int) -> list:
+    """Groups dealt one device of every host at a time: the devices in ``order`` are taken in rounds
+    (the first device of every host, largest hosts first, then every host's second, ...) and the
+    sequence is cut into groups. On 8 hosts of 4 GPUs and 32 single GPUs this gives 4 groups of
+    one GPU of each 4-GPU host (joined host by host along the pipeline) and 4 groups of singles."""
+    order = np.asarray(order)
+    hosts = host_ids[order]
+    sizes = np.bincount(hosts)
+    rank = np.zeros(len(order), dtype=np.int64)  # a device's index among its host's devices
+    for h in np.unique(hosts):
+        rank[hosts == h] = np.arange(int((hosts == h).sum()))
+    first_seen = {h: i for i, h in reversed(list(enumerate(hosts.tolist())))}
+    host_rank = np.array([first_seen[h] for h in hosts.tolist()])
+    sequence = order[np.lexsort((host_rank, -sizes[hosts], rank))][: stages * replicas]
+    return [sorted(sequence[j * replicas:(j + 1) * replicas].tolist()) for j in range(stages)]
+
+
 def _constructive(topology, stages: int, replicas: int) -> dict:
-    ordered = locality_order(topology, np.arange(topology.size))[: stages * replicas]
-    pipelines = ordered.reshape(replicas, stages)
+    ordered = locality_order(topology, np.arange(topology.size))
+    used = ordered[: stages * replicas]
+    pipelines = used.reshape(replicas, stages)
     return {"pipelines-local": [sorted(pipelines[:, j].tolist()) for j in range(stages)],
-            "stages-local": [sorted(ordered[j * replicas:(j + 1) * replicas].tolist()) for j in range(stages)]}
+            "stages-local": [sorted(used[j * replicas:(j + 1) * replicas].tolist()) for j in range(stages)],
+            "host-strided": host_strided_allocation(topology.host_ids, ordered, stages, replicas)}
 
 
-def dtfm_search(topology, stages: int, replicas: int, *, rng=None, seed: int = 0, max_evaluations: int = 400,
-                time_limit_s: float = 10.0) -> DtfmResult:
-    """Constructive start + local search of swaps between groups under DTFM's objective."""
+def dtfm_floor_s(topology, stages: int, replicas: int) -> float:
+    """A bound from the cheapest links alone: COST_DP at least the ``D - 1`` cheapest exchanges of
+    the member that pays most for them when every device is used (of the one that pays least
+    otherwise), plus twice ``S - 1`` of the cheapest pipeline edges."""
+    network, n = topology.network, topology.size
+    pair = sharded_exchange_pair_s(DTFM_C_DP_BYTES, network.latency_s, network.bandwidth_bytes_per_s, replicas)
+    np.fill_diagonal(pair, np.inf)
+    dp = 0.0
+    if replicas > 1:
+        cheapest = np.sort(pair, axis=1)[:, :replicas - 1].sum(axis=1)
+        dp = float(cheapest.max() if stages * replicas == n else cheapest.min())
+    edge = network.transfer_matrix_s(DTFM_C_PP_BYTES)
+    np.fill_diagonal(edge, np.inf)
+    return dp + 2.0 * (stages - 1) * float(edge.min()) if n > 1 else dp
+
+
+def dtfm_search(topology, stages: int, replicas: int, *, rng=None, seed: int = 0, time_limit_s: float = 10.0,
+                max_evaluations: int | None = None, exact_work: float | None = None) -> DtfmResult:
+    """Constructive starts, local search and CP-SAT under DTFM's objective (this module's description).
+
+    ``max_evaluations`` and ``exact_work`` (CP-SAT's deterministic time) default to the time
+    limit's share at this module's rates; ``time_limit_s`` caps the wall clock."""
     started = time.perf_counter()
     rng = rng if rng is not None else np.random.default_rng(seed)
-    evaluations, history = 0, []
+    deadline = started + time_limit_s
+    if max_evaluations is None:
+        max_evaluations = max(1, int(EVALUATIONS_PER_S * LOCAL_SHARE * time_limit_s))
+    if exact_work is None:
+        exact_work = min(MAX_EXACT_WORK, EXACT_WORK_PER_S * (1 - LOCAL_SHARE) * time_limit_s)
+    evaluations, history, clock_cut = 0, [], []
     best, best_cost = None, None
     for groups in _constructive(topology, stages, replicas).values():
         cost = _score(topology, groups)
@@ -76,34 +145,33 @@ def dtfm_search(topology, stages: int, replicas: int, *, rng=None, seed: int = 0
         if best_cost is None or cost.total_s < best_cost.total_s:
             best, best_cost = groups, cost
     history.append((evaluations, time.perf_counter() - started, best_cost.total_s))
-    deadline = started + time_limit_s
-    stale = 0
-    while stages > 1 and evaluations < max_evaluations and time.perf_counter() < deadline \
-            and stale < 3 * stages * replicas:
-        a, b = rng.choice(stages, size=2, replace=False)
-        i, k = int(rng.integers(replicas)), int(rng.integers(replicas))
-        trial = [list(g) for g in best]
-        trial[a][i], trial[b][k] = trial[b][k], trial[a][i]
-        cost = _score(topology, trial)
-        evaluations += 1
-        if cost.total_s < best_cost.total_s - 1e-12:
-            best, best_cost, stale = trial, cost, 0
-            history.append((evaluations, time.perf_counter() - started, best_cost.total_s))
-        else:
-            stale += 1
     algorithm = "construct+local"
-    if topology.size <= EXACT_DEVICES and stages * replicas > 1:
-        # Small instances: CP-SAT's optimum, started from the local search's answer (sec. 3's problem
-        # is small enough there to solve in well under a second).
-        exact = exact_dtfm_allocation(topology, stages, replicas, hint=best,
-                                      time_limit_s=max(0.1, min(EXACT_SECONDS, deadline - time.perf_counter())))
-        algorithm += f"+cpsat({exact.status})"
+    if stages > 1:
+        local_deadline = started + LOCAL_SHARE * time_limit_s
+        found, used, cut = local_search(topology, best, rng, max_evaluations, local_deadline)
+        evaluations += used
+        if cut:
+            clock_cut.append("local")
+        if found.cost_s < best_cost.total_s - 1e-12:
+            best, best_cost = found.groups, _score(topology, found.groups)
+            history.append((evaluations, time.perf_counter() - started, best_cost.total_s))
+    bound, status = dtfm_floor_s(topology, stages, replicas), ""
+    if stages * replicas > 1 and exact_work > 0:
+        solve = exact_dtfm_allocation if topology.size <= EXACT_DEVICES else class_dtfm_allocation
+        remaining = max(0.1, deadline - time.perf_counter())
+        exact = solve(topology, stages, replicas, hint=best, time_limit_s=remaining, work_limit=exact_work)
+        if exact.wall_s >= remaining * 0.99 and exact.status != "optimal":
+            clock_cut.append("exact")
+        algorithm += f"+cpsat-{'devices' if solve is exact_dtfm_allocation else 'classes'}({exact.status})"
+        bound = max(bound, exact.bound_s)
+        status = exact.status if exact.exact else f"{exact.status} (merged classes)"
         if exact.groups is not None and exact.cost_s < best_cost.total_s - 1e-12:
             best, best_cost = exact.groups, _score(topology, exact.groups)
             history.append((evaluations, time.perf_counter() - started, best_cost.total_s))
     return DtfmResult(groups=[sorted(g) for g in best], cost_s=best_cost.total_s, dp_s=best_cost.dp_s,
                       pp_s=best_cost.pp_s, evaluations=evaluations, wall_s=time.perf_counter() - started,
-                      history=history, algorithm=algorithm)
+                      history=history, algorithm=algorithm, bound_s=bound,
+                      exact_status=status, clock_cut=clock_cut)
 
 
 def _labels(groups, n):

@@ -1,0 +1,168 @@
+"""The search under DTFM's objective: host-strided construction, structural moves and plateau walks,
+the class model of CP-SAT (exact where devices are interchangeable, a bound where classes are
+merged), and the same answer for the same seed whatever the load."""
+
+import itertools
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from cost_models.dtfm import dtfm_cost, network_dtfm_cost
+from planner.inputs.job import load_job
+from planner.inputs.topology import parse_topology
+from planner.search.cpsat_dtfm import DeviceClasses, class_dtfm_allocation, device_classes, exact_dtfm_allocation
+from planner.search.dtfm_moves import local_search
+from planner.search.dtfm_search import dtfm_search, host_strided_allocation, random_allocation
+
+from conftest import ROOT
+
+CASE2_OPTIMUM_S = 31.6342  # 8 x 8: 4 groups of one GPU of each 4-GPU instance, 4 groups of single GPUs
+
+
+def _case(name):
+    return load_job(next((ROOT / "topologies" / "dtfm").glob(f"{name}-*.yaml"))).topology
+
+
+def _partitions(items: list, stages: int, replicas: int):
+    if stages == 0:
+        yield []
+        return
+    first = items[0]
+    for rest in itertools.combinations(items[1:], replicas - 1):
+        group = [first, *rest]
+        for tail in _partitions([x for x in items if x not in group], stages - 1, replicas):
+            yield [group] + tail
+
+
+def _enumerated_optimum(topology, stages, replicas) -> float:
+    lat, bw = topology.network.latency_s, topology.network.bandwidth_bytes_per_s
+    return min(dtfm_cost(lat, bw, groups).total_s
+               for chosen in itertools.combinations(range(topology.size), stages * replicas)
+               for groups in _partitions(list(chosen), stages, replicas))
+
+
+def _hosts_topology(quads: int, pairs: int, singles: int, *, fast="100Gbps", slow="1.25Gbps"):
+    """Hosts of 4 and of 2 GPUs plus single GPUs in one data centre (DTFM's case 2 in small)."""
+    devices = []
+    if quads:
+        devices.append({"name": "quad", "count": 4 * quads, "type": "V100-16GB", "gpus_per_host": 4,
+                        "host": "q", "region": "dc"})
+    if pairs:
+        devices.append({"name": "pair", "count": 2 * pairs, "type": "V100-16GB", "gpus_per_host": 2,
+                        "host": "p", "region": "dc"})
+    if singles:
+        devices.append({"name": "single", "count": singles, "type": "V100-16GB", "region": "dc"})
+    return parse_topology({"devices": devices, "network": {"host": {"latency": "0ms", "bandwidth": fast},
+                                                           "region": {"latency": "1ms", "bandwidth": slow}}})
+
+
+def test_case2_reaches_the_provable_optimum_with_its_proof():
+    result = dtfm_search(_case("case2"), 8, 8, seed=0, time_limit_s=60, max_evaluations=100, exact_work=1.0)
+    assert result.cost_s == pytest.approx(CASE2_OPTIMUM_S, abs=1e-4)
+    assert result.exact_status == "optimal"
+    assert result.bound_s <= result.cost_s and result.bound_s == pytest.approx(result.cost_s, rel=1e-9)
+
+
+def test_host_strided_construction_builds_case2s_structure():
+    topology = _case("case2")
+    groups = host_strided_allocation(topology.host_ids, np.arange(64), 8, 8)
+    hosts = [sorted(topology.host_ids[g].tolist()) for g in groups]
+    quad_hosts = sorted(set(topology.host_ids[:32].tolist()))
+    assert sum(h == quad_hosts for h in hosts) == 4  # one GPU of each 4-GPU instance
+    assert network_dtfm_cost(topology.network, groups).total_s == pytest.approx(CASE2_OPTIMUM_S, abs=1e-4)
+
+
+def test_device_classes_of_the_dtfm_cases():
+    sizes = {}
+    for case in ("case1", "case2", "case5"):
+        network = _case(case).network
+        sizes[case] = sorted(len(c) for c in device_classes(network.latency_s, network.bandwidth_bytes_per_s).members)
+    assert sizes == {"case1": [8] * 8, "case2": [4] * 8 + [32], "case5": [8] * 8}
+
+
+def test_device_classes_need_both_directions():
+    lat = np.zeros((3, 3))
+    bw = np.full((3, 3), 10.0)
+    bw[2, 0] = 5.0  # device 0 receives slower from 2 than device 1 does; sends the same
+    assert device_classes(lat, bw).members == ((0,), (1,), (2,))
+    bw[2, 1] = 5.0
+    assert device_classes(lat, bw).members == ((0, 1), (2,))
+
+
+@pytest.mark.parametrize("quads, pairs, singles, stages, replicas", [
+    (1, 1, 2, 2, 4), (1, 1, 2, 4, 2), (0, 3, 2, 4, 2), (1, 0, 4, 2, 4), (1, 2, 0, 2, 4)])
+def test_class_and_device_models_agree_with_enumeration_on_hosts(quads, pairs, singles, stages, replicas):
+    """Interchangeable devices of one host: the class model (counts per class) and the device model
+    (with its ordering of a host's devices) both prove enumeration's optimum."""
+    topology = _hosts_topology(quads, pairs, singles)
+    best = _enumerated_optimum(topology, stages, replicas)
+    for solve in (class_dtfm_allocation, exact_dtfm_allocation):
+        result = solve(topology, stages, replicas, time_limit_s=30)
+        assert result.status == "optimal"
+        assert result.cost_s == pytest.approx(best, rel=1e-7)
+        assert result.bound_s <= best * (1 + 1e-12)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 10**6))
+def test_class_model_on_random_links(seed):
+    """Random asymmetric links (every device its own class): the class model is DTFM's problem and
+    proves enumeration's optimum; with the devices merged by region its bound stays below it."""
+    from tests.instances import random_small_topology
+
+    topology, stages, replicas = random_small_topology(np.random.default_rng(seed), 6)
+    best = _enumerated_optimum(topology, stages, replicas)
+    exact = class_dtfm_allocation(topology, stages, replicas, time_limit_s=30)
+    assert exact.exact and exact.status == "optimal"
+    assert exact.cost_s == pytest.approx(best, rel=1e-7)
+    regions = topology.region_ids
+    merged = DeviceClasses(members=tuple(tuple(np.flatnonzero(regions == r).tolist()) for r in np.unique(regions)),
+                           exact=False)
+    relaxed = class_dtfm_allocation(topology, stages, replicas, time_limit_s=30, classes=merged)
+    assert relaxed.status == "optimal" and not relaxed.exact
+    assert relaxed.bound_s <= best * (1 + 1e-12)
+    assert relaxed.cost_s >= best * (1 - 1e-9)  # its allocation is a real one, scored as such
+
+
+def test_class_bound_sees_the_weak_links_of_case2():
+    """The cheapest links alone bound case 2 by 7.8 s; the class model proves 31.634 s."""
+    from planner.search.dtfm_search import dtfm_floor_s
+
+    topology = _case("case2")
+    assert dtfm_floor_s(topology, 8, 8) < 8.0
+    result = class_dtfm_allocation(topology, 8, 8, time_limit_s=60, work_limit=1.0)
+    assert result.status == "optimal" and result.bound_s == pytest.approx(CASE2_OPTIMUM_S, abs=1e-4)
+
+
+def test_local_search_leaves_the_plateau_of_case1():
+    """From a random allocation of case 1 every single swap ties (19.80 s): the tie-break and the
+    structural moves walk off the plateau."""
+    topology = _case("case1")
+    rng = np.random.default_rng(0)
+    start = random_allocation(64, 8, 8, rng)
+    start_s = network_dtfm_cost(topology.network, start).total_s
+    found, evaluations, cut = local_search(topology, start, rng, 400, time.perf_counter() + 120)
+    assert not cut and evaluations <= 400
+    assert found.cost_s == pytest.approx(network_dtfm_cost(topology.network, found.groups).total_s, rel=1e-12)
+    assert found.cost_s < 0.75 * start_s
+    assert sorted(d for g in found.groups for d in g) == list(range(64))
+
+
+def test_same_seed_same_allocation_under_load():
+    """Budgets in evaluations and deterministic time: a busy competitor on every core changes nothing."""
+    topology = _case("case5")
+    kwargs = dict(seed=3, time_limit_s=120, max_evaluations=40, exact_work=0.2)
+    quiet = dtfm_search(topology, 8, 8, **kwargs)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        loaded = dtfm_search(topology, 8, 8, **kwargs)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    assert loaded.groups == quiet.groups and loaded.evaluations == quiet.evaluations
+    assert loaded.cost_s == quiet.cost_s and loaded.bound_s == quiet.bound_s and not loaded.clock_cut
