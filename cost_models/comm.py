@@ -2,7 +2,8 @@
 
 import numpy as np
 
-__all__ = ["p2p_time_s", "ring_allreduce_time_s", "sharded_exchange_time_s", "sharded_exchange_pair_s"]
+__all__ = ["p2p_time_s", "ring_allreduce_time_s", "sharded_exchange_time_s", "sharded_exchange_pair_s",
+           "tensor_allreduces"]
 
 
 def p2p_time_s(message_bytes: float, latency_s: float, bandwidth_bytes_per_s: float) -> float:
@@ -47,3 +48,12 @@ def sharded_exchange_pair_s(message_bytes: float, latency_s, bandwidth_bytes_per
     off = ~np.eye(latency_s.shape[0], dtype=bool)
     return np.where(off, 2.0 * (latency_s + message_bytes / (members * np.where(off, bandwidth_bytes_per_s, 1.0))),
                     0.0)
+
+
+def tensor_allreduces(recompute: bool) -> tuple:
+    """(forward, backward) all-reduces of the ``(b, s, h)`` activation one block of a tensor group
+    runs per micro-batch: two in forward (after the row-parallel attention projection and fc2) and
+    two in backward (the input gradients of the column-parallel QKV and fc1), Shoeybi et al. 2019,
+    sec. 3, Fig. 4 (the ``g`` and ``f`` operators); full recomputation re-runs the forward's two in
+    backward."""
+    return 2, (4 if recompute else 2)

@@ -8,6 +8,7 @@ __all__ = [
     "VOCABULARY_MULTIPLE",
     "padded_vocabulary",
     "layer_parameters",
+    "tensor_split_parameters",
     "embedding_parameters",
     "head_parameters",
     "model_parameters",
@@ -42,6 +43,17 @@ def layer_parameters(h: int, f: int, *, gated_mlp: bool = False, biases: bool = 
     if biases:
         return weights + 3 * h + h + f + h + 4 * h  # qkv, proj, fc1, fc2, two LayerNorms (scale+shift)
     return weights + 2 * h  # two RMSNorm scales
+
+
+def tensor_split_parameters(h: int, f: int, *, gated_mlp: bool = False, biases: bool = True) -> int:
+    """The part of ``layer_parameters`` that tensor parallelism divides among the ``t`` members of a
+    group (Shoeybi et al. 2019, sec. 3, Megatron-LM): every weight matrix (QKV and fc1, and the gate,
+    split by columns; the output projection and fc2 by rows) and the biases of the column-parallel
+    layers (``3h + f``). The row-parallel layers' biases and the norms stay whole on every member.
+    """
+    mlp_matrices = 3 if gated_mlp else 2
+    weights = 4 * h * h + mlp_matrices * h * f
+    return weights + (3 * h + f if biases else 0)
 
 
 def embedding_parameters(v: int, h: int, s: int, *, learned_positions: bool = True) -> int:

@@ -37,17 +37,20 @@ def optimizer_state_bytes_per_parameter(precision: str, optimizer: str) -> float
 
 
 def layer_activation_bytes(s: int, b: int, h: int, a: int, *, dtype_bytes: int = 2, flash_attention: bool = False,
-                           recompute: bool = False) -> float:
-    """Activations one block keeps for backward, per micro-batch.
+                           recompute: bool = False, tensor: int = 1) -> float:
+    """Activations one block keeps for backward, per micro-batch, on each member of a tensor group
+    of ``tensor`` devices.
 
     16-bit, no tensor parallelism: ``s*b*h*(34 + 5*a*s/h)`` bytes (Korthikanti et al. 2022, sec. 4.1,
-    eq. 1); flash attention drops the ``5as/h`` score term; full recomputation keeps only the block
-    input, ``2*s*b*h``. Scaled by ``dtype_bytes / 2`` for other precisions.
+    eq. 1); with tensor parallelism of degree t (no sequence parallelism) ``s*b*h*(10 + 24/t +
+    5*a*s/(h*t))`` (ibid., Table 2): the layer norms' and dropouts' inputs and the block input stay
+    whole on every member. Flash attention drops the score term; full recomputation keeps only the
+    block input, ``2*s*b*h``, whole on every member. Scaled by ``dtype_bytes / 2`` for other precisions.
     """
     scale = dtype_bytes / 2.0
     if recompute:
         return 2.0 * s * b * h * scale
-    per_token = 34.0 + (0.0 if flash_attention else 5.0 * a * s / h)
+    per_token = 10.0 + 24.0 / tensor + (0.0 if flash_attention else 5.0 * a * s / (h * tensor))
     return s * b * h * per_token * scale
 
 

@@ -257,6 +257,7 @@ def _make(args) -> int:
     _print_choices(args, result, job, objective, pareto_files)
     return 0
 
+
 def _objective(args):
     """The objective the flags ask for, or the one-line error of a flag that does not fit it."""
     from planner.search.objective import make_objective
@@ -280,7 +281,8 @@ def _pareto_files(args) -> list:
 
 
 def _print_choices(args, result, job, objective, pareto_files) -> None:
-    """The plan's price, the time / $ front (written to files) and the K best, where asked."""
+    """Why devices are idle and what binds, the plan's price, the time / $ front (written to files)
+    and the K best, where asked."""
     from planner.plan.document import plan_to_document
     from planner.report.choices import render_dollars, render_entries
     from planner.search.dollars import plan_dollars
@@ -289,6 +291,14 @@ def _print_choices(args, result, job, objective, pareto_files) -> None:
 
     charge_idle = args.charge_idle
     text = args.format == "text"
+    if text:
+        from planner.report.why import render_why
+
+        price = None
+        if args.objective in ("cost", "time-under-budget"):  # an idle device may be idle for its price
+            price = lambda plan: plan_dollars(plan, job.topology, job.model, job.training,
+                                              charge_idle=charge_idle).usd_per_iteration
+        print("\n" + render_why(result.plan, job.topology, job.model, job.training, dollars=price))
     priced = all(d.price_per_hour_usd is not None for d in job.topology.devices)
     if text and priced and args.objective != "dtfm":
         dollars = plan_dollars(result.plan, job.topology, job.model, job.training, charge_idle=charge_idle)

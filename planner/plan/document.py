@@ -38,6 +38,8 @@ def plan_to_document(plan: Plan, *, model=None, training=None, topology_source: 
                      for r in range(plan.replicas)],
         "idle": list(plan.idle),
     }
+    if plan.tensor_groups:  # each a stage's devices in one host, lead first (the lead names it in the lists above)
+        doc["tensor_groups"] = [list(group) for group in plan.tensor_groups]
     if model is not None:
         doc["model"] = asdict(model)
     if training is not None:
@@ -112,6 +114,7 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
             ring_orders=tuple(ring_orders), sync=Sync(f.str("sync", "ring", choices=tuple(Sync))),
             topology_name=str(topo.raw("name", "")), topology_sha256=str(topo.raw("sha256", "")),
             idle=tuple(f.list("idle", [])), search=f.raw("search", {}), calibration=_calibration(f),
+            tensor_groups=_tensor_groups(f, assignment),
         )
         topo.raw("path", "")
         topo.finish()
@@ -141,7 +144,7 @@ def _check_stage_devices(stage_devices: list, assignment: list) -> None:
 
 def _check_derived(f: Fields, plan: Plan) -> None:
     """``degrees`` and ``global_batch`` follow from the rest of the plan: refuse one edited alone."""
-    actual = {"stages": plan.stages, "replicas": plan.replicas, "tensor": 1}
+    actual = {"stages": plan.stages, "replicas": plan.replicas, "tensor": plan.degrees.tensor}
     global_batch = f.raw("global_batch", None)
     if global_batch is not None and global_batch != plan.global_batch:
         raise InputError(f"is {global_batch!r} but micro_batch_size x the replicas' micro_batches = "
@@ -158,6 +161,27 @@ def _check_derived(f: Fields, plan: Plan) -> None:
             raise InputError(f"is {value!r} but the plan has {actual[source]} ({source}): the stages, replicas and "
                              "idle lists decide; make both agree or plan again", field=f"degrees.{key}")
     d.finish()
+
+
+def _tensor_groups(f: Fields, assignment: list) -> tuple:
+    """``tensor_groups``: lists of device names, each led by a device the replicas name; a device in
+    one group only. Whether a group may be one (host, type, degree) is ``validate_plan``'s check."""
+    groups, seen = [], set()
+    leads = {name for row in assignment for name in row}
+    for k, entry in enumerate(f.list("tensor_groups", [])):
+        where = f"tensor_groups[{k}]"
+        if not isinstance(entry, list) or len(entry) < 2 or not all(isinstance(n, str) for n in entry):
+            raise InputError("must list two or more device names, the lead first", field=where)
+        if entry[0] not in leads:
+            raise InputError(f"its lead {entry[0]!r} is no replica's device: list the lead first", field=where)
+        twice = [name for name in entry if name in seen or entry.count(name) > 1]
+        if twice or any(name in leads for name in entry[1:]):
+            name = (twice or [n for n in entry[1:] if n in leads])[0]
+            raise InputError(f"device {name!r} is in two places: a device runs in one tensor group of one stage",
+                             field=where)
+        seen.update(entry)
+        groups.append(tuple(entry))
+    return tuple(groups)
 
 
 def _calibration(f: Fields) -> dict:

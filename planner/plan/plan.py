@@ -7,6 +7,7 @@ from planner.errors import InputError
 from planner.inputs.model import SCHEDULES
 from planner.plan.dims import Degrees, Schedule, Sync
 from planner.plan.precision import plan_precision_problem
+from planner.plan.tensor import tensor_degree_problem
 
 __all__ = ["Plan", "Prediction", "validate_plan"]
 
@@ -32,7 +33,8 @@ class Prediction:
 class Plan:
     """``assignment[r][s]`` names the device of replica r, stage s; stage s holds layers
     ``[layer_bounds[s], layer_bounds[s+1])``; replica r runs ``micro_batches[r]`` micro-batches of
-    ``micro_batch_size`` sequences; ``ring_orders[s]`` orders stage s's replicas in its all-reduce ring."""
+    ``micro_batch_size`` sequences; ``ring_orders[s]`` orders stage s's replicas in its all-reduce ring.
+    A cell whose device leads one of ``tensor_groups`` runs on that group (``planner.plan.tensor``)."""
 
     layer_bounds: tuple
     assignment: tuple
@@ -47,6 +49,8 @@ class Plan:
     prediction: Prediction | None = None
     search: dict = field(default_factory=dict)
     calibration: dict = field(default_factory=dict)  # path, sha256, measured_at_utc of the calibration used
+    # Tensor groups of more than one device, each lead first; the lead names the group in ``assignment``.
+    tensor_groups: tuple = ()
 
     @property
     def stages(self) -> int:
@@ -58,7 +62,8 @@ class Plan:
 
     @property
     def degrees(self) -> Degrees:
-        return Degrees(pipeline=self.stages, data=self.replicas)
+        return Degrees(pipeline=self.stages, data=self.replicas,
+                       tensor=max((len(g) for g in self.tensor_groups), default=1))
 
     @property
     def global_batch(self) -> int:
@@ -66,7 +71,18 @@ class Plan:
 
     @property
     def used_devices(self) -> list:
-        return [d for row in self.assignment for d in row]
+        """Every device the plan runs on, tensor groups' members included."""
+        return [m for row in self.assignment for d in row for m in self.members(d)]
+
+    def members(self, lead: str) -> tuple:
+        """The devices of the cell ``lead`` names: its tensor group, or the device alone."""
+        for group in self.tensor_groups:
+            if group[0] == lead:
+                return tuple(group)
+        return (lead,)
+
+    def tensor_degree(self, replica: int, stage: int) -> int:
+        return len(self.members(self.assignment[replica][stage]))
 
     def stage_devices(self, stage: int) -> list:
         return [self.assignment[r][stage] for r in range(self.replicas)]
@@ -82,7 +98,8 @@ class Plan:
 def validate_plan(plan: Plan, topology, model, training) -> None:
     """Check every invariant of ``plan`` against its inputs; raise ``InputError`` naming the broken one.
 
-    Each device at most once and known to the topology; stages contiguous and covering all layers;
+    Each device at most once and known to the topology; tensor groups of one host and one type, of a
+    degree that divides the heads and the MLP width; stages contiguous and covering all layers;
     micro-batch counts positive and adding up to the global batch; ring orders permutations; the
     topology hash matching; and, where the plan carries a prediction, memory fitting on every device.
     """
@@ -94,7 +111,18 @@ def validate_plan(plan: Plan, topology, model, training) -> None:
         raise InputError(f"every stage needs at least one layer, in order; got bounds {bounds}", field="stages")
     if R < 1 or any(len(row) != S for row in plan.assignment):
         raise InputError(f"every replica needs exactly {S} devices, one per stage", field="replicas")
-    used = [d for row in plan.assignment for d in row]
+    leads = [d for row in plan.assignment for d in row]
+    for k, group in enumerate(plan.tensor_groups):
+        for name in group:
+            if not topology.has_device(name):
+                raise InputError(f"device {name!r} is not in topology {topology.name}", field=f"tensor_groups[{k}]")
+        if group[0] not in leads:
+            raise InputError(f"its lead {group[0]} runs no stage: list the group with its lead in a replica's "
+                             "devices, or drop it", field=f"tensor_groups[{k}]")
+        problem = tensor_degree_problem(topology, model, group)
+        if problem:
+            raise InputError(problem, field=f"tensor_groups[{k}]")
+    used = plan.used_devices
     for name in used:
         if not topology.has_device(name):
             raise InputError(f"device {name!r} is not in topology {topology.name}", field="replicas")

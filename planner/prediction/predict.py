@@ -10,14 +10,16 @@ from cost_models import memory
 from cost_models.network import Sync
 from cost_models.simulator import PipelineJob, Timeline, simulate
 from planner.plan.plan import Plan, Prediction
+from planner.plan.tensor import groups_of_plan
 from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_flops, layer_costs, optimizer_time_s,
-                                            stage_memory_bytes, stage_profile, stage_step_bytes)
+                                            stage_memory_bytes, stage_parameters, stage_profile, stage_step_bytes)
 
 __all__ = ["sync_time_s", "build_pipeline_job", "predict", "model_flops_per_iteration"]
 
 
 def sync_time_s(topology, plan: Plan, profile: StageProfile, stage: int) -> float:
-    """All-reduce time of ``stage``'s gradients over its replicas, by the plan's sync algorithm."""
+    """All-reduce time of ``stage``'s gradients over its replicas, by the plan's sync algorithm
+    (``topology``: the plan's grouped view, ``planner.plan.tensor``, when it has tensor groups)."""
     ring = [topology.index(d) for d in plan.ring(stage)]
     if plan.sync == Sync.SHARDED:
         return topology.network.sharded_exchange_s(profile.gradient_bytes[stage], ring)
@@ -25,24 +27,35 @@ def sync_time_s(topology, plan: Plan, profile: StageProfile, stage: int) -> floa
 
 
 def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts | None = None) -> PipelineJob:
-    """The simulator's input for ``plan`` (``costs``: the stage model's, when the caller has them)."""
+    """The simulator's input for ``plan`` (``costs``: the stage model's, when the caller has them).
+
+    A tensor group runs as one device of its members' summed FLOP/s for the blocks (the head at one
+    member's speed), plus each block's all-reduces among its members, forward and backward; each
+    member's optimizer step covers its share of the stage's parameters (``planner.plan.tensor``)."""
     costs = costs or layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
     profile = stage_profile(costs, plan.layer_bounds)
+    groups = groups_of_plan(topology, plan)
+    topology = groups.virtual
     S = plan.stages
     device = np.array([[topology.index(d) for d in row] for row in plan.assignment])
     speed = topology.effective_flops(training.precision)[device]  # (R, S)
     # The head runs at its own calibrated efficiency: its FLOPs count ``slowdown`` times.
     extra_head = profile.head_forward_flops[None, :] * (topology.head_slowdowns()[device] - 1.0)
     mem_bw = np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices])[device]
-    optimizer = optimizer_time_s(stage_step_bytes(costs, profile.parameters, np.arange(S))[None, :], mem_bw)
+    tensor = groups.degree[device]
+    member_params = stage_parameters(costs, profile.layer_counts[None, :], np.arange(S)[None, :], tensor)
+    optimizer = optimizer_time_s(stage_step_bytes(costs, member_params, np.arange(S)[None, :]), mem_bw)
+    one = costs.tensor_message_bytes * groups.allreduce_per_byte_s[device] + groups.allreduce_latency_s[device]
+    tensor_forward = profile.layer_counts[None, :] * costs.tensor_allreduces_forward * one
+    tensor_backward = profile.layer_counts[None, :] * costs.tensor_allreduces_backward * one
     sync = np.array([sync_time_s(topology, plan, profile, s) for s in range(S)])
     links = []
     for s in range(S):
         ring = [topology.index(d) for d in plan.ring(s)]
         links.append(tuple(zip(ring, ring[1:] + ring[:1])) if len(ring) > 1 else ())
     return PipelineJob(schedule=plan.schedule, device=device, micro_batches=np.array(plan.micro_batches),
-                       forward_s=(profile.forward_flops[None, :] + extra_head) / speed,
-                       backward_s=(profile.backward_flops[None, :] + 2.0 * extra_head) / speed,
+                       forward_s=(profile.forward_flops[None, :] + extra_head) / speed + tensor_forward,
+                       backward_s=(profile.backward_flops[None, :] + 2.0 * extra_head) / speed + tensor_backward,
                        boundary_bytes=profile.boundary_bytes, network=topology.network, sync_s=sync,
                        sync_links=tuple(links),
                        optimizer_s=optimizer)
@@ -62,15 +75,16 @@ def predict(plan: Plan, topology, model, training, *, keep_records: bool = False
     used, capacity = {}, {}
     for r, row in enumerate(plan.assignment):
         for s, name in enumerate(row):
-            dev = topology.devices[topology.index(name)]
             in_flight = memory.in_flight_micro_batches(plan.schedule, s, plan.stages, plan.micro_batches[r])
-            used[name] = (float(stage_memory_bytes(costs, counts[s], s, in_flight))
-                          + dev.memory_reserved_bytes)
-            capacity[name] = dev.memory_bytes
+            members = plan.members(name)
+            need = float(stage_memory_bytes(costs, counts[s], s, in_flight, len(members)))
+            for member in members:  # every member of a tensor group holds the same share
+                dev = topology.devices[topology.index(member)]
+                used[member] = need + dev.memory_reserved_bytes
+                capacity[member] = dev.memory_bytes
     seconds = timeline.iteration_s
     model_flops = model_flops_per_iteration(model, plan.global_batch)
-    peak = sum(topology.devices[topology.index(d)].peak_flops_for(training.precision)
-               for row in plan.assignment for d in row)
+    peak = sum(topology.devices[topology.index(d)].peak_flops_for(training.precision) for d in plan.used_devices)
     prediction = Prediction(
         iteration_s=float(seconds), breakdown_s={k: float(v) for k, v in timeline.breakdown_s.items()},
         tokens_per_s=plan.global_batch * model.sequence / seconds, achieved_flops=model_flops / seconds,

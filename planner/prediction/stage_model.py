@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models import flops, memory
+from cost_models import comm, flops, memory
 
 __all__ = ["OPTIMIZER_BYTES_PER_PARAMETER", "LayerCosts", "layer_costs", "StageProfile", "stage_profile",
            "stage_parameters", "stage_memory_bytes", "stage_step_bytes", "in_flight_table", "optimizer_time_s",
-           "iteration_flops", "optimizer_shards"]
+           "iteration_flops", "optimizer_shards", "tensor_layer_s"]
 
 # Bytes the optimizer update moves per parameter (read + write), a roofline estimate of a fused
 # Adam step: fp32 master, m and v read and written (24 B), the 16-bit gradient read and the 16-bit
@@ -57,6 +57,14 @@ class LayerCosts:
     last_unsharded_params: float = 0.0  # its copy on the last stage
     unsharded_state_bytes_per_param: float = 0.0  # optimizer state an unsharded parameter keeps beyond the sharded rate
     unsharded_step_bytes_per_param: float = 0.0
+    # Tensor parallelism: the parts of a block that a group of t devices divides (each member keeps
+    # ``whole - split * (1 - 1/t)``), and the activation each member all-reduces per block.
+    layer_split_params: float = 0.0
+    layer_split_kept_bytes: float = 0.0
+    split_transient_bytes: float = 0.0  # the recomputed block's divided part
+    tensor_message_bytes: float = 0.0
+    tensor_allreduces_forward: int = 0
+    tensor_allreduces_backward: int = 0
 
     def __post_init__(self):
         first = (np.arange(self.stages) == 0).astype(float)
@@ -67,6 +75,11 @@ class LayerCosts:
         unsharded = first * self.first_unsharded_params + last * self.last_unsharded_params
         object.__setattr__(self, "stage_unsharded_bytes", unsharded * self.unsharded_state_bytes_per_param)
         object.__setattr__(self, "stage_unsharded_step_bytes", unsharded * self.unsharded_step_bytes_per_param)
+
+
+def _per_member(whole, split, tensor):
+    """What each of a tensor group's ``tensor`` members keeps of ``whole`` when ``split`` of it is divided."""
+    return whole - split * (1.0 - 1.0 / np.asarray(tensor, dtype=float))
 
 
 def optimizer_shards(training, replicas: int) -> int:
@@ -88,6 +101,13 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
     kept = memory.layer_activation_bytes(s, b, h, a, dtype_bytes=dtype, flash_attention=training.flash_attention,
                                          recompute=training.recompute)
     full = memory.layer_activation_bytes(s, b, h, a, dtype_bytes=dtype, flash_attention=training.flash_attention)
+    # Activations are linear in 1/t (Korthikanti et al. 2022, Table 2): the divided part is twice
+    # what a group of two saves.
+    half_kept = memory.layer_activation_bytes(s, b, h, a, dtype_bytes=dtype, flash_attention=training.flash_attention,
+                                              recompute=training.recompute, tensor=2)
+    half_full = memory.layer_activation_bytes(s, b, h, a, dtype_bytes=dtype, flash_attention=training.flash_attention,
+                                              tensor=2)
+    tensor_forward, tensor_backward = comm.tensor_allreduces(training.recompute)
     boundary = float(b * s * h * dtype)
     last_params = flops.head_parameters(v, h, tied=model.tied_embeddings, biases=model.biases)
     if model.tied_embeddings and stages > 1:
@@ -117,21 +137,40 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         optimizer_bytes_per_param=step / shards,
         boundary_bytes=boundary, shards=shards, first_unsharded_params=tied_copy, last_unsharded_params=tied_copy,
         unsharded_state_bytes_per_param=sharded_state * (1.0 - 1.0 / shards),
-        unsharded_step_bytes_per_param=step * (1.0 - 1.0 / shards))
+        unsharded_step_bytes_per_param=step * (1.0 - 1.0 / shards),
+        layer_split_params=float(flops.tensor_split_parameters(h, model.ffn_hidden, gated_mlp=model.gated_mlp,
+                                                               biases=model.biases)),
+        layer_split_kept_bytes=2.0 * (kept - half_kept),
+        split_transient_bytes=2.0 * (full - half_full) if training.recompute else 0.0,
+        tensor_message_bytes=boundary, tensor_allreduces_forward=tensor_forward,
+        tensor_allreduces_backward=tensor_backward)
 
 
-def stage_parameters(costs: LayerCosts, n_layers, stage):
-    """Parameters of stage ``stage`` with ``n_layers`` blocks (vectorised over layers and stages)."""
-    return n_layers * costs.layer_params + costs.stage_extra_params[stage]
+def stage_parameters(costs: LayerCosts, n_layers, stage, tensor=1):
+    """Parameters of stage ``stage`` with ``n_layers`` blocks on each member of a tensor group of
+    ``tensor`` devices (vectorised over layers, stages and degrees). The embeddings and the head
+    stay whole on every member."""
+    return n_layers * _per_member(costs.layer_params, costs.layer_split_params, tensor) + costs.stage_extra_params[stage]
 
 
-def stage_memory_bytes(costs: LayerCosts, n_layers, stage, in_flight):
+def stage_memory_bytes(costs: LayerCosts, n_layers, stage, in_flight, tensor=1):
     """Peak bytes of stage ``stage`` with ``n_layers`` blocks and ``in_flight`` micro-batches'
-    activations kept: weights, gradients and optimizer state, the kept activations, one
-    micro-batch's transient working set (recomputation, logits gradient, message buffers)."""
-    kept = n_layers * costs.layer_kept_bytes + costs.stage_extra_kept_bytes[stage]
-    return (stage_parameters(costs, n_layers, stage) * costs.state_bytes_per_param + in_flight * kept
-            + costs.stage_transient_bytes[stage] + costs.stage_unsharded_bytes[stage])
+    activations kept, on each member of a tensor group of ``tensor`` devices: weights, gradients
+    and optimizer state, the kept activations, one micro-batch's transient working set
+    (recomputation, logits gradient, message buffers)."""
+    kept = n_layers * _per_member(costs.layer_kept_bytes, costs.layer_split_kept_bytes, tensor) \
+        + costs.stage_extra_kept_bytes[stage]
+    transient = _per_member(costs.stage_transient_bytes[stage], costs.split_transient_bytes, tensor)
+    return (stage_parameters(costs, n_layers, stage, tensor) * costs.state_bytes_per_param + in_flight * kept
+            + transient + costs.stage_unsharded_bytes[stage])
+
+
+def tensor_layer_s(costs: LayerCosts, allreduce_per_byte_s, allreduce_latency_s):
+    """Seconds one block's tensor all-reduces take per micro-batch, forward and backward together,
+    for groups whose ring all-reduce of ``n`` bytes takes ``n * per_byte + latency``
+    (``cost_models.network.Network.ring_cost``; 0 for a group of one)."""
+    one = costs.tensor_message_bytes * np.asarray(allreduce_per_byte_s) + np.asarray(allreduce_latency_s)
+    return (costs.tensor_allreduces_forward + costs.tensor_allreduces_backward) * one
 
 
 def stage_step_bytes(costs: LayerCosts, parameters, stage):

@@ -14,7 +14,7 @@ def _table(header: list, rows: list) -> list:
 def _idle_reason(plan, devices: int) -> str:
     """Why some devices are left out: the user's pinned degrees, or the search's choice."""
     pinned = (plan.search or {}).get("pinned") or {}
-    used = plan.stages * plan.replicas
+    used = len(plan.used_devices)
     if pinned.get("stages") and pinned.get("replicas"):
         return f"--stages {plan.stages} x --replicas {plan.replicas} pin {used} of {devices} devices"
     for flag, value in (("stages", plan.stages), ("replicas", plan.replicas)):
@@ -23,25 +23,37 @@ def _idle_reason(plan, devices: int) -> str:
     return "using them would not speed up the iteration"
 
 
+def _cell(plan, name: str) -> str:
+    """A (replica, stage) cell: its device, or its tensor group's lead and degree."""
+    t = len(plan.members(name))
+    return f"{name} x{t}" if t > 1 else name
+
+
 def render_plan(plan, topology, model, training, *, result=None) -> str:
     p = plan.prediction
     S, R = plan.stages, plan.replicas
     out = [f"Plan for {topology.name}: {model.name} ({model.layers} layers, h {model.hidden}), "
            f"global batch {training.global_batch} x {model.sequence} tokens, {training.precision}",
-           f"Degrees: {S} pipeline stage(s) x {R} data-parallel replica(s) = {S * R} of {topology.size} devices"
+           f"Degrees: {S} pipeline stage(s) x {R} data-parallel replica(s)"
+           + (f" x tensor groups of up to {plan.degrees.tensor}" if plan.tensor_groups else "")
+           + f" = {len(plan.used_devices)} of {topology.size} devices"
            + (f"; {len(plan.idle)} idle" if plan.idle else ""),
            f"Schedule: {plan.schedule}, micro-batch size {plan.micro_batch_size}, gradient sync: {plan.sync}",
            (f"Calibration: {plan.calibration['path']} (measured {plan.calibration['measured_at_utc']})"
             if plan.calibration else "Calibration: none (the catalog's default efficiencies)"), ""]
     header = ["replica", "micro-batches"] + [f"stage {s} [{plan.layer_bounds[s]}, {plan.layer_bounds[s + 1]})"
                                              for s in range(S)]
-    rows = [[r, plan.micro_batches[r]] + list(plan.assignment[r]) for r in range(R)]
+    cells = [[_cell(plan, name) for name in plan.assignment[r]] for r in range(R)]
+    rows = [[r, plan.micro_batches[r]] + cells[r] for r in range(R)]
     if S > 8:
         header = ["replica", "micro-batches", "devices by stage"]
-        rows = [[r, plan.micro_batches[r], " ".join(plan.assignment[r])] for r in range(R)]
+        rows = [[r, plan.micro_batches[r], " ".join(cells[r])] for r in range(R)]
         out.append("Stages (layers): " + ", ".join(f"{s}: [{plan.layer_bounds[s]}, {plan.layer_bounds[s + 1]})"
                                                    for s in range(S)))
     out += _table(header, rows)
+    if plan.tensor_groups:
+        out += ["", "Tensor groups (each splits its stage's blocks over its devices; named by the first):"]
+        out += [f"  {g[0]}: {' '.join(g)}" for g in plan.tensor_groups]
     if plan.idle:
         out += ["", f"Idle devices ({_idle_reason(plan, topology.size)}): " + ", ".join(plan.idle)]
     if p is not None:
@@ -74,9 +86,12 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
                            "it: the two disagree here, and the simulator's time is the one to expect)")
         out += ["", "Memory (predicted peak / capacity):"]
         mem_rows = []
+        degree = {m: len(g) for g in plan.tensor_groups for m in g}
         for name in sorted(p.memory_bytes, key=topology.index):
             used, cap = p.memory_bytes[name], p.capacity_bytes[name]
             mem_rows.append([name, topology.devices[topology.index(name)].type_name, format_bytes(used),
-                             format_bytes(cap), f"{100 * used / cap:.0f}%"])
-        out += _table(["device", "type", "used", "capacity", "%"], mem_rows)
+                             format_bytes(cap), f"{100 * used / cap:.0f}%"]
+                            + ([degree.get(name, 1)] if plan.tensor_groups else []))
+        out += _table(["device", "type", "used", "capacity", "%"] + (["tensor"] if plan.tensor_groups else []),
+                      mem_rows)
     return "\n".join(out)

@@ -70,6 +70,9 @@ def load_run_inputs(plan_path, topology_path=None) -> RunInputs:
     except InputError as error:
         raise error.located(source=source) from None
     _check_idle(plan, document, topology, source)
+    if plan.tensor_groups:
+        raise InputError(f"lists {len(plan.tensor_groups)} group(s), which the bundled runtime does not run yet: plan "
+                         "again with '--tensor-degrees 1' to launch", source=source, field="tensor_groups")
     return RunInputs(plan=plan, plan_document=document, plan_path=str(plan_path), topology=topology,
                      topology_path=str(path), model=model, training=training)
 
@@ -88,7 +91,7 @@ def _check_training_agrees(plan: Plan, training: TrainingSpec, source: str) -> N
 def _check_idle(plan: Plan, document: dict, topology: Topology, source: str) -> None:
     """``idle`` lists exactly the topology's devices that the plan leaves unused; ``degrees.idle_devices``
     counts them."""
-    used = {d for row in plan.assignment for d in row}
+    used = set(plan.used_devices)
     expected = [d.name for d in topology.devices if d.name not in used]
     if sorted(map(str, plan.idle)) != sorted(expected):
         extra = sorted(set(map(str, plan.idle)) - set(expected))

@@ -22,13 +22,13 @@ from planner.prediction.stage_model import LayerCosts, in_flight_table, stage_me
 __all__ = ["split_layers", "split_batch"]
 
 
-def _stage_limits(costs, stages, speed, capacity, in_flight):
+def _stage_limits(costs, stages, speed, capacity, in_flight, tensor):
     """Per stage: the slowest replica's speed and the most layers memory allows on every replica."""
     slowest = speed.min(axis=0)
     by_memory = np.empty(stages, dtype=np.int64)
     for s in range(stages):
-        mem_zero = stage_memory_bytes(costs, 0, s, in_flight[:, s])
-        per_layer = costs.layer_params * costs.state_bytes_per_param + in_flight[:, s] * costs.layer_kept_bytes
+        mem_zero = stage_memory_bytes(costs, 0, s, in_flight[:, s], tensor[:, s])
+        per_layer = stage_memory_bytes(costs, 1, s, in_flight[:, s], tensor[:, s]) - mem_zero
         by_memory[s] = int(max(np.floor((capacity[:, s] - mem_zero) / per_layer + 1e-9).min(), -1))
     return slowest.tolist(), np.minimum(by_memory, costs.layers).tolist()
 
@@ -60,10 +60,11 @@ def _fill(costs, stages, slowest, by_memory, limit_s):
 
 
 def split_layers(costs: LayerCosts, schedule: str, speed: np.ndarray, capacity_bytes: np.ndarray,
-                 micro_batches: np.ndarray, *, even: bool = False, head_slowdown: float = 1.0):
+                 micro_batches: np.ndarray, *, even: bool = False, head_slowdown: float = 1.0, tensor=None):
     """Optimal layer counts per stage (min of the max per-micro-batch stage time, memory respected).
 
-    ``speed`` and ``capacity_bytes`` are (R, S) arrays of the placed devices. Returns the list of
+    ``speed``, ``capacity_bytes`` and ``tensor`` (tensor degrees, 1 where None) are (R, S) arrays of
+    the placed devices. Returns the list of
     counts, or None when no split fits in memory. ``even``: the most even split that fits instead.
     """
     R, S = speed.shape
@@ -71,7 +72,8 @@ def split_layers(costs: LayerCosts, schedule: str, speed: np.ndarray, capacity_b
         return None
     if head_slowdown != 1.0:  # the head at its own efficiency: its FLOPs count that many times
         costs = replace(costs, head_flops=costs.head_flops * head_slowdown)
-    limits = _stage_limits(costs, S, speed, capacity_bytes, in_flight_table(schedule, S, micro_batches))
+    tensor = np.ones((R, S)) if tensor is None else tensor
+    limits = _stage_limits(costs, S, speed, capacity_bytes, in_flight_table(schedule, S, micro_batches), tensor)
     slowest, by_memory = limits
     if even:  # the most even split memory allows, whatever the compute balance
         return _fill(costs, S, slowest, by_memory, np.inf)

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.schedule import Schedule
+from planner.plan.tensor import group_devices
 from planner.prediction.stage_model import (in_flight_table, layer_costs, optimizer_time_s, stage_memory_bytes,
-                                            stage_parameters, stage_step_bytes)
+                                            stage_parameters, stage_step_bytes, tensor_layer_s)
 from planner.search.balance import split_batch, split_layers
 
 __all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "score_split", "fits", "stage_costs",
@@ -20,7 +21,7 @@ __all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class SearchContext:
-    topology: object
+    topology: object  # the devices the search places: tensor groups as one device (``planner.plan.tensor``)
     model: object
     training: object
     speed: np.ndarray  # effective FLOP/s per device
@@ -31,6 +32,12 @@ class SearchContext:
     costs: dict  # (micro_batch_size, stages) -> LayerCosts
     rings: dict  # sorted member tuple -> (all-reduce seconds per byte, latency seconds)
     ring_nics: dict  # sorted member tuple -> the shared NICs its ring occupies
+    groups: object = None  # planner.plan.tensor.TensorGroups: the real topology and its tensor groups
+    tensor: np.ndarray = None  # per device: its tensor degree
+
+    def tensor_layer_s(self, costs, assign) -> np.ndarray:
+        """Seconds of each placed group's tensor all-reduces per block and micro-batch (0 for one device)."""
+        return tensor_layer_s(costs, self.groups.allreduce_per_byte_s[assign], self.groups.allreduce_latency_s[assign])
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -46,12 +53,17 @@ class Candidate:
         return (self.assign.tobytes(), self.layer_counts, self.micro_batches, self.micro_batch_size, self.schedule)
 
 
-def make_context(topology, model, training) -> SearchContext:
+def make_context(topology, model, training, groups: tuple = ()) -> SearchContext:
+    """The search's view of ``topology`` with ``groups`` (tuples of device names, lead first) as
+    tensor groups, each placed as one device (``planner.plan.tensor``)."""
+    grouped = group_devices(topology, groups)
+    topology = grouped.virtual
     return SearchContext(topology=topology, model=model, training=training,
                          speed=topology.effective_flops(training.precision), capacity=topology.memory_bytes(),
                          head_slowdown=topology.head_slowdowns(),
                          mem_bw=np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices]),
-                         network=topology.network, costs={}, rings={}, ring_nics={})
+                         network=topology.network, costs={}, rings={}, ring_nics={}, groups=grouped,
+                         tensor=grouped.degree)
 
 
 def stage_costs(ctx: SearchContext, micro_batch_size: int, stages: int, replicas: int):
@@ -81,13 +93,13 @@ def _ring_latency(ctx, members) -> float:
     return ring_cost(ctx, members)[1]
 
 
-def _gpipe_caps(costs, counts, capacity):
+def _gpipe_caps(costs, counts, capacity, tensor):
     """Largest micro-batch count each replica can keep in flight under GPipe."""
     R, S = capacity.shape
     caps = np.full(R, 1 << 40, dtype=np.int64)
     for s in range(S):
-        fixed = stage_memory_bytes(costs, counts[s], s, 0.0)
-        per_mb = stage_memory_bytes(costs, counts[s], s, 1.0) - fixed
+        fixed = stage_memory_bytes(costs, counts[s], s, 0.0, tensor[:, s])
+        per_mb = stage_memory_bytes(costs, counts[s], s, 1.0, tensor[:, s]) - fixed
         caps = np.minimum(caps, np.floor((capacity[:, s] - fixed) / per_mb).astype(np.int64))
     return caps
 
@@ -143,7 +155,7 @@ def _pipeline_shape(ctx, assign, costs, counts, schedule, links):
     work = np.array(counts, dtype=float) * costs.layer_flops
     tau = np.repeat(work[None, :], R, axis=0)
     tau[:, -1] += costs.head_flops * ctx.head_slowdown[assign[:, -1]]
-    tau = tau / ctx.speed[assign]
+    tau = tau / ctx.speed[assign] + np.array(counts, dtype=float)[None, :] * ctx.tensor_layer_s(costs, assign)
     fill = tau.sum(axis=1) + link_fill
     if schedule == Schedule.GPIPE and S > 1:
         share = backward_share(ctx.training)
@@ -189,7 +201,7 @@ def _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottlenec
                          for s in range(S)])
         if ctx.network.has_shared_nics:
             start = _queued_sync_starts(ctx, assign, finish, sync)
-    return float((start + sync + _step(ctx, assign, costs, params).max(axis=0)).max())
+    return float((start + sync + _step(ctx, assign, costs, counts).max(axis=0)).max())
 
 
 def _queued_sync_starts(ctx, assign, finish, sync) -> np.ndarray:
@@ -212,8 +224,11 @@ def _stage_params(costs, counts) -> np.ndarray:
     return stage_parameters(costs, np.asarray(counts, dtype=float), np.arange(len(counts)))
 
 
-def _step(ctx, assign, costs, params) -> np.ndarray:
-    return optimizer_time_s(stage_step_bytes(costs, params, np.arange(params.size))[None, :], ctx.mem_bw[assign])
+def _step(ctx, assign, costs, counts) -> np.ndarray:
+    """(R, S) optimizer step of every worker: its share of its stage's parameters through its memory bandwidth."""
+    stages = np.arange(len(counts))[None, :]
+    params = stage_parameters(costs, np.asarray(counts, dtype=float)[None, :], stages, ctx.tensor[assign])
+    return optimizer_time_s(stage_step_bytes(costs, params, stages), ctx.mem_bw[assign])
 
 
 def gradient_bytes(costs, counts) -> np.ndarray:
@@ -223,14 +238,17 @@ def gradient_bytes(costs, counts) -> np.ndarray:
 
 def step_seconds(ctx, assign, costs, counts) -> np.ndarray:
     """(R, S) optimizer step of every worker: its stage's parameters through its memory bandwidth."""
-    return _step(ctx, assign, costs, _stage_params(costs, counts))
+    return _step(ctx, assign, costs, counts)
 
 
-def fits(costs, schedule: str, counts, micro_batches, capacity: np.ndarray) -> bool:
-    """Whether every placed device holds its stage with its in-flight micro-batches (``capacity`` (R, S))."""
+def fits(costs, schedule: str, counts, micro_batches, capacity: np.ndarray, tensor=None) -> bool:
+    """Whether every placed device holds its stage with its in-flight micro-batches (``capacity``
+    and ``tensor``, the placed devices' tensor degrees, (R, S))."""
     R, S = capacity.shape
     in_flight = in_flight_table(schedule, S, micro_batches)
-    need = np.stack([stage_memory_bytes(costs, counts[s], s, in_flight[:, s]) for s in range(S)], axis=1)
+    tensor = np.ones((R, S)) if tensor is None else tensor
+    need = np.stack([stage_memory_bytes(costs, counts[s], s, in_flight[:, s], tensor[:, s]) for s in range(S)],
+                    axis=1)
     return bool((need <= capacity * (1 + 1e-12)).all())
 
 
@@ -244,7 +262,7 @@ def score_split(ctx: SearchContext, assign: np.ndarray, counts, micro_batches, m
     if (len(counts) != S or sum(counts) != costs.layers or min(counts) < 1 or len(micro_batches) != R
             or sum(micro_batches) != total or min(micro_batches) < 1):
         return None
-    if not fits(costs, schedule, counts, micro_batches, ctx.capacity[assign]):
+    if not fits(costs, schedule, counts, micro_batches, ctx.capacity[assign], ctx.tensor[assign]):
         return None
     tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, _links(ctx, assign, costs))
     return _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck)
@@ -273,8 +291,10 @@ def _evaluate(ctx, assign, micro_batch_size, schedule, micro_batches, split) -> 
     if total < R:
         return None
     costs = stage_costs(ctx, micro_batch_size, S, R)
-    speed = ctx.speed[assign]
+    # A tensor group's blocks run at its members' summed speed slowed by their all-reduces.
+    speed = costs.layer_flops / (costs.layer_flops / ctx.speed[assign] + ctx.tensor_layer_s(costs, assign))
     capacity = ctx.capacity[assign]
+    tensor = ctx.tensor[assign]
     head_slowdown = float(ctx.head_slowdown[assign[:, -1]].max())
     links = _links(ctx, assign, costs)
     if micro_batches is None:
@@ -287,13 +307,13 @@ def _evaluate(ctx, assign, micro_batch_size, schedule, micro_batches, split) -> 
         if split == "weighted":
             weighted = speed / (micro_batches + S - 1)[:, None]
         counts = split_layers(costs, schedule, weighted if split == "weighted" else speed, capacity, micro_batches,
-                              even=split == "even", head_slowdown=head_slowdown)
+                              even=split == "even", head_slowdown=head_slowdown, tensor=tensor)
         if counts is None:
             return None
         tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, links)
-        cap = _gpipe_caps(costs, counts, capacity) if schedule == Schedule.GPIPE else None
+        cap = _gpipe_caps(costs, counts, capacity, tensor) if schedule == Schedule.GPIPE else None
         new = split_batch(total, fill, bottleneck, cap)
-        if new is None or np.array_equal(new, micro_batches) or not fits(costs, schedule, counts, new, capacity):
+        if new is None or np.array_equal(new, micro_batches) or not fits(costs, schedule, counts, new, capacity, tensor):
             break
         micro_batches = new
     if total != int(np.sum(micro_batches)):

@@ -26,6 +26,7 @@ from planner.prediction.stage_model import optimizer_shards
 from planner.errors import InputError
 from planner.plan.plan import Plan, validate_plan
 from planner.plan.precision import resolve_precision
+from planner.plan.tensor import TENSOR_DEGREES, grouping_groups, groupings
 from planner.search.bounds import work_flops
 from planner.search.construct import layouts
 from planner.search.cpsat_placement import exact_placement, model_is_small_enough
@@ -54,6 +55,7 @@ class SearchOptions:
     simulate_top: int = 6
     exact: bool = True  # solve the leading shapes with CP-SAT on topologies of <= EXACT_DEVICES devices
     exact_work_per_shape: float = 5.0  # CP-SAT deterministic time per shape (about seconds)
+    tensor_degrees: tuple = TENSOR_DEGREES  # tensor degrees tried inside a host; (1,): none
 
 
 @dataclass(kw_only=True)
@@ -247,14 +249,49 @@ def _probed_order(ctx, topology, pairs: list, micro_batch_size: int, schedule, b
     return [pairs[i] for i in first] + [p for i, p in enumerate(pairs) if i not in chosen], units
 
 
+UNGROUPED_SHARE = 0.5  # of the time limit, for the search without tensor groups when groupings are tried
+
+
 def _placement_search(topology, model, training, options, *, rng, callback, x0, started) -> tuple:
-    """The placement engine (steps 1-6 of this module's description): the best plan by the
-    simulator among the estimate's best candidates, and the search's record.
+    """The placement engine over each tensor grouping (``planner.plan.tensor.groupings``): the
+    search without tensor groups on ``UNGROUPED_SHARE`` of the time limit, each grouping on an equal
+    part of the rest; the plan the simulator finds fastest, and its search's record."""
+    mappings = groupings(topology, model, options.tensor_degrees)
+    if x0 is not None and x0.tensor_groups:
+        validate_plan(x0, topology, model, training)
+        mappings = [None]  # re-planning a plan with tensor groups keeps its groups
+    best, tried, failure = None, {}, None
+    for k, mapping in enumerate(mappings):
+        part = 1.0 if len(mappings) == 1 else (UNGROUPED_SHARE if k == 0 else
+                                                 (1.0 - UNGROUPED_SHARE) / (len(mappings) - 1))
+        share = replace(options, time_limit_s=options.time_limit_s * part)
+        groups = x0.tensor_groups if mapping is None else grouping_groups(topology, mapping)
+        try:
+            plan, record = _grouped_placement_search(topology, model, training, share, groups=groups, rng=rng,
+                                                     callback=callback, x0=x0 if mapping is None or not groups else None,
+                                                     started=time.perf_counter() if best or failure else started)
+        except InputError as error:
+            failure = failure or error
+            continue
+        label = ", ".join(f"{t}: {d}" for t, d in sorted((mapping or {}).items())) or "as the starting plan"
+        tried[label] = plan.prediction.iteration_s
+        if best is None or plan.prediction.iteration_s < best[0].prediction.iteration_s:
+            best = (plan, record)
+    if best is None:
+        raise failure
+    plan, record = best
+    return plan, ({**record, "tensor_tried": tried} if len(mappings) > 1 else record)
+
+
+def _grouped_placement_search(topology, model, training, options, *, groups, rng, callback, x0, started) -> tuple:
+    """The placement engine (steps 1-6 of this module's description) with ``groups`` as tensor
+    groups: the best plan by the simulator among the estimate's best candidates, and the search's record.
 
     Every phase runs on a deterministic work budget sized by the time limit and stops at its share
     of the limit if the clock gets there first (``planner.search.deadline``)."""
     budget = Budget(limit_s=options.time_limit_s, started=started)
-    ctx = make_context(topology, model, training)
+    ctx = make_context(topology, model, training, groups)
+    real, topology = topology, ctx.topology  # the search places the groups; the simulator sees their members
     history = []
     evaluations = 0
     candidates = []
@@ -345,7 +382,7 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
     history.append((evaluations, time.perf_counter() - started, best_estimate))
     report("genetic", best_estimate)
     exact_shapes = []
-    if options.exact and topology.size <= EXACT_DEVICES:
+    if options.exact and topology.size <= EXACT_DEVICES and ctx.tensor.max() == 1:
         work = budget.exact_work(len(starts), options.exact_work_per_shape)
         for start in starts:
             if budget.remaining_s("exact") < _EXACT_MIN_S:
@@ -423,7 +460,7 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
             if not more():
                 break
             plan = candidate_to_plan(ctx, candidate)
-            prediction, _ = predict(plan, topology, model, training)
+            prediction, _ = predict(plan, real, model, training)
             simulated += 1
             work_s += simulation_units(plan.stages, plan.replicas, sum(plan.micro_batches)) / SIMULATION_UNITS_PER_S
             if prediction.fits and not math.isfinite(prediction.iteration_s):
@@ -447,7 +484,7 @@ def _start_candidate(ctx, x0: Plan | None) -> Candidate | None:
     does not fit these inputs)."""
     if x0 is None:
         return None
-    validate_plan(x0, ctx.topology, ctx.model, ctx.training)
+    validate_plan(x0, ctx.groups.topology, ctx.model, ctx.training)
     assign = np.array([[ctx.topology.index(d) for d in row] for row in x0.assignment])
     counts = tuple(int(c) for c in np.diff(x0.layer_bounds))
     score = score_split(ctx, assign, counts, tuple(x0.micro_batches), x0.micro_batch_size, Schedule(x0.schedule))

@@ -9,14 +9,20 @@ __all__ = ["candidate_to_plan"]
 
 
 def candidate_to_plan(ctx, candidate: Candidate) -> Plan:
+    """The plan of ``candidate``: each cell named by its device, or by its tensor group's lead with
+    the group in ``tensor_groups``; idle: every device of the real topology that no cell uses."""
     topo = ctx.topology
     names = topo.names
     bounds = np.concatenate([[0], np.cumsum(candidate.layer_counts)]).tolist()
     assignment = tuple(tuple(names[d] for d in row) for row in candidate.assign)
     R, S = candidate.assign.shape
     rings = tuple(tuple(topo.network.ring_order(candidate.assign[:, s])) for s in range(S))
-    used = set(candidate.assign.ravel().tolist())
+    used = sorted(set(candidate.assign.ravel().tolist()))
+    members = ctx.groups.members if ctx.groups is not None else tuple((name,) for name in names)
+    working = {name for d in used for name in members[d]}
+    real = ctx.groups.topology if ctx.groups is not None else topo
     return Plan(layer_bounds=tuple(bounds), assignment=assignment, micro_batches=candidate.micro_batches,
                 micro_batch_size=candidate.micro_batch_size, schedule=candidate.schedule, ring_orders=rings,
                 topology_name=topo.name, topology_sha256=topo.sha256,
-                idle=tuple(names[d] for d in range(topo.size) if d not in used))
+                idle=tuple(name for name in real.names if name not in working),
+                tensor_groups=tuple(members[d] for d in used if len(members[d]) > 1))

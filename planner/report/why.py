@@ -1,0 +1,269 @@
+"""Answers a user can act on: why each idle device is idle and which constraint binds in the plan,
+each computed by re-evaluating the plan with one thing changed, never guessed.
+
+Idle devices (grouped by type and region, one representative re-evaluated per group):
+- memory: the smallest stage it could hold (one layer, one micro-batch of the smallest size, the
+  optimizer state sharded as far as the plan allows) does not fit in it;
+- otherwise the device is added to the plan in the ways that keep the rest of it (as an extra stage
+  of a one-replica plan, or with other idle devices as an extra replica; in place of a used device
+  of another type where neither is possible), the best by the estimate is simulated, and both plans
+  are simulated again on a free network (no latency, unlimited bandwidth, no shared NICs): when the
+  device would help on a free network, the reason is the slow link, and the difference between the
+  network and the free one is its communication cost; when not, its compute share is too small.
+
+What binds (the plan as it is, changed in one place and simulated again, or estimated again):
+- memory: the fullest device, and the estimate with twice its memory;
+- the slowest link the plan uses (a pipeline hop or a ring hop), and the time with 10x its bandwidth;
+- the bubble and the gradient sync: their share of the critical device's timeline.
+"""
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from planner.inputs.units import format_bytes
+from planner.prediction.predict import predict
+from planner.search.evaluate import evaluate_placement, make_context
+from planner.search.no_plan import stage_memory_floor
+from planner.search.plans import candidate_to_plan
+
+__all__ = ["IdleReason", "Binding", "idle_reasons", "binding_constraints", "render_why", "LINK_FACTOR"]
+
+LINK_FACTOR = 10.0  # "what would 10x this link's bandwidth buy"
+MEMORY_FACTOR = 2.0
+MAX_GROUPS = 8  # idle groups re-evaluated (each costs two simulations)
+FREE_BANDWIDTH = 1e18  # bytes/s of a "free" link
+MEMORY_SHOWN = 0.9  # a device at least this full is reported as binding
+
+
+@dataclass(frozen=True, kw_only=True)
+class IdleReason:
+    devices: tuple  # the group's device names
+    kind: str  # "memory", "slow link", "compute share too small", "not evaluated"
+    text: str
+    delta_s: float = float("nan")  # predicted change of the iteration with the device used
+    link_cost_s: float = float("nan")  # of which communication (with the device's links made free)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Binding:
+    kind: str  # "memory", "link", "bubble", "gradient sync"
+    text: str
+    change: float = float("nan")  # relative change of the iteration from the one change (negative: faster)
+
+
+def _gbit(bandwidth_bytes_per_s: float) -> str:
+    return f"{bandwidth_bytes_per_s * 8 / 1e9:.3g} Gbit/s"
+
+
+def _assign(plan, topology) -> np.ndarray:
+    return np.array([[topology.index(name) for name in row] for row in plan.assignment])
+
+
+def _groups(plan, topology) -> list:
+    groups = {}
+    for name in plan.idle:
+        device = topology.devices[topology.index(name)]
+        groups.setdefault((device.type_name, device.region), []).append(name)
+    return list(groups.values())
+
+
+def _uses_of(device: int, assign: np.ndarray, idle: list, ctx, plan, topology) -> list:
+    """Placements that add ``device`` to the plan and keep the rest: as an extra stage (one
+    replica), or with the fastest other idle devices as an extra replica; where neither is
+    possible, in place of each used device of another type."""
+    R, S = assign.shape
+    uses = []
+    if R == 1 and S < ctx.model.layers:
+        uses += [np.insert(assign, k, device, axis=1) for k in range(S + 1)]
+    others = sorted((i for i in idle if i != device), key=lambda i: -ctx.speed[i])[:S - 1]
+    if len(others) == S - 1 and ctx.training.global_batch // plan.micro_batch_size > R:
+        uses.append(np.vstack([assign, [device] + others]))
+    if not uses:
+        kind = topology.devices[device].type_name
+        for r in range(R):
+            for s in range(S):
+                if topology.devices[assign[r, s]].type_name != kind:
+                    swapped = assign.copy()
+                    swapped[r, s] = device
+                    uses.append(swapped)
+    return uses
+
+
+def _free_network(topology):
+    """The topology on a free network: no latency, unlimited bandwidth, no shared NICs."""
+    n = topology.size
+    return replace(topology, latency_s=np.zeros((n, n)), bandwidth_bytes_per_s=np.full((n, n), FREE_BANDWIDTH),
+                   nic_bytes_per_s={}, message_overhead_s=0.0)
+
+
+def _slowest_link_from(device: int, used: np.ndarray, topology) -> str:
+    bandwidth = topology.network.bandwidth_bytes_per_s
+    other = min(used.tolist(), key=lambda u: min(bandwidth[device, u], bandwidth[u, device]))
+    peer = topology.devices[other]
+    return (f"{_gbit(min(bandwidth[device, other], bandwidth[other, device]))} to {peer.name} "
+            f"(region {peer.region})")
+
+
+def idle_reasons(plan, topology, model, training, *, dollars=None) -> list:
+    """Why each idle device is idle (``IdleReason`` per group of one type and region).
+
+    ``dollars``: for a plan chosen by price, a function of a predicted plan to its US dollars per
+    iteration; a device that would make the plan faster but dearer is idle for its price."""
+    if not plan.idle:
+        return []
+    ctx = make_context(topology, model, training)
+    assign = _assign(plan, topology)
+    idle = [topology.index(name) for name in plan.idle]
+    floor = stage_memory_floor(model, training, 1, model.layers, max(plan.replicas, 1))
+    base = plan.prediction.iteration_s
+    free_network = _free_network(topology)
+    base_free = predict(plan, free_network, model, training)[0].iteration_s
+    reasons = []
+    for k, names in enumerate(_groups(plan, topology)):
+        device = topology.index(names[0])
+        usable = float(ctx.capacity[device])
+        if floor > usable:
+            reasons.append(IdleReason(devices=tuple(names), kind="memory", text=(
+                f"memory: the smallest stage (1 layer, micro-batch 1) needs {format_bytes(floor)}, it has "
+                f"{format_bytes(usable)} usable")))
+            continue
+        if k >= MAX_GROUPS:
+            reasons.append(IdleReason(devices=tuple(names), kind="not evaluated",
+                                      text=f"not re-evaluated (only the first {MAX_GROUPS} groups are)"))
+            continue
+        uses = _uses_of(device, assign, idle, ctx, plan, topology)
+        scored = [c for c in (evaluate_placement(ctx, a, plan.micro_batch_size, plan.schedule) for a in uses)
+                  if c is not None]
+        if not scored:
+            R, S = assign.shape
+            if uses:
+                ways = "as a stage or a replica more" if R == 1 else "as a replica more"
+                text = f"memory: added to this {S}-stage plan ({ways}) no split fits in its {format_bytes(usable)} usable"
+            else:
+                text = (f"no room: a replica more of this {S}-stage plan needs {S - 1} idle devices and "
+                        f"{len(idle) - 1} others are idle")
+            reasons.append(IdleReason(devices=tuple(names), kind="memory" if uses else "no room", text=text))
+            continue
+        best = min(scored, key=lambda c: c.score_s)
+        used_plan = candidate_to_plan(ctx, best)
+        with_it = predict(used_plan, topology, model, training)[0].iteration_s
+        free = predict(used_plan, free_network, model, training)[0].iteration_s
+        R, S = best.assign.shape
+        how = (f"added as a {S}-stage pipeline" if S > plan.stages else
+               f"added with a replica more ({R} x {S})" if R > plan.replicas else "used in place of a device")
+        delta, link_cost = with_it - base, with_it - free
+        price = dollars(used_plan.with_prediction(predict(used_plan, topology, model, training)[0])) if dollars else 0
+        if dollars and with_it < base and price > dollars(plan):
+            kind = "price"
+            text = (f"price: {how}, the iteration takes {with_it:.3f} s ({delta:+.3f} s) but costs ${price:.4g} "
+                    f"instead of ${dollars(plan):.4g}")
+        elif with_it < base:
+            kind = "would help"
+            text = (f"would help: {how}, the iteration takes {with_it:.3f} s ({delta:+.3f} s): the search's "
+                    "budget missed it; plan again with a longer --time-limit")
+        elif free < base_free:
+            kind = "slow link"
+            text = (f"slow link: {how}, the iteration takes {with_it:.3f} s ({delta:+.3f} s), of which "
+                    f"{link_cost:.3f} s is communication; its slowest link is "
+                    f"{_slowest_link_from(device, best.assign.ravel(), topology)}; on a free network it would cut "
+                    f"{base_free - free:.3f} s")
+        else:
+            kind = "compute share too small"
+            share = ctx.speed[device] / ctx.speed[assign.ravel()].max()
+            text = (f"compute share too small: {how}, the iteration takes {with_it:.3f} s ({delta:+.3f} s), and "
+                    f"{free - base_free:+.3f} s even on a free network (it computes at {100 * share:.0f}% of the "
+                    "fastest used device)")
+        reasons.append(IdleReason(devices=tuple(names), kind=kind, text=text, delta_s=delta, link_cost_s=link_cost))
+    return reasons
+
+
+def _plan_links(plan, topology) -> list:
+    """The directed (a, b) device pairs the plan sends over: pipeline hops and ring hops."""
+    assign = _assign(plan, topology)
+    links = set()
+    for row in assign:
+        for s in range(len(row) - 1):
+            links |= {(int(row[s]), int(row[s + 1])), (int(row[s + 1]), int(row[s]))}
+    for s in range(plan.stages):
+        ring = [topology.index(name) for name in plan.ring(s)]
+        if len(ring) > 1:
+            links |= {(a, b) for a, b in zip(ring, ring[1:] + ring[:1])}
+    return sorted(links)
+
+
+def _faster_link(topology, a: int, b: int, factor: float):
+    """The topology with the link a <-> b ``factor`` times faster (and the two hosts' NICs, if shared)."""
+    bandwidth = topology.bandwidth_bytes_per_s.copy()
+    bandwidth[a, b] *= factor
+    bandwidth[b, a] *= factor
+    hosts = {topology.devices[a].host, topology.devices[b].host}
+    nics = {h: (tuple(x * factor for x in nic) if h in hosts else nic) for h, nic in topology.nic_bytes_per_s.items()}
+    return replace(topology, bandwidth_bytes_per_s=bandwidth, nic_bytes_per_s=nics)
+
+
+def binding_constraints(plan, topology, model, training) -> list:
+    """What limits ``plan``: memory on which device, which link, the bubble (``Binding`` each)."""
+    p = plan.prediction
+    base = p.iteration_s
+    out = []
+    fullest = max(p.memory_bytes, key=lambda d: p.memory_bytes[d] / p.capacity_bytes[d])
+    use = p.memory_bytes[fullest] / p.capacity_bytes[fullest]
+    if use >= MEMORY_SHOWN:
+        ctx = make_context(topology, model, training)
+        assign = _assign(plan, topology)
+        now = evaluate_placement(ctx, assign, plan.micro_batch_size, plan.schedule)
+        capacity = ctx.capacity.copy()
+        capacity[topology.index(fullest)] *= MEMORY_FACTOR
+        more = evaluate_placement(replace(ctx, capacity=capacity, costs={}, rings={}, ring_nics={}), assign,
+                                  plan.micro_batch_size, plan.schedule)
+        change = (more.score_s - now.score_s) / now.score_s if now is not None and more is not None else float("nan")
+        effect = (f"with {MEMORY_FACTOR:g}x its memory the estimate changes {100 * change:+.1f}%"
+                  if np.isfinite(change) else "")
+        out.append(Binding(kind="memory", change=change, text=(
+            f"memory: {fullest} holds {format_bytes(p.memory_bytes[fullest])} of {format_bytes(p.capacity_bytes[fullest])} "
+            f"({100 * use:.0f}%)" + (f"; {effect}" if effect else ""))))
+    links = _plan_links(plan, topology)
+    if links:
+        bandwidth = topology.network.bandwidth_bytes_per_s
+        slowest = sorted(links, key=lambda ab: (bandwidth[ab], ab))
+        tried, best = set(), None
+        for a, b in slowest:
+            pair = (min(a, b), max(a, b))
+            if pair in tried or len(tried) >= 3 or bandwidth[a, b] > 1.01 * bandwidth[slowest[0]]:
+                continue
+            tried.add(pair)
+            faster = predict(plan, _faster_link(topology, a, b, LINK_FACTOR), model, training)[0].iteration_s
+            if best is None or faster < best[0]:
+                best = (faster, a, b)
+        faster, a, b = best
+        da, db = topology.devices[a], topology.devices[b]
+        change = (faster - base) / base
+        out.append(Binding(kind="link", change=change, text=(
+            f"link: the slowest the plan uses is {da.name} -> {db.name} ({_gbit(bandwidth[a, b])}, "
+            f"{'host ' + da.host if da.host == db.host else 'region ' + da.region if da.region == db.region else da.region + ' -> ' + db.region}); "
+            f"a {_gbit(bandwidth[a, b] * LINK_FACTOR)} link there would "
+            f"{'cut' if change < 0 else 'change'} the iteration {100 * abs(change):.1f}% "
+            f"({base:.3f} -> {faster:.3f} s)")))
+    for key, kind in (("bubble_s", "bubble"), ("gradient_sync_s", "gradient sync")):
+        share = p.breakdown_s.get(key, 0.0) / base
+        out.append(Binding(kind=kind, change=share, text=f"{kind}: {100 * share:.1f}% of the critical device's "
+                                                         "iteration" + (f" ({plan.stages} stage(s), "
+                                                                        f"{max(plan.micro_batches)} micro-batches on the "
+                                                                        "busiest replica)" if kind == "bubble" else "")))
+    return out
+
+
+def render_why(plan, topology, model, training, *, dollars=None) -> str:
+    """The report's 'why idle' and 'what binds' lines (``dollars``: as ``idle_reasons``)."""
+    lines = []
+    reasons = idle_reasons(plan, topology, model, training, dollars=dollars)
+    if reasons:
+        lines.append("Why idle (each group's first device put to use and simulated):")
+        for reason in reasons:
+            names = ", ".join(reason.devices[:4]) + (f" and {len(reason.devices) - 4} more" if len(reason.devices) > 4
+                                                      else "")
+            lines.append(f"  {names}: {reason.text}")
+    lines.append("What binds (one change at a time, simulated again):")
+    lines += [f"  {b.text}" for b in binding_constraints(plan, topology, model, training)]
+    return "\n".join(lines)

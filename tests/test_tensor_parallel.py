@@ -1,0 +1,244 @@
+"""Tensor parallelism inside a host: the formulas, the stage model, the simulator's input, the plan
+file, validate_plan's refusals and the search."""
+
+import json
+from dataclasses import replace
+
+import jsonschema
+import pytest
+
+from cost_models import comm, flops, memory
+from planner.cli import main
+from planner.errors import InputError
+from planner.inputs.job import load_job
+from planner.inputs.model import ModelSpec, TrainingSpec
+from planner.plan.document import plan_from_document, plan_to_document, read_plan, write_plan
+from planner.plan.plan import Plan, validate_plan
+from planner.plan.tensor import group_devices, grouping_groups, groupings
+from planner.prediction.predict import build_pipeline_job, predict
+from planner.prediction.stage_model import layer_costs, stage_memory_bytes, stage_parameters, tensor_layer_s
+from planner.search.front import SearchOptions, search
+
+from conftest import ROOT
+
+PLAN_SCHEMA = json.loads((ROOT / "planner" / "schema" / "plan.schema.json").read_text())
+
+# One host of 4 A100 and 2 T4, another of 2 A100; 400 GB/s and 10 us inside a host.
+HOSTS = {
+    "name": "two-hosts",
+    "devices": [{"name": "a", "count": 4, "type": "A100-80GB", "host": "node"},
+                {"name": "t", "count": 2, "type": "T4", "host": "node"},
+                {"name": "b", "count": 2, "type": "A100-80GB", "host": "other"}],
+    "network": {"host": {"latency": "0.01ms", "bandwidth": "3200Gbps"},
+                "region": {"latency": "0.05ms", "bandwidth": "100Gbps"}},
+    "model": {"name": "m", "layers": 4, "hidden": 256, "heads": 4, "sequence": 128, "vocabulary": 1000},
+    "training": {"global_batch": 8, "micro_batch_size": 1, "schedule": "1f1b", "precision": "fp16"},
+}
+
+# 2 A100-80GB and 2 hosts of 4 T4: one block of this model (29 GB of Adam state, 18 GB sharded over
+# 2 replicas) fits no T4.
+WIDE = {
+    "name": "wide-on-t4",
+    "devices": [{"name": "a100", "count": 2, "type": "A100-80GB", "host": "big"},
+                {"name": "t4", "count": 8, "type": "T4", "gpus_per_host": 4, "host": "small"}],
+    "network": {"host": {"latency": "0.01ms", "bandwidth": "128Gbps"},
+                "region": {"latency": "0.05ms", "bandwidth": "100Gbps"}},
+    "model": {"name": "wide", "layers": 4, "hidden": 12288, "heads": 96, "sequence": 1024, "vocabulary": 32000},
+    "training": {"global_batch": 128, "precision": "auto", "optimizer": "adam", "recompute": False,
+                 "schedule": "auto"},
+}
+
+
+def _model(**kw) -> ModelSpec:
+    base = dict(name="m", layers=4, hidden=4, heads=2, sequence=8, vocabulary=10)
+    return ModelSpec(**{**base, **kw})
+
+
+# -- formulas ------------------------------------------------------------------------------------
+
+def test_split_parameters_by_hand():
+    # h 4, f 16: weights 4*16 + 2*4*16 = 192, column-parallel biases 3*4 + 16 = 28.
+    assert flops.tensor_split_parameters(4, 16) == 220
+    # Left whole: the projection's and fc2's biases (4 + 4) and two LayerNorms (16): 12h^2 + 13h - 220.
+    assert flops.layer_parameters(4, 16) - flops.tensor_split_parameters(4, 16) == 24
+    # SwiGLU without biases: every matrix splits (4*16 + 3*4*16 = 256), two RMSNorm scales stay whole.
+    assert flops.tensor_split_parameters(4, 16, gated_mlp=True, biases=False) == 256
+    assert flops.layer_parameters(4, 16, gated_mlp=True, biases=False) == 256 + 8
+
+
+def test_activations_follow_korthikanti_table_2():
+    s, b, h, a = 2048, 1, 4096, 32
+    # t = 4: 10 + 24/4 + 5*32*2048/(4096*4) = 10 + 6 + 20 = 36 bytes per (token x hidden).
+    assert memory.layer_activation_bytes(s, b, h, a, tensor=4) == 2048 * 4096 * 36
+    # t = 1 is eq. 1 of the same paper: 34 + 5as/h = 34 + 80.
+    assert memory.layer_activation_bytes(s, b, h, a, tensor=1) == 2048 * 4096 * 114
+    assert memory.layer_activation_bytes(s, b, h, a, tensor=4, flash_attention=True) == 2048 * 4096 * 16
+    # Full recomputation keeps the block input, whole on every member.
+    assert memory.layer_activation_bytes(s, b, h, a, tensor=4, recompute=True) == 2 * 2048 * 4096
+
+
+def test_each_member_keeps_its_share_of_a_stage():
+    model = ModelSpec(name="m", layers=8, hidden=512, heads=8, sequence=256, vocabulary=1000)
+    training = TrainingSpec(global_batch=8, precision="bf16")
+    costs = layer_costs(model, training, 2, 2)
+    whole, split = flops.layer_parameters(512, 2048), flops.tensor_split_parameters(512, 2048)
+    for t in (1, 2, 4, 8):  # the embeddings (the first stage's extra) stay whole
+        per_member = 3 * (whole - split + split / t) + costs.stage_extra_params[0]
+        assert stage_parameters(costs, 3, 0, t) == pytest.approx(per_member)
+    # Second derivation: memory at t is the state of the member's parameters plus Table 2's activations.
+    kept = memory.layer_activation_bytes(256, 2, 512, 8, tensor=4)
+    state = memory.state_bytes_per_parameter("bf16", "adam")
+    need = stage_memory_bytes(costs, 3, 1, 2, 4) - stage_memory_bytes(costs, 0, 1, 2, 4)
+    assert need == pytest.approx(3 * (whole - split * 0.75) * state + 2 * 3 * kept)
+
+
+def test_tensor_all_reduces_by_hand(write_yaml):
+    job = load_job(write_yaml(HOSTS))
+    groups = group_devices(job.topology, (("a-0", "a-1", "a-2", "a-3"),))
+    k = groups.virtual.index("a-0")
+    assert list(groups.members[k]) == ["a-0", "a-1", "a-2", "a-3"] and groups.degree[k] == 4
+    # Ring of 4 at 400 GB/s and 10 us a hop: 2*3/4 bytes / 4e11 + 6 * 1e-5 s.
+    assert groups.allreduce_per_byte_s[k] == pytest.approx(1.5 / 4e11)
+    assert groups.allreduce_latency_s[k] == pytest.approx(6e-5)
+    model, training = job.model, job.training
+    costs = layer_costs(model, training, 1, 2)
+    message = 1 * 128 * 256 * 2  # (b, s, h) in fp16
+    one = message * 1.5 / 4e11 + 6e-5
+    assert comm.tensor_allreduces(False) == (2, 2) and comm.tensor_allreduces(True) == (2, 4)
+    assert tensor_layer_s(costs, groups.allreduce_per_byte_s[k], groups.allreduce_latency_s[k]) == pytest.approx(4 * one)
+    recomputed = layer_costs(model, replace(training, recompute=True), 1, 2)
+    assert tensor_layer_s(recomputed, groups.allreduce_per_byte_s[k],
+                          groups.allreduce_latency_s[k]) == pytest.approx(6 * one)
+
+
+def _two_stage_plan(job, tensor_groups=(("a-0", "a-1"),)) -> Plan:
+    return Plan(layer_bounds=(0, 2, 4), assignment=(("a-0", "b-0"),), micro_batches=(8,), micro_batch_size=1,
+                schedule="1f1b", topology_name=job.topology.name, topology_sha256=job.topology.sha256,
+                idle=tuple(n for n in job.topology.names if n not in {"b-0"} | {m for g in tensor_groups for m in g}),
+                tensor_groups=tuple(tensor_groups))
+
+
+def test_the_simulator_times_a_group_as_its_members_plus_its_all_reduces(write_yaml):
+    job = load_job(write_yaml(HOSTS))
+    model, training = job.model, job.training
+    alone, grouped = _two_stage_plan(job, ()), _two_stage_plan(job)
+    job_alone = build_pipeline_job(alone, job.topology, model, training)
+    job_grouped = build_pipeline_job(grouped, job.topology, model, training)
+    costs = layer_costs(model, training, 1, 2)
+    one = costs.tensor_message_bytes * 1.0 / 4e11 + 2 * 1e-5  # ring of 2: 2*1/2 bytes / bandwidth + 2 hops
+    # Stage 0 (2 blocks and the embeddings' lookup): half the compute plus 2 all-reduces a block each way.
+    assert job_grouped.forward_s[0, 0] == pytest.approx(job_alone.forward_s[0, 0] / 2 + 2 * 2 * one)
+    assert job_grouped.backward_s[0, 0] == pytest.approx(job_alone.backward_s[0, 0] / 2 + 2 * 2 * one)
+    assert job_grouped.forward_s[0, 1] == pytest.approx(job_alone.forward_s[0, 1])  # the head's stage is alone
+    prediction, _ = predict(grouped, job.topology, model, training)
+    assert set(prediction.memory_bytes) == {"a-0", "a-1", "b-0"}
+    assert prediction.memory_bytes["a-0"] == prediction.memory_bytes["a-1"]
+    assert prediction.memory_bytes["a-0"] < predict(alone, job.topology, model, training)[0].memory_bytes["a-0"]
+
+
+# -- validate_plan and the plan file ------------------------------------------------------------
+
+@pytest.mark.parametrize("groups, fragment", [
+    ((("a-0", "b-1"),), "spans hosts node, other"),
+    ((("a-0", "t-0"),), "mixes device types A100-80GB, T4"),
+    ((("a-0", "a-1", "a-2"),), "has 3 devices"),
+    ((("a-1", "a-2"),), "lead a-1 runs no stage"),
+    ((("a-0", "b-0"),), "spans hosts"),
+])
+def test_validate_plan_refuses_bad_groups(write_yaml, groups, fragment):
+    job = load_job(write_yaml(HOSTS))
+    with pytest.raises(InputError, match=fragment) as caught:
+        validate_plan(_two_stage_plan(job, groups), job.topology, job.model, job.training)
+    assert caught.value.field.startswith("tensor_groups") or caught.value.field == "replicas"
+
+
+def test_validate_plan_refuses_a_degree_that_does_not_divide_the_heads(write_yaml):
+    job = load_job(write_yaml({**HOSTS, "model": {**HOSTS["model"], "heads": 2}}))
+    plan = _two_stage_plan(job, (("a-0", "a-1", "a-2", "a-3"),))
+    with pytest.raises(InputError, match="degree 4, which does not divide the model's 2 heads"):
+        validate_plan(plan, job.topology, job.model, job.training)
+    validate_plan(_two_stage_plan(job), job.topology, job.model, job.training)  # degree 2 divides 2 heads
+
+
+def test_plan_file_round_trip_keeps_the_groups(write_yaml, tmp_path):
+    job = load_job(write_yaml(HOSTS))
+    plan = _two_stage_plan(job)
+    plan = plan.with_prediction(predict(plan, job.topology, job.model, job.training)[0])
+    document = plan_to_document(plan, model=job.model, training=job.training)
+    assert document["tensor_groups"] == [["a-0", "a-1"]] and document["degrees"]["tensor"] == 2
+    assert set(document["prediction"]["memory"]) == {"a-0", "a-1", "b-0"}
+    for name in ("plan.yaml", "plan.json"):
+        write_plan(document, tmp_path / name)
+        back, _ = read_plan(tmp_path / name)
+        assert back.tensor_groups == plan.tensor_groups and back.assignment == plan.assignment
+        assert back.used_devices == ["a-0", "a-1", "b-0"]
+        validate_plan(back, job.topology, job.model, job.training)
+    no_groups = plan_to_document(_two_stage_plan(job, ()))
+    assert "tensor_groups" not in no_groups and no_groups["degrees"]["tensor"] == 1
+
+
+def test_plan_files_match_the_json_schema(write_yaml):
+    job = load_job(write_yaml(HOSTS))
+    for groups in ((), (("a-0", "a-1"),), (("a-0", "a-1", "a-2", "a-3"),)):
+        plan = _two_stage_plan(job, groups)
+        plan = plan.with_prediction(predict(plan, job.topology, job.model, job.training)[0])
+        jsonschema.validate(plan_to_document(plan, model=job.model, training=job.training), PLAN_SCHEMA)
+    document = plan_to_document(_two_stage_plan(job))
+    for bad in ([["a-0"]], [["a-0", "a-0"]], ["a-0"]):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**document, "tensor_groups": bad}, PLAN_SCHEMA)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**document, "degrees": {**document["degrees"], "tensor": 3}}, PLAN_SCHEMA)
+
+
+@pytest.mark.parametrize("edit, field, fragment", [
+    (lambda d: d["degrees"].update(tensor=4), "degrees.tensor", "is 4 but the plan has 2"),
+    (lambda d: d.update(tensor_groups=[["a-1", "a-0"]]), "tensor_groups[0]", "lead 'a-1' is no replica's device"),
+    (lambda d: d.update(tensor_groups=[["a-0", "b-0"]]), "tensor_groups[0]", "'b-0' is in two places"),
+    (lambda d: d.update(tensor_groups=[["a-0"]]), "tensor_groups[0]", "two or more device names"),
+])
+def test_an_edited_plan_file_is_refused_in_one_line(write_yaml, edit, field, fragment):
+    job = load_job(write_yaml(HOSTS))
+    document = plan_to_document(_two_stage_plan(job))
+    edit(document)
+    with pytest.raises(InputError, match=fragment) as caught:
+        plan_from_document(document, source="p.yaml")
+    assert caught.value.field == field and "\n" not in str(caught.value)
+
+
+# -- search --------------------------------------------------------------------------------------
+
+def test_groupings_are_few_and_start_without_groups(write_yaml):
+    job = load_job(write_yaml(WIDE))
+    mappings = groupings(job.topology, job.model)
+    # T4 (16 GB) joins in groups whose memory reaches an A100-80GB's: 8 wanted, 4 on the host.
+    assert mappings == [{"A100-80GB": 1, "T4": 1}, {"A100-80GB": 1, "T4": 4}, {"A100-80GB": 2, "T4": 2}]
+    assert grouping_groups(job.topology, mappings[1]) == (("t4-0", "t4-1", "t4-2", "t4-3"),
+                                                          ("t4-4", "t4-5", "t4-6", "t4-7"))
+    assert groupings(job.topology, job.model, (1,)) == [{"A100-80GB": 1, "T4": 1}]
+
+
+def test_tensor_groups_put_idle_t4s_to_work_and_the_iteration_gets_faster(write_yaml):
+    job = load_job(write_yaml(WIDE))
+    without = search(job.topology, job.model, job.training, SearchOptions(time_limit_s=4, tensor_degrees=(1,)))
+    assert len(without.plan.idle) == 8 and all(name.startswith("t4") for name in without.plan.idle)
+    result = search(job.topology, job.model, job.training, SearchOptions(time_limit_s=8, tensor_degrees=(1, 4)))
+    plan = result.plan
+    assert plan.tensor_groups == (("t4-0", "t4-1", "t4-2", "t4-3"), ("t4-4", "t4-5", "t4-6", "t4-7"))
+    assert plan.idle == ()
+    assert result.predicted_s < without.predicted_s / 1.25  # 15.7 s against 20.5 s
+    validate_plan(plan, job.topology, job.model, result.training)
+    assert plan.prediction.fits and max(plan.prediction.memory_bytes[f"t4-{i}"] for i in range(8)) < 16e9
+
+
+def test_cli_prints_groups_and_launch_refuses_them(write_yaml, tmp_path, capsys):
+    path = write_yaml(WIDE)
+    out = tmp_path / "plan.yaml"
+    assert main([str(path), "--time-limit", "4", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "t4-0 x4" in text and "t4-0: t4-0 t4-1 t4-2 t4-3" in text and "tensor groups of up to 4" in text
+    assert main(["launch", str(out), "--emulate", "--iterations", "1"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "field 'tensor_groups'" in error[0] and "--tensor-degrees 1" in error[0]
+    assert main([str(path), "--time-limit", "2", "--tensor-degrees", "1"]) == 0
+    assert "x4" not in capsys.readouterr().out

@@ -1,0 +1,92 @@
+"""Why each idle device is idle and what binds: each reason computed by re-evaluating the plan."""
+
+import pytest
+
+from conftest import ROOT, small_topology
+from planner.cli import main
+from planner.inputs.job import load_job
+from planner.plan.plan import Plan
+from planner.prediction.predict import predict
+from planner.report.why import LINK_FACTOR, _faster_link, binding_constraints, idle_reasons
+
+# One A100 that runs the plan; an A100 behind a 1 Mbit/s line; a slow custom device on a fast link;
+# a device whose usable memory (100 kB) holds no stage of the tiny model.
+WHY = {
+    "name": "why",
+    "devices": [{"name": "a", "type": "A100-80GB", "region": "here"},
+                {"name": "far", "type": "A100-80GB", "region": "away"},
+                {"name": "weak", "peak_flops": "0.05TFLOPS", "memory": "16GB", "region": "here"},
+                {"name": "tiny-memory", "type": "T4", "memory": "2GB", "memory_reserved": "1.9999GB",
+                 "region": "here"}],
+    "network": {"region": {"latency": "0.1ms", "bandwidth": "100Gbps"},
+                "global": {"latency": "30ms", "bandwidth": "1Mbps"}},
+    "model": "tiny",
+    "training": {"global_batch": 16, "micro_batch_size": 1, "schedule": "1f1b", "precision": "fp32"},
+}
+
+
+def _job(write_yaml, document):
+    return load_job(str(write_yaml(document)))
+
+
+def _plan(job, rows, bounds=(0, 4)):
+    topology = job.topology
+    plan = Plan(layer_bounds=bounds, assignment=tuple(tuple(r) for r in rows),
+                micro_batches=tuple([16 // len(rows)] * len(rows)), micro_batch_size=1, schedule="1f1b",
+                topology_sha256=topology.sha256,
+                idle=tuple(n for n in topology.names if n not in {d for r in rows for d in r}))
+    return plan.with_prediction(predict(plan, topology, job.model, job.training)[0])
+
+
+def test_idle_reasons_memory_slow_link_and_compute_share(write_yaml):
+    job = _job(write_yaml, WHY)
+    plan = _plan(job, [["a"]])
+    reasons = {r.devices[0]: r for r in idle_reasons(plan, job.topology, job.model, job.training)}
+    assert set(reasons) == {"far", "weak", "tiny-memory"}
+    assert reasons["tiny-memory"].kind == "memory" and "smallest stage" in reasons["tiny-memory"].text
+    far = reasons["far"]
+    assert far.kind == "slow link" and far.delta_s > 0 and far.link_cost_s > far.delta_s
+    assert "0.001 Gbit/s to a" in far.text  # the 1 Mbit/s line, named
+    weak = reasons["weak"]
+    assert weak.kind == "compute share too small" and weak.delta_s > 0
+    # The numbers are the simulator's: the added device's best placement, simulated.
+    with_far = _plan(job, [["a", "far"]], bounds=(0, 2, 4))
+    assert far.delta_s <= with_far.prediction.iteration_s - plan.prediction.iteration_s + 1e-9
+
+
+def test_binding_link_is_the_slowest_and_its_gain_is_simulated(write_yaml):
+    job = _job(write_yaml, WHY)
+    plan = _plan(job, [["a", "far"]], bounds=(0, 2, 4))
+    binding = {b.kind: b for b in binding_constraints(plan, job.topology, job.model, job.training)}
+    link = binding["link"]
+    assert "a -> far" in link.text or "far -> a" in link.text
+    a, far = job.topology.index("a"), job.topology.index("far")
+    faster = predict(plan, _faster_link(job.topology, a, far, LINK_FACTOR), job.model, job.training)[0].iteration_s
+    expected = (faster - plan.prediction.iteration_s) / plan.prediction.iteration_s
+    assert link.change == pytest.approx(expected) and link.change < -0.5  # 1 -> 10 Mbit/s: most of the time goes
+    assert f"cut the iteration {100 * abs(expected):.1f}%" in link.text
+    assert {"bubble", "gradient sync"} <= set(binding)
+
+
+def test_binding_memory_names_the_fullest_device(write_yaml):
+    # 1 GiB reserved plus 3.96 MB usable: the tiny model's one stage (3.77 MB) fills it to 99.98%.
+    doc = {**small_topology(), "devices": [{"name": "t", "type": "T4", "region": "east", "memory": "1077700000B",
+                                            "memory_reserved": "1GiB"},
+                                           {"name": "u", "type": "T4", "region": "east"}]}
+    doc["training"] = {**doc["training"], "precision": "fp16"}
+    job = _job(write_yaml, doc)
+    plan = _plan(job, [["t"]])
+    assert plan.prediction.fits
+    binding = {b.kind: b for b in binding_constraints(plan, job.topology, job.model, job.training)}
+    assert binding["memory"].text.startswith("memory: t holds") and "(100%)" in binding["memory"].text
+    roomy = _plan(job, [["u"]])
+    assert "memory" not in {b.kind for b in binding_constraints(roomy, job.topology, job.model, job.training)}
+
+
+def test_report_says_why_on_the_home_swarm(capsys):
+    path = ROOT / "topologies" / "hetero" / "home-consumer-gpus.yaml"
+    assert main([str(path), "--time-limit", "6", "--stages", "1", "--replicas", "1"]) == 0
+    out = capsys.readouterr().out
+    why = out[out.index("Why idle"):]
+    assert why.count("slow link") >= 3 and "Gbit/s to berlin-4090-0" in why
+    assert "What binds" in why and "bubble:" in why
