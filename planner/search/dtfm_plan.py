@@ -52,7 +52,10 @@ def dtfm_objective_plan(topology, model, training, *, stages=None, replicas=None
                         time_limit_s: float = 10.0, callback=None) -> tuple:
     """The plan DTFM's scheduler would choose: every device, even layers and batch, and the
     allocation minimising DTFM's objective (``COST_DP + 2 * COST_PP``, dtfm.md) over its degrees
-    (or the pinned ones). Returns (plan with the simulator's prediction, ``DtfmResult``)."""
+    (or the pinned ones). Returns (plan with the simulator's prediction, ``DtfmResult``); the plan's
+    search record holds DTFM's cost, the lower bound over the searched degrees (``dtfm_bound_s``)
+    and the gap to it, and CP-SAT's status on the chosen degrees (``dtfm_exact``: optimal when the
+    allocation is proven optimal)."""
     pairs = [(s, r) for s, r in dtfm_degrees(topology.size, model.layers)
              if (stages is None or s == stages) and (replicas is None or r == replicas)]
     micro = training.micro_batch_size or 1
@@ -61,10 +64,12 @@ def dtfm_objective_plan(topology, model, training, *, stages=None, replicas=None
         raise InputError(f"DTFM uses all {topology.size} devices with stages dividing the {model.layers} layers and "
                          "replicas dividing the micro-batches: no such degrees here; pin others or use --objective time",
                          field="--objective")
-    best, best_pair = None, None
+    best, best_pair, bound, clock_cut = None, None, float("inf"), []
     per_pair = time_limit_s / len(pairs)
     for s, r in pairs:
         result = dtfm_search(topology, s, r, seed=seed, time_limit_s=per_pair)
+        bound = min(bound, result.bound_s)  # over every searched shape
+        clock_cut += [f"{s}x{r}:{phase}" for phase in result.clock_cut]
         if best is None or result.cost_s < best.cost_s:
             best, best_pair = result, (s, r)
         if callback:
@@ -75,5 +80,8 @@ def dtfm_objective_plan(topology, model, training, *, stages=None, replicas=None
         if plan.prediction.fits:
             break
     plan = replace(plan, search={"algorithm": "dtfm-objective", "seed": seed, "dtfm_cost_s": best.cost_s,
-                                 "dtfm_dp_s": best.dp_s, "dtfm_pp_s": best.pp_s, "evaluations": best.evaluations})
+                                 "dtfm_dp_s": best.dp_s, "dtfm_pp_s": best.pp_s, "evaluations": best.evaluations,
+                                 "dtfm_bound_s": bound, "dtfm_gap": max(0.0, 1.0 - bound / best.cost_s)
+                                 if best.cost_s > 0 else 0.0, "dtfm_exact": best.exact_status,
+                                 "dtfm_search": best.algorithm, "clock_cut": clock_cut})
     return plan, best
