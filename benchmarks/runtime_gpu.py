@@ -69,6 +69,8 @@ def main() -> int:
                      "peak_memory_gb": {d: b / 1e9 for d, b in m["peak_memory_bytes"].items()},
                      "predicted_memory_gb": {d: b / 1e9 for d, b in p["memory_bytes"].items()},
                      "device": r["run"]["device_name"], "torch": r["run"]["torch"]})
+        print(f"{label}: {m['median_s']:.4f} s, MFU {100 * m['mfu']:.1f}%, predicted {p['iteration_s']:.4f} s",
+              flush=True)
     comparison = []
     for schedule in ("gpipe", "1f1b"):
         plan = _untied_copy(PLANS["pipeline (2 stages)"], runs, schedule)
@@ -87,6 +89,7 @@ def main() -> int:
             row[recipe] = {"pipelining_s": seconds, "mfu": ours["measured"]["mfu"] * row["ours_s"] / seconds,
                            "speedup": seconds / row["ours_s"]}
         comparison.append(row)
+        print(json.dumps(row), flush=True)
     print(f"\n{'plan':28} {'measured s':>10} {'p10-p90':>15} {'predicted s':>11} {'error':>7} "
           f"{'tokens/s':>9} {'MFU':>6}  peak memory GB (predicted)")
     for row in rows:

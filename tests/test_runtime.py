@@ -113,8 +113,25 @@ def test_stages_built_alone_compose_to_the_whole_model():
     assert torch.allclose(whole, parts, atol=1e-6)
 
 
+def test_padded_vocabulary_rows_start_at_zero_and_get_no_gradient():
+    """A vocabulary of 100 trains 128 rows (a multiple of 128, as Megatron-LM pads); the 28 extra
+    rows must not change training: zero at the start, never a gradient, no logits."""
+    from planner.runtime.gpt import build_stage
+
+    spec = dataclasses.replace(model_preset("tiny"), vocabulary=100, tied_embeddings=False)
+    module = build_stage(spec, 0, spec.layers)
+    assert module.embed.weight.shape[0] == module.head.weight.shape[0] == 128
+    tokens = torch.randint(0, spec.vocabulary, (2, spec.sequence + 1))
+    logits = module(tokens[:, :-1])
+    assert logits.shape[-1] == 100
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+    for weight in (module.embed.weight, module.head.weight):
+        assert not weight[100:].any() and not weight.grad[100:].any() and weight.grad[:100].any()
+
+
 def test_same_loss_as_torch_pipelining_on_one_split(tmp_path):
-    spec = dataclasses.replace(model_preset("tiny"), tied_embeddings=False)
+    # A vocabulary that is padded (100 -> 128) runs the padded-logits path of both runtimes.
+    spec = dataclasses.replace(model_preset("tiny"), tied_embeddings=False, vocabulary=100)
     topology = cpu_topology(tmp_path / "topology.yaml")
     kwargs = dict(assignment=[["a0", "a1"]], layer_bounds=[0, 3, 4], micro_batches=[4], micro_batch_size=2,
                   schedule="gpipe")

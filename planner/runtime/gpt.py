@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from cost_models.flops import padded_vocabulary
 
-__all__ = ["StageModule", "build_stage", "INIT_STD"]
+__all__ = ["StageModule", "build_stage", "vocabulary_logits", "INIT_STD"]
 
 INIT_STD = 0.02  # GPT-2's initialisation scale
 
@@ -73,9 +73,9 @@ class Block(nn.Module):
 class StageModule(nn.Module):
     """Layers ``[first, end)`` of the model; the first stage embeds tokens, the last returns logits."""
 
-    def __init__(self, spec, first: int, end: int, *, recompute: bool = False):
+    def __init__(self, spec, first: int, end: int, *, recompute: bool = False, padded_logits: bool = False):
         super().__init__()
-        self.spec, self.recompute = spec, recompute
+        self.spec, self.recompute, self.padded_logits = spec, recompute, padded_logits
         self.first, self.end = first, end
         self.is_first, self.is_last = first == 0, end == spec.layers
         if self.is_first:
@@ -106,8 +106,15 @@ class StageModule(nn.Module):
             x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
         if self.is_last:
             weight = self.embed.weight if not hasattr(self, "head") else self.head.weight
-            x = F.linear(self.norm(x), weight)[..., :self.spec.vocabulary]  # padded rows dropped
+            x = F.linear(self.norm(x), weight)
+            if not self.padded_logits:  # the caller's loss drops them otherwise (``vocabulary_logits``)
+                x = vocabulary_logits(x, self.spec)
         return x
+
+
+def vocabulary_logits(logits: torch.Tensor, spec) -> torch.Tensor:
+    """The logits of the real vocabulary (a view): the padded rows' columns dropped."""
+    return logits[..., :spec.vocabulary]
 
 
 def _init(module: nn.Module, seed: int, rows: int | None = None) -> None:
@@ -126,10 +133,12 @@ def _init(module: nn.Module, seed: int, rows: int | None = None) -> None:
                     parameter[rows:].zero_()
 
 
-def build_stage(spec, first: int, end: int, *, seed: int = 0, recompute: bool = False) -> StageModule:
+def build_stage(spec, first: int, end: int, *, seed: int = 0, recompute: bool = False,
+                padded_logits: bool = False) -> StageModule:
     """The stage holding layers ``[first, end)``, initialised deterministically (CPU, fp32);
-    ``recompute``: its blocks recompute their forward in backward."""
-    module = StageModule(spec, first, end, recompute=recompute)
+    ``recompute``: its blocks recompute their forward in backward; ``padded_logits``: the last
+    stage returns the padded vocabulary's logits (contiguous) for a loss that drops them itself."""
+    module = StageModule(spec, first, end, recompute=recompute, padded_logits=padded_logits)
     base = seed * 1_000_003
     if module.is_first:
         _init(module.embed, base, rows=spec.vocabulary)

@@ -94,11 +94,14 @@ class MasterWeightOptimizer:
     @torch.no_grad()
     def step(self, unscale: float = 1.0) -> None:
         for chunk, masters, optimizer in zip(self.chunks, self.masters, self.optimizers):
+            grads = [m for p, m in zip(chunk, masters) if p.grad is not None]
             for p, m in zip(chunk, masters):
-                m.grad = p.grad.float().mul_(unscale) if p.grad is not None else None
+                m.grad = p.grad.float() if p.grad is not None else None
+            if unscale != 1.0 and grads:
+                torch._foreach_mul_([m.grad for m in grads], unscale)
             optimizer.step()
-            for p, m in zip(chunk, masters):
-                p.copy_(m)
+            torch._foreach_copy_(chunk, masters)  # one launch per chunk instead of one per parameter
+            for m in masters:
                 m.grad = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from planner.runtime.data import global_batch_tokens
-from planner.runtime.gpt import build_stage
+from planner.runtime.gpt import build_stage, vocabulary_logits
 from planner.runtime.precision import MasterWeightOptimizer, plain_optimizer
 from planner.runtime.spawn import gather_from_ranks
 
@@ -86,7 +86,9 @@ def _pipelining(rank, world, store_port, results, spec, layer_bounds, run: Pipel
                             timeout=datetime.timedelta(seconds=120), **({"device_id": device} if cuda else {}))
     try:
         master = cuda and run.recipe == "bf16-master"
-        module = build_stage(spec, layer_bounds[rank], layer_bounds[rank + 1], seed=seed)
+        # Pipelining checks each output's strides against its shape inference, so the last stage
+        # hands over the padded logits and the loss drops the padding (the same work as the runtime).
+        module = build_stage(spec, layer_bounds[rank], layer_bounds[rank + 1], seed=seed, padded_logits=True)
         module = module.to(device=device, dtype=torch.bfloat16 if master else torch.float32)
         if module.tied_copy:
             raise ValueError("the pipelining cross-check needs untied embeddings or a single stage")
@@ -97,7 +99,7 @@ def _pipelining(rank, world, store_port, results, spec, layer_bounds, run: Pipel
         stage = PipelineStage(module, rank, world, device)
 
         def loss_fn(logits, targets):
-            return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            return F.cross_entropy(vocabulary_logits(logits, spec).float().flatten(0, 1), targets.flatten())
 
         kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
         runner = kind(stage, n_microbatches=micro_batches, loss_fn=loss_fn)
