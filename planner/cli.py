@@ -49,6 +49,11 @@ def _plan_parser(sub) -> None:
                    help="skip the CP-SAT exact placement of the leading shapes (topologies of up to 12 devices)")
     p.add_argument("-o", "--output", help="write the plan to FILE (.yaml or .json)")
     p.add_argument("--format", choices=["text", "json"], default="text", help="what to print")
+    p.add_argument("--from", dest="from_plan", metavar="OLD_PLAN",
+                   help="re-plan: OLD_PLAN's cluster changed into TOPOLOGY (devices lost or added); keep state where "
+                        "it is unless moving it pays, and report what moves")
+    p.add_argument("--move-weight", type=float, metavar="ITERATIONS",
+                   help="with --from: minimise iteration time + move time / ITERATIONS (default 1000)")
 
 
 def _launch_parser(sub) -> None:
@@ -204,6 +209,10 @@ def _write_output(document: dict, path: str, field: str) -> None:
 
 
 def _make(args) -> int:
+    if args.from_plan:
+        return _replan(args)
+    if args.move_weight is not None:
+        raise InputError("weighs the state a re-plan moves: add --from OLD_PLAN or drop it", field="--move-weight")
     from planner.inputs.job import load_job
     from planner.plan.document import plan_to_document
     from planner.report.text import render_plan
@@ -321,6 +330,49 @@ def _print_choices(args, result, job, objective, pareto_files) -> None:
                                     f"{objective.name} (distinct: other degrees or another device set)"),
               file=sys.stdout if text else sys.stderr)
 
+
+def _replan(args) -> int:
+    """``plan TOPOLOGY --from OLD_PLAN``: a plan for the changed cluster and the state it moves."""
+    from planner.inputs.job import load_topology
+    from planner.plan.document import plan_to_document
+    from planner.report.text import render_moves, render_plan
+    from planner.search.front import SearchOptions
+    from planner.search.replan import DEFAULT_MOVE_WEIGHT, read_old_plan, replan
+
+    for flag, value in (("--model", args.model), ("--model-file", args.model_file),
+                        ("--global-batch", args.global_batch), ("--calibration", args.calibration)):
+        if value is not None:
+            raise InputError("a re-plan keeps the old plan's model and training: drop it", field=flag)
+    if args.objective != "time":
+        raise InputError("a re-plan minimises iteration time plus the move's: drop --objective", field="--objective")
+    _finite_positive("--time-limit", args.time_limit)
+    _finite_positive("--move-weight", args.move_weight, unit="iterations")
+    _non_negative("--seed", args.seed)
+    if args.output:
+        _check_writable(args.output, "--output")
+    old, model, training = read_old_plan(args.from_plan)
+    topology = load_topology(args.topology)
+    options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit, exact=not args.no_exact,
+                            stages=_positive("--stages", args.stages), replicas=_positive("--replicas", args.replicas))
+    progress = _Progress(args.time_limit)
+    try:
+        result = replan(old, topology, model, training, options, callback=progress,
+                        move_weight=DEFAULT_MOVE_WEIGHT if args.move_weight is None else args.move_weight)
+    except InputError as error:
+        raise error.located(source=args.topology) from None
+    finally:
+        progress.close()
+    document = plan_to_document(result.plan, model=model, training=result.training, topology_source=args.topology)
+    if args.output:
+        _write_output(document, args.output, "--output")
+    if args.format == "json":
+        print(json.dumps(document, indent=2))
+    else:
+        print(render_plan(result.plan, topology, model, result.training))
+        print("\n" + render_moves(result, args.from_plan))
+        if args.output:
+            print(f"\nPlan written to {args.output}")
+    return 0
 
 
 def _launch(args) -> int:

@@ -2,7 +2,7 @@
 
 from planner.inputs.units import format_bytes, format_flops, format_seconds
 
-__all__ = ["render_plan"]
+__all__ = ["render_plan", "render_moves"]
 
 
 def _table(header: list, rows: list) -> list:
@@ -94,4 +94,44 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
                             + ([degree.get(name, 1)] if plan.tensor_groups else []))
         out += _table(["device", "type", "used", "capacity", "%"] + (["tensor"] if plan.tensor_groups else []),
                       mem_rows)
+    return "\n".join(out)
+
+
+def _pieces_text(pieces) -> str:
+    """``embedding, blocks 0-11, head``: consecutive blocks as one range."""
+    parts, run = [], []
+    for piece in list(pieces) + [None]:
+        if piece is not None and piece.startswith("block ") and (not run or int(piece.split()[1]) == run[-1] + 1):
+            run.append(int(piece.split()[1]))
+            continue
+        if run:
+            parts.append(f"block {run[0]}" if len(run) == 1 else f"blocks {run[0]}-{run[-1]}")
+            run = []
+        if piece is not None and piece.startswith("block "):
+            run = [int(piece.split()[1])]
+        elif piece is not None:
+            parts.append(piece)
+    return ", ".join(parts)
+
+
+def render_moves(result, old_source: str) -> str:
+    """The moves section of a re-plan (``planner.search.replan.ReplanResult``): what moves from
+    where to where, bytes and seconds, and the options weighed."""
+    moves = result.moves
+    out = [f"Moves from {old_source}: lost {', '.join(result.lost) or 'none'}; added {', '.join(result.added) or 'none'}",
+           f"  {result.why}"]
+    if moves.moves:
+        rows = [[m.receiver, m.source, _pieces_text(m.pieces), format_bytes(m.bytes),
+                 format_seconds(m.seconds) if m.source != "checkpoint" else "not timed"] for m in moves.moves]
+        out += ["  " + line for line in _table(["to", "from", "state (weights + optimizer state)", "bytes", "time"],
+                                                rows)]
+    out.append(f"  total {format_bytes(moves.bytes)} in {format_seconds(moves.seconds)} (receivers in parallel)"
+               + (f"; {format_bytes(moves.checkpoint_bytes)} no surviving device holds, read from the last checkpoint"
+                  if moves.checkpoint_bytes else ""))
+    out.append(f"  objective: iteration + move / {result.move_weight:g} iterations (--move-weight) = "
+               f"{format_seconds(result.score_s)}")
+    rows = [[o.label, format_seconds(o.iteration_s) if o.problem == "" else "-",
+             format_seconds(o.moves.seconds) if o.moves else "-",
+             format_seconds(o.score_s) if o.problem == "" else o.problem] for o in result.options]
+    out += ["", "Options weighed:"] + ["  " + line for line in _table(["option", "iteration", "move", "score"], rows)]
     return "\n".join(out)

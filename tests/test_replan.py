@@ -1,0 +1,198 @@
+"""Re-planning after devices are lost or added: the state each device must receive, its move time
+on the network model, the trade of move time against iteration time, and the plan's moves section."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner.inputs.model import model_preset, parse_training
+from planner.inputs.topology import parse_topology
+from planner.plan.document import plan_to_document, write_plan
+from planner.plan.plan import Plan
+from planner.search.front import SearchOptions
+from planner.search.replan import CHECKPOINT, holdings, plan_moves, replan, state_pieces
+from tests.runtime_helpers import run_cli
+
+# One device per host (no tensor groups possible), hosts joined at 100 Gbit/s and 1 ms.
+_NETWORK = {"host": {"latency": "10us", "bandwidth": "100GB/s"}, "region": {"latency": "1ms", "bandwidth": "100Gbps"}}
+_OPTIONS = SearchOptions(time_limit_s=2.0)
+
+
+def _topology(name: str, devices: list, kind: str = "A100-80GB", **extra) -> dict:
+    return {"name": name, "devices": [{"name": d, "type": kind, "host": f"host-{d}", **extra} for d in devices],
+            "network": _NETWORK}
+
+
+def _parsed(document: dict):
+    return parse_topology(document, name=document["name"])
+
+
+def _training(global_batch: int, **changes):
+    return parse_training({"global_batch": global_batch, "micro_batch_size": 2, "precision": "bf16",
+                           "optimizer": "adam", "schedule": "1f1b", "recompute": False, **changes})
+
+
+def _two_replicas(topology, idle: tuple) -> Plan:
+    return Plan(layer_bounds=(0, 24), assignment=(("g0",), ("g1",)), micro_batches=(1, 1), micro_batch_size=2,
+                schedule="1f1b", topology_name=topology.name, topology_sha256=topology.sha256, idle=idle)
+
+
+def _gpt3_xl_parameters() -> int:
+    """gpt3-xl by hand: 24 blocks of 12h^2 + 13h, the embedding (vocabulary padded to 50,304 rows)
+    and learned positions, the final LayerNorm; the head is tied."""
+    h = 2048
+    return 24 * (12 * h * h + 13 * h) + 50_304 * h + 2048 * h + 2 * h
+
+
+def test_state_pieces_count_weights_and_optimizer_state_by_hand():
+    pieces = state_pieces(model_preset("gpt3-xl"), _training(4))
+    weights = sum(w for w, _ in pieces.values())
+    state = sum(s for _, s in pieces.values())
+    assert weights == pytest.approx(2 * _gpt3_xl_parameters())  # bf16 weights
+    assert state == pytest.approx(12 * _gpt3_xl_parameters())  # fp32 master, momentum, variance
+    fp32_sgd = state_pieces(model_preset("gpt3-xl"), _training(4, precision="fp32", optimizer="sgd"))
+    assert sum(w for w, _ in fp32_sgd.values()) == pytest.approx(4 * _gpt3_xl_parameters())
+    assert sum(s for _, s in fp32_sgd.values()) == pytest.approx(4 * _gpt3_xl_parameters())  # momentum
+
+
+def test_holdings_follow_stages_and_shards():
+    topology = _parsed(_topology("four", ["g0", "g1", "g2", "g3"]))
+    model = model_preset("gpt3-xl")
+    plan = Plan(layer_bounds=(0, 10, 24), assignment=(("g0", "g1"), ("g2", "g3")), micro_batches=(2, 2),
+                micro_batch_size=2, schedule="1f1b", topology_name=topology.name, topology_sha256=topology.sha256)
+    held = holdings(plan, model, _training(8))
+    assert set(held["g0"]) == {"embedding"} | {f"block {i}" for i in range(10)}
+    assert set(held["g3"]) == {"head", "embedding"} | {f"block {i}" for i in range(10, 24)}  # the tied copy
+    assert held["g2"]["block 3"] == (1.0, 0.5)  # whole weights, half the optimizer state (2 shards)
+    assert plan_moves(plan, plan, topology, model, _training(8)).moves == ()  # staying moves nothing
+
+
+def test_a_substituted_device_receives_the_lost_state_from_its_peer_by_hand():
+    """2 replicas on g0 and g1; g2 takes g1's place: g2 receives the whole model's bf16 weights and
+    half its Adam state (2 shards) from g0, in 1 ms + bytes / 100 Gbit/s."""
+    topology = _parsed(_topology("four", ["g0", "g1", "g2", "g3"]))
+    model, training = model_preset("gpt3-xl"), _training(4)
+    old = _two_replicas(topology, idle=("g2", "g3"))
+    new = Plan(layer_bounds=(0, 24), assignment=(("g0",), ("g2",)), micro_batches=(1, 1), micro_batch_size=2,
+               schedule="1f1b", topology_name=topology.name, topology_sha256=topology.sha256, idle=("g1", "g3"))
+    moves = plan_moves(old, new, topology, model, training)
+    (move,) = moves.moves
+    assert (move.receiver, move.source) == ("g2", "g0")
+    assert set(move.pieces) == set(holdings(old, model, training)["g1"])
+    expected = _gpt3_xl_parameters() * (2 + 12 / 2)
+    assert move.bytes == pytest.approx(expected)
+    assert moves.seconds == pytest.approx(1e-3 + expected / 12.5e9)
+    unsharded = plan_moves(old, new, topology, model, _training(4, shard_optimizer=False))
+    assert unsharded.bytes == pytest.approx(_gpt3_xl_parameters() * (2 + 12))
+
+
+def test_losing_one_device_moves_only_the_state_it_held():
+    """The search's plan for four GPUs of one host; g1 is lost and g9, the same GPU in the same host,
+    is added: the old layout with g9 in g1's place is as fast as before, so the re-plan moves the
+    state g1 held (weights and optimizer shard, from its peers) to g9, nothing else."""
+    from planner.search.front import search
+
+    def host(names):
+        return {"name": "gpus", "network": _NETWORK,
+                "devices": [{"name": n, "type": "A100-80GB", "host": "n0"} for n in names]}
+
+    old_topology, new_topology = _parsed(host(["g0", "g1", "g2", "g3"])), _parsed(host(["g0", "g9", "g2", "g3"]))
+    model, training = model_preset("gpt3-xl"), _training(32)
+    found = search(old_topology, model, training, _OPTIONS)
+    old = found.plan
+    assert "g1" in old.used_devices
+    result = replan(old, new_topology, model, found.training, _OPTIONS)
+    assert result.lost == ("g1",) and result.added == ("g9",)
+    assert result.chosen == "old layout with g9 for g1", result.why
+    assert "moves only the state the lost device(s) held" in result.why
+    assert result.moves.receivers == {"g9"} and "g1" not in {m.source for m in result.moves.moves}
+    pieces = state_pieces(model, found.training)
+    held = holdings(old, model, found.training)["g1"]
+    assert result.moves.bytes == pytest.approx(sum(pieces[p][0] * w + pieces[p][1] * s for p, (w, s) in held.items()))
+    assert result.plan.prediction.iteration_s == pytest.approx(old.prediction.iteration_s, rel=1e-9)
+
+
+def test_move_weight_trades_moves_against_a_faster_plan():
+    """g1 is lost and g5, g6, g7 are added; the optimizer state is not sharded. Dropping g1's replica
+    moves nothing, a spare in its place moves g1's state; with 8 micro-batches the search's plan on
+    more replicas is faster. Weighed over 1000 iterations the faster plan wins and says why more
+    moves; weighed over 0.001 iterations the plan that moves nothing wins."""
+    old_topology = _parsed(_topology("two", ["g0", "g1"]))
+    new_topology = _parsed(_topology("grown", ["g0", "g5", "g6", "g7"]))
+    model, training = model_preset("gpt3-xl"), _training(16, shard_optimizer=False)
+    old = Plan(layer_bounds=(0, 24), assignment=(("g0",), ("g1",)), micro_batches=(4, 4), micro_batch_size=2,
+               schedule="1f1b", topology_name=old_topology.name, topology_sha256=old_topology.sha256)
+    fast = replan(old, new_topology, model, training, _OPTIONS, move_weight=1000)
+    assert fast.added == ("g5", "g6", "g7") and fast.lost == ("g1",)
+    assert fast.chosen == "the search's plan for the new topology"
+    assert fast.why.startswith("the search's plan runs") and "--move-weight" in fast.why
+    dropped = next(o for o in fast.options if o.label == "old layout without replica(s) 1")
+    assert dropped.moves.moves == () and fast.moves.seconds > 0
+    assert fast.plan.prediction.iteration_s < min(o.iteration_s for o in fast.options[:-1])
+    assert fast.score_s == pytest.approx(fast.plan.prediction.iteration_s + fast.moves.seconds / 1000)
+    least = replan(old, new_topology, model, training, _OPTIONS, move_weight=0.001)
+    assert least.chosen == "old layout without replica(s) 1" and least.moves.moves == ()
+    assert "moves no state" in least.why or "moves only" in least.why
+
+
+def test_when_the_old_layout_cannot_run_without_the_device_it_says_why():
+    """Two 16 GB V100 stages; v1 is lost, the spares have 10 GB: neither a spare in its place nor
+    v0 alone holds the model, so more state moves, and the reason names the memory."""
+    memory = {"memory": "10GB"}
+    old_topology = _parsed({"name": "v100s", "network": _NETWORK,
+                            "devices": [{"name": n, "type": "V100-16GB", "host": f"host-{n}"} for n in ("v0", "v1")]})
+    new_topology = _parsed({"name": "with-spares", "network": _NETWORK, "devices": [
+        {"name": "v0", "type": "V100-16GB", "host": "host-v0"},
+        {"name": "s0", "type": "T4", "host": "host-s0", **memory}, {"name": "s1", "type": "T4", "host": "host-s1", **memory}]})
+    model = model_preset("gpt3-xl")
+    training = _training(8, precision="fp16", recompute=True, micro_batch_size=1)
+    old = Plan(layer_bounds=(0, 12, 24), assignment=(("v0", "v1"),), micro_batches=(8,), micro_batch_size=1,
+               schedule="1f1b", topology_name=old_topology.name, topology_sha256=old_topology.sha256)
+    result = replan(old, new_topology, model, training, _OPTIONS)
+    assert result.chosen == "the search's plan for the new topology"
+    assert result.why.startswith("the old layout cannot run without v1")
+    assert "s0 would need" in result.why and "of its 10.00 GB" in result.why
+    # stage 1's only holder is lost: its state is read from the checkpoint
+    assert any(m.source == CHECKPOINT for m in result.moves.moves) and result.moves.checkpoint_bytes > 0
+
+
+def _files(tmp_path: Path) -> tuple:
+    old_doc = {**_topology("four", ["g0", "g1", "g2", "g3"]), "model": {"preset": "gpt3-xl"},
+               "training": {"global_batch": 4, "micro_batch_size": 2, "precision": "bf16"}}
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(old_doc))
+    (tmp_path / "new.yaml").write_text(yaml.safe_dump(_topology("three", ["g0", "g2", "g3"])))
+    old_topology = _parsed(old_doc)
+    plan = _two_replicas(old_topology, idle=("g2", "g3"))
+    write_plan(plan_to_document(plan, model=model_preset("gpt3-xl"), training=_training(4),
+                                topology_source=str(tmp_path / "old.yaml")), tmp_path / "plan.yaml")
+    return tmp_path / "new.yaml", tmp_path / "plan.yaml"
+
+
+def test_cli_prints_the_moves_and_writes_them_with_the_plan(tmp_path, capsys):
+    new, old = _files(tmp_path)
+    code, out, err = run_cli([new, "--from", old, "--time-limit", "2", "-o", tmp_path / "replanned.yaml"], capsys)
+    assert code == 0, err
+    assert "Moves from" in out and "lost g1; added none" in out
+    assert "Options weighed:" in out and "old layout without replica(s) 1" in out and "old layout with g2 for g1" in out
+    record = yaml.safe_load((tmp_path / "replanned.yaml").read_text())["search"]["replan"]
+    assert record["lost"] == ["g1"] and record["move_weight"] == 1000 and record["moves"]
+    table = out.split("Moves from", 1)[1]
+    for move in record["moves"]:  # each move printed as "to  from  state  bytes  time"
+        assert any(line.split()[:2] == [move["to"], move["from"]] for line in table.splitlines() if line.strip())
+
+
+@pytest.mark.parametrize("extra, field", [(["--move-weight", "0"], "--move-weight"),
+                                          (["--move-weight", "nan"], "--move-weight"),
+                                          (["--model", "tiny"], "--model"),
+                                          (["--objective", "dtfm"], "--objective")])
+def test_cli_refuses_bad_replan_options_in_one_line(tmp_path, capsys, extra, field):
+    new, old = _files(tmp_path)
+    code, out, err = run_cli([new, "--from", old] + extra, capsys)
+    assert code == 2 and err.count("\n") == 1 and f"field '{field}'" in err, err
+
+
+def test_move_weight_without_from_is_refused(tmp_path, capsys):
+    new, _ = _files(tmp_path)
+    code, out, err = run_cli([tmp_path / "old.yaml", "--move-weight", "10"], capsys)
+    assert code == 2 and "field '--move-weight'" in err and "--from" in err
