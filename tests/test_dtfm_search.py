@@ -166,3 +166,15 @@ def test_same_seed_same_allocation_under_load():
             process.wait()
     assert loaded.groups == quiet.groups and loaded.evaluations == quiet.evaluations
     assert loaded.cost_s == quiet.cost_s and loaded.bound_s == quiet.bound_s and not loaded.clock_cut
+
+
+@pytest.mark.slow
+def test_cli_reports_dtfms_bound_next_to_the_answer(capsys):
+    from planner.cli import main
+
+    case2 = next((ROOT / "topologies" / "dtfm").glob("case2-*.yaml"))
+    code = main([str(case2), "--objective", "dtfm", "--stages", "8", "--replicas", "8", "--time-limit", "10"])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "DTFM objective: 31.634 s" in text
+    assert "lower bound 31.634 s over the searched degrees (gap 0.0%)" in text
