@@ -211,3 +211,13 @@ def test_a_device_without_a_price_is_named_by_the_cost_objective(write_yaml, cap
     assert len(err.splitlines()) == 1 and "custom" in err and "price_per_hour_usd" in err
     assert main([str(write_yaml(doc)), "--time-limit", "2", "--no-exact"]) == 0  # time needs no price
     assert "Cost:" not in capsys.readouterr().out
+
+
+def test_report_says_idle_devices_are_left_out_for_their_price(pooled):
+    from planner.report.text import render_plan
+
+    job, time_result, cost_result = pooled
+    assert cost_result.plan.idle  # the cheapest plan leaves the $3.60 A100s or the T4s out
+    text = render_plan(cost_result.plan, job.topology, job.model, cost_result.training, result=cost_result)
+    assert "using them would not lower the dollars per iteration" in text
+    assert "Lower bound on the cost objective ($" in text

@@ -20,6 +20,11 @@ def _idle_reason(plan, devices: int) -> str:
     for flag, value in (("stages", plan.stages), ("replicas", plan.replicas)):
         if pinned.get(flag):
             return f"with --{flag} {value} pinned, using them would not speed up the iteration"
+    objective = (plan.search or {}).get("objective")
+    if objective == "cost":
+        return "using them would not lower the dollars per iteration"
+    if objective == "time-under-budget":
+        return "using them would not speed up the iteration within the budget"
     return "using them would not speed up the iteration"
 
 
