@@ -178,3 +178,18 @@ def test_cli_reports_dtfms_bound_next_to_the_answer(capsys):
     assert code == 0
     assert "DTFM objective: 31.634 s" in text
     assert "lower bound 31.634 s over the searched degrees (gap 0.0%)" in text
+
+
+def test_front_door_reports_the_engines_bound_over_every_dtfm_shape():
+    """Unpinned, the allocation engine searched every shape DTFM allows: its bound (case 2: the
+    1 x 64 data-parallel group proven optimal, 8.19 s) replaces the objective's cheapest-links bound."""
+    from planner.search.front import SearchOptions, search
+    from planner.search.objective import DtfmCost
+
+    job = load_job(next((ROOT / "topologies" / "dtfm").glob("case2-*.yaml")))
+    loose = DtfmCost().lower_bound(job.topology, job.model, job.training)
+    result = search(job.topology, job.model, job.training, SearchOptions(time_limit_s=10), objective=DtfmCost())
+    assert loose < 0.6 * result.objective_s
+    assert result.lower_bound_s <= result.objective_s
+    assert result.gap < 1e-6 and result.plan.search["lower_bound_s"] == result.lower_bound_s
+    assert "engine_bound_s" not in result.plan.search

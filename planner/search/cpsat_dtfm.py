@@ -313,8 +313,9 @@ def class_dtfm_allocation(topology, stages: int, replicas: int, *, time_limit_s:
     solver = make_solver(time_limit_s, workers=workers, work_limit=work_limit)
     status = solver.solve(model.model)
     wall = time.perf_counter() - started
-    # The class costs are rounded down: the model's bound is a bound on DTFM's objective as it is.
-    bound = max(0.0, solver.best_objective_bound * RESOLUTION_S)
+    # The class costs are rounded down: the model's bound is a bound on DTFM's objective as it is
+    # (less one unit, so that the conversion to seconds cannot round it above an optimum).
+    bound = max(0.0, (solver.best_objective_bound - 1) * RESOLUTION_S)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         if status == cp_model.MODEL_INVALID:
             raise RuntimeError(f"invalid CP-SAT DTFM class model: {model.model.validate()}")

@@ -84,4 +84,6 @@ def dtfm_objective_plan(topology, model, training, *, stages=None, replicas=None
                                  "dtfm_bound_s": bound, "dtfm_gap": max(0.0, 1.0 - bound / best.cost_s)
                                  if best.cost_s > 0 else 0.0, "dtfm_exact": best.exact_status,
                                  "dtfm_search": best.algorithm, "clock_cut": clock_cut})
+    if stages is None and replicas is None:  # every shape DTFM allows was searched: a bound on them all
+        plan = replace(plan, search={**plan.search, "engine_bound_s": bound})
     return plan, best

@@ -145,6 +145,7 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
                           **({"objective": objective} if objective.engine == "pool" else {}))
     history, pool = record.pop("history", []), record.pop("pool", [])
     bound = objective.lower_bound(topology, model, training)  # over every device, at the asked precision
+    bound = max(bound, record.pop("engine_bound_s", 0.0))  # an engine's proof over the same plans, if tighter
     training, plan = _resolved_training(plan, topology, model, training)
     validate_plan(plan, topology, model, training)
     score = objective.score(plan, topology, model, training)
