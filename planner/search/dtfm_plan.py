@@ -12,11 +12,15 @@ from planner.search.evaluate import Candidate, make_context
 __all__ = ["dtfm_degrees", "dtfm_style_plan", "best_dtfm_style_plan", "dtfm_objective_plan"]
 
 
+STYLE_LIMIT_S = 3.0  # the search under DTFM's objective for one DTFM-style plan's groups
+
+
 def dtfm_style_plan(topology, model, training, stages: int, replicas: int, groups=None, *, seed: int = 0,
                     schedule: str = "gpipe") -> Plan:
-    """Even layers and batch over the pipelines of ``groups`` (found under DTFM's objective if None)."""
+    """Even layers and batch over the pipelines of ``groups`` (found under DTFM's objective if None,
+    in ``STYLE_LIMIT_S``)."""
     if groups is None:
-        groups = dtfm_search(topology, stages, replicas, seed=seed).groups
+        groups = dtfm_search(topology, stages, replicas, seed=seed, time_limit_s=STYLE_LIMIT_S).groups
     assign = groups_to_pipelines(topology, groups)
     micro = training.micro_batch_size or 1
     total = training.global_batch // micro
@@ -39,8 +43,9 @@ def best_dtfm_style_plan(topology, model, training, *, seed: int = 0):
     for stages, replicas in dtfm_degrees(topology.size, model.layers):
         if (training.global_batch // micro) % replicas:
             continue
+        groups = dtfm_search(topology, stages, replicas, seed=seed, time_limit_s=STYLE_LIMIT_S).groups
         for schedule in ("gpipe", "1f1b"):
-            plan = dtfm_style_plan(topology, model, training, stages, replicas, seed=seed, schedule=schedule)
+            plan = dtfm_style_plan(topology, model, training, stages, replicas, groups, seed=seed, schedule=schedule)
             if plan.prediction.fits and (best is None or plan.prediction.iteration_s < best.prediction.iteration_s):
                 best = plan
     return best
