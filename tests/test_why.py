@@ -1,5 +1,7 @@
 """Why each idle device is idle and what binds: each reason computed by re-evaluating the plan."""
 
+from dataclasses import replace
+
 import pytest
 
 from conftest import ROOT, small_topology
@@ -90,3 +92,15 @@ def test_report_says_why_on_the_home_swarm(capsys):
     why = out[out.index("Why idle"):]
     assert why.count("slow link") >= 3 and "Gbit/s to berlin-4090-0" in why
     assert "What binds" in why and "bubble:" in why
+
+
+def test_idle_devices_without_the_plans_format_are_weighed_at_theirs(write_yaml):
+    # The plan trains in bf16 on the A100; the T4 has no bf16 and is weighed at fp16 instead of failing.
+    doc = {**small_topology(), "devices": [{"name": "a", "type": "A100-80GB", "region": "east"},
+                                           {"name": "t", "type": "T4", "region": "east"}]}
+    job = _job(write_yaml, doc)  # precision auto, which a plan on the A100 alone resolves to bf16
+    plan = _plan(job, [["a"]])
+    job = replace(job, training=replace(job.training, precision="bf16"))
+    reasons = idle_reasons(plan, job.topology, job.model, job.training)
+    assert [r.devices for r in reasons] == [("t",)] and reasons[0].kind != "not evaluated"
+    assert binding_constraints(plan, job.topology, job.model, job.training)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from planner.inputs.catalog import AUTO, runs
 from planner.inputs.units import format_bytes
 from planner.prediction.predict import predict
 from planner.search.evaluate import evaluate_placement, make_context
@@ -58,6 +59,15 @@ def _gbit(bandwidth_bytes_per_s: float) -> str:
 
 def _assign(plan, topology) -> np.ndarray:
     return np.array([[topology.index(name) for name in row] for row in plan.assignment])
+
+
+def _comparable(topology, training):
+    """The training to re-evaluate in: the plan's, or ``auto`` precision where some device lacks the
+    plan's format (bf16 on a V100 or T4), so that such a device is weighed at the 16-bit format it
+    has (the same speed as bf16 on the devices that have both)."""
+    if all(runs(d.peak_flops, training.precision) for d in topology.devices):
+        return training
+    return replace(training, precision=AUTO)
 
 
 def _groups(plan, topology) -> list:
@@ -112,6 +122,7 @@ def idle_reasons(plan, topology, model, training, *, dollars=None) -> list:
     iteration; a device that would make the plan faster but dearer is idle for its price."""
     if not plan.idle:
         return []
+    training = _comparable(topology, training)
     ctx = make_context(topology, model, training)
     assign = _assign(plan, topology)
     idle = [topology.index(name) for name in plan.idle]
@@ -206,6 +217,7 @@ def binding_constraints(plan, topology, model, training) -> list:
     """What limits ``plan``: memory on which device, which link, the bubble (``Binding`` each)."""
     p = plan.prediction
     base = p.iteration_s
+    training = _comparable(topology, training)
     out = []
     fullest = max(p.memory_bytes, key=lambda d: p.memory_bytes[d] / p.capacity_bytes[d])
     use = p.memory_bytes[fullest] / p.capacity_bytes[fullest]
