@@ -36,7 +36,7 @@ def _plan_parser(sub) -> None:
                         "of the used devices plus egress between regions); time-under-budget: the fastest plan "
                         "costing at most --budget-usd-per-iteration; dtfm: DTFM's objective (all devices, "
                         "even splits), for comparison")
-    p.add_argument("--budget-usd-per-iteration", type=float, metavar="USD",
+    p.add_argument("--budget-usd-per-iteration", type=float,
                    help="with --objective time-under-budget: the most one iteration may cost, in US dollars")
     p.add_argument("--charge-idle", action="store_true",
                    help="charge every device of the topology, used or idle (a rented whole cluster); "
@@ -80,6 +80,9 @@ def _launch_parser(sub) -> None:
     p.add_argument("--checkpoint-dir", metavar="DIR", help="folder for the checkpoints (the last 2 are kept)")
     p.add_argument("--resume", metavar="DIR",
                    help="continue from the newest checkpoint in DIR, under this plan (any split and degrees)")
+    p.add_argument("--elastic", action="store_true",
+                   help="when a rank dies, re-plan without its device and resume from the last checkpoint "
+                        "(with --checkpoint-every and --checkpoint-dir)")
 
 
 def _calibrate_parser(sub) -> None:
@@ -387,7 +390,7 @@ def _launch(args) -> int:
                             timeout_s=args.timeout, backend=args.backend, topology=args.topology,
                             hostfile=args.hostfile, dry_run=args.dry_run, master_port=args.master_port,
                             save_state=args.save_state, checkpoint_every=args.checkpoint_every,
-                            checkpoint_dir=args.checkpoint_dir, resume=args.resume)
+                            checkpoint_dir=args.checkpoint_dir, resume=args.resume, elastic=args.elastic)
     try:
         results = launch(args.plan, options, log=lambda line: print(line, flush=True))
     except LaunchFailure as failure:
@@ -415,6 +418,12 @@ def _run_summary(results: dict, folder: str) -> str:
         predicted = results["predicted"]["memory_bytes"]
         lines.append("peak memory: " + ", ".join(f"{d} {b / 1e9:.2f} GB (predicted {predicted[d] / 1e9:.2f})"
                                                 for d, b in sorted(peaks.items())))
+    for event in results.get("elastic", {}).get("events", []):
+        plan = event["new_plan"]
+        lines.append(f"elastic: {event['device']} lost ({event['failure']}); resumed from iteration "
+                     f"{event['checkpoint_iteration']} under {event['plan']} ({plan['replicas']} replica(s) x "
+                     f"{plan['stages']} stage(s)), {event['lost_s']:.1f} s of work redone, restarted "
+                     f"{event.get('restarted_after_s', 0.0):.1f} s after the failure")
     lines.append(f"results: {folder}/results.json, Chrome trace: {folder}/trace.json")
     return "\n".join(lines)
 

@@ -136,6 +136,7 @@ def test_emulated_checkpoint_is_refused_by_a_run_on_the_real_model(tmp_path):
     (["--checkpoint-every", "-1", "--checkpoint-dir", "CK"], "--checkpoint-every"),
     (["--resume", "NOWHERE"], "--resume"),
     (["--resume", "EMPTY"], "--resume"),
+    (["--elastic"], "--elastic"),
 ])
 def test_checkpoint_options_are_checked_before_anything_starts(tmp_path, capsys, argv, field):
     topology = cpu_topology(tmp_path / "topology.yaml")
@@ -145,3 +146,55 @@ def test_checkpoint_options_are_checked_before_anything_starts(tmp_path, capsys,
     code, out, err = run_cli(["launch", plan, "--backend", "gloo", "--out", tmp_path / "run"] + argv, capsys)
     assert code == 2 and err.count("\n") == 1 and f"field '{field}'" in err, err
     assert not (tmp_path / "run").exists()
+
+
+def _kill_when(checkpoint: Path, rank: int, timeout_s: float = 300.0) -> None:
+    """SIGKILL the local rank ``rank`` (a child of this process) once ``checkpoint`` is complete."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not (checkpoint / "checkpoint.json").exists():
+        assert time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.05)
+    (victim,) = [p for p in multiprocessing.active_children() if p.name == f"rank{rank}"]
+    os.kill(victim.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_elastic_launch_replans_without_a_killed_worker_and_continues_the_loss(tmp_path):
+    """Four emulated ranks (a0 b0 / a1 b1); rank 3 (b1) is killed after the checkpoint of iteration 2:
+    the launch re-plans on the topology without b1, resumes from the last checkpoint and finishes the
+    6 iterations; the losses after it are those of uninterrupted training of the executed model."""
+    import threading
+
+    from planner.runtime.inputs import emulated_model, load_run_inputs
+    from planner.runtime.launch import auto_time_scale
+    from tests.runtime_helpers import two_by_two_plan
+
+    plan = two_by_two_plan(tmp_path)
+    scale = auto_time_scale(load_run_inputs(plan)) * 0.1  # about 0.2 s per iteration
+    checkpoints, out = tmp_path / "checkpoints", tmp_path / "run"
+    options = LaunchOptions(emulate=True, time_scale=scale, iterations=6, warmup=0, out_dir=str(out),
+                            learning_rate=_LR, checkpoint_every=2, checkpoint_dir=str(checkpoints), elastic=True,
+                            replan_time_limit_s=2.0)
+    finished = {}
+    runner = threading.Thread(target=lambda: finished.update(results=launch(plan, options, log=lambda line: None)))
+    runner.start()
+    _kill_when(checkpoints / "iteration-00000002", rank=3)
+    runner.join(timeout=600)
+    results = finished["results"]
+    (event,) = results["elastic"]["events"]
+    assert event["device"] == "b1" and event["failed_rank"] == 3 and "SIGKILL" in event["failure"]
+    resumed_at = event["checkpoint_iteration"]
+    assert resumed_at in (2, 4) and event["lost_s"] >= 0 and event["restarted_after_s"] > 0
+    new_plan = results["plan"]
+    used = {d for stage in new_plan["stages"] for d in stage["devices"]}
+    assert "b1" not in used and event["new_plan"]["assignment"] == [r["devices"] for r in new_plan["replicas"]]
+    assert Path(event["plan"]).exists() and results["run"]["plan_path"] == event["plan"]
+    assert results["run"]["first_iteration"] == resumed_at
+    reference, _ = train_single_process(emulated_model(model_preset("tiny")), global_batch=8, iterations=6,
+                                        learning_rate=_LR, optimizer="sgd")
+    assert results["measured"]["loss"] == pytest.approx(reference[resumed_at:], rel=1e-5)

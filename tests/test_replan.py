@@ -196,3 +196,25 @@ def test_move_weight_without_from_is_refused(tmp_path, capsys):
     new, _ = _files(tmp_path)
     code, out, err = run_cli([tmp_path / "old.yaml", "--move-weight", "10"], capsys)
     assert code == 2 and "field '--move-weight'" in err and "--from" in err
+
+
+@pytest.mark.parametrize("path", sorted(str(p) for p in Path(__file__).parent.parent.glob("topologies/*/*.yaml")
+                                        if "devices" in yaml.safe_load(p.read_text())))
+def test_topology_without_a_device_keeps_every_other_device_and_link(path):
+    """The elastic launch writes the topology without a lost device: the rest parse to the same
+    devices, hosts and links (counts written out one device each)."""
+    import numpy as np
+
+    from planner.io import read_yaml
+    from planner.search.replan import topology_without
+
+    document = read_yaml(path)
+    whole = _parsed(document)
+    lost = whole.names[len(whole.names) // 2]
+    rest = _parsed(topology_without(document, [lost]))
+    keep = [i for i, name in enumerate(whole.names) if name != lost]
+    assert rest.names == [whole.names[i] for i in keep]
+    assert [d.host for d in rest.devices] == [whole.devices[i].host for i in keep]
+    assert [d.memory_bytes for d in rest.devices] == [whole.devices[i].memory_bytes for i in keep]
+    assert np.array_equal(rest.latency_s, whole.latency_s[np.ix_(keep, keep)])
+    assert np.array_equal(rest.bandwidth_bytes_per_s, whole.bandwidth_bytes_per_s[np.ix_(keep, keep)])

@@ -19,6 +19,7 @@ checkpoints are kept.
 import json
 import os
 import shutil
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -137,7 +138,7 @@ def save_checkpoint(folder, *, iteration: int, module, optimizer, rank: int, rep
     if rank != 0:
         return None
     scaler = getattr(optimizer, "scaler", None)
-    document = {"format": CHECKPOINT_FORMAT, "iteration": iteration, **meta,
+    document = {"format": CHECKPOINT_FORMAT, "iteration": iteration, "written_at_unix_s": time.time(), **meta,
                 "loss_scale": ({"scale": scaler.scale, "clean_steps": scaler.clean_steps, "skipped": scaler.skipped}
                                if scaler else None),
                 "optimizer_state": "gathered over each stage's replicas, whole per parameter"}

@@ -21,7 +21,8 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from planner.errors import InputError
 from planner.runtime.guard import die_with_parent
@@ -56,6 +57,8 @@ class LaunchOptions:
     checkpoint_every: int = 0  # 0: none; else save every this many iterations into checkpoint_dir
     checkpoint_dir: str | None = None
     resume: str | None = None  # a checkpoint folder (or the checkpoint_dir of a run) to continue from
+    elastic: bool = False  # a rank that dies: re-plan without its device, resume from the last checkpoint
+    replan_time_limit_s: float = 10.0  # elastic: the re-plan's search time limit
 
 
 def auto_time_scale(inputs: RunInputs) -> float:
@@ -87,6 +90,9 @@ def _check(options: LaunchOptions) -> None:
     if bool(options.checkpoint_every) != bool(options.checkpoint_dir):
         raise InputError("--checkpoint-every N and --checkpoint-dir DIR go together: pass both", field=(
             "--checkpoint-dir" if options.checkpoint_every else "--checkpoint-every"))
+    if options.elastic and not options.checkpoint_every:
+        raise InputError("resumes from the last checkpoint: add --checkpoint-every N --checkpoint-dir DIR",
+                         field="--elastic")
     if options.hostfile and (options.checkpoint_every or options.resume):
         raise InputError("checkpoints are written and resumed by local launches only: drop --hostfile",
                          field="--checkpoint-every" if options.checkpoint_every else "--resume")
@@ -114,7 +120,91 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
     with _stopped_by_sigterm():
         if options.hostfile:
             return _launch_hosts(inputs, options, log)
+        if options.elastic:
+            return _launch_elastic(inputs, options, log, resume)
         return _launch_local(inputs, options, log, resume)
+
+
+ELASTIC_RESTARTS = 3  # an elastic launch re-plans at most this many times
+
+
+def _launch_elastic(inputs: RunInputs, options: LaunchOptions, log, resume: str) -> dict:
+    """Run; when a rank dies, re-plan on the topology without its device (``planner.search.replan``),
+    write the new topology and plan in ``OUT/elastic/``, resume from the last checkpoint under the new
+    plan for the iterations left, and record each event in ``results.json`` under ``elastic``."""
+    from planner.runtime.checkpoint import latest_checkpoint, read_checkpoint
+    from planner.runtime.results import read_results, update_results
+
+    total = options.warmup + options.iterations
+    done = int(read_checkpoint(resume)[1]["iteration"]) if resume else 0
+    events, current, segment = [], inputs, options
+    while True:
+        started = time.time()
+        if events:
+            events[-1]["restarted_after_s"] = started - events[-1].pop("_detected")
+        try:
+            results = _launch_local(current, segment, log, resume)
+            break
+        except LaunchFailure as failure:
+            detected = time.time()
+            found = latest_checkpoint(options.checkpoint_dir)
+            if failure.rank is None or len(events) >= ELASTIC_RESTARTS or found is None:
+                why = ("no checkpoint to resume from yet" if found is None and failure.rank is not None else
+                       f"{ELASTIC_RESTARTS} restarts already" if failure.rank is not None else "")
+                raise LaunchFailure(f"{failure}" + (f"; not restarted: {why}" if why else ""),
+                                    rank=failure.rank) from None
+            device = current.plan.assignment[failure.rank // current.plan.stages][failure.rank % current.plan.stages]
+            _, checkpoint = read_checkpoint(found)
+            done = int(checkpoint["iteration"])
+            log(f"elastic: {failure}; re-planning without {device}, resuming from iteration {done}")
+            replan_started = time.time()
+            current, replanned, files = _replan_without(current, device, len(events) + 1, options)
+            events.append({
+                "failed_rank": failure.rank, "device": device, "failure": str(failure),
+                "detected_after_s": detected - started, "checkpoint": str(found), "checkpoint_iteration": done,
+                "lost_s": detected - float(checkpoint.get("written_at_unix_s", detected)),
+                "replan_s": time.time() - replan_started, **files, "chosen": replanned.chosen, "why": replanned.why,
+                "moves": {"bytes": replanned.moves.bytes, "seconds": replanned.moves.seconds,
+                          "checkpoint_bytes": replanned.moves.checkpoint_bytes},
+                "new_plan": {"stages": replanned.plan.stages, "replicas": replanned.plan.replicas,
+                             "layer_bounds": list(replanned.plan.layer_bounds),
+                             "assignment": [list(row) for row in replanned.plan.assignment],
+                             "predicted_iteration_s": replanned.plan.prediction.iteration_s},
+                "_detected": detected})
+            log(f"elastic: {replanned.chosen} ({replanned.plan.replicas} replica(s) x {replanned.plan.stages} "
+                f"stage(s)); {replanned.why}")
+            if total - done < 1:
+                raise LaunchFailure(f"{failure}; the last checkpoint is after the last iteration: nothing is left "
+                                    "to run", rank=failure.rank) from None
+            warmup = max(0, options.warmup - done)
+            segment = replace(options, warmup=warmup, iterations=max(total - done - warmup, 1))
+            resume = str(found)
+    if events:
+        update_results(options.out_dir, "elastic", {"events": events, "total_iterations": total,
+                                                    "final_plan": current.plan_path})
+        results = read_results(options.out_dir)
+    return results
+
+
+def _replan_without(inputs: RunInputs, device: str, index: int, options: LaunchOptions) -> tuple:
+    """(the run inputs of the re-plan without ``device``, the re-plan, the files written): the
+    topology without it and the plan, ``OUT/elastic/topology-K.yaml`` and ``plan-K.yaml``."""
+    from planner.io import read_yaml, write_document
+    from planner.plan.document import plan_to_document, write_plan
+    from planner.search.front import SearchOptions
+    from planner.search.replan import replan, topology_without
+    from planner.inputs.job import load_topology
+
+    folder = Path(options.out_dir).resolve() / "elastic"
+    folder.mkdir(parents=True, exist_ok=True)
+    topology_path, plan_path = folder / f"topology-{index}.yaml", folder / f"plan-{index}.yaml"
+    write_document(topology_without(read_yaml(inputs.topology_path), [device]), topology_path)
+    topology = load_topology(topology_path)
+    result = replan(inputs.plan, topology, inputs.model, inputs.training,
+                    SearchOptions(seed=options.seed, time_limit_s=options.replan_time_limit_s))
+    write_plan(plan_to_document(result.plan, model=inputs.model, training=result.training,
+                                topology_source=str(topology_path)), plan_path)
+    return load_run_inputs(plan_path), result, {"topology": str(topology_path), "plan": str(plan_path)}
 
 
 def _check_resume(inputs: RunInputs, options: LaunchOptions) -> str:

@@ -7,7 +7,12 @@ memory per device, the op trace of the median iteration), ``predicted`` (the sim
 time, memory and op trace, in the plan's seconds) and ``comparison`` (both in this host's seconds:
 the prediction times ``run.time_scale``, and ``prediction_error`` = (predicted - measured) / measured).
 Emulated runs add ``emulation`` (``compute_overrun``: how far this host ran past the plan's compute
-times, per rank, and the warning the launch printed).
+times, per rank, and the warning the launch printed). ``run`` says where the run started
+(``first_iteration``, ``resumed_from``) and lists the ``checkpoints`` it wrote (iteration, path,
+seconds). Elastic launches that lost a rank add ``elastic``: per event the rank and device, the
+failure, the checkpoint resumed from, ``lost_s`` (from that checkpoint to the failure: work redone),
+``replan_s``, ``restarted_after_s``, the files of the new topology and plan, the re-plan's choice,
+reason and moves; the measurement is that of the last plan, from the checkpoint it resumed.
 """
 
 import json

@@ -52,7 +52,12 @@ for _code, (_, _key) in enumerate(PHASES):
 
 
 class LaunchFailure(RuntimeError):
-    """A rank died, raised or stopped answering; the message names it."""
+    """A rank died, raised or stopped answering; the message names it, ``rank`` is its number
+    (None where no rank is at fault: the launcher was stopped, or no results were written)."""
+
+    def __init__(self, message: str, *, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
 
 
 def phase_of(frame) -> int:
@@ -163,13 +168,15 @@ def watch(processes: dict, errors, names: dict, heartbeats, *, timeout_s: float,
         silent = [item for item in ranks.not_answering(now) if item[1] > timeout_s]
         if failed or silent:
             time.sleep(_GRACE_S)
-            raise LaunchFailure(_failure_message(processes, errors, names, ranks))
+            rank, message = _failure(processes, errors, names, ranks)
+            raise LaunchFailure(message, rank=rank)
         if now >= next_progress and alive:
             log(f"[{now - ranks.started_s:.0f} s] {ranks.summary()}")
             next_progress = now + progress_s
 
 
-def _failure_message(processes: dict, errors, names: dict, ranks: _Ranks) -> str:
+def _failure(processes: dict, errors, names: dict, ranks: _Ranks) -> tuple:
+    """(the rank at fault, the message naming it and what happened)."""
     reported = {}
     while True:
         try:
@@ -181,22 +188,22 @@ def _failure_message(processes: dict, errors, names: dict, ranks: _Ranks) -> str
     if killed:
         rank = killed[0]
         signame = signal.Signals(-processes[rank].exitcode).name
-        return f"{names[rank]} was killed by {signame}; the other ranks were stopped"
+        return rank, f"{names[rank]} was killed by {signame}; the other ranks were stopped"
     quiet = ranks.not_answering(time.monotonic())
     if quiet:
         rank, silent, stopped = quiet[0]
         why = "its process is stopped (SIGSTOP or a debugger)" if stopped else "it is hung"
         waiting = [r for r in reported if r != rank]
         tail = f"; {_ranges(waiting)} timed out waiting for it" if waiting else ""
-        return (f"{names[rank]} stopped answering: no heartbeat for {silent:.0f} s, {why}{tail}; "
-                "the other ranks were stopped")
+        return rank, (f"{names[rank]} stopped answering: no heartbeat for {silent:.0f} s, {why}{tail}; "
+                      "the other ranks were stopped")
     secondary = ("connection", "closed", "timed out", "timeout", "peer", "broken pipe")
     causes = [r for r, text in reported.items() if not any(word in text.lower() for word in secondary)]
     rank = (causes or sorted(reported) or [r for r, p in processes.items() if p.exitcode not in (None, 0)])[0]
     text = reported.get(rank, f"exited with code {processes[rank].exitcode}")
     doing = ranks.summary() if reported and not causes else ""  # only waits failed: who was doing what
-    return f"{names[rank]} failed: {text}; " + (f"still running then: {doing}; " if doing else "") + \
-        "the other ranks were stopped"
+    return rank, (f"{names[rank]} failed: {text}; " + (f"still running then: {doing}; " if doing else "")
+                  + "the other ranks were stopped")
 
 
 def stop_processes(processes) -> None:

@@ -32,7 +32,7 @@ from planner.prediction.stage_model import optimizer_shards
 from planner.search.bounds import lower_bound_s
 
 __all__ = ["DEFAULT_MOVE_WEIGHT", "Move", "Moves", "MoveAwareTime", "ReplanResult", "state_pieces", "holdings",
-           "plan_moves", "replan", "read_old_plan"]
+           "plan_moves", "replan", "read_old_plan", "topology_without"]
 
 DEFAULT_MOVE_WEIGHT = 1000.0  # iterations over which a move's seconds are weighed against iteration time
 CHECKPOINT = "checkpoint"  # the source of a piece no surviving device holds
@@ -254,6 +254,34 @@ def read_old_plan(path) -> tuple:
         raise InputError("is 'auto', which 'plan' decides: re-plan from the plan it wrote", source=source,
                          field="training.recompute")
     return plan, model, training
+
+
+def topology_without(document: dict, lost) -> dict:
+    """A topology document (as its file holds it) without the devices ``lost``: entries with a
+    ``count`` are written out one device each (same names and hosts as the parser gives them), the
+    devices' rows and columns leave a network matrix, and pairs naming them are dropped."""
+    lost = set(lost)
+    devices = []
+    for entry in document.get("devices", []):
+        count, per_host = entry.get("count", 1), entry.get("gpus_per_host", 0)
+        base = entry.get("name") or entry.get("type")
+        rest = {k: v for k, v in entry.items() if k not in ("count", "gpus_per_host", "name", "host")}
+        for i in range(count):
+            name = f"{base}-{i}" if count > 1 else base
+            host = f"{entry.get('host') or base}-h{i // per_host}" if per_host else (entry.get("host") or name)
+            devices.append({"name": name, **rest, "host": host})
+    order = [d["name"] for d in devices]
+    keep = [i for i, name in enumerate(order) if name not in lost]
+    network = dict(document.get("network", {}))
+    if isinstance(network.get("matrix"), dict):
+        matrix = dict(network["matrix"])
+        for key in ("latency", "bandwidth"):
+            matrix[key] = [[matrix[key][i][j] for j in keep] for i in keep]
+        network["matrix"] = matrix
+    if "pairs" in network:
+        network["pairs"] = [p for p in network["pairs"] if p.get("from") not in lost and p.get("to") not in lost]
+    name = f"{document.get('name', 'topology')}-without-{'-'.join(sorted(lost))}"
+    return {**document, "name": name, "devices": [devices[i] for i in keep], "network": network}
 
 
 def _with_topology(plan: Plan, topology, **changes) -> Plan:
