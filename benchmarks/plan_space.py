@@ -3,12 +3,14 @@ before and after, on the shipped heterogeneous topologies.
 
     python benchmarks/plan_space.py [--time-limit 10]
 
-For each topology in ``topologies/hetero/``, three searches with the same seed and limit:
+For each topology in ``topologies/hetero/``, four searches with the same seed and limit:
 
 - before: pipeline x data parallelism as the planner had it: the optimizer state whole on every
   replica (``shard_optimizer: false``) and recomputation as the file fixes it (``auto`` read as on);
-- after: the optimizer state sharded over each stage's replicas and ``recompute: auto``;
-- fastest type alone: the after settings on the devices of the fastest type only (the plan a user
+- after: the optimizer state sharded over each stage's replicas and ``recompute: auto``, no tensor
+  parallelism (``--tensor-degrees 1``);
+- tensor: the after settings with tensor groups inside hosts (the default: degrees 1, 2, 4, 8);
+- fastest type alone: the tensor settings on the devices of the fastest type only (the plan a user
   gets by leaving the other devices out).
 
 Precision is the same in all three (``auto``: bf16 where every used device has it, else fp16).
@@ -65,7 +67,7 @@ def _run(topology, model, training, options) -> dict:
         return {"fits": False, "error": str(error), "wall_s": time.perf_counter() - started}
     plan = result.plan
     return {"fits": True, "predicted_s": result.predicted_s, "stages": plan.stages, "replicas": plan.replicas,
-            "used": plan.stages * plan.replicas, "idle": topology.size - plan.stages * plan.replicas,
+            "used": len(plan.used_devices), "idle": len(plan.idle), "tensor_groups": [list(g) for g in plan.tensor_groups],
             "recompute": result.training.recompute, "shard_optimizer": result.training.shard_optimizer,
             "precision": result.training.precision, "wall_s": time.perf_counter() - started}
 
@@ -77,6 +79,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "plan_space.json"))
     args = parser.parse_args()
     options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit)
+    no_tensor = replace(options, tensor_degrees=(1,))
     rows = []
     for path in sorted((ROOT / "topologies" / "hetero").glob("*.yaml")):
         job = load_job(path)
@@ -84,8 +87,9 @@ def main() -> int:
         before = replace(asked, shard_optimizer=False, recompute=asked.recompute is not False)
         after = replace(asked, shard_optimizer="auto", recompute="auto")
         row = {"topology": job.topology.name, "devices": job.topology.size,
-               "before": _run(job.topology, job.model, before, options),
-               "after": _run(job.topology, job.model, after, options)}
+               "before": _run(job.topology, job.model, before, no_tensor),
+               "after": _run(job.topology, job.model, after, no_tensor),
+               "tensor": _run(job.topology, job.model, after, options)}
         alone = _fastest_type_only(path)
         if alone is not None:
             row["fastest_type"] = alone[1]
@@ -98,20 +102,26 @@ def main() -> int:
             return f"{'no plan':>10} {'-':>9}"
         return f"{r['predicted_s']:10.2f} {r['idle']:4d} idle"
 
+    def ratio(slow, fast):
+        return slow["predicted_s"] / fast["predicted_s"] if slow and fast and slow["fits"] and fast["fits"] else None
+
+    def times(x):
+        return f"{x:.2f}x" if x else "-"
+
     print(f"\n{'topology':30} {'devices':>7}  {'before s':>10} {'':>9}  {'after s':>10} {'':>9}  "
-          f"{'speed-up':>8}  {'fastest type alone s':>20}  {'after vs alone':>14}  after: recompute, sharded")
+          f"{'tensor s':>10} {'':>9}  {'speed-up':>8}  {'tensor':>6}  {'fastest type alone s':>20}  "
+          f"{'tensor vs alone':>15}  tensor groups (sizes)")
     for row in rows:
-        b, a, f = row["before"], row["after"], row.get("fastest_type_alone")
-        speedup = b["predicted_s"] / a["predicted_s"] if b["fits"] and a["fits"] else None
-        row["speedup"] = speedup
-        versus = f["predicted_s"] / a["predicted_s"] if f and f["fits"] and a["fits"] else None
-        row["after_vs_fastest_type_alone"] = versus
+        b, a, t, f = row["before"], row["after"], row["tensor"], row.get("fastest_type_alone")
+        row["speedup"] = ratio(b, a)  # the sharded state and recompute choice
+        row["tensor_speedup"] = ratio(a, t)  # tensor groups on top of them
+        row["tensor_vs_fastest_type_alone"] = ratio(f, t)
         alone_cell = f"{f['predicted_s']:.2f} ({row['fastest_type']})" if f and f["fits"] else "-"
-        print(f"{row['topology']:30} {row['devices']:7d}  {cell(b)}  {cell(a)}  "
-              f"{(f'{speedup:.2f}x' if speedup else '-'):>8}  "
-              f"{alone_cell:>20}  "
-              f"{(f'{versus:.2f}x' if versus else '-'):>14}  "
-              f"{a.get('recompute', '-')}, {a.get('shard_optimizer', '-')}")
+        sizes = sorted({len(g) for g in t.get("tensor_groups", [])})
+        print(f"{row['topology']:30} {row['devices']:7d}  {cell(b)}  {cell(a)}  {cell(t)}  "
+              f"{times(row['speedup']):>8}  {times(row['tensor_speedup']):>6}  {alone_cell:>20}  "
+              f"{times(row['tensor_vs_fastest_type_alone']):>15}  "
+              f"{len(t.get('tensor_groups', []))} ({', '.join(map(str, sizes)) or '-'})")
     Path(args.out).write_text(json.dumps({"time_limit_s": args.time_limit, "seed": args.seed, "rows": rows},
                                          indent=1) + "\n")
     print(f"written to {args.out}")

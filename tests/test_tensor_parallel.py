@@ -242,3 +242,14 @@ def test_cli_prints_groups_and_launch_refuses_them(write_yaml, tmp_path, capsys)
     assert len(error) == 1 and "field 'tensor_groups'" in error[0] and "--tensor-degrees 1" in error[0]
     assert main([str(path), "--time-limit", "2", "--tensor-degrees", "1"]) == 0
     assert "x4" not in capsys.readouterr().out
+
+
+def test_replanning_from_a_plan_with_groups_searches_with_its_groups(write_yaml):
+    job = load_job(write_yaml(HOSTS))
+    start = _two_stage_plan(job)
+    start = start.with_prediction(predict(start, job.topology, job.model, job.training)[0])
+    result = search(job.topology, job.model, job.training, SearchOptions(time_limit_s=2), x0=start)
+    assert set(result.plan.tensor_groups) <= set(start.tensor_groups)  # no other grouping is tried
+    assert result.plan.search.get("tensor_tried") is None
+    assert result.predicted_s <= start.prediction.iteration_s * (1 + 1e-9)
+    validate_plan(result.plan, job.topology, job.model, result.training)
