@@ -36,7 +36,7 @@ def _plan_parser(sub) -> None:
                         "of the used devices plus egress between regions); time-under-budget: the fastest plan "
                         "costing at most --budget-usd-per-iteration; dtfm: DTFM's objective (all devices, "
                         "even splits), for comparison")
-    p.add_argument("--budget-usd-per-iteration", type=float,
+    p.add_argument("--budget-usd-per-iteration", type=float, metavar="USD",
                    help="with --objective time-under-budget: the most one iteration may cost, in US dollars")
     p.add_argument("--charge-idle", action="store_true",
                    help="charge every device of the topology, used or idle (a rented whole cluster); "
