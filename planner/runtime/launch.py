@@ -201,7 +201,8 @@ def _replan_without(inputs: RunInputs, device: str, index: int, options: LaunchO
     write_document(topology_without(read_yaml(inputs.topology_path), [device]), topology_path)
     topology = load_topology(topology_path)
     result = replan(inputs.plan, topology, inputs.model, inputs.training,
-                    SearchOptions(seed=options.seed, time_limit_s=options.replan_time_limit_s))
+                    SearchOptions(seed=options.seed, time_limit_s=options.replan_time_limit_s,
+                                  tensor_degrees=(1,)))  # the runtime runs no tensor groups yet
     write_plan(plan_to_document(result.plan, model=inputs.model, training=result.training,
                                 topology_source=str(topology_path)), plan_path)
     return load_run_inputs(plan_path), result, {"topology": str(topology_path), "plan": str(plan_path)}
