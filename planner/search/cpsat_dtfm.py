@@ -358,8 +358,8 @@ def exact_dtfm_allocation(topology, stages: int, replicas: int, *, time_limit_s:
     for p in range(stages):
         model.add(sum(member[d, p] for d in range(n)) == replicas)
     # Interchangeable devices: the lower index sits at an earlier position (unused counts as last).
-    position = {d: sum(p * member[d, p] for p in range(stages)) + stages * (1 - sum(member[d, p] for p in range(stages)))
-                for d in range(n)}
+    position = {d: sum(p * member[d, p] for p in range(stages))
+                + stages * (1 - sum(member[d, p] for p in range(stages))) for d in range(n)}
     classes = device_classes(network.latency_s, network.bandwidth_bytes_per_s).members
     for c in classes:
         for d, e in zip(c, c[1:]):
