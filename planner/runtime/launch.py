@@ -135,8 +135,8 @@ def _launch_elastic(inputs: RunInputs, options: LaunchOptions, log, resume: str)
     from planner.runtime.checkpoint import latest_checkpoint, read_checkpoint
     from planner.runtime.results import read_results, update_results
 
-    total = options.warmup + options.iterations
-    done = int(read_checkpoint(resume)[1]["iteration"]) if resume else 0
+    first = int(read_checkpoint(resume)[1]["iteration"]) if resume else 0
+    total = first + options.warmup + options.iterations  # the iteration the run ends before
     events, current, segment = [], inputs, options
     while True:
         started = time.time()
@@ -147,7 +147,7 @@ def _launch_elastic(inputs: RunInputs, options: LaunchOptions, log, resume: str)
             break
         except LaunchFailure as failure:
             detected = time.time()
-            found = latest_checkpoint(options.checkpoint_dir)
+            found = latest_checkpoint(options.checkpoint_dir) or (Path(resume) if resume else None)
             if failure.rank is None or len(events) >= ELASTIC_RESTARTS or found is None:
                 why = ("no checkpoint to resume from yet" if found is None and failure.rank is not None else
                        f"{ELASTIC_RESTARTS} restarts already" if failure.rank is not None else "")
@@ -176,11 +176,11 @@ def _launch_elastic(inputs: RunInputs, options: LaunchOptions, log, resume: str)
             if total - done < 1:
                 raise LaunchFailure(f"{failure}; the last checkpoint is after the last iteration: nothing is left "
                                     "to run", rank=failure.rank) from None
-            warmup = max(0, options.warmup - done)
+            warmup = max(0, options.warmup - (done - first))
             segment = replace(options, warmup=warmup, iterations=max(total - done - warmup, 1))
             resume = str(found)
     if events:
-        update_results(options.out_dir, "elastic", {"events": events, "total_iterations": total,
+        update_results(options.out_dir, "elastic", {"events": events, "first_iteration": first, "end_iteration": total,
                                                     "final_plan": current.plan_path})
         results = read_results(options.out_dir)
     return results
