@@ -77,6 +77,8 @@ def _launch_parser(sub) -> None:
     p.add_argument("--save-state", action="store_true", help="write replica 0's weights to OUT/state/")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="save weights, optimizer state and data position every N iterations (with --checkpoint-dir)")
+    p.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
+                   help="torch.compile each block and the loss (auto: on GPUs, off on CPUs)")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="folder for the checkpoints (the last 2 are kept)")
     p.add_argument("--resume", metavar="DIR",
                    help="continue from the newest checkpoint in DIR, under this plan (any split and degrees)")
@@ -389,7 +391,7 @@ def _launch(args) -> int:
                             time_scale=args.time_scale, seed=args.seed, learning_rate=args.lr,
                             timeout_s=args.timeout, backend=args.backend, topology=args.topology,
                             hostfile=args.hostfile, dry_run=args.dry_run, master_port=args.master_port,
-                            save_state=args.save_state, checkpoint_every=args.checkpoint_every,
+                            save_state=args.save_state, compile=args.compile, checkpoint_every=args.checkpoint_every,
                             checkpoint_dir=args.checkpoint_dir, resume=args.resume, elastic=args.elastic)
     try:
         results = launch(args.plan, options, log=lambda line: print(line, flush=True))

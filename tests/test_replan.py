@@ -87,6 +87,30 @@ def test_a_substituted_device_receives_the_lost_state_from_its_peer_by_hand():
     assert unsharded.bytes == pytest.approx(_gpt3_xl_parameters() * (2 + 12))
 
 
+def test_a_stage_held_by_a_tensor_group_comes_from_all_its_members():
+    """Stage 1 on the tensor group g2 g3 (one host) moves to g4 alone: g4 receives the blocks from g2
+    and g3 in equal shares, and the head and tied embedding, which each member holds whole, from one."""
+    host = {"name": "one-host", "network": _NETWORK,
+            "devices": [{"name": f"g{i}", "type": "A100-80GB", "host": "n0"} for i in range(5)]}
+    topology = _parsed(host)
+    model, training = model_preset("gpt3-xl"), _training(4, shard_optimizer=False)
+    old = Plan(layer_bounds=(0, 12, 24), assignment=(("g0", "g2"),), micro_batches=(2,), micro_batch_size=2,
+               schedule="1f1b", topology_name=topology.name, topology_sha256=topology.sha256, idle=("g1", "g4"),
+               tensor_groups=(("g2", "g3"),))
+    new = Plan(layer_bounds=(0, 12, 24), assignment=(("g0", "g4"),), micro_batches=(2,), micro_batch_size=2,
+               schedule="1f1b", topology_name=topology.name, topology_sha256=topology.sha256,
+               idle=("g1", "g2", "g3"))
+    moves = plan_moves(old, new, topology, model, training)
+    assert moves.receivers == {"g4"} and moves.checkpoint_bytes == 0
+    pieces = state_pieces(model, training)
+    for i in range(12, 24):  # each block: half from each member
+        senders = [m for m in moves.moves if f"block {i}" in m.pieces]
+        assert sorted(m.source for m in senders) == ["g2", "g3"]
+    blocks = sum(sum(pieces[f"block {i}"]) for i in range(12, 24))
+    whole = {m.source: m.bytes - (blocks / 2 if m.source in ("g2", "g3") else 0.0) for m in moves.moves}
+    assert sum(whole.values()) == pytest.approx(sum(pieces["head"]) + sum(pieces["embedding"]))
+
+
 def test_losing_one_device_moves_only_the_state_it_held():
     """The search's plan for four GPUs of one host; g1 is lost and g9, the same GPU in the same host,
     is added: the old layout with g9 in g1's place is as fast as before, so the re-plan moves the

@@ -13,8 +13,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() 
                                                   reason="needs 2 CUDA GPUs")]
 
 
+@pytest.mark.parametrize("compile", ["off", "on"])
 @pytest.mark.parametrize("shape", ["pipeline", "data-parallel"])
-def test_nccl_training_equals_single_process(tmp_path, shape):
+def test_nccl_training_equals_single_process(tmp_path, shape, compile):
     assignment = [["a0", "a1"]] if shape == "pipeline" else [["a0"], ["a1"]]
     bounds = [0, 1, 4] if shape == "pipeline" else [0, 4]
     micro_batches = [4] if shape == "pipeline" else [3, 1]
@@ -22,8 +23,8 @@ def test_nccl_training_equals_single_process(tmp_path, shape):
     plan = write_test_plan(tmp_path, topology, assignment=assignment, layer_bounds=bounds,
                            micro_batches=micro_batches, micro_batch_size=2, schedule="1f1b")
     results = launch(plan, LaunchOptions(iterations=3, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=0.05,
-                                         backend="nccl"), log=lambda line: None)
-    assert results["run"]["backend"] == "nccl"
+                                         backend="nccl", compile=compile), log=lambda line: None)
+    assert results["run"]["backend"] == "nccl" and results["run"]["compiled"] == (compile == "on")
     losses, _ = train_single_process(model_preset("tiny"), global_batch=8, iterations=3, learning_rate=0.05)
     assert results["measured"]["loss"] == pytest.approx(losses, rel=1e-4)
     assert all(b and b > 0 for b in results["measured"]["peak_memory_bytes"].values())

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from cost_models.schedule import stage_ops
 from planner.runtime.data import global_batch_tokens, micro_batch_rows
 from planner.runtime.emulation import Emulator, now_s, sleep_until
+from planner.runtime.gpt import lm_loss
 
 __all__ = ["Layout", "StageGroups", "make_groups", "split_parameters", "StageExecutor", "BUCKET_BYTES"]
 
@@ -95,11 +95,12 @@ class StageExecutor:
 
     def __init__(self, *, module, optimizer, plan, layout: Layout, replica: int, stage: int, device: torch.device,
                  groups: StageGroups, seed: int, dtype=torch.float32,
-                 emulator: Emulator | None = None):
+                 emulator: Emulator | None = None, loss=lm_loss):
         self.module, self.optimizer, self.plan = module, optimizer, plan
         self.layout, self.replica, self.stage, self.device = layout, replica, stage, device
         self.groups, self.seed, self.emulator = groups, seed, emulator
         self.dtype = dtype  # weights, activations and messages; the loss is taken in fp32
+        self.loss = loss  # lm_loss, or its compiled form
         self.ops = stage_ops(plan.schedule, stage, layout.stages, plan.micro_batches[replica])
         self.total_micro_batches = sum(plan.micro_batches)
         spec = module.spec
@@ -130,7 +131,7 @@ class StageExecutor:
                 y = m(x)
                 if m.is_last:
                     targets = tokens[rows, 1:]
-                    y = F.cross_entropy(y.float().flatten(0, 1), targets.flatten()) / self.total_micro_batches
+                    y = self.loss(y, targets) / self.total_micro_batches
                     loss_sum += y.detach()
                 outputs[mb] = y
                 self._emulate_compute("fwd", start)

@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from cost_models.flops import padded_vocabulary
 
-__all__ = ["StageModule", "build_stage", "vocabulary_logits", "INIT_STD"]
+__all__ = ["StageModule", "build_stage", "vocabulary_logits", "lm_loss", "compile_stage", "INIT_STD"]
 
 INIT_STD = 0.02  # GPT-2's initialisation scale
 
@@ -110,6 +110,23 @@ class StageModule(nn.Module):
             if not self.padded_logits:  # the caller's loss drops them otherwise (``vocabulary_logits``)
                 x = vocabulary_logits(x, self.spec)
         return x
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``logits`` (batch, sequence, vocabulary) against ``targets``, taken in
+    fp32 whatever the logits' precision (as Megatron-LM does)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def compile_stage(module: "StageModule"):
+    """Compile each block of ``module`` in place with ``torch.compile`` (parameter names and the
+    state dict unchanged; identical blocks share one graph) and return the compiled ``lm_loss``,
+    whose fp32 cast fuses into the softmax instead of writing fp32 logits. On one H100 a GPT-3 XL
+    block's forward + backward at micro-batch 2 takes 2.78 ms instead of 2.96 ms
+    (``benchmarks/runtime_parts.py``)."""
+    for block in module.blocks.values():
+        block.compile()
+    return torch.compile(lm_loss)
 
 
 def vocabulary_logits(logits: torch.Tensor, spec) -> torch.Tensor:

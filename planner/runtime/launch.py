@@ -54,11 +54,18 @@ class LaunchOptions:
     master_port: int = 29500
     save_state: bool = False
     progress_s: float = 15.0  # local launches: every this many seconds, say what each rank is doing
+    compile: str = "auto"  # torch.compile each block and the loss: "on", "off", "auto" (on with NCCL/CUDA)
     checkpoint_every: int = 0  # 0: none; else save every this many iterations into checkpoint_dir
     checkpoint_dir: str | None = None
     resume: str | None = None  # a checkpoint folder (or the checkpoint_dir of a run) to continue from
     elastic: bool = False  # a rank that dies: re-plan without its device, resume from the last checkpoint
     replan_time_limit_s: float = 10.0  # elastic: the re-plan's search time limit
+
+
+def compiles(choice: str, backend: str) -> bool:
+    """Whether the ranks compile their blocks and loss: ``auto`` compiles on GPUs (NCCL), where it
+    pays (``benchmarks/runtime_gpu.py``), and not on CPUs, where tests and emulation run eager."""
+    return choice == "on" or (choice == "auto" and backend == "nccl")
 
 
 def auto_time_scale(inputs: RunInputs) -> float:
@@ -321,6 +328,7 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log, resume: str = 
                   learning_rate=options.learning_rate, timeout_s=options.timeout_s,
                   emulate=options.emulate, time_scale=scale, backend=backend,
                   threads=max(1, (os.cpu_count() or 1) // world) if backend == "gloo" else 4,
+                  compile=compiles(options.compile, backend),
                   save_state=options.save_state, cuda_devices=cuda_devices,
                   checkpoint_every=options.checkpoint_every, checkpoint_dir=options.checkpoint_dir or "",
                   resume_from=resume)
@@ -388,7 +396,7 @@ def _launch_hosts(inputs: RunInputs, options: LaunchOptions, log) -> dict | None
         entries, node, plan_path=inputs.plan_path, topology_path=inputs.topology_path, out_dir=options.out_dir,
         iterations=options.iterations, warmup=options.warmup, seed=options.seed,
         learning_rate=options.learning_rate, timeout_s=options.timeout_s, backend=backend,
-        master_port=options.master_port) for node in range(len(entries))]
+        master_port=options.master_port, compile=compiles(options.compile, backend)) for node in range(len(entries))]
     if options.dry_run:
         for entry, command in zip(entries, commands):
             log(f"# on {entry.address} ({len(entry.devices)} process(es): {', '.join(entry.devices)})")

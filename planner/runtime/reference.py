@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from planner.runtime.data import global_batch_tokens
-from planner.runtime.gpt import build_stage, vocabulary_logits
+from planner.runtime.gpt import build_stage, compile_stage, lm_loss, vocabulary_logits
 from planner.runtime.precision import MasterWeightOptimizer, plain_optimizer
 from planner.runtime.spawn import gather_from_ranks
 
@@ -54,6 +54,7 @@ class PipeliningRun:
     learning_rate: float = 1e-3
     optimizer: str = "sgd"
     recipe: str = "bf16-master"
+    compile: bool = False  # torch.compile each block and the loss, as the runtime does on GPUs
 
 
 def pipelining_worker(rank: int, world: int, store_port: int, results, spec, layer_bounds: tuple,
@@ -98,8 +99,10 @@ def _pipelining(rank, world, store_port, results, spec, layer_bounds, run: Pipel
             opt = plain_optimizer(module.parameters(), optimizer, learning_rate, fused=cuda)
         stage = PipelineStage(module, rank, world, device)
 
+        loss = compile_stage(module) if run.compile else lm_loss
+
         def loss_fn(logits, targets):
-            return F.cross_entropy(vocabulary_logits(logits, spec).float().flatten(0, 1), targets.flatten())
+            return loss(vocabulary_logits(logits, spec), targets)
 
         kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
         runner = kind(stage, n_microbatches=micro_batches, loss_fn=loss_fn)
@@ -138,11 +141,11 @@ def _pipelining(rank, world, store_port, results, spec, layer_bounds, run: Pipel
 
 def run_pipelining(spec, layer_bounds, *, micro_batch_size: int, micro_batches: int, schedule: str, iterations: int,
                    warmup: int = 0, backend: str = "gloo", seed: int = 0, learning_rate: float = 1e-3,
-                   optimizer: str = "sgd", recipe: str = "bf16-master") -> tuple:
+                   optimizer: str = "sgd", recipe: str = "bf16-master", compile: bool = False) -> tuple:
     """One ``pipelining_worker`` per stage; returns (last stage's losses, iteration seconds)."""
     run = PipeliningRun(micro_batch_size=micro_batch_size, micro_batches=micro_batches, schedule=schedule,
                         iterations=iterations, warmup=warmup, backend=backend, seed=seed,
-                        learning_rate=learning_rate, optimizer=optimizer, recipe=recipe)
+                        learning_rate=learning_rate, optimizer=optimizer, recipe=recipe, compile=compile)
     world = len(layer_bounds) - 1
     got = gather_from_ranks(pipelining_worker, world, args=(spec, tuple(layer_bounds), run))
     return got[world - 1][0], got[0][1]

@@ -26,7 +26,7 @@ from planner.plan.document import plan_to_document
 from planner.runtime.checkpoint import checkpoint_due, checkpoint_meta, save_checkpoint
 from planner.runtime.emulation import Emulator, SharedResources, now_s
 from planner.runtime.engine import Layout, StageExecutor, make_groups, split_parameters
-from planner.runtime.gpt import build_stage
+from planner.runtime.gpt import build_stage, compile_stage, lm_loss
 from planner.runtime.inputs import RunInputs, emulated_model, load_run_inputs
 from planner.runtime.optimizer import make_optimizer
 from planner.runtime.precision import runtime_dtype
@@ -53,6 +53,7 @@ class WorkerConfig:
     threads: int = 1
     save_state: bool = False
     cuda_devices: tuple = field(default=())  # rank -> CUDA index, for local launches
+    compile: bool = False  # torch.compile each block and the loss (planner.runtime.gpt.compile_stage)
     checkpoint_every: int = 0  # 0: no checkpoints; else every this many iterations into checkpoint_dir
     checkpoint_dir: str = ""
     resume_from: str = ""  # a checkpoint folder (``checkpoint.read_checkpoint``) to start from
@@ -133,6 +134,7 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         job = build_pipeline_job(plan, inputs.topology, model, training)
         resources = SharedResources(shared, inputs.topology.size, len(inputs.topology.hosts))
         emulator = Emulator(job, resources, time_scale=config.time_scale, replica=replica, stage=stage)
+    loss = compile_stage(module) if config.compile else lm_loss
     executor = StageExecutor(module=module, optimizer=optimizer, plan=plan, layout=layout, replica=replica,
                              stage=stage, device=device, groups=groups, seed=config.seed,
                              dtype=dtype, emulator=emulator)
@@ -231,7 +233,7 @@ def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, rep
             "backend": config.backend, "device": device.type,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
             "world": len(reports), "iterations": config.iterations, "warmup": config.warmup, "seed": config.seed,
-            "learning_rate": config.learning_rate, "emulated": config.emulate, "time_scale": config.time_scale,
+            "learning_rate": config.learning_rate, "emulated": config.emulate, "compiled": config.compile, "time_scale": config.time_scale,
             "executed_model": asdict(executed),
             "precision": {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32"), **scaling,
             "plan_path": inputs.plan_path, "topology_path": inputs.topology_path,
@@ -263,6 +265,7 @@ def _parse(argv) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--backend", choices=["gloo", "nccl"], default="nccl")
+    p.add_argument("--compile", action="store_true", help="torch.compile each block and the loss")
     return p.parse_args(argv)
 
 
@@ -279,7 +282,7 @@ def main(argv=None) -> int:
     rank = where[devices[local_rank]]
     config = WorkerConfig(plan_path=args.plan, topology_path=args.topology, out_dir=args.out,
                           iterations=args.iterations, warmup=args.warmup, seed=args.seed, learning_rate=args.lr,
-                          timeout_s=args.timeout, backend=args.backend,
+                          timeout_s=args.timeout, backend=args.backend, compile=args.compile,
                           threads=max(1, (os.cpu_count() or 1) // max(len(devices), 1)))
     device_index = local_rank if args.backend == "nccl" else None
     _train(rank, world, config, {"init_method": "env://"}, device_index, None)

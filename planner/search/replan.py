@@ -7,10 +7,12 @@ pieces of its new stage that it did not hold: their weights and its share of the
 (``1 / optimizer_shards`` of it, ``planner.prediction.stage_model``); a device keeping a piece
 receives only the growth of its share when its stage has fewer shards. Each piece comes from the
 surviving old holder with the quickest transfer on the topology's network model
-(``cost_models.network``: latency + bytes / bandwidth per message, bandwidth capped by shared NICs),
-or from the last checkpoint when no old holder survives (not on the network model: its bytes are
-counted and its time is not). Receivers take their pieces one after another and in parallel with
-each other; the move lasts the slowest receiver's sum, or a shared NIC's busy time if longer.
+(``cost_models.network``: latency + bytes / bandwidth per message, bandwidth capped by shared NICs);
+a piece held only split over a tensor group comes from all the group's members, equal shares each;
+it comes from the last checkpoint when no whole holder and no complete group survives (not on the
+network model: its bytes are counted and its time is not). Receivers take their pieces one after
+another and in parallel with each other; the move lasts the slowest receiver's sum, or a shared
+NIC's busy time if longer.
 
 ``MoveAwareTime`` scores a plan ``iteration_s + move_s / move_weight`` (``move_weight``: iterations
 the move is paid back over). ``replan`` scores the old layout kept with the least change (a spare in
@@ -134,11 +136,12 @@ def plan_moves(old: Plan, new: Plan, topology, model, training) -> Moves:
     pieces = state_pieces(model, training)
     before, after = holdings(old, model, training), holdings(new, model, training)
     network = topology.network
-    holders = {}
+    group_of = {m: old.members(lead) for row in old.assignment for lead in row for m in old.members(lead)}
+    holders = {}  # piece -> [(device index, its weight fraction, its tensor group)]
     for device, held in before.items():
         if topology.has_device(device):
-            for piece in held:
-                holders.setdefault(piece, []).append(topology.index(device))
+            for piece, (fraction, _) in held.items():
+                holders.setdefault(piece, []).append((topology.index(device), fraction, group_of[device]))
     transfers = {}  # (receiver, source) -> [pieces, bytes]
     for device, need in after.items():
         had = before.get(device, {})
@@ -149,14 +152,12 @@ def plan_moves(old: Plan, new: Plan, topology, model, training) -> Moves:
             amount = weight * max(0.0, w_new - w_old) + state * max(0.0, s_new - s_old)
             if amount <= 1e-9 * (weight + state):
                 continue
-            sources = [h for h in holders.get(piece, []) if h != receiver]
-            if sources:
-                source = topology.names[min(sources, key=lambda h: float(network.transfer_s(h, receiver, amount)))]
-            else:
-                source = CHECKPOINT
-            entry = transfers.setdefault((device, source), [[], 0.0])
-            entry[0].append(piece)
-            entry[1] += amount
+            senders = _senders(holders.get(piece, []), receiver, amount, network)
+            for source, share in senders or [(CHECKPOINT, 1.0)]:
+                name = source if source == CHECKPOINT else topology.names[source]
+                entry = transfers.setdefault((device, name), [[], 0.0])
+                entry[0].append(piece)
+                entry[1] += amount * share
     moves, per_receiver, senders, receivers, sizes = [], {}, [], [], []
     for (device, source), (moved, amount) in sorted(transfers.items(), key=lambda kv: (topology.index(kv[0][0]),
                                                                                        kv[0][1])):
@@ -175,6 +176,26 @@ def plan_moves(old: Plan, new: Plan, topology, model, training) -> Moves:
         longest = max(longest, float(egress.max()), float(ingress.max()))
     return Moves(moves=tuple(moves), seconds=longest,
                  checkpoint_bytes=float(sum(m.bytes for m in moves if m.source == CHECKPOINT)))
+
+
+def _senders(holders: list, receiver: int, amount: float, network) -> list:
+    """[(device index, share of ``amount``)] that send a piece to ``receiver``: the quickest whole
+    holder; else the tensor group (all of its members surviving) whose slowest member is quickest,
+    each member sending an equal share; else none (the piece comes from the checkpoint)."""
+    whole = [h for h, fraction, _ in holders if fraction >= 1.0 - 1e-9 and h != receiver]
+    if whole:
+        return [(min(whole, key=lambda h: float(network.transfer_s(h, receiver, amount))), 1.0)]
+    groups = {}
+    for h, _, group in holders:
+        groups.setdefault(group, []).append(h)
+    complete = [[h for h in members if h != receiver] for group, members in groups.items()
+                if len(members) == len(group)]
+    complete = [members for members in complete if members]
+    if not complete:
+        return []
+    best = min(complete, key=lambda members: max(float(network.transfer_s(h, receiver, amount / len(members)))
+                                                 for h in members))
+    return [(h, 1.0 / len(best)) for h in best]
 
 
 def _order(piece: str) -> tuple:
