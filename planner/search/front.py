@@ -383,6 +383,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     history.append((evaluations, time.perf_counter() - started, best_estimate))
     report("genetic", best_estimate)
     exact_shapes = []
+    # CP-SAT's time and memory coefficients are per stage, not per tensor degree: grouped searches skip it.
     if options.exact and topology.size <= EXACT_DEVICES and ctx.tensor.max() == 1:
         work = budget.exact_work(len(starts), options.exact_work_per_shape)
         for start in starts:
