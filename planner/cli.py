@@ -99,6 +99,8 @@ def _calibrate_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
 
+    p.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
+                   help="time compiled blocks and loss, as 'plan launch --compile' runs them (auto: on GPUs)")
 
 def _plot_parser(sub) -> None:
     p = sub.add_parser("plot", help="figures of predicted vs measured from run folders (PNG and SVG)")
@@ -443,7 +445,7 @@ def _calibrate(args) -> int:
     options = CalibrateOptions(out=args.output, device_type=args.device_type,
                                processes=_positive("--processes", args.processes),
                                names=tuple(args.names.split(",")) if args.names else (), backend=args.backend,
-                               repeats=args.repeats, model=args.model,
+                               repeats=args.repeats, model=args.model, compile=args.compile,
                                micro_batch_size=_positive("--micro-batch-size", args.micro_batch_size))
     try:
         document = calibrate(args.topology, options, log=lambda line: print(line, flush=True))

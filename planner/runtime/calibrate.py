@@ -48,6 +48,7 @@ class CalibrateOptions:
     model: str | None = None
     micro_batch_size: int | None = None
     timeout_s: float = 120.0
+    compile: str = "auto"  # time compiled blocks and loss, as plan launch runs them ("auto": on GPUs)
 
 
 class CalibrationFailure(RuntimeError):
@@ -154,7 +155,8 @@ def _document(job, kind, backend, names, reports, options) -> dict:
         "measured_at_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "how": (f"plan calibrate on {compute['device_name']}: {options.repeats} timed repeats after 2 warm-ups; "
-                f"model {model.name} at micro-batch {b}, {compute['dtype']}; links by ping-pong over {backend}"),
+                f"model {model.name} at micro-batch {b}, {compute['dtype']}"
+                f"{', compiled' if compute['compiled'] else ', eager'}; links by ping-pong over {backend}"),
         "torch": compute["torch"],
         "backend": backend,
         "device_types": {kind: {
@@ -162,7 +164,7 @@ def _document(job, kind, backend, names, reports, options) -> dict:
             "head_efficiency": min(head_achieved / peak, 1.0),
             "memory_bandwidth_bytes_per_s": compute["optimizer_bytes_per_s"],
             "measured": {"device_name": compute["device_name"], "precision": training.precision,
-                         "dtype": compute["dtype"], "micro_batch_size": b, "sequence": model.sequence,
+                         "dtype": compute["dtype"], "compiled": compute["compiled"], "micro_batch_size": b, "sequence": model.sequence,
                          "hidden": model.hidden, "layers": model.layers, "vocabulary": model.vocabulary,
                          "block_forward_s": compute["block_forward_s"], "block_backward_s": compute["block_backward_s"],
                          "head_forward_backward_s": compute["head_s"], "achieved_flops": achieved,
@@ -247,11 +249,11 @@ def _timed(fn, repeats: int, device) -> float:
 
 def _compute_probe(job, options, device, threads) -> dict:
     import torch
-    import torch.nn.functional as F
 
     from cost_models.flops import padded_vocabulary
     from planner.prediction.stage_model import OPTIMIZER_BYTES_PER_PARAMETER
-    from planner.runtime.gpt import Block, make_norm
+    from planner.runtime.gpt import Block, lm_loss, make_norm
+    from planner.runtime.launch import compiles
     from planner.plan.precision import resolve_precision
     from planner.runtime.optimizer import make_optimizer
     from planner.runtime.precision import runtime_dtype
@@ -261,6 +263,10 @@ def _compute_probe(job, options, device, threads) -> dict:
     dtype = runtime_dtype(resolve_precision(job.topology, [d.name for d in job.topology.devices], training.precision),
                           device)
     block = Block(model).to(device=device, dtype=dtype)
+    compiled = compiles(options.compile, "nccl" if device.type == "cuda" else "gloo")
+    loss = torch.compile(lm_loss) if compiled else lm_loss
+    if compiled:
+        block.compile()  # as planner.runtime.gpt.compile_stage does to every block
     x = torch.randn(b, model.sequence, model.hidden, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
     forward = _timed(lambda: block(x), options.repeats, device)
@@ -271,8 +277,7 @@ def _compute_probe(job, options, device, threads) -> dict:
     targets = torch.randint(0, model.vocabulary, (b, model.sequence), device=device)
 
     def head_step():  # as the runtime's last stage runs it (planner.runtime.gpt)
-        logits = head(norm(x))[..., :model.vocabulary]
-        F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).backward()
+        loss(head(norm(x))[..., :model.vocabulary], targets).backward()
 
     head_s = _timed(head_step, options.repeats, device)
     probe = torch.nn.Linear(OPTIMIZER_PROBE_PARAMETERS // 1024, 1024, bias=False).to(device=device, dtype=dtype)
@@ -286,7 +291,7 @@ def _compute_probe(job, options, device, threads) -> dict:
     moved = probe.weight.numel() * OPTIMIZER_BYTES_PER_PARAMETER[training.optimizer]
     return {"micro_batch_size": b, "block_forward_s": forward, "block_backward_s": max(both - forward, 0.0),
             "head_s": head_s, "optimizer_s": optimizer_s, "optimizer_bytes_per_s": moved / optimizer_s,
-            "dtype": str(dtype).replace("torch.", ""), "threads": threads, "torch": torch.__version__,
+            "dtype": str(dtype).replace("torch.", ""), "compiled": compiled, "threads": threads, "torch": torch.__version__,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
             else (platform.processor() or platform.machine())}
 
