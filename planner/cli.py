@@ -15,6 +15,7 @@ __all__ = ["main"]
 
 EXIT_INPUT = 2
 EXIT_FAILED = 1
+WHY_SHARE = 0.1  # of --time-limit, at most about, for the report's why-idle and what-binds re-evaluations
 
 
 def _plan_parser(sub) -> None:
@@ -315,7 +316,8 @@ def _print_choices(args, result, job, objective, pareto_files) -> None:
         if args.objective in ("cost", "time-under-budget"):  # an idle device may be idle for its price
             price = lambda plan: plan_dollars(plan, job.topology, job.model, job.training,
                                               charge_idle=charge_idle).usd_per_iteration
-        print("\n" + render_why(result.plan, job.topology, job.model, job.training, dollars=price))
+        print("\n" + render_why(result.plan, job.topology, job.model, job.training, dollars=price,
+                                 budget_s=WHY_SHARE * args.time_limit))
     priced = all(d.price_per_hour_usd is not None for d in job.topology.devices)
     if text and priced and args.objective != "dtfm":
         dollars = plan_dollars(result.plan, job.topology, job.model, job.training, charge_idle=charge_idle)

@@ -104,3 +104,11 @@ def test_idle_devices_without_the_plans_format_are_weighed_at_theirs(write_yaml)
     reasons = idle_reasons(plan, job.topology, job.model, job.training)
     assert [r.devices for r in reasons] == [("t",)] and reasons[0].kind != "not evaluated"
     assert binding_constraints(plan, job.topology, job.model, job.training)
+
+
+def test_the_report_stops_re_evaluating_at_its_deadline(write_yaml):
+    job = _job(write_yaml, WHY)
+    plan = _plan(job, [["a"]])
+    reasons = idle_reasons(plan, job.topology, job.model, job.training, deadline=0.0)  # long passed
+    assert {r.kind for r in reasons} <= {"not evaluated", "memory"}  # the memory floor costs no simulation
+    assert any("time ran out" in r.text for r in reasons)

@@ -15,8 +15,13 @@ What binds (the plan as it is, changed in one place and simulated again, or esti
 - memory: the fullest device, and the estimate with twice its memory;
 - the slowest link the plan uses (a pipeline hop or a ring hop), and the time with 10x its bandwidth;
 - the bubble and the gradient sync: their share of the critical device's timeline.
+
+A deadline (``time.perf_counter()`` value) caps the work: groups and links left when it passes are
+reported as not re-evaluated, so the report adds a bounded time to the search's.
 """
 
+import math
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -115,7 +120,7 @@ def _slowest_link_from(device: int, used: np.ndarray, topology) -> str:
             f"(region {peer.region})")
 
 
-def idle_reasons(plan, topology, model, training, *, dollars=None) -> list:
+def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: float = math.inf) -> list:
     """Why each idle device is idle (``IdleReason`` per group of one type and region).
 
     ``dollars``: for a plan chosen by price, a function of a predicted plan to its US dollars per
@@ -139,9 +144,10 @@ def idle_reasons(plan, topology, model, training, *, dollars=None) -> list:
                 f"memory: the smallest stage (1 layer, micro-batch 1) needs {format_bytes(floor)}, it has "
                 f"{format_bytes(usable)} usable")))
             continue
-        if k >= MAX_GROUPS:
-            reasons.append(IdleReason(devices=tuple(names), kind="not evaluated",
-                                      text=f"not re-evaluated (only the first {MAX_GROUPS} groups are)"))
+        if k >= MAX_GROUPS or time.perf_counter() > deadline:
+            why = (f"only the first {MAX_GROUPS} groups are" if k >= MAX_GROUPS else
+                   "the report's time ran out: a longer --time-limit gives it more")
+            reasons.append(IdleReason(devices=tuple(names), kind="not evaluated", text=f"not re-evaluated ({why})"))
             continue
         uses = _uses_of(device, assign, idle, ctx, plan, topology)
         scored = [c for c in (evaluate_placement(ctx, a, plan.micro_batch_size, plan.schedule) for a in uses)
@@ -213,7 +219,7 @@ def _faster_link(topology, a: int, b: int, factor: float):
     return replace(topology, bandwidth_bytes_per_s=bandwidth, nic_bytes_per_s=nics)
 
 
-def binding_constraints(plan, topology, model, training) -> list:
+def binding_constraints(plan, topology, model, training, *, deadline: float = math.inf) -> list:
     """What limits ``plan``: memory on which device, which link, the bubble (``Binding`` each)."""
     p = plan.prediction
     base = p.iteration_s
@@ -244,6 +250,8 @@ def binding_constraints(plan, topology, model, training) -> list:
             pair = (min(a, b), max(a, b))
             if pair in tried or len(tried) >= 3 or bandwidth[a, b] > 1.01 * bandwidth[slowest[0]]:
                 continue
+            if best is not None and time.perf_counter() > deadline:
+                break
             tried.add(pair)
             faster = predict(plan, _faster_link(topology, a, b, LINK_FACTOR), model, training)[0].iteration_s
             if best is None or faster < best[0]:
@@ -266,10 +274,12 @@ def binding_constraints(plan, topology, model, training) -> list:
     return out
 
 
-def render_why(plan, topology, model, training, *, dollars=None) -> str:
-    """The report's 'why idle' and 'what binds' lines (``dollars``: as ``idle_reasons``)."""
+def render_why(plan, topology, model, training, *, dollars=None, budget_s: float = math.inf) -> str:
+    """The report's 'why idle' and 'what binds' lines (``dollars``: as ``idle_reasons``), in about
+    ``budget_s`` seconds (the binding constraints get a third of it, at least one link)."""
+    started = time.perf_counter()
     lines = []
-    reasons = idle_reasons(plan, topology, model, training, dollars=dollars)
+    reasons = idle_reasons(plan, topology, model, training, dollars=dollars, deadline=started + budget_s * 2 / 3)
     if reasons:
         lines.append("Why idle (each group's first device put to use and simulated):")
         for reason in reasons:
@@ -277,5 +287,6 @@ def render_why(plan, topology, model, training, *, dollars=None) -> str:
                                                       else "")
             lines.append(f"  {names}: {reason.text}")
     lines.append("What binds (one change at a time, simulated again):")
-    lines += [f"  {b.text}" for b in binding_constraints(plan, topology, model, training)]
+    lines += [f"  {b.text}" for b in binding_constraints(plan, topology, model, training,
+                                                         deadline=started + budget_s)]
     return "\n".join(lines)
