@@ -327,6 +327,11 @@ def _print_choices(args, result, job, objective, pareto_files) -> None:
         files = []
         for k, entry in enumerate(front, 1):
             training, plan = _resolved_training(entry.plan, job.topology, job.model, entry.training)
+            d = entry.dollars
+            plan = dataclasses.replace(plan, search={
+                "front": {"rank": k, "of": len(front), "charge_idle": charge_idle},
+                "usd_per_iteration": d.usd_per_iteration, "usd_per_million_tokens": d.usd_per_million_tokens,
+                "device_usd": d.device_usd, "egress_usd": d.egress_usd, "egress_bytes": d.egress_bytes})
             path = pareto_files[0].format(k)
             _write_output(plan_to_document(plan, model=job.model, training=training, topology_source=args.topology),
                           path, "--pareto")

@@ -188,8 +188,11 @@ def test_cli_cost_pareto_top_and_budget(tmp_path, write_yaml, capsys, monkeypatc
     written = sorted(tmp_path.glob("p-pareto-*.yaml"))
     assert written and all(f"p-pareto-{k}.yaml" in text for k in range(1, len(written) + 1))
     plans = [plan_from_document(yaml.safe_load(p.read_text())) for p in written]
-    times = [yaml.safe_load(p.read_text())["prediction"]["iteration_s"] for p in written]
+    documents = [yaml.safe_load(p.read_text()) for p in written]
+    times = [d["prediction"]["iteration_s"] for d in documents]
     assert len(plans) == len(written) and times == sorted(times)
+    prices = [d["search"]["usd_per_iteration"] for d in documents]  # the front: dearer as it gets faster
+    assert prices == sorted(prices, reverse=True) and documents[0]["search"]["front"]["rank"] == 1
     assert main([str(path), "--objective", "time-under-budget", "--budget-usd-per-iteration", "1e-12",
                  "--time-limit", "4", "--no-exact"]) == 2
     err = capsys.readouterr().err.strip()
