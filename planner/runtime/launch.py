@@ -120,7 +120,7 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
     inputs = load_run_inputs(plan_path, options.topology)
     from planner.runtime.preflight import check_memory
 
-    resume = _check_resume(inputs, options)
+    options = replace(options, resume=_check_resume(inputs, options) or None)  # the checkpoint folder itself
     problem = check_memory(inputs, refuse=not options.emulate)
     if problem:
         log(f"warning: {problem}; emulated anyway (emulation does not hold the real memory)")
@@ -128,20 +128,21 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
         if options.hostfile:
             return _launch_hosts(inputs, options, log)
         if options.elastic:
-            return _launch_elastic(inputs, options, log, resume)
-        return _launch_local(inputs, options, log, resume)
+            return _launch_elastic(inputs, options, log)
+        return _launch_local(inputs, options, log)
 
 
 ELASTIC_RESTARTS = 3  # an elastic launch re-plans at most this many times
 
 
-def _launch_elastic(inputs: RunInputs, options: LaunchOptions, log, resume: str) -> dict:
+def _launch_elastic(inputs: RunInputs, options: LaunchOptions, log) -> dict:
     """Run; when a rank dies, re-plan on the topology without its device (``planner.search.replan``),
     write the new topology and plan in ``OUT/elastic/``, resume from the last checkpoint under the new
     plan for the iterations left, and record each event in ``results.json`` under ``elastic``."""
     from planner.runtime.checkpoint import latest_checkpoint, read_checkpoint
     from planner.runtime.results import read_results, update_results
 
+    resume = options.resume
     first = int(read_checkpoint(resume)[1]["iteration"]) if resume else 0
     total = first + options.warmup + options.iterations  # the iteration the run ends before
     events, current, segment = [], inputs, options
@@ -150,7 +151,7 @@ def _launch_elastic(inputs: RunInputs, options: LaunchOptions, log, resume: str)
         if events:
             events[-1]["restarted_after_s"] = started - events[-1].pop("_detected")
         try:
-            results = _launch_local(current, segment, log, resume)
+            results = _launch_local(current, segment, log)
             break
         except LaunchFailure as failure:
             detected = time.time()
@@ -184,8 +185,8 @@ def _launch_elastic(inputs: RunInputs, options: LaunchOptions, log, resume: str)
                 raise LaunchFailure(f"{failure}; the last checkpoint is after the last iteration: nothing is left "
                                     "to run", rank=failure.rank) from None
             warmup = max(0, options.warmup - (done - first))
-            segment = replace(options, warmup=warmup, iterations=max(total - done - warmup, 1))
             resume = str(found)
+            segment = replace(options, warmup=warmup, iterations=max(total - done - warmup, 1), resume=resume)
     if events:
         update_results(options.out_dir, "elastic", {"events": events, "first_iteration": first, "end_iteration": total,
                                                     "final_plan": current.plan_path})
@@ -307,7 +308,7 @@ def _say_what_it_costs(inputs: RunInputs, backend: str, log) -> None:
            else ""))
 
 
-def _launch_local(inputs: RunInputs, options: LaunchOptions, log, resume: str = "") -> dict:
+def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
     import torch.distributed as dist
 
     from planner.runtime.emulation import resource_slots
@@ -331,15 +332,15 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log, resume: str = 
                   compile=compiles(options.compile, backend),
                   save_state=options.save_state, cuda_devices=cuda_devices,
                   checkpoint_every=options.checkpoint_every, checkpoint_dir=options.checkpoint_dir or "",
-                  resume_from=resume)
+                  resume_from=options.resume or "")
     prepare_out_folder(options.out_dir, results_bytes(inputs, options.iterations, options.warmup,
                                                       options.save_state))
     names = _rank_names(plan)
     mode = f"emulated at time scale {scale:.4g}" if options.emulate else backend
     log(f"launching {world} ranks ({plan.replicas} replica(s) x {plan.stages} stage(s), {mode}), "
         f"{options.warmup} warm-up + {options.iterations} measured iterations")
-    if resume:
-        log(f"resuming from {resume}")
+    if options.resume:
+        log(f"resuming from {options.resume}")
     if not options.emulate:
         _say_what_it_costs(inputs, backend, log)
     store = dist.TCPStore("127.0.0.1", 0, world + 1, True, timeout=datetime.timedelta(seconds=options.timeout_s),
