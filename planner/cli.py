@@ -55,6 +55,8 @@ def _plan_parser(sub) -> None:
                         "it is unless moving it pays, and report what moves")
     p.add_argument("--move-weight", type=float, metavar="ITERATIONS",
                    help="with --from: minimise iteration time + move time / ITERATIONS (default 1000)")
+    p.add_argument("--tensor-degrees", type=int, nargs="+", choices=[1, 2, 4, 8], default=[1, 2, 4, 8], metavar="T",
+                   help="tensor-parallel degrees tried inside a host, from 1 2 4 8 (default all; 1: none)")
 
 
 def _launch_parser(sub) -> None:
@@ -245,7 +247,7 @@ def _make(args) -> int:
         record = calibration_record(calibration)
     options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit,
                             stages=_positive("--stages", args.stages), replicas=_positive("--replicas", args.replicas),
-                            exact=not args.no_exact)
+                            exact=not args.no_exact, tensor_degrees=tuple(args.tensor_degrees))
     progress = _Progress(args.time_limit)
     try:
         result = search(job.topology, job.model, job.training, options, objective=objective, callback=progress)
