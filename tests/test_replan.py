@@ -168,7 +168,8 @@ def test_when_the_old_layout_cannot_run_without_the_device_it_says_why():
                             "devices": [{"name": n, "type": "V100-16GB", "host": f"host-{n}"} for n in ("v0", "v1")]})
     new_topology = _parsed({"name": "with-spares", "network": _NETWORK, "devices": [
         {"name": "v0", "type": "V100-16GB", "host": "host-v0"},
-        {"name": "s0", "type": "T4", "host": "host-s0", **memory}, {"name": "s1", "type": "T4", "host": "host-s1", **memory}]})
+        {"name": "s0", "type": "T4", "host": "host-s0", **memory},
+        {"name": "s1", "type": "T4", "host": "host-s1", **memory}]})
     model = model_preset("gpt3-xl")
     training = _training(8, precision="fp16", recompute=True, micro_batch_size=1)
     old = Plan(layer_bounds=(0, 12, 24), assignment=(("v0", "v1"),), micro_batches=(8,), micro_batch_size=1,

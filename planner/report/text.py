@@ -123,8 +123,8 @@ def render_moves(result, old_source: str) -> str:
     """The moves section of a re-plan (``planner.search.replan.ReplanResult``): what moves from
     where to where, bytes and seconds, and the options weighed."""
     moves = result.moves
-    out = [f"Moves from {old_source}: lost {', '.join(result.lost) or 'none'}; added {', '.join(result.added) or 'none'}",
-           f"  {result.why}"]
+    lost, added = ", ".join(result.lost) or "none", ", ".join(result.added) or "none"
+    out = [f"Moves from {old_source}: lost {lost}; added {added}", f"  {result.why}"]
     if moves.moves:
         rows = [[m.receiver, m.source, _pieces_text(m.pieces), format_bytes(m.bytes),
                  format_seconds(m.seconds) if m.source != "checkpoint" else "not timed"] for m in moves.moves]

@@ -67,15 +67,16 @@ def _cpu_state(state: dict) -> dict:
 
 
 def _plain_entries(part, names: dict) -> dict:
-    return {names[id(p)]: {"weight": p.detach().float().cpu().clone(), "state": _cpu_state(part.optimizer.state.get(p, {}))}
-            for p in part.parameters}
+    return {names[id(p)]: {"weight": p.detach().float().cpu().clone(),
+                           "state": _cpu_state(part.optimizer.state.get(p, {}))} for p in part.parameters}
 
 
 def _master_entries(part: MasterWeightOptimizer, names: dict) -> dict:
     entries = {}
     for chunk, masters, optimizer in zip(part.chunks, part.masters, part.optimizers):
         for p, m in zip(chunk, masters):
-            entries[names[id(p)]] = {"weight": m.detach().cpu().clone(), "state": _cpu_state(optimizer.state.get(m, {}))}
+            entries[names[id(p)]] = {"weight": m.detach().cpu().clone(),
+                                     "state": _cpu_state(optimizer.state.get(m, {}))}
     return entries
 
 

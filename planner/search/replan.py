@@ -28,7 +28,7 @@ import numpy as np
 
 from cost_models import flops, memory
 from planner.errors import InputError
-from planner.plan.plan import Plan
+from planner.plan.plan import Plan, validate_plan
 from planner.prediction.predict import predict
 from planner.prediction.stage_model import optimizer_shards
 from planner.search.bounds import lower_bound_s
@@ -351,8 +351,6 @@ class _Scorer:
         self.old, self.topology, self.model, self.training, self.objective = old, topology, model, training, objective
 
     def option(self, label: str, plan: Plan) -> Option:
-        from planner.plan.plan import validate_plan
-
         try:
             validate_plan(plan, self.topology, self.model, self.training)
         except InputError as error:
@@ -360,7 +358,8 @@ class _Scorer:
         prediction = predict(plan, self.topology, self.model, self.training)[0]
         plan = plan.with_prediction(prediction)
         if not prediction.fits:
-            worst = max(prediction.memory_bytes, key=lambda d: prediction.memory_bytes[d] / prediction.capacity_bytes[d])
+            used, capacity = prediction.memory_bytes, prediction.capacity_bytes
+            worst = max(used, key=lambda d: used[d] / capacity[d])
             problem = (f"{worst} would need {prediction.memory_bytes[worst] / 1e9:.2f} GB of its "
                        f"{prediction.capacity_bytes[worst] / 1e9:.2f} GB")
             return Option(label, plan, prediction.iteration_s, None, float("inf"), problem)
@@ -369,6 +368,12 @@ class _Scorer:
         moves = self.objective.moves(plan, self.topology, self.model, self.training)
         score = prediction.iteration_s + moves.seconds / self.objective.move_weight
         return Option(label, plan, prediction.iteration_s, moves, score)
+
+
+def _quickest_from(topology, senders: list, receiver: str) -> float:
+    """Seconds of a 1 GB message to ``receiver`` from the quickest of ``senders`` (0 without any)."""
+    j = topology.index(receiver)
+    return min((float(topology.network.transfer_s(i, j, 1e9)) for i in senders), default=0.0)
 
 
 def _kept_layouts(old: Plan, topology, lost: list, spares: list, scorer: _Scorer) -> list:
@@ -384,13 +389,9 @@ def _kept_layouts(old: Plan, topology, lost: list, spares: list, scorer: _Scorer
         mapping, free = {}, list(spares)
         for device in lost_used:
             r, s = where[device]
-            peers = [m for row in old.assignment for m in old.members(row[s]) if m not in lost]
-            def quickest(spare):
-                j = topology.index(spare)
-                return min((float(topology.network.transfer_s(topology.index(p), j, 1e9)) for p in peers),
-                           default=0.0)
+            peers = [topology.index(m) for row in old.assignment for m in old.members(row[s]) if m not in lost]
             best = None
-            for spare in sorted(free, key=quickest)[:_SPARES_TRIED]:
+            for spare in sorted(free, key=lambda name: _quickest_from(topology, peers, name))[:_SPARES_TRIED]:
                 trial = scorer.option("", _with_topology(old, topology, **_substitute(old, {**mapping, device: spare})))
                 if best is None or trial.score_s < best[0].score_s:
                     best = (trial, spare)
