@@ -39,8 +39,8 @@ from cost_models.comm import sharded_exchange_pair_s
 from cost_models.dtfm import DTFM_C_DP_BYTES, DTFM_C_PP_BYTES, bottleneck_matching, network_dtfm_cost
 from planner.search.cpsat import RESOLUTION_S, make_solver
 
-__all__ = ["ExactDtfm", "DeviceClasses", "device_classes", "exact_dtfm_allocation", "class_dtfm_allocation",
-           "MAX_CLASSES"]
+__all__ = ["ExactDtfm", "DeviceClasses", "device_classes", "model_classes", "exact_dtfm_allocation",
+           "class_dtfm_allocation", "MAX_CLASSES"]
 
 MAX_CLASSES = 24  # the class model's classes at most; beyond, classes are merged by region
 KEY_LIMIT = 2**60  # lexicographic keys are kept below this (CP-SAT's integers are 64-bit)
@@ -54,6 +54,7 @@ class ExactDtfm:
     bound_s: float  # proven lower bound on DTFM's cost of any allocation of this shape
     wall_s: float
     exact: bool = True  # the model is DTFM's problem itself (not a relaxation over merged classes)
+    work: float = 0.0  # CP-SAT's deterministic time spent
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,8 +94,10 @@ def device_classes(latency_s: np.ndarray, bandwidth_bytes_per_s: np.ndarray) -> 
     return DeviceClasses(members=tuple(sorted(classes)), exact=True)
 
 
-def _merged_classes(topology, classes: DeviceClasses) -> DeviceClasses:
-    """At most ``MAX_CLASSES`` classes: the exact ones, else the regions, else one class."""
+def model_classes(topology) -> DeviceClasses:
+    """The class model's classes, at most ``MAX_CLASSES``: the exact ones, else the regions, else one."""
+    network = topology.network
+    classes = device_classes(network.latency_s, network.bandwidth_bytes_per_s)
     if len(classes.members) <= MAX_CLASSES:
         return classes
     regions = topology.region_ids
@@ -302,7 +305,7 @@ def class_dtfm_allocation(topology, stages: int, replicas: int, *, time_limit_s:
         raise ValueError(f"{stages} x {replicas} needs more than the topology's {n} devices")
     network = topology.network
     if classes is None:
-        classes = _merged_classes(topology, device_classes(network.latency_s, network.bandwidth_bytes_per_s))
+        classes = model_classes(topology)
     members = classes.members
     exchange_s = sharded_exchange_pair_s(DTFM_C_DP_BYTES, network.latency_s, network.bandwidth_bytes_per_s, replicas)
     model = _ClassModel([len(c) for c in members], _class_costs_ns(exchange_s, members),
@@ -320,7 +323,7 @@ def class_dtfm_allocation(topology, stages: int, replicas: int, *, time_limit_s:
         if status == cp_model.MODEL_INVALID:
             raise RuntimeError(f"invalid CP-SAT DTFM class model: {model.model.validate()}")
         return ExactDtfm(status="unknown", groups=None, cost_s=math.inf, bound_s=bound, wall_s=wall,
-                         exact=classes.exact)
+                         exact=classes.exact, work=solver.deterministic_time)
     groups = [[] for _ in range(stages)]
     for k, c in enumerate(members):
         free = list(c)
@@ -331,7 +334,7 @@ def class_dtfm_allocation(topology, stages: int, replicas: int, *, time_limit_s:
     groups = [sorted(g) for g in groups]
     cost = network_dtfm_cost(network, groups).total_s
     return ExactDtfm(status="optimal" if status == cp_model.OPTIMAL else "feasible", groups=groups, cost_s=cost,
-                     bound_s=bound, wall_s=wall, exact=classes.exact)
+                     bound_s=bound, wall_s=wall, exact=classes.exact, work=solver.deterministic_time)
 
 
 def exact_dtfm_allocation(topology, stages: int, replicas: int, *, time_limit_s: float = 60.0,
@@ -404,8 +407,9 @@ def exact_dtfm_allocation(topology, stages: int, replicas: int, *, time_limit_s:
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         if status == cp_model.MODEL_INVALID:
             raise RuntimeError(f"invalid CP-SAT DTFM model: {model.validate()}")
-        return ExactDtfm(status="unknown", groups=None, cost_s=math.inf, bound_s=bound, wall_s=wall)
+        return ExactDtfm(status="unknown", groups=None, cost_s=math.inf, bound_s=bound, wall_s=wall,
+                         work=solver.deterministic_time)
     groups = [[d for d in range(n) if solver.value(member[d, p])] for p in range(stages)]
     cost = network_dtfm_cost(topology.network, groups).total_s
     return ExactDtfm(status="optimal" if status == cp_model.OPTIMAL else "feasible", groups=groups, cost_s=cost,
-                     bound_s=bound, wall_s=wall)
+                     bound_s=bound, wall_s=wall, work=solver.deterministic_time)

@@ -5,8 +5,9 @@ data-parallel group inside one, or each group built from one device of every hos
 local search (``planner.search.dtfm_moves``: single swaps, host blocks exchanged between groups,
 a host gathered into one group or spread over several, and bounded walks over equal-cost moves to
 leave plateaus), then CP-SAT (``planner.search.cpsat_dtfm``) started from its answer: per device on
-up to 16 devices, per class of interchangeable devices beyond, whose bound is reported with the
-answer. Under this objective the order of the groups along the pipeline and which device feeds
+up to 16 devices, per class of interchangeable devices beyond. The bound reported with the answer
+is the best of CP-SAT's, the class-profile bound (``planner.search.dtfm_bound``) and the cheapest
+links' (``dtfm_floor_s``). Under this objective the order of the groups along the pipeline and which device feeds
 which are exact (Held-Karp's path and bottleneck matchings), so moves only change the partition.
 
 Budget: the local search's evaluations and CP-SAT's deterministic time are sized by the time limit
@@ -26,7 +27,8 @@ import numpy as np
 
 from cost_models.comm import sharded_exchange_pair_s
 from cost_models.dtfm import DTFM_C_DP_BYTES, DTFM_C_PP_BYTES, bottleneck_matching, network_dtfm_cost
-from planner.search.cpsat_dtfm import class_dtfm_allocation, exact_dtfm_allocation
+from planner.search.cpsat_dtfm import class_dtfm_allocation, exact_dtfm_allocation, model_classes
+from planner.search.dtfm_bound import profile_bound_s
 from planner.search.dtfm_moves import local_search
 from planner.search.locality import locality_order
 
@@ -37,9 +39,9 @@ __all__ = ["DtfmResult", "dtfm_degrees", "dtfm_search", "gcma", "random_allocati
 EXACT_DEVICES = 16  # up to this many devices CP-SAT's model is per device; beyond, per class of devices
 LOCAL_SHARE = 0.4  # of the time limit for the local search; CP-SAT gets the rest
 # Fixed rates that turn the time limit into deterministic work, set below what a 2-core machine does
-# unloaded: an incremental evaluation of 8 x 8 groups takes 3-5 ms; CP-SAT's class model on DTFM's
+# unloaded: an incremental evaluation of 8 x 8 groups takes 3-8 ms; CP-SAT's class model on DTFM's
 # 64-device cases ran 3 units of deterministic time in 4-15 s of wall clock (unloaded-loaded).
-EVALUATIONS_PER_S = 150.0
+EVALUATIONS_PER_S = 100.0
 EXACT_WORK_PER_S = 0.25
 MAX_EXACT_WORK = 20.0  # CP-SAT's deterministic time at most, whatever the limit
 
@@ -155,12 +157,20 @@ def dtfm_search(topology, stages: int, replicas: int, *, rng=None, seed: int = 0
         if found.cost_s < best_cost.total_s - 1e-12:
             best, best_cost = found.groups, _score(topology, found.groups)
             history.append((evaluations, time.perf_counter() - started, best_cost.total_s))
-    bound, status = dtfm_floor_s(topology, stages, replicas), ""
+    classes = model_classes(topology)
+    bound = max(dtfm_floor_s(topology, stages, replicas),
+                profile_bound_s(topology.network, classes.members, stages, replicas))
+    status = ""
     if stages * replicas > 1 and exact_work > 0:
-        solve = exact_dtfm_allocation if topology.size <= EXACT_DEVICES else class_dtfm_allocation
-        remaining = max(0.1, deadline - time.perf_counter())
-        exact = solve(topology, stages, replicas, hint=best, time_limit_s=remaining, work_limit=exact_work)
-        if exact.wall_s >= remaining * 0.99 and exact.status != "optimal":
+        remaining = max(0.1, 0.95 * (deadline - time.perf_counter()))  # the model is built in the rest
+        if topology.size <= EXACT_DEVICES:
+            solve = exact_dtfm_allocation
+            exact = solve(topology, stages, replicas, hint=best, time_limit_s=remaining, work_limit=exact_work)
+        else:
+            solve = class_dtfm_allocation
+            exact = solve(topology, stages, replicas, hint=best, time_limit_s=remaining, work_limit=exact_work,
+                          classes=classes)
+        if exact.status != "optimal" and exact.work < 0.99 * exact_work:
             clock_cut.append("exact")
         algorithm += f"+cpsat-{'devices' if solve is exact_dtfm_allocation else 'classes'}({exact.status})"
         bound = max(bound, exact.bound_s)
