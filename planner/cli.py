@@ -431,6 +431,12 @@ def _run_summary(results: dict, folder: str) -> str:
         predicted = results["predicted"]["memory_bytes"]
         lines.append("peak memory: " + ", ".join(f"{d} {b / 1e9:.2f} GB (predicted {predicted[d] / 1e9:.2f})"
                                                 for d, b in sorted(peaks.items())))
+    if run.get("resumed_from"):
+        lines.append(f"resumed from {run['resumed_from']['path']} at iteration {run['first_iteration']}")
+    if run.get("checkpoints"):
+        last = run["checkpoints"][-1]
+        lines.append(f"checkpoints: {len(run['checkpoints'])} written, the last before iteration {last['iteration']} "
+                     f"in {last['path']} ({last['seconds']:.2f} s)")
     for event in results.get("elastic", {}).get("events", []):
         plan = event["new_plan"]
         lines.append(f"elastic: {event['device']} lost ({event['failure']}); resumed from iteration "

@@ -198,3 +198,17 @@ def test_elastic_launch_replans_without_a_killed_worker_and_continues_the_loss(t
     reference, _ = train_single_process(emulated_model(model_preset("tiny")), global_batch=8, iterations=6,
                                         learning_rate=_LR, optimizer="sgd")
     assert results["measured"]["loss"] == pytest.approx(reference[resumed_at:], rel=1e-5)
+
+
+def test_run_summary_says_where_the_run_resumed_and_what_it_saved():
+    from planner.cli import _run_summary
+
+    measured = {"median_s": 0.1, "p10_s": 0.1, "p90_s": 0.1, "iteration_s": [0.1], "tokens_per_s": 1.0, "mfu": 0.1,
+                "loss": [4.8], "peak_memory_bytes": {}}
+    run = {"emulated": False, "time_scale": 1.0, "first_iteration": 2,
+           "resumed_from": {"path": "ck/iteration-00000002", "iteration": 2},
+           "checkpoints": [{"iteration": 3, "path": "ck2/iteration-00000003", "seconds": 0.02}]}
+    text = _run_summary({"measured": measured, "comparison": {"predicted_s": 0.1, "measured_s": 0.1}, "run": run,
+                         "predicted": {"memory_bytes": {}}}, "out")
+    assert "resumed from ck/iteration-00000002 at iteration 2" in text
+    assert "checkpoints: 1 written, the last before iteration 3 in ck2/iteration-00000003" in text
