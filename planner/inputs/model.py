@@ -10,13 +10,14 @@ from cost_models.schedule import Schedule
 from planner.errors import InputError
 from planner.fields import Fields
 
-__all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "MAX_GLOBAL_BATCH", "MODEL_LIMITS", "parse_model",
-           "parse_training", "model_preset", "preset_names"]
+__all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "MAX_GLOBAL_BATCH", "MAX_SYNC_EVERY", "MODEL_LIMITS",
+           "parse_model", "parse_training", "model_preset", "preset_names"]
 
 SCHEDULES = tuple(s.value for s in Schedule)
 # Largest sizes planned (each search and simulation step stays bounded below them): 65,536 sequences is
 # the largest published batch (LAMB's BERT pre-training); the model limits are well past today's models.
 MAX_GLOBAL_BATCH = 2**16
+MAX_SYNC_EVERY = 100_000  # local steps between syncs (DiLoCo's runs use up to 2,000)
 MODEL_LIMITS = {"layers": 4096, "hidden": 2**20, "heads": 2**16, "sequence": 2**22, "vocabulary": 2**22,
                 "ffn_hidden": 2**22}
 # "auto": bf16 where every used device has it, else fp16 (``planner.plan.precision``); 16-bit either way.
@@ -68,6 +69,14 @@ class TrainingSpec:
     # ZeRO stage 1 over each stage's replicas: "auto" (and True) shard wherever a stage has two or
     # more replicas (same bytes on the wire as an all-reduce, less memory, a shorter step); False never.
     shard_optimizer: bool | str = "auto"
+    # Local steps (DiLoCo, Douillard et al. 2023, arXiv 2311.08105): each replica takes ``sync_every``
+    # optimizer steps on its own, then the replicas average their parameter deltas and an outer
+    # Nesterov step (``outer_learning_rate``, ``outer_momentum``; the paper's 0.7 and 0.9) applies them.
+    # 1: every iteration's gradients are all-reduced, as without local steps. More than 1 changes the
+    # optimisation (what is trained differs from the synchronous run).
+    sync_every: int = 1
+    outer_learning_rate: float = 0.7
+    outer_momentum: float = 0.9
 
     def __post_init__(self):
         if self.global_batch < 1:
@@ -88,6 +97,18 @@ class TrainingSpec:
             raise InputError(f"{self.shard_optimizer!r} is not one of true, false, auto", field="training.shard_optimizer")
         if self.schedule not in SCHEDULES + ("auto",):
             raise InputError(f"{self.schedule!r} is not one of {', '.join(SCHEDULES)}, auto", field="training.schedule")
+        if isinstance(self.sync_every, bool) or not isinstance(self.sync_every, int) or not \
+                1 <= self.sync_every <= MAX_SYNC_EVERY:
+            raise InputError(f"{self.sync_every!r} is not a whole number from 1 to {MAX_SYNC_EVERY:,}",
+                             field="training.sync_every")
+        if self.sync_every > 1 and self.shard_optimizer is True:
+            raise InputError(f"is true, but sync_every {self.sync_every} keeps each replica's whole optimizer state "
+                             "between syncs: set shard_optimizer to auto or false", field="training.shard_optimizer")
+        if not 0.0 < self.outer_learning_rate <= 10.0:
+            raise InputError(f"{self.outer_learning_rate!r} is not in (0, 10]", field="training.outer_learning_rate")
+        if isinstance(self.outer_momentum, bool) or not isinstance(self.outer_momentum, (int, float)) \
+                or not 0.0 <= self.outer_momentum < 1.0:
+            raise InputError(f"{self.outer_momentum!r} is not in [0, 1)", field="training.outer_momentum")
 
     @property
     def activation_bytes(self) -> int:
@@ -140,6 +161,9 @@ def parse_training(document, *, where: str = "training") -> TrainingSpec:
         flash_attention=f.bool("flash_attention", False),
         schedule=schedule,
         shard_optimizer=f.raw("shard_optimizer", "auto"),
+        sync_every=f.int("sync_every", 1),
+        outer_learning_rate=f.float("outer_learning_rate", 0.7, high=10.0),
+        outer_momentum=f.raw("outer_momentum", 0.9),
     )
     f.finish()
     return result

@@ -51,6 +51,8 @@ class Plan:
     calibration: dict = field(default_factory=dict)  # path, sha256, measured_at_utc of the calibration used
     # Tensor groups of more than one device, each lead first; the lead names the group in ``assignment``.
     tensor_groups: tuple = ()
+    # Iterations between data-parallel syncs (local steps, ``TrainingSpec.sync_every``; 1: every one).
+    sync_every: int = 1
 
     @property
     def stages(self) -> int:
@@ -142,6 +144,9 @@ def validate_plan(plan: Plan, topology, model, training) -> None:
     if plan.ring_orders and (len(plan.ring_orders) != S or
                              any(sorted(order) != list(range(R)) for order in plan.ring_orders)):
         raise InputError("each stage's ring must list each of its replicas once", field="stages.ring")
+    if plan.sync_every != getattr(training, "sync_every", 1):
+        raise InputError(f"is {plan.sync_every} but training.sync_every is {training.sync_every}: make both agree "
+                         "or plan again", field="sync_every")
     if plan.topology_sha256 and plan.topology_sha256 != topology.sha256:
         raise InputError("the plan was made for another topology (hash differs): plan again", field="topology.sha256")
     if plan.prediction is not None and not plan.prediction.fits:

@@ -14,16 +14,19 @@ from planner.plan.tensor import groups_of_plan
 from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_flops, layer_costs, optimizer_time_s,
                                             stage_memory_bytes, stage_parameters, stage_profile, stage_step_bytes)
 
-__all__ = ["sync_time_s", "build_pipeline_job", "predict", "model_flops_per_iteration"]
+__all__ = ["sync_time_s", "build_pipeline_job", "predict", "model_flops_per_iteration", "communication_bytes"]
 
 
 def sync_time_s(topology, plan: Plan, profile: StageProfile, stage: int) -> float:
     """All-reduce time of ``stage``'s gradients over its replicas, by the plan's sync algorithm
-    (``topology``: the plan's grouped view, ``planner.plan.tensor``, when it has tensor groups)."""
+    (``topology``: the plan's grouped view, ``planner.plan.tensor``, when it has tensor groups),
+    per iteration: with local steps the whole sync (``profile.gradient_bytes`` x ``sync_every``
+    bytes, latency included) happens once every ``sync_every`` iterations."""
     ring = [topology.index(d) for d in plan.ring(stage)]
+    H = plan.sync_every
     if plan.sync == Sync.SHARDED:
-        return topology.network.sharded_exchange_s(profile.gradient_bytes[stage], ring)
-    return topology.network.ring_allreduce_s(profile.gradient_bytes[stage], ring)
+        return topology.network.sharded_exchange_s(profile.gradient_bytes[stage] * H, ring) / H
+    return topology.network.ring_allreduce_s(profile.gradient_bytes[stage] * H, ring) / H
 
 
 def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts | None = None) -> PipelineJob:
@@ -59,6 +62,25 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
                        boundary_bytes=profile.boundary_bytes, network=topology.network, sync_s=sync,
                        sync_links=tuple(links),
                        optimizer_s=optimizer)
+
+
+def communication_bytes(plan: Plan, model, training) -> dict:
+    """Bytes every worker sends per iteration, and per token trained, between workers: the pipeline's
+    activations forward and gradients backward (each micro-batch across each stage boundary), and
+    the data-parallel sync, a ring all-reduce where each of a stage's ``k`` replicas sends
+    ``2 (k - 1) / k`` of the message (Patarasuk & Yuan 2009; DTFM's sharded exchange sends the same
+    total), per iteration: with local steps the parameter deltas, ``sync_every`` times fewer.
+    A tensor group's all-reduces inside its host are not counted."""
+    costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
+    profile = stage_profile(costs, plan.layer_bounds)
+    pipeline = 2.0 * float(profile.boundary_bytes.sum()) * sum(plan.micro_batches)
+    k = plan.replicas
+    data_parallel = 2.0 * (k - 1) * float(profile.gradient_bytes.sum())
+    tokens = plan.global_batch * model.sequence
+    return {"sync_every": costs.sync_every, "pipeline_bytes_per_iteration": pipeline,
+            "data_parallel_bytes_per_iteration": data_parallel, "bytes_per_iteration": pipeline + data_parallel,
+            "bytes_per_token": (pipeline + data_parallel) / tokens,
+            "data_parallel_bytes_per_token": data_parallel / tokens}
 
 
 def model_flops_per_iteration(model, global_batch: int) -> float:

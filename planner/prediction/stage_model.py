@@ -12,7 +12,8 @@ import numpy as np
 
 from cost_models import comm, flops, memory
 
-__all__ = ["OPTIMIZER_BYTES_PER_PARAMETER", "LayerCosts", "layer_costs", "StageProfile", "stage_profile",
+__all__ = ["OPTIMIZER_BYTES_PER_PARAMETER", "OUTER_STATE_BYTES_PER_PARAMETER", "OUTER_STEP_BYTES_PER_PARAMETER",
+           "LayerCosts", "layer_costs", "StageProfile", "stage_profile",
            "stage_parameters", "stage_memory_bytes", "stage_step_bytes", "in_flight_table", "optimizer_time_s",
            "iteration_flops", "optimizer_shards", "tensor_layer_s"]
 
@@ -20,6 +21,11 @@ __all__ = ["OPTIMIZER_BYTES_PER_PARAMETER", "LayerCosts", "layer_costs", "StageP
 # Adam step: fp32 master, m and v read and written (24 B), the 16-bit gradient read and the 16-bit
 # weight written (4 B). SGD with momentum: master and momentum (16 B) plus the same 4 B.
 OPTIMIZER_BYTES_PER_PARAMETER = {"adam": 28.0, "sgd": 20.0}
+# Local steps (DiLoCo, Douillard et al. 2023, arXiv 2311.08105, Algorithm 1): each device keeps the
+# parameters of the last sync and the outer Nesterov momentum, fp32 each (8 B per parameter), and the
+# outer step reads and writes both and the fp32 master (24 B per parameter, roofline).
+OUTER_STATE_BYTES_PER_PARAMETER = 8.0
+OUTER_STEP_BYTES_PER_PARAMETER = 24.0
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -49,8 +55,8 @@ class LayerCosts:
     transient_bytes: float
     last_transient_bytes: float
     state_bytes_per_param: float
-    gradient_bytes_per_param: float  # what the all-reduce moves per parameter
-    optimizer_bytes_per_param: float  # what the optimizer step reads and writes per parameter
+    gradient_bytes_per_param: float  # what the all-reduce moves per parameter, per iteration (over sync_every)
+    optimizer_bytes_per_param: float  # what the optimizer step reads and writes per parameter (+ outer step share)
     boundary_bytes: float
     shards: int = 1  # replicas the optimizer state is sharded over (1: not sharded)
     first_unsharded_params: float = 0.0  # the tied embedding on the first stage, when sharded
@@ -65,6 +71,7 @@ class LayerCosts:
     tensor_message_bytes: float = 0.0
     tensor_allreduces_forward: int = 0
     tensor_allreduces_backward: int = 0
+    sync_every: int = 1  # iterations between data-parallel syncs (local steps; 1: every iteration)
 
     def __post_init__(self):
         first = (np.arange(self.stages) == 0).astype(float)
@@ -84,7 +91,10 @@ def _per_member(whole, split, tensor):
 
 def optimizer_shards(training, replicas: int) -> int:
     """Replicas each stage's optimizer state is split over: all of them under ZeRO stage 1
-    (``training.shard_optimizer`` true or auto), else 1."""
+    (``training.shard_optimizer`` true or auto), else 1; 1 with local steps (``training.sync_every``
+    above 1), whose replicas each step their whole state between syncs."""
+    if training.sync_every > 1:
+        return 1
     return replicas if training.shard_optimizer is not False and replicas > 1 else 1
 
 
@@ -122,6 +132,10 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
     state = memory.state_bytes_per_parameter(training.precision, training.optimizer)
     sharded_state = memory.optimizer_state_bytes_per_parameter(training.precision, training.optimizer)
     step = OPTIMIZER_BYTES_PER_PARAMETER[training.optimizer]
+    H = training.sync_every
+    if H > 1:  # local steps: the outer state kept, the outer step and the delta sync once every H iterations
+        state += OUTER_STATE_BYTES_PER_PARAMETER
+        step += OUTER_STEP_BYTES_PER_PARAMETER / H
     tied_copy = float(v * h) if model.tied_embeddings and stages > 1 and shards > 1 else 0.0
     return LayerCosts(
         stages=stages, layers=model.layers, layer_forward_flops=fwd,
@@ -133,7 +147,7 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         first_kept_bytes=boundary, last_kept_bytes=memory.logits_bytes(s, b, v), transient_bytes=transient,
         last_transient_bytes=memory.logits_bytes(s, b, v),  # the logits' gradient
         state_bytes_per_param=state - sharded_state * (1.0 - 1.0 / shards),
-        gradient_bytes_per_param=float(dtype),
+        gradient_bytes_per_param=float(dtype) / H, sync_every=H,
         optimizer_bytes_per_param=step / shards,
         boundary_bytes=boundary, shards=shards, first_unsharded_params=tied_copy, last_unsharded_params=tied_copy,
         unsharded_state_bytes_per_param=sharded_state * (1.0 - 1.0 / shards),

@@ -197,8 +197,9 @@ def _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottlenec
     start = finish
     if R > 1:
         grads = params * costs.gradient_bytes_per_param
-        sync = np.array([grads[s] * _ring_seconds_per_byte(ctx, assign[:, s]) + _ring_latency(ctx, assign[:, s])
-                         for s in range(S)])
+        H = costs.sync_every  # local steps: the whole sync, latency included, once every H iterations
+        sync = np.array([(grads[s] * H * _ring_seconds_per_byte(ctx, assign[:, s]) + _ring_latency(ctx, assign[:, s]))
+                         / H for s in range(S)])
         if ctx.network.has_shared_nics:
             start = _queued_sync_starts(ctx, assign, finish, sync)
     return float((start + sync + _step(ctx, assign, costs, counts).max(axis=0)).max())

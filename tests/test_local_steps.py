@@ -1,0 +1,126 @@
+"""Local steps (DiLoCo, Douillard et al. 2023, arXiv 2311.08105): the cost model charges the
+data-parallel sync and the outer step once every ``sync_every`` iterations and keeps the outer
+state; the search and the plan file carry it; the runtime runs it."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from planner.errors import InputError
+from planner.inputs.job import load_job
+from planner.inputs.model import TrainingSpec, model_preset, parse_training
+from planner.plan.dims import Schedule
+from planner.plan.document import plan_from_document, plan_to_document
+from planner.plan.plan import Plan, validate_plan
+from planner.prediction.predict import communication_bytes, predict
+from planner.prediction.stage_model import layer_costs, optimizer_shards, stage_parameters
+from tests.conftest import small_topology
+
+
+def _training(**changes) -> TrainingSpec:
+    base = dict(global_batch=16, micro_batch_size=1, precision="bf16", optimizer="adam", schedule="1f1b",
+                shard_optimizer=False)
+    base.update(changes)
+    return TrainingSpec(**base)
+
+
+def _tiny():
+    return model_preset("tiny")
+
+
+# -- inputs ---------------------------------------------------------------------------------------
+def test_training_reads_sync_every_and_the_outer_optimizer():
+    t = parse_training({"global_batch": 8, "sync_every": 16, "outer_learning_rate": 0.5, "outer_momentum": 0})
+    assert (t.sync_every, t.outer_learning_rate, t.outer_momentum) == (16, 0.5, 0)
+    assert parse_training({"global_batch": 8}).sync_every == 1
+
+
+@pytest.mark.parametrize("document, field", [
+    ({"sync_every": 0}, "training.sync_every"),
+    ({"sync_every": "often"}, "training.sync_every"),
+    ({"sync_every": 4, "shard_optimizer": True}, "training.shard_optimizer"),
+    ({"outer_momentum": 1.0}, "training.outer_momentum"),
+    ({"outer_learning_rate": 0}, "training.outer_learning_rate"),
+])
+def test_bad_local_step_settings_name_their_field(document, field):
+    with pytest.raises(InputError) as caught:
+        parse_training({"global_batch": 8, **document})
+    assert caught.value.field == field
+
+
+# -- cost model -----------------------------------------------------------------------------------
+def test_layer_costs_amortise_the_sync_and_the_outer_step_and_keep_the_outer_state():
+    model = _tiny()
+    one = layer_costs(model, _training(), 1, 2, 4)
+    four = layer_costs(model, _training(sync_every=4), 1, 2, 4)
+    # Hand-computed: bf16 gradients (2 B) a quarter as often; Adam's 16 B of state + 8 B of fp32
+    # snapshot and outer momentum; the step's 28 B + a quarter of the outer step's 24 B.
+    assert one.gradient_bytes_per_param == 2.0 and four.gradient_bytes_per_param == 0.5
+    assert one.state_bytes_per_param == 16.0 and four.state_bytes_per_param == 24.0
+    assert one.optimizer_bytes_per_param == 28.0 and four.optimizer_bytes_per_param == 28.0 + 24.0 / 4
+
+
+def test_local_steps_unshard_the_optimizer_state_under_auto():
+    assert optimizer_shards(_training(shard_optimizer="auto"), 4) == 4
+    assert optimizer_shards(_training(shard_optimizer="auto", sync_every=2), 4) == 1
+
+
+def _two_replica_plan(sync_every: int) -> Plan:
+    return Plan(layer_bounds=(0, _tiny().layers), assignment=(("slow-0",), ("fast-0",)),
+                micro_batches=(8, 8), micro_batch_size=1, schedule=Schedule.ONE_F_ONE_B, sync_every=sync_every)
+
+
+@pytest.fixture
+def job(write_yaml):
+    return load_job(write_yaml(small_topology()))
+
+
+def test_prediction_charges_the_sync_once_every_h_iterations(job):
+    training = dataclasses.replace(job.training, precision="fp16", shard_optimizer=False)
+    results = {}
+    for H in (1, 4):
+        plan = _two_replica_plan(H)
+        t = dataclasses.replace(training, sync_every=H)
+        validate_plan(plan, job.topology, job.model, t)
+        results[H] = predict(plan, job.topology, job.model, t)[0]
+    costs = layer_costs(job.model, training, 1, 1, 2)
+    params = float(stage_parameters(costs, job.model.layers, 0))
+    ring = [job.topology.index(d) for d in ("slow-0", "fast-0")]
+    whole = job.topology.network.ring_allreduce_s(2.0 * params, ring)  # fp16 gradients, latency included
+    assert results[1].breakdown_s["gradient_sync_s"] == pytest.approx(whole, rel=1e-9)
+    assert results[4].breakdown_s["gradient_sync_s"] == pytest.approx(whole / 4, rel=1e-9)
+    assert results[4].iteration_s < results[1].iteration_s
+    for device in ("slow-0", "fast-0"):  # fp32 snapshot and outer momentum: 8 B per parameter
+        assert results[4].memory_bytes[device] - results[1].memory_bytes[device] == pytest.approx(8.0 * params)
+
+
+def test_communication_per_token_shrinks_by_h(job):
+    training = dataclasses.replace(job.training, precision="fp16", shard_optimizer=False)
+    one = communication_bytes(_two_replica_plan(1), job.model, training)
+    four = communication_bytes(_two_replica_plan(4), job.model, dataclasses.replace(training, sync_every=4))
+    params = float(stage_parameters(layer_costs(job.model, training, 1, 1, 2), job.model.layers, 0))
+    tokens = 16 * job.model.sequence
+    # Two replicas, one stage: each sends 2 (k - 1) / k of the 2-byte gradients, k = 2.
+    assert one["data_parallel_bytes_per_iteration"] == pytest.approx(2 * 1 * 2.0 * params)
+    assert four["data_parallel_bytes_per_token"] == pytest.approx(one["data_parallel_bytes_per_token"] / 4)
+    assert one["pipeline_bytes_per_iteration"] == 0.0 and one["bytes_per_token"] == pytest.approx(2 * 2.0 * params
+                                                                                                 / tokens)
+
+
+def test_search_plans_with_local_steps_and_the_plan_file_keeps_them(job):
+    from planner.search.front import SearchOptions, search
+
+    training = dataclasses.replace(job.training, sync_every=8)
+    result = search(job.topology, job.model, training, SearchOptions(seed=0, time_limit_s=2, replicas=2))
+    plan = result.plan
+    assert plan.sync_every == 8
+    document = plan_to_document(plan, model=job.model, training=result.training)
+    assert document["sync_every"] == 8 and document["training"]["sync_every"] == 8
+    again = plan_from_document(document)
+    assert again.sync_every == 8
+    validate_plan(again, job.topology, job.model, result.training)
+    with pytest.raises(InputError) as caught:  # a plan and a training that disagree
+        validate_plan(again, job.topology, job.model, dataclasses.replace(result.training, sync_every=1))
+    assert caught.value.field == "sync_every"
+    assert "sync_every" not in plan_to_document(dataclasses.replace(plan, sync_every=1))
