@@ -114,7 +114,8 @@ def emulated(out: Path, iterations: int, warmup: int, seed: int) -> dict:
     return {"rows": rows, "picks": picks}
 
 
-def gpu(out: Path, iterations: int, warmup: int, seed: int) -> dict:
+def gpu(out: Path, iterations: int, warmup: int, seed: int, only: tuple = ()) -> dict:
+    """Calibrate, then run the GPU plans (``only``: just those labels, and the searches they need)."""
     from planner.inputs.calibration import apply_calibration, read_calibration
     from planner.runtime.calibrate import CalibrateOptions, calibrate
     from planner.runtime.launch import LaunchOptions, launch
@@ -129,6 +130,9 @@ def gpu(out: Path, iterations: int, warmup: int, seed: int) -> dict:
     plans = {}
     for stages, replicas, micro, schedule in ((2, 1, 2, "1f1b"), (2, 1, 1, "gpipe"), (1, 2, 2, "1f1b"),
                                               (2, 1, 4, "1f1b"), (1, 1, 2, "1f1b")):
+        shape = f"{stages}x{replicas}-mb{micro}-{schedule}"
+        if only and shape not in ("2x1-mb2-1f1b", "1x2-mb2-1f1b") and not any(l.startswith(shape) for l in only):
+            continue  # the two kept shapes are the base of the variants below
         training = replace(job.training, micro_batch_size=micro, schedule=schedule)
         pinned = replace(job, training=training)
         plan = search(pinned.topology, pinned.model, training,
@@ -148,6 +152,8 @@ def gpu(out: Path, iterations: int, warmup: int, seed: int) -> dict:
     plans["1x2-mb2-1f1b-recompute"] = (plan, replace(pinned, training=replace(pinned.training, recompute=True)))
     rows, memory = [], []
     for label, (plan, pinned) in plans.items():
+        if only and label not in only:
+            continue
         path = _write(plan, pinned, GPU_TOPOLOGY, out / "plans" / f"{label}.yaml", calibration)
         results = launch(path, LaunchOptions(iterations=iterations, warmup=warmup, out_dir=str(out / label)),
                          log=lambda s: None)
@@ -169,10 +175,14 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", nargs="+", default=(), metavar="LABEL", help="gpu: run only these plans")
     args = parser.parse_args()
     out = Path(args.out)
     runs = out / f"accuracy_{args.mode}"
-    report = (emulated if args.mode == "emulated" else gpu)(runs, args.iterations, args.warmup, args.seed)
+    if args.mode == "gpu":
+        report = gpu(runs, args.iterations, args.warmup, args.seed, tuple(args.only))
+    else:
+        report = emulated(runs, args.iterations, args.warmup, args.seed)
     rows = report["rows"]
     predicted, measured = [r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]
     report["summary"] = {"runs": len(rows), "mape": mean_absolute_percentage_error(predicted, measured),
