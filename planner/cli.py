@@ -26,6 +26,9 @@ def _plan_parser(sub) -> None:
     p.add_argument("--global-batch", type=int, help="global batch in sequences")
     p.add_argument("--micro-batch-size", type=int, help="micro-batch size in sequences (default: searched)")
     p.add_argument("--schedule", choices=["1f1b", "gpipe", "auto"], help="pipeline schedule")
+    p.add_argument("--sync-every", type=int, metavar="H",
+                   help="local steps (DiLoCo): replicas sync parameter deltas every H iterations (default: the "
+                        "file's training.sync_every, else 1); H > 1 changes the optimisation")
     p.add_argument("--stages", type=int, help="pin the number of pipeline stages")
     p.add_argument("--replicas", type=int, help="pin the number of data-parallel replicas")
     p.add_argument("--calibration", help="calibration file from 'plan calibrate' (measured efficiency, links)")
@@ -169,6 +172,15 @@ def _positive(name: str, value):
     return value
 
 
+def _sync_every(value):
+    from planner.inputs.model import MAX_SYNC_EVERY
+
+    if value is not None and not 1 <= value <= MAX_SYNC_EVERY:
+        raise InputError(f"must be from 1 to {MAX_SYNC_EVERY:,} iterations between syncs, got {value}",
+                         field="--sync-every")
+    return value
+
+
 def _non_negative(name: str, value: int) -> int:
     if value < 0:
         raise InputError(f"must be 0 or more, got {value}: pass a non-negative seed such as 0", field=name)
@@ -230,7 +242,8 @@ def _make(args) -> int:
     from planner.search.objective import make_objective
 
     overrides = {"global_batch": _positive("--global-batch", args.global_batch),
-                 "micro_batch_size": _positive("--micro-batch-size", args.micro_batch_size), "schedule": args.schedule}
+                 "micro_batch_size": _positive("--micro-batch-size", args.micro_batch_size), "schedule": args.schedule,
+                 "sync_every": _sync_every(args.sync_every)}
     _finite_positive("--time-limit", args.time_limit)
     _non_negative("--seed", args.seed)
     if args.output:
@@ -357,7 +370,8 @@ def _replan(args) -> int:
     from planner.search.replan import DEFAULT_MOVE_WEIGHT, read_old_plan, replan
 
     for flag, value in (("--model", args.model), ("--model-file", args.model_file),
-                        ("--global-batch", args.global_batch), ("--calibration", args.calibration)):
+                        ("--global-batch", args.global_batch), ("--calibration", args.calibration),
+                        ("--sync-every", args.sync_every)):
         if value is not None:
             raise InputError("a re-plan keeps the old plan's model and training: drop it", field=flag)
     if args.objective != "time":

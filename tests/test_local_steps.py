@@ -15,7 +15,7 @@ from planner.plan.document import plan_from_document, plan_to_document
 from planner.plan.plan import Plan, validate_plan
 from planner.prediction.predict import communication_bytes, predict
 from planner.prediction.stage_model import layer_costs, optimizer_shards, stage_parameters
-from tests.conftest import small_topology
+from conftest import small_topology
 
 
 def _training(**changes) -> TrainingSpec:
@@ -124,3 +124,41 @@ def test_search_plans_with_local_steps_and_the_plan_file_keeps_them(job):
         validate_plan(again, job.topology, job.model, dataclasses.replace(result.training, sync_every=1))
     assert caught.value.field == "sync_every"
     assert "sync_every" not in plan_to_document(dataclasses.replace(plan, sync_every=1))
+
+
+# -- command line ---------------------------------------------------------------------------------
+def test_cli_plans_with_sync_every_and_says_it_changes_the_optimisation(write_yaml, tmp_path, capsys):
+    from planner.cli import main
+    from planner.plan.document import read_plan
+
+    path = write_yaml(small_topology())
+    out = tmp_path / "plan.yaml"
+    assert main([str(path), "--sync-every", "4", "--replicas", "2", "--time-limit", "2", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "every 4 iterations" in text and "This changes the optimisation" in text
+    assert "per token sent between workers" in text
+    plan, document = read_plan(out)
+    assert plan.sync_every == 4 and document["training"]["sync_every"] == 4
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--sync-every", "0"], "field '--sync-every'"),
+    (["--sync-every", "1000000"], "field '--sync-every'"),
+])
+def test_cli_refuses_a_bad_sync_every_in_one_line(write_yaml, capsys, argv, fragment):
+    from planner.cli import main
+
+    assert main([str(write_yaml(small_topology())), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1
+
+
+def test_cli_refuses_sync_every_with_a_sharded_optimizer_naming_the_file(write_yaml, capsys):
+    from planner.cli import main
+
+    document = small_topology()
+    document["training"]["shard_optimizer"] = True
+    path = write_yaml(document)
+    assert main([str(path), "--sync-every", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert str(path) in err and "training.shard_optimizer" in err and len(err.splitlines()) == 1

@@ -1,6 +1,7 @@
 """Human-readable rendering of a plan (what ``plan TOPOLOGY`` prints)."""
 
 from planner.inputs.units import format_bytes, format_flops, format_seconds
+from planner.prediction.predict import communication_bytes
 
 __all__ = ["render_plan", "render_moves"]
 
@@ -28,6 +29,17 @@ def _idle_reason(plan, devices: int) -> str:
     return "using them would not speed up the iteration"
 
 
+def _local_steps_lines(plan, training) -> list:
+    """What local steps do to the training, said plainly (no claim of equal quality)."""
+    if plan.sync_every <= 1:
+        return []
+    return [f"Local steps (DiLoCo): each replica takes {plan.sync_every} optimizer steps on its own, then the "
+            f"replicas average their parameter deltas and an outer Nesterov step applies them (learning rate "
+            f"{training.outer_learning_rate:g}, momentum {training.outer_momentum:g}).",
+            "  This changes the optimisation: the loss per step may differ from syncing every iteration; "
+            "the planner predicts speed, not model quality."]
+
+
 def _cell(plan, name: str) -> str:
     """A (replica, stage) cell: its device, or its tensor group's lead and degree."""
     t = len(plan.members(name))
@@ -43,7 +55,9 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
            + (f" x tensor groups of up to {plan.degrees.tensor}" if plan.tensor_groups else "")
            + f" = {len(plan.used_devices)} of {topology.size} devices"
            + (f"; {len(plan.idle)} idle" if plan.idle else ""),
-           f"Schedule: {plan.schedule}, micro-batch size {plan.micro_batch_size}, gradient sync: {plan.sync}",
+           f"Schedule: {plan.schedule}, micro-batch size {plan.micro_batch_size}, gradient sync: {plan.sync}"
+           + (f" of parameter deltas every {plan.sync_every} iterations" if plan.sync_every > 1 else ""),
+           *_local_steps_lines(plan, training),
            (f"Calibration: {plan.calibration['path']} (measured {plan.calibration['measured_at_utc']})"
             if plan.calibration else "Calibration: none (the catalog's default efficiencies)"), ""]
     header = ["replica", "micro-batches"] + [f"stage {s} [{plan.layer_bounds[s]}, {plan.layer_bounds[s + 1]})"
@@ -72,6 +86,12 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
         out.append("  (along the critical device's timeline)")
         out.append(f"Throughput: {p.tokens_per_s:,.0f} tokens/s, {format_flops(p.achieved_flops)} achieved "
                    f"(MFU {100 * p.mfu:.1f}% of the used devices' peak)")
+        sent = communication_bytes(plan, model, training)
+        pipeline = sent["bytes_per_token"] - sent["data_parallel_bytes_per_token"]
+        out.append(f"Communication: {format_bytes(sent['bytes_per_token'])} per token sent between workers "
+                   f"(data-parallel sync {format_bytes(sent['data_parallel_bytes_per_token'])}"
+                   + (f", averaged over its {plan.sync_every} iterations" if plan.sync_every > 1 else "")
+                   + f"; pipeline {format_bytes(pipeline)})")
         if result is not None:
             unit = (lambda usd: f"${usd:.4g}") if result.objective == "cost" else format_seconds  # dollars, or seconds
             on = "" if result.objective == "time" else f" on the {result.objective} objective " \
