@@ -59,6 +59,8 @@ def test_layer_costs_amortise_the_sync_and_the_outer_step_and_keep_the_outer_sta
     assert one.gradient_bytes_per_param == 2.0 and four.gradient_bytes_per_param == 0.5
     assert one.state_bytes_per_param == 16.0 and four.state_bytes_per_param == 24.0
     assert one.optimizer_bytes_per_param == 28.0 and four.optimizer_bytes_per_param == 28.0 + 24.0 / 4
+    alone = layer_costs(model, _training(sync_every=4), 1, 2, 1)  # one replica: nothing to sync, no outer state
+    assert (alone.state_bytes_per_param, alone.optimizer_bytes_per_param, alone.sync_every) == (16.0, 28.0, 1)
 
 
 def test_local_steps_unshard_the_optimizer_state_under_auto():

@@ -132,7 +132,7 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
     state = memory.state_bytes_per_parameter(training.precision, training.optimizer)
     sharded_state = memory.optimizer_state_bytes_per_parameter(training.precision, training.optimizer)
     step = OPTIMIZER_BYTES_PER_PARAMETER[training.optimizer]
-    H = training.sync_every
+    H = training.sync_every if replicas > 1 else 1  # one replica has no sync to space out
     if H > 1:  # local steps: the outer state kept, the outer step and the delta sync once every H iterations
         state += OUTER_STATE_BYTES_PER_PARAMETER
         step += OUTER_STEP_BYTES_PER_PARAMETER / H

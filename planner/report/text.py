@@ -33,6 +33,8 @@ def _local_steps_lines(plan, training) -> list:
     """What local steps do to the training, said plainly (no claim of equal quality)."""
     if plan.sync_every <= 1:
         return []
+    if plan.replicas == 1:
+        return [f"Local steps: sync_every {plan.sync_every} changes nothing here (one replica, no data-parallel sync)."]
     return [f"Local steps (DiLoCo): each replica takes {plan.sync_every} optimizer steps on its own, then the "
             f"replicas average their parameter deltas and an outer Nesterov step applies them (learning rate "
             f"{training.outer_learning_rate:g}, momentum {training.outer_momentum:g}).",
