@@ -20,7 +20,7 @@ differ:
 
 The smallest of the three bounds every allocation. Costs between classes are the cheapest between
 their members, so merged (not interchangeable) classes still give a bound. On DTFM's world-wide case
-(8 regions of 8 GPUs) it is 36.8 s where CP-SAT's class model stays at 31.08 s after 60 s.
+(8 regions of 8 GPUs) it is 39.67 s where CP-SAT's class model stays at 31.08 s after 60 s.
 """
 
 import itertools

@@ -4,11 +4,12 @@ Ours: constructive allocations from the network's locality (each pipeline inside
 data-parallel group inside one, or each group built from one device of every host), then a seeded
 local search (``planner.search.dtfm_moves``: single swaps, host blocks exchanged between groups,
 a host gathered into one group or spread over several, and bounded walks over equal-cost moves to
-leave plateaus), then CP-SAT (``planner.search.cpsat_dtfm``) started from its answer: per device on
-up to 16 devices, per class of interchangeable devices beyond. The bound reported with the answer
-is the best of CP-SAT's, the class-profile bound (``planner.search.dtfm_bound``) and the cheapest
-links' (``dtfm_floor_s``). Under this objective the order of the groups along the pipeline and which device feeds
-which are exact (Held-Karp's path and bottleneck matchings), so moves only change the partition.
+leave plateaus), then CP-SAT's class model (``planner.search.cpsat_dtfm``; one class per device
+where no two are interchangeable) started from its answer. The bound reported with the answer is
+the best of CP-SAT's, the class-profile bound (``planner.search.dtfm_bound``) and the cheapest
+links' (``dtfm_floor_s``). Under this objective the order of the groups along the pipeline and
+which device feeds which are exact (Held-Karp's path and bottleneck matchings), so moves only
+change the partition.
 
 Budget: the local search's evaluations and CP-SAT's deterministic time are sized by the time limit
 at fixed rates (``EVALUATIONS_PER_S``, ``EXACT_WORK_PER_S``), so the same seed and limit give the
@@ -27,7 +28,7 @@ import numpy as np
 
 from cost_models.comm import sharded_exchange_pair_s
 from cost_models.dtfm import DTFM_C_DP_BYTES, DTFM_C_PP_BYTES, bottleneck_matching, network_dtfm_cost
-from planner.search.cpsat_dtfm import class_dtfm_allocation, exact_dtfm_allocation, model_classes
+from planner.search.cpsat_dtfm import class_dtfm_allocation, model_classes
 from planner.search.dtfm_bound import profile_bound_s
 from planner.search.dtfm_moves import local_search
 from planner.search.locality import locality_order
@@ -36,7 +37,6 @@ __all__ = ["DtfmResult", "dtfm_degrees", "dtfm_search", "gcma", "random_allocati
            "host_strided_allocation", "groups_to_pipelines", "dtfm_floor_s"]
 
 
-EXACT_DEVICES = 16  # up to this many devices CP-SAT's model is per device; beyond, per class of devices
 LOCAL_SHARE = 0.4  # of the time limit for the local search; CP-SAT gets the rest
 # Fixed rates that turn the time limit into deterministic work, set below what a 2-core machine does
 # unloaded: an incremental evaluation of 8 x 8 groups takes 3-8 ms; CP-SAT's class model on DTFM's
@@ -130,15 +130,16 @@ def dtfm_search(topology, stages: int, replicas: int, *, rng=None, seed: int = 0
                 max_evaluations: int | None = None, exact_work: float | None = None) -> DtfmResult:
     """Constructive starts, local search and CP-SAT under DTFM's objective (this module's description).
 
-    ``max_evaluations`` and ``exact_work`` (CP-SAT's deterministic time) default to the time
-    limit's share at this module's rates; ``time_limit_s`` caps the wall clock."""
+    ``max_evaluations`` defaults to ``LOCAL_SHARE`` of the time limit at ``EVALUATIONS_PER_S``;
+    ``exact_work`` (CP-SAT's deterministic time) to the rest of the limit, less the evaluations
+    made, at ``EXACT_WORK_PER_S``: both fixed by the seed and the limit. ``time_limit_s`` caps the
+    wall clock."""
     started = time.perf_counter()
     rng = rng if rng is not None else np.random.default_rng(seed)
     deadline = started + time_limit_s
     if max_evaluations is None:
         max_evaluations = max(1, int(EVALUATIONS_PER_S * LOCAL_SHARE * time_limit_s))
-    if exact_work is None:
-        exact_work = min(MAX_EXACT_WORK, EXACT_WORK_PER_S * (1 - LOCAL_SHARE) * time_limit_s)
+    fixed_work = exact_work is not None
     evaluations, history, clock_cut = 0, [], []
     best, best_cost = None, None
     for groups in _constructive(topology, stages, replicas).values():
@@ -161,18 +162,15 @@ def dtfm_search(topology, stages: int, replicas: int, *, rng=None, seed: int = 0
     bound = max(dtfm_floor_s(topology, stages, replicas),
                 profile_bound_s(topology.network, classes.members, stages, replicas))
     status = ""
+    if not fixed_work:  # CP-SAT's share, with what the local search's evaluations left of theirs
+        exact_work = min(MAX_EXACT_WORK, EXACT_WORK_PER_S * (time_limit_s - evaluations / EVALUATIONS_PER_S))
     if stages * replicas > 1 and exact_work > 0:
         remaining = max(0.1, 0.95 * (deadline - time.perf_counter()))  # the model is built in the rest
-        if topology.size <= EXACT_DEVICES:
-            solve = exact_dtfm_allocation
-            exact = solve(topology, stages, replicas, hint=best, time_limit_s=remaining, work_limit=exact_work)
-        else:
-            solve = class_dtfm_allocation
-            exact = solve(topology, stages, replicas, hint=best, time_limit_s=remaining, work_limit=exact_work,
-                          classes=classes)
+        exact = class_dtfm_allocation(topology, stages, replicas, hint=best, time_limit_s=remaining,
+                                      work_limit=exact_work, classes=classes)
         if exact.status != "optimal" and exact.work < 0.99 * exact_work:
             clock_cut.append("exact")
-        algorithm += f"+cpsat-{'devices' if solve is exact_dtfm_allocation else 'classes'}({exact.status})"
+        algorithm += f"+cpsat-classes({exact.status})"
         bound = max(bound, exact.bound_s)
         status = exact.status if exact.exact else f"{exact.status} (merged classes)"
         if exact.groups is not None and exact.cost_s < best_cost.total_s - 1e-12:
