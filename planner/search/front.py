@@ -450,6 +450,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     for rank, c in enumerate(unique):
         if not more():
             break
+    finalists = []  # (estimate, simulator) of every simulated candidate, for benchmarks/estimate_at_scale.py
         tries = [c]
         if more():
             better, used = refine_split(ctx, c, budget=min(REFINE_EVALUATIONS, max(1, int(
@@ -472,13 +473,15 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     history.append((evaluations, time.perf_counter() - started, best_estimate))
     if best_plan is None:
         if unfinished:
+            finalists.append({"stages": plan.stages, "replicas": plan.replicas, "estimate_s": float(candidate.score_s),
+                              "simulated_s": float(prediction.iteration_s), "fits": prediction.fits})
             raise network_error(unfinished)
         raise no_fit_error(topology, model, training, allowed, sizes, stages_pinned=bool(options.stages),
                            speed=ctx.speed, capacity=ctx.capacity)
     algorithm = "construct+local+genetic" + ("+cpsat" if exact_shapes else "") + "+refine"
     return best_plan, {"algorithm": algorithm, "evaluations": evaluations, "exact": exact_shapes,
                        "history": history, "pinned": {"stages": options.stages, "replicas": options.replicas},
-                       "simulated": simulated, "clock_cut": list(budget.clock_cut)}
+                       "simulated": simulated, "finalists": finalists, "clock_cut": list(budget.clock_cut)}
 
 
 def _start_candidate(ctx, x0: Plan | None) -> Candidate | None:
