@@ -442,6 +442,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     # refined and simulated in order until the finalists' share of the limit is spent; the first
     # is always simulated, so there is a plan.
     best_plan, best_time, unfinished, simulated = None, np.inf, [], 0
+    finalists = []  # (estimate, simulator) of every simulated candidate, for benchmarks/estimate_at_scale.py
     work_s, allowed_s = 0.0, budget.finalists_work_s()  # deterministic work, in seconds at fixed rates
 
     def more() -> bool:  # whether another finalist may be refined or simulated: until one fits, always
@@ -450,7 +451,6 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     for rank, c in enumerate(unique):
         if not more():
             break
-    finalists = []  # (estimate, simulator) of every simulated candidate, for benchmarks/estimate_at_scale.py
         tries = [c]
         if more():
             better, used = refine_split(ctx, c, budget=min(REFINE_EVALUATIONS, max(1, int(
@@ -465,6 +465,8 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
             plan = candidate_to_plan(ctx, candidate)
             prediction, _ = predict(plan, real, model, training)
             simulated += 1
+            finalists.append({"stages": plan.stages, "replicas": plan.replicas, "estimate_s": float(candidate.score_s),
+                              "simulated_s": float(prediction.iteration_s), "fits": prediction.fits})
             work_s += simulation_units(plan.stages, plan.replicas, sum(plan.micro_batches)) / SIMULATION_UNITS_PER_S
             if prediction.fits and not math.isfinite(prediction.iteration_s):
                 unfinished.append(prediction.iteration_s)
@@ -473,8 +475,6 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     history.append((evaluations, time.perf_counter() - started, best_estimate))
     if best_plan is None:
         if unfinished:
-            finalists.append({"stages": plan.stages, "replicas": plan.replicas, "estimate_s": float(candidate.score_s),
-                              "simulated_s": float(prediction.iteration_s), "fits": prediction.fits})
             raise network_error(unfinished)
         raise no_fit_error(topology, model, training, allowed, sizes, stages_pinned=bool(options.stages),
                            speed=ctx.speed, capacity=ctx.capacity)
