@@ -224,3 +224,17 @@ def test_report_says_idle_devices_are_left_out_for_their_price(pooled):
     text = render_plan(cost_result.plan, job.topology, job.model, cost_result.training, result=cost_result)
     assert "using them would not lower the dollars per iteration" in text
     assert "Lower bound on the cost objective ($" in text
+
+
+def test_egress_table_adds_up_to_the_cost_models_bytes_per_iteration():
+    """A second derivation: every byte of the region table (inside regions too) is one the cost
+    model's ``communication_bytes`` counts, for pipeline hops and ring syncs across both regions."""
+    from planner.prediction.predict import communication_bytes
+
+    topology, model, training = load_job_from(PRICED)
+    plan = Plan(layer_bounds=(0, 1, 4), assignment=(("fast-0", "slow-0"), ("slow-1", "fast-1")),
+                micro_batches=(9, 7), micro_batch_size=1, schedule="1f1b", ring_orders=((0, 1), (1, 0)),
+                topology_sha256=topology.sha256)
+    table = egress_bytes(plan, topology, model, training)
+    assert table.sum() == pytest.approx(communication_bytes(plan, model, training)["bytes_per_iteration"])
+    assert table[0, 1] > 0 and table[1, 0] > 0
