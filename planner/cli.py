@@ -81,10 +81,10 @@ def _launch_parser(sub) -> None:
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds before a stuck collective fails")
     p.add_argument("--save-state", action="store_true", help="write replica 0's weights to OUT/state/")
-    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
-                   help="save weights, optimizer state and data position every N iterations (with --checkpoint-dir)")
     p.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
                    help="torch.compile each block and the loss (auto: on GPUs, off on CPUs)")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="save weights, optimizer state and data position every N iterations (with --checkpoint-dir)")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="folder for the checkpoints (the last 2 are kept)")
     p.add_argument("--resume", metavar="DIR",
                    help="continue from the newest checkpoint in DIR, under this plan (any split and degrees)")
@@ -103,10 +103,10 @@ def _calibrate_parser(sub) -> None:
     p.add_argument("--model", help="model preset (overrides the topology's model)")
     p.add_argument("--micro-batch-size", type=int, help="micro-batch size to measure at")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement")
-    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
-
     p.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
                    help="time compiled blocks and loss, as 'plan launch --compile' runs them (auto: on GPUs)")
+    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+
 
 def _plot_parser(sub) -> None:
     p = sub.add_parser("plot", help="figures of predicted vs measured from run folders (PNG and SVG)")
