@@ -210,12 +210,30 @@ def test_an_edited_plan_file_is_refused_in_one_line(write_yaml, edit, field, fra
 
 def test_groupings_are_few_and_start_without_groups(write_yaml):
     job = load_job(write_yaml(WIDE))
-    mappings = groupings(job.topology, job.model)
+    first, fallback = groupings(job.topology, job.model)
     # T4 (16 GB) joins in groups whose memory reaches an A100-80GB's: 8 wanted, 4 on the host.
-    assert mappings == [{"A100-80GB": 1, "T4": 1}, {"A100-80GB": 1, "T4": 4}, {"A100-80GB": 2, "T4": 2}]
-    assert grouping_groups(job.topology, mappings[1]) == (("t4-0", "t4-1", "t4-2", "t4-3"),
-                                                          ("t4-4", "t4-5", "t4-6", "t4-7"))
-    assert groupings(job.topology, job.model, (1,)) == [{"A100-80GB": 1, "T4": 1}]
+    assert first == [{"A100-80GB": 1, "T4": 1}, {"A100-80GB": 1, "T4": 4}]
+    assert fallback == [{"A100-80GB": 2, "T4": 2}, {"A100-80GB": 2, "T4": 4}]  # the A100 host has 2
+    assert grouping_groups(job.topology, first[1]) == (("t4-0", "t4-1", "t4-2", "t4-3"),
+                                                       ("t4-4", "t4-5", "t4-6", "t4-7"))
+    assert groupings(job.topology, job.model, (1,)) == ([{"A100-80GB": 1, "T4": 1}], [])
+    # One type: no grouping first; pairs, then fours, only if nothing fits without them.
+    alike = load_job(write_yaml({**WIDE, "devices": [WIDE["devices"][1]]}))
+    assert groupings(alike.topology, alike.model) == ([{"T4": 1}], [{"T4": 2}, {"T4": 4}])
+
+
+def test_a_model_that_fits_no_device_alone_is_planned_over_tensor_groups(write_yaml):
+    # Eight T4 on two hosts: one block (1.26e9 parameters, 20 GB of Adam state) fits no T4 alone, so
+    # only the fallback groupings (every type in groups of 2, then 4) find a plan.
+    job = load_job(write_yaml({**WIDE, "devices": [{"name": "t4", "count": 8, "type": "T4", "gpus_per_host": 4,
+                                                    "host": "small"}],
+                               "model": {"name": "wider", "layers": 4, "hidden": 10240, "heads": 80,
+                                         "sequence": 1024, "vocabulary": 8000}}))
+    with pytest.raises(InputError, match="no plan fits"):
+        search(job.topology, job.model, job.training, SearchOptions(time_limit_s=2, tensor_degrees=(1,)))
+    result = search(job.topology, job.model, job.training, SearchOptions(time_limit_s=4))
+    assert result.plan.tensor_groups and result.plan.prediction.fits
+    assert "T4: 1" not in result.plan.search["tensor_tried"]  # it found no plan
 
 
 def test_tensor_groups_put_idle_t4s_to_work_and_the_iteration_gets_faster(write_yaml):

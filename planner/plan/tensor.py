@@ -104,13 +104,15 @@ def tensor_degree_problem(topology, model, group) -> str | None:
     return None
 
 
-def groupings(topology, model, degrees=TENSOR_DEGREES) -> list:
-    """The tensor groupings the search tries, as ``{device type: degree}``, at most three: no tensor
-    parallelism; the types with less memory than the largest in groups whose summed memory reaches
-    the largest type's (the smallest such degree; weak devices join as groups that hold what a
-    strong device holds); and every type in groups of two. A type's degree is the largest of
-    ``degrees`` within that, its largest host, and dividing the heads and the MLP width. Within a
-    host, devices of a type form groups in topology order; those left over stay single."""
+def groupings(topology, model, degrees=TENSOR_DEGREES) -> tuple:
+    """The tensor groupings the search tries, as ``{device type: degree}``: (first, fallback).
+
+    ``first``: no tensor parallelism, and, where types differ in memory, the smaller-memory types in
+    groups whose summed memory reaches the largest type's (weak devices join as groups that hold
+    what a strong device holds). ``fallback``, tried only when no plan fits without it: every type
+    in groups of 2, 4, 8. A type's degree is the largest of ``degrees`` within that, its largest
+    host, and dividing the heads and the MLP width. Within a host, devices of a type form groups in
+    topology order; those left over stay single."""
     count: dict = {}
     memory: dict = {}
     for d in topology.devices:
@@ -126,12 +128,16 @@ def groupings(topology, model, degrees=TENSOR_DEGREES) -> list:
         return max(usable, default=1)
 
     largest = max(memory.values())
+    first = [{t: 1 for t in memory}]
     equal = {t: degree(t, 1 << max(0, math.ceil(math.log2(largest / memory[t])))) for t in memory}
-    result = [{t: 1 for t in memory}]
-    for mapping in (equal, {t: degree(t, 2) for t in memory}):
-        if mapping not in result:
-            result.append(mapping)
-    return result
+    if equal not in first:
+        first.append(equal)
+    fallback = []
+    for g in (2, 4, 8):
+        mapping = {t: degree(t, g) for t in memory}
+        if mapping not in first and mapping not in fallback:
+            fallback.append(mapping)
+    return first, fallback
 
 
 def grouping_groups(topology, mapping: dict) -> tuple:

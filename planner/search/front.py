@@ -254,18 +254,25 @@ UNGROUPED_SHARE = 0.5  # of the time limit, for the search without tensor groups
 
 
 def _placement_search(topology, model, training, options, *, rng, callback, x0, started) -> tuple:
-    """The placement engine over each tensor grouping (``planner.plan.tensor.groupings``): the
-    search without tensor groups on ``UNGROUPED_SHARE`` of the time limit, each grouping on an equal
-    part of the rest; the plan the simulator finds fastest, and its search's record."""
-    mappings = groupings(topology, model, options.tensor_degrees)
+    """The placement engine over tensor groupings (``planner.plan.tensor.groupings``): without
+    tensor groups on ``UNGROUPED_SHARE`` of the time limit and the smaller-memory types grouped on
+    the rest (all of it without groups where the types' memory is alike); only when neither finds
+    a plan, every type in groups of 2, 4, 8 on equal parts of the time left. The plan the
+    simulator finds fastest, and its search's record."""
+    first, fallback = groupings(topology, model, options.tensor_degrees)
     if x0 is not None and x0.tensor_groups:
         validate_plan(x0, topology, model, training)
-        mappings = [None]  # re-planning a plan with tensor groups keeps its groups
-    best, tried, failure = None, {}, None
-    for k, mapping in enumerate(mappings):
-        part = 1.0 if len(mappings) == 1 else (UNGROUPED_SHARE if k == 0 else
-                                                 (1.0 - UNGROUPED_SHARE) / (len(mappings) - 1))
-        share = replace(options, time_limit_s=options.time_limit_s * part)
+        first, fallback = [None], []  # re-planning a plan with tensor groups keeps its groups
+    parts = [1.0] if len(first) == 1 else [UNGROUPED_SHARE, 1.0 - UNGROUPED_SHARE]
+    best, tried, failure, attempts = None, {}, None, 0
+    for k, mapping in enumerate(first + fallback):
+        if k >= len(first):
+            if best is not None:
+                break
+            left = options.time_limit_s - (time.perf_counter() - started)
+            share = replace(options, time_limit_s=max(left, 0.0) / (len(first) + len(fallback) - k))
+        else:
+            share = replace(options, time_limit_s=options.time_limit_s * parts[k])
         groups = x0.tensor_groups if mapping is None else grouping_groups(topology, mapping)
         try:
             plan, record = _grouped_placement_search(topology, model, training, share, groups=groups, rng=rng,
