@@ -274,6 +274,7 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
         else:
             share = replace(options, time_limit_s=options.time_limit_s * parts[k])
         groups = x0.tensor_groups if mapping is None else grouping_groups(topology, mapping)
+        attempts += 1
         try:
             plan, record = _grouped_placement_search(topology, model, training, share, groups=groups, rng=rng,
                                                      callback=callback, x0=x0 if mapping is None or not groups else None,
@@ -288,7 +289,7 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
     if best is None:
         raise failure
     plan, record = best
-    return plan, ({**record, "tensor_tried": tried} if len(mappings) > 1 else record)
+    return plan, ({**record, "tensor_tried": tried} if attempts > 1 else record)
 
 
 def _grouped_placement_search(topology, model, training, options, *, groups, rng, callback, x0, started) -> tuple:
