@@ -164,3 +164,117 @@ def test_cli_refuses_sync_every_with_a_sharded_optimizer_naming_the_file(write_y
     assert main([str(path), "--sync-every", "4"]) == 2
     err = capsys.readouterr().err.strip()
     assert str(path) in err and "training.shard_optimizer" in err and len(err.splitlines()) == 1
+
+
+# -- runtime (CPU, gloo, fp32) --------------------------------------------------------------------
+def _local_plan(folder, *, sync_every: int, model=None, micro_batches=(3, 1)):
+    """2 replicas x 2 stages of the tiny model on CPU devices (a0 b0 / a1 b1), 1F1B, SGD, fp32."""
+    from planner.inputs.topology import parse_topology
+    from planner.io import read_yaml
+    from planner.plan.document import write_plan
+    from tests.runtime_helpers import cpu_topology
+
+    model = model or _tiny()
+    topology_path = cpu_topology(folder / "topology.yaml")
+    topology = parse_topology(read_yaml(topology_path), name="cpu-six")
+    training = parse_training({"global_batch": sum(micro_batches), "micro_batch_size": 1, "precision": "fp32",
+                               "optimizer": "sgd", "schedule": "1f1b", "shard_optimizer": "auto",
+                               "sync_every": sync_every})
+    assignment = (("a0", "b0"), ("a1", "b1"))
+    plan = Plan(layer_bounds=(0, 2, 4), assignment=assignment, micro_batches=tuple(micro_batches),
+                micro_batch_size=1, schedule=Schedule.ONE_F_ONE_B, topology_name=topology.name,
+                topology_sha256=topology.sha256, sync_every=sync_every,
+                idle=tuple(d.name for d in topology.devices if d.name not in {"a0", "b0", "a1", "b1"}))
+    path = folder / "plan.yaml"
+    write_plan(plan_to_document(plan, model=model, training=training, topology_source=str(topology_path)), path)
+    return path
+
+
+def _launch(plan_path, out, iterations: int, lr: float):
+    from planner.runtime.launch import LaunchOptions, launch
+
+    return launch(plan_path, LaunchOptions(backend="gloo", iterations=iterations, warmup=0, out_dir=str(out),
+                                           learning_rate=lr, save_state=True), log=lambda line: None)
+
+
+def _diloco_reference(spec, *, micro_batches, sync_every: int, iterations: int, lr: float, outer_lr=0.7,
+                      outer_momentum=0.9) -> dict:
+    """Hand-written DiLoCo: each replica a whole model trained alone (SGD with momentum 0.9, the
+    inner optimizer keeping its state across syncs as in DiLoCo; the mean loss over its own
+    rows of each global batch) for ``sync_every`` steps; then the deltas averaged and an outer
+    Nesterov step from the common snapshot."""
+    import torch
+    import torch.nn.functional as F
+
+    from planner.runtime.data import global_batch_tokens
+    from planner.runtime.gpt import build_stage
+
+    R, batch = len(micro_batches), sum(micro_batches)
+    replicas = [build_stage(spec, 0, spec.layers, seed=0) for _ in range(R)]
+    snapshot = {k: v.detach().clone() for k, v in replicas[0].state_dict().items()}
+    momentum = {k: torch.zeros_like(v) for k, v in snapshot.items()}
+    optimizers = [torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) for m in replicas]  # the runtime's SGD
+    for iteration in range(iterations):
+        tokens = global_batch_tokens(0, iteration, batch, spec.sequence, spec.vocabulary)
+        first = 0
+        for model, optimizer, count in zip(replicas, optimizers, micro_batches):
+            rows = tokens[first:first + count]
+            first += count
+            logits = model(rows[:, :-1])
+            F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten()).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if (iteration + 1) % sync_every == 0:
+            states = [m.state_dict() for m in replicas]
+            new = {}
+            for name in snapshot:
+                delta = sum(snapshot[name] - s[name] for s in states) / R
+                momentum[name] = outer_momentum * momentum[name] + delta
+                new[name] = snapshot[name] - outer_lr * (delta + outer_momentum * momentum[name])
+            snapshot = new
+            for m in replicas:
+                m.load_state_dict(new)
+    return snapshot
+
+
+@pytest.mark.runtime
+@pytest.mark.slow
+def test_runtime_local_steps_equal_a_hand_written_diloco(tmp_path):
+    import torch
+
+    spec = _tiny()
+    results = _launch(_local_plan(tmp_path, sync_every=2), tmp_path / "run", iterations=4, lr=0.05)
+    weights = {}
+    for s in range(2):
+        weights.update(torch.load(tmp_path / "run" / "state" / f"stage{s}.pt"))
+    reference = _diloco_reference(spec, micro_batches=(3, 1), sync_every=2, iterations=4, lr=0.05)
+    assert torch.allclose(weights.pop("head.weight"), reference["embed.weight"], atol=1e-5)  # the tied copy
+    assert set(weights) == set(reference)
+    for name, value in reference.items():
+        assert torch.allclose(weights[name], value, atol=1e-5), name
+    synchronous = _diloco_reference(spec, micro_batches=(3, 1), sync_every=1, iterations=4, lr=0.05, outer_lr=1.0,
+                                    outer_momentum=0.0)  # outer SGD of rate 1: plain averaging every step
+    assert not torch.allclose(weights["embed.weight"], synchronous["embed.weight"], atol=1e-5)
+    assert results["run"]["sync_every"] == 2
+
+
+@pytest.mark.runtime
+@pytest.mark.slow
+def test_runtime_counts_data_parallel_bytes_that_shrink_by_h(tmp_path):
+    import dataclasses as dc
+
+    untied = dc.replace(_tiny(), tied_embeddings=False)  # every byte of the sync crosses the stage's replicas
+    sent = {}
+    for H in (1, 2):
+        folder = tmp_path / f"h{H}"
+        folder.mkdir()
+        results = _launch(_local_plan(folder, sync_every=H, model=untied, micro_batches=(2, 2)), folder / "run",
+                          iterations=4, lr=0.05)
+        assert results["run"]["sync_every"] == H
+        sent[H] = results["run"]["data_parallel_bytes_per_iteration"]
+    training = parse_training({"global_batch": 4, "precision": "fp32", "shard_optimizer": False})
+    params = stage_parameters(layer_costs(untied, training, 1, 2, 2), np.array([2.0, 2.0]), np.arange(2))
+    whole = 2 * 4 * int(params.sum())  # two replicas of each stage hand over their fp32 gradients
+    assert sent[1] == [whole] * 4
+    assert sent[2] == [0, whole, 0, whole]  # the deltas, once every 2 iterations
+    assert sum(sent[2]) / 4 == sum(sent[1]) / 4 / 2

@@ -45,16 +45,22 @@ class Layout:
 class StageGroups:
     stage: object  # this stage's replicas (gradient sync)
     embedding: object  # first and last stages of every replica when the embedding is tied; else None
+    replica_embedding: object = None  # with local steps: this replica's first and last stage only
 
 
-def make_groups(layout: Layout, stage: int, tied: bool) -> StageGroups:
-    """Create every group on every rank in the same order (torch.distributed requires it)."""
+def make_groups(layout: Layout, stage: int, tied: bool, *, local_steps: bool = False) -> StageGroups:
+    """Create every group on every rank in the same order (torch.distributed requires it). With
+    ``local_steps`` the tied embedding's two copies also get a group per replica: between syncs a
+    replica's copies stay equal without reaching the other replicas."""
     S, R = layout.stages, layout.replicas
     stage_groups = [dist.new_group([layout.rank(r, s) for r in range(R)]) for s in range(S)]
-    embedding = None
+    embedding = replica_embedding = None
     if tied and S > 1:
         embedding = dist.new_group(sorted(layout.rank(r, s) for r in range(R) for s in (0, S - 1)))
-    return StageGroups(stage=stage_groups[stage], embedding=embedding)
+        if local_steps:
+            pairs = [dist.new_group([layout.rank(r, 0), layout.rank(r, S - 1)]) for r in range(R)]
+            replica_embedding = pairs[layout.position(dist.get_rank())[0]]
+    return StageGroups(stage=stage_groups[stage], embedding=embedding, replica_embedding=replica_embedding)
 
 
 class _Timer:
@@ -95,7 +101,7 @@ class StageExecutor:
 
     def __init__(self, *, module, optimizer, plan, layout: Layout, replica: int, stage: int, device: torch.device,
                  groups: StageGroups, seed: int, dtype=torch.float32,
-                 emulator: Emulator | None = None, loss=lm_loss):
+                 emulator: Emulator | None = None, loss=lm_loss, local_steps=None):
         self.module, self.optimizer, self.plan = module, optimizer, plan
         self.layout, self.replica, self.stage, self.device = layout, replica, stage, device
         self.groups, self.seed, self.emulator = groups, seed, emulator
@@ -108,6 +114,16 @@ class StageExecutor:
         self.stage_parameters, self.embedding_parameters = split_parameters(module, layout.stages)
         self.timer = _Timer(device)
         self.loss_scale = 1.0
+        # Local steps (``planner.runtime.local_steps``): no data-parallel all-reduce; each replica's
+        # gradient is the mean over its own micro-batches, as if it trained alone.
+        self.local_steps = local_steps
+        self.sync_bytes = 0  # message bytes handed to the data-parallel gradient sync, all iterations
+
+    @property
+    def gradient_divisor(self) -> int:
+        """What each micro-batch's loss is divided by before backward: all replicas' micro-batches
+        (the gradients are then summed over them), or with local steps this replica's own."""
+        return self.plan.micro_batches[self.replica] if self.local_steps is not None else self.total_micro_batches
 
     # -- one iteration -------------------------------------------------------------------------
     def iteration(self, index: int) -> tuple:
@@ -131,8 +147,11 @@ class StageExecutor:
                 y = m(x)
                 if m.is_last:
                     targets = tokens[rows, 1:]
-                    y = self.loss(y, targets) / self.total_micro_batches
+                    loss = self.loss(y, targets)
+                    y = loss / self.total_micro_batches
                     loss_sum += y.detach()
+                    if self.gradient_divisor != self.total_micro_batches:
+                        y = loss / self.gradient_divisor
                 outputs[mb] = y
                 self._emulate_compute("fwd", start)
             elif kind == "bwd":
@@ -201,18 +220,22 @@ class StageExecutor:
             end_s = float(end[0])
         sharded = getattr(self.optimizer, "sharded", None)
         if sharded is not None:
+            self.sync_bytes += sum(p.numel() * p.element_size() for p in self.stage_parameters)
             sharded.reduce_scatter()  # ZeRO stage 1: each replica gets its own shard's sum
-        elif self.layout.replicas > 1:
-            _all_reduce_sum(self.stage_parameters, self.groups.stage)
+        elif self.layout.replicas > 1 and self.local_steps is None:
+            self.sync_bytes += _all_reduce_sum(self.stage_parameters, self.groups.stage)
         if self.groups.embedding is not None and self.embedding_parameters:
-            _all_reduce_sum(self.embedding_parameters, self.groups.embedding)
+            local = self.local_steps is not None and self.groups.replica_embedding is not None
+            group = self.groups.replica_embedding if local else self.groups.embedding
+            _all_reduce_sum(self.embedding_parameters, group)
         if end_s is not None:
             sleep_until(end_s)
 
 
-def _all_reduce_sum(parameters: list, group) -> None:
-    """Sum the gradients of ``parameters`` over ``group`` in buckets of at most ``BUCKET_BYTES``."""
-    bucket, size = [], 0
+def _all_reduce_sum(parameters: list, group) -> int:
+    """Sum the gradients of ``parameters`` over ``group`` in buckets of at most ``BUCKET_BYTES``;
+    returns the bytes handed to the all-reduce."""
+    bucket, size, total = [], 0, 0
     for p in parameters:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -220,9 +243,10 @@ def _all_reduce_sum(parameters: list, group) -> None:
         size += p.grad.numel() * p.grad.element_size()
         if size >= BUCKET_BYTES:
             _reduce_bucket(bucket, group)
-            bucket, size = [], 0
+            bucket, size, total = [], 0, total + size
     if bucket:
         _reduce_bucket(bucket, group)
+    return total + size
 
 
 def _reduce_bucket(grads: list, group) -> None:

@@ -28,6 +28,7 @@ from planner.runtime.emulation import Emulator, SharedResources, now_s
 from planner.runtime.engine import Layout, StageExecutor, make_groups, split_parameters
 from planner.runtime.gpt import build_stage, compile_stage, lm_loss
 from planner.runtime.inputs import RunInputs, emulated_model, load_run_inputs
+from planner.runtime.local_steps import LocalSteps, master_copies
 from planner.runtime.optimizer import make_optimizer
 from planner.runtime.precision import runtime_dtype
 from planner.runtime.results import RESULTS_FORMAT, chrome_trace, comparison, summarise_iterations, write_results
@@ -113,7 +114,8 @@ def _train(rank: int, world: int, config: WorkerConfig, rendezvous: dict, device
 def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, device, shared) -> None:
     plan, model, training = inputs.plan, inputs.model, inputs.training
     executed = emulated_model(model) if config.emulate else model
-    groups = make_groups(layout, stage, executed.tied_embeddings)
+    local = plan.sync_every > 1 and layout.replicas > 1  # local steps: the outer step every sync_every iterations
+    groups = make_groups(layout, stage, executed.tied_embeddings, local_steps=local)
     module = build_stage(executed, plan.layer_bounds[stage], plan.layer_bounds[stage + 1], seed=config.seed,
                          recompute=training.recompute is True)
     # 16-bit weights with fp32 master weights on GPUs (as the memory model counts); fp32 on the CPU.
@@ -129,6 +131,10 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
 
         folder, resumed = read_checkpoint(config.resume_from)
         first = load_checkpoint(folder, resumed, module=module, optimizer=optimizer)
+    # The snapshot is taken from the weights trained from (a resumed run's outer momentum starts at zero).
+    local_steps = LocalSteps(module.parameters(), sync_every=plan.sync_every, momentum=training.outer_momentum,
+                             learning_rate=training.outer_learning_rate, group=groups.stage, replicas=layout.replicas,
+                             masters=master_copies(optimizer)) if local else None
     emulator = None
     if config.emulate:
         job = build_pipeline_job(plan, inputs.topology, model, training)
@@ -142,11 +148,16 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     total = config.warmup + config.iterations
-    times, losses, traces, checkpoints = [], [], [], []
+    executor.local_steps = local_steps
+    times, losses, traces, checkpoints, sync_bytes = [], [], [], [], []
     for iteration in range(first, first + total):
         barrier()
         start = now_s()
+        sent = executor.sync_bytes + (local_steps.bytes_sent if local_steps else 0)
         loss, trace = executor.iteration(iteration)
+        if local_steps is not None and local_steps.due(iteration):
+            local_steps.outer_step()
+        sent = executor.sync_bytes + (local_steps.bytes_sent if local_steps else 0) - sent
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         elapsed = now_s() - start
@@ -164,13 +175,14 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
             times.append(float(slowest[0]))
             losses.append(float(loss_total[0]))
             traces.append(trace)
+            sync_bytes.append(sent)
         if checkpoint_due(iteration, config.checkpoint_every):
             checkpoints.append(_checkpoint(config, inputs, executed, module, optimizer, rank, replica, stage,
                                            iteration + 1))
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     device_name = plan.assignment[replica][stage]
     report = {"rank": rank, "replica": replica, "stage": stage, "device": device_name, "peak_memory_bytes": peak,
-              "traces": traces}
+              "traces": traces, "data_parallel_bytes": sync_bytes}
     gathered = [None] * layout.world if rank == 0 else None
     dist.gather_object(report, gathered, dst=0)
     if config.save_state and replica == 0:
@@ -182,6 +194,10 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         scaler = getattr(optimizer, "scaler", None)  # fp16: every rank holds the same scale
         scaling = {"loss_scale": scaler.scale, "skipped_steps": scaler.skipped} if scaler else {}
         scaling["optimizer_shards"] = optimizer.sharded.shards if optimizer.sharded else 1
+        # Message bytes every rank handed to the data-parallel sync (gradients, or local steps' deltas), per iteration.
+        scaling["sync_every"] = plan.sync_every
+        scaling["data_parallel_bytes_per_iteration"] = [sum(r["data_parallel_bytes"][i] for r in gathered)
+                                                        for i in range(len(times))]
         scaling.update(first_iteration=first, checkpoints=checkpoints,
                        resumed_from={"path": config.resume_from, "iteration": first} if resumed else None)
         _write(config, inputs, executed, times, losses, gathered, device, dtype, scaling)
