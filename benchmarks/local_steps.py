@@ -1,0 +1,90 @@
+"""Local steps (DiLoCo, Douillard et al. 2023, arXiv 2311.08105) on slow-link topologies: predicted
+time per iteration and bytes per token for H = 1, 4, 16, 64 iterations between syncs.
+
+    python benchmarks/local_steps.py [--time-limit 10] [--seed 0]
+
+For each topology, two rows per H: the plan searched with ``training.sync_every = H`` (the
+placement may change with H), and the plan searched at H = 1 predicted again with H (the same
+placement, only the sync amortised; its memory grows by the 8 B/param of outer state, so it may not
+fit). Bytes per token are what the workers send each other per token trained (``planner.prediction
+.predict.communication_bytes``: pipeline messages plus the data-parallel sync, the latter averaged
+over its H iterations). H > 1 changes the optimisation: these are speeds, not model quality.
+Prints a table and writes ``benchmarks/results/local_steps.json``.
+"""
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from planner.errors import InputError  # noqa: E402
+from planner.inputs.job import load_job  # noqa: E402
+from planner.prediction.predict import communication_bytes, predict  # noqa: E402
+from planner.search.front import SearchOptions, search  # noqa: E402
+
+TOPOLOGIES = ("topologies/hetero/home-consumer-gpus.yaml", "topologies/dtfm/case5-worldwide.yaml",
+              "topologies/hetero/h100-3090-homes.yaml")
+SYNC_EVERY = (1, 4, 16, 64)
+
+
+def _row(plan, prediction, model, training) -> dict:
+    sent = communication_bytes(plan, model, training)
+    return {"iteration_s": prediction.iteration_s, "gradient_sync_s": prediction.breakdown_s["gradient_sync_s"],
+            "tokens_per_s": prediction.tokens_per_s, "fits": prediction.fits,
+            "bytes_per_token": sent["bytes_per_token"],
+            "data_parallel_bytes_per_token": sent["data_parallel_bytes_per_token"],
+            "stages": plan.stages, "replicas": plan.replicas, "devices_used": len(plan.used_devices)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--time-limit", type=float, default=10.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "local_steps.json"))
+    args = parser.parse_args(argv)
+    options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit)
+    rows = []
+    print(f"{'topology':<22} {'H':>3} {'plan':<8} {'S x R':>6} {'iteration s':>12} {'sync s':>9} "
+          f"{'KiB/token':>10} {'DP KiB/token':>13}")
+    for name in TOPOLOGIES:
+        job = load_job(ROOT / name)
+        base = None
+        for H in SYNC_EVERY:
+            training = dataclasses.replace(job.training, sync_every=H)
+            started = time.perf_counter()
+            try:
+                result = search(job.topology, job.model, training, options)
+            except InputError as error:
+                rows.append({"topology": Path(name).stem, "sync_every": H, "plan": "searched", "error": str(error)})
+                continue
+            entries = [("searched", result.plan, result.plan.prediction, result.training)]
+            if H == 1:
+                base = result
+            elif base is not None:  # the H = 1 placement, only the sync amortised
+                same = dataclasses.replace(base.plan, sync_every=H, prediction=None)
+                t = dataclasses.replace(base.training, sync_every=H, shard_optimizer="auto")  # ZeRO off with H > 1
+                entries.append(("same", same, predict(same, job.topology, job.model, t)[0], t))
+            for label, plan, prediction, t in entries:
+                row = {"topology": Path(name).stem, "sync_every": H, "plan": label,
+                       **_row(plan, prediction, job.model, t), "search_wall_s": round(time.perf_counter() - started, 2)}
+                rows.append(row)
+                kib, dp_kib = row["bytes_per_token"] / 1024, row["data_parallel_bytes_per_token"] / 1024
+                print(f"{row['topology'][:22]:<22} {H:>3} {label:<8} {plan.stages:>2} x {plan.replicas:<2} "
+                      f"{row['iteration_s']:>12.3f} {row['gradient_sync_s']:>9.3f} {kib:>10.2f} {dp_kib:>13.2f}"
+                      + ("" if row["fits"] else "  (does not fit)"), flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"time_limit_s": args.time_limit, "seed": args.seed, "sync_every": list(SYNC_EVERY),
+                               "note": "H > 1 changes the optimisation: speeds, not model quality", "rows": rows},
+                              indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
