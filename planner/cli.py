@@ -406,12 +406,27 @@ def _replan(args) -> int:
     return 0
 
 
+def _refuse_checkpoints_with_local_steps(args) -> None:
+    """A checkpoint holds no outer snapshot or momentum of local steps: resuming would change the run."""
+    flag = next((f for f, v in (("--checkpoint-every", args.checkpoint_every), ("--resume", args.resume),
+                                ("--elastic", args.elastic)) if v), None)
+    if flag is None:
+        return
+    from planner.plan.document import read_plan
+
+    plan, _ = read_plan(args.plan)
+    if plan.sync_every > 1:
+        raise InputError(f"is {plan.sync_every} (local steps), whose outer snapshot and momentum checkpoints do not "
+                         f"hold yet: drop {flag} or plan with --sync-every 1", source=args.plan, field="sync_every")
+
+
 def _launch(args) -> int:
     from planner.runtime.launch import LaunchFailure, LaunchOptions, launch
 
     _non_negative("--seed", args.seed)
     _finite_positive("--timeout", args.timeout)
     _finite_positive("--time-scale", args.time_scale, unit="emulated seconds per plan second")
+    _refuse_checkpoints_with_local_steps(args)
     options = LaunchOptions(iterations=args.iterations, warmup=args.warmup, out_dir=args.out, emulate=args.emulate,
                             time_scale=args.time_scale, seed=args.seed, learning_rate=args.lr,
                             timeout_s=args.timeout, backend=args.backend, topology=args.topology,

@@ -278,3 +278,14 @@ def test_runtime_counts_data_parallel_bytes_that_shrink_by_h(tmp_path):
     assert sent[1] == [whole] * 4
     assert sent[2] == [0, whole, 0, whole]  # the deltas, once every 2 iterations
     assert sum(sent[2]) / 4 == sum(sent[1]) / 4 / 2
+
+
+def test_launch_refuses_checkpoints_of_a_local_steps_plan_in_one_line(tmp_path, capsys):
+    from planner.cli import main
+
+    plan = _local_plan(tmp_path, sync_every=4)
+    assert main(["launch", str(plan), "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "ck"),
+                 "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert str(plan) in err and "field 'sync_every'" in err and "--checkpoint-every" in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "run").exists()
