@@ -92,7 +92,7 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
         pipeline = sent["bytes_per_token"] - sent["data_parallel_bytes_per_token"]
         out.append(f"Communication: {format_bytes(sent['bytes_per_token'])} per token sent between workers "
                    f"(data-parallel sync {format_bytes(sent['data_parallel_bytes_per_token'])}"
-                   + (f", averaged over its {plan.sync_every} iterations" if plan.sync_every > 1 else "")
+                   + (f", averaged over its {plan.sync_every} iterations" if sent["sync_every"] > 1 else "")
                    + f"; pipeline {format_bytes(pipeline)})")
         if result is not None:
             unit = (lambda usd: f"${usd:.4g}") if result.objective == "cost" else format_seconds  # dollars, or seconds
