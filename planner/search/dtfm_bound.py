@@ -146,7 +146,8 @@ def profile_bound_s(network, members: tuple, stages: int, replicas: int, *,
                 if k != j and max(dp[i], dp[j], dp[k]) + 2.0 * ((S - 3) * cheapest + 2 * between) \
                         < min(options, default=np.inf):
                     options.append(_blocks_s(costs, [(m1, profiles[i]), (m2, profiles[j]), (m3, profiles[k])]))
-    return float(min(options)) if options else 0.0
+    # Less a relative 1e-12: sums in another order than ``dtfm_cost``'s must not round above an optimum.
+    return float(min(options)) * (1.0 - 1e-12) if options else 0.0
 
 
 def _blocks_s(costs: _Costs, blocks: list) -> float:
