@@ -90,17 +90,43 @@ class Network:
         np.fill_diagonal(times, 0.0)
         return times
 
-    def transfer_resources(self, a: int, b: int) -> list:
-        """The resources a message from ``a`` to ``b`` occupies: the directed link, and the sender
-        host's egress and the receiver host's ingress NIC where the hosts differ and have one."""
-        keys = [("link", int(a), int(b))]
+    def transfer_holds(self, a: int, b: int, message_bytes: float) -> list:
+        """(resource, seconds held) of one message from ``a`` to ``b``: the directed link for its
+        wire time (``busy_s``), and each shared NIC it crosses for the message's bytes at the NIC's
+        own rate, so flows slower than a NIC (a WAN link behind a fast NIC) share it instead of
+        taking turns; a NIC slower than the link holds as long as the link."""
+        holds = [(("link", int(a), int(b)), float(self.busy_s(a, b, message_bytes)))]
         ha, hb = int(self.host[a]), int(self.host[b])
         if ha != hb:
             if self._nic_egress[ha]:
-                keys.append(("egress", ha))
+                holds.append((("egress", ha), float(message_bytes / self.nic_egress_bytes_per_s[ha])))
             if self._nic_ingress[hb]:
-                keys.append(("ingress", hb))
-        return keys
+                holds.append((("ingress", hb), float(message_bytes / self.nic_ingress_bytes_per_s[hb])))
+        return holds
+
+    def ring_nic_holds(self, order, message_bytes: float, ring_s: float) -> list:
+        """(NIC, seconds held) of a ring all-reduce of ``message_bytes`` over ``order`` lasting
+        ``ring_s``: every hop that leaves a host sends ``2(k-1)/k * n`` bytes through its egress
+        NIC (and the next host's ingress) over the ring (Patarasuk & Yuan 2009), so a NIC is held
+        for those bytes at its rate, at most ``ring_s``."""
+        idx = np.asarray(order, dtype=np.int64)
+        k = idx.size
+        if k <= 1:
+            return []
+        nxt = np.roll(idx, -1)
+        ha, hb = self.host[idx], self.host[nxt]
+        between = ha != hb
+        per_hop = 2.0 * (k - 1) / k * float(message_bytes)
+        out_bytes = np.bincount(ha[between], minlength=self.hosts) * per_hop
+        in_bytes = np.bincount(hb[between], minlength=self.hosts) * per_hop
+        holds = []
+        for h in np.flatnonzero(out_bytes):
+            if self._nic_egress[h]:
+                holds.append((("egress", int(h)), min(float(out_bytes[h] / self.nic_egress_bytes_per_s[h]), ring_s)))
+        for h in np.flatnonzero(in_bytes):
+            if self._nic_ingress[h]:
+                holds.append((("ingress", int(h)), min(float(in_bytes[h] / self.nic_ingress_bytes_per_s[h]), ring_s)))
+        return holds
 
     def ring_nics(self, members) -> tuple:
         """The shared NICs a ring over ``members`` occupies, whatever its order: a ring that spans

@@ -43,6 +43,7 @@ class PipelineJob:
     sync_s: np.ndarray
     sync_links: tuple = ()
     optimizer_s: np.ndarray = None
+    sync_bytes: np.ndarray = None  # per stage, the bytes its all-reduce reduces (None: NICs held for the whole sync)
 
     @property
     def replicas(self) -> int:
@@ -69,25 +70,35 @@ class _Resources:
     def __init__(self):
         self.free_at = {}
 
-    def reserve(self, keys, ready_s: float, busy_s: float) -> float:
-        start = max([ready_s] + [self.free_at.get(k, 0.0) for k in keys])
-        for k in keys:
-            self.free_at[k] = start + busy_s
+    def reserve(self, holds, ready_s: float) -> float:
+        """Start of a use of every ``(resource, seconds)`` in ``holds`` ready at ``ready_s``: when all
+        are free; each is then busy for its own seconds."""
+        start = max([ready_s] + [self.free_at.get(k, 0.0) for k, _ in holds])
+        for k, busy in holds:
+            self.free_at[k] = start + busy
         return start
 
 
 def sync_resources(job: PipelineJob, stage: int) -> list:
-    """The resources that ``stage``'s gradient all-reduce occupies (its ring's links and NICs)."""
-    keys = []
-    for a, b in (job.sync_links[stage] if job.sync_links else ()):
-        keys += job.network.transfer_resources(a, b)
-    return list(dict.fromkeys(keys))
+    """What ``stage``'s gradient all-reduce holds, as ``(resource, seconds)``: its ring's links for
+    the whole all-reduce, and each shared NIC it crosses for the ring's bytes through it
+    (``Network.ring_nic_holds``; the whole all-reduce when the job has no ``sync_bytes``)."""
+    links = job.sync_links[stage] if job.sync_links else ()
+    seconds = float(job.sync_s[stage])
+    holds = {("link", int(a), int(b)): seconds for a, b in links}
+    if links and job.sync_bytes is not None:
+        order = [a for a, _ in links]
+        holds.update(dict(job.network.ring_nic_holds(order, float(job.sync_bytes[stage]), seconds)))
+    else:
+        for a, b in links:
+            holds.update({k: seconds for k, _ in job.network.transfer_holds(a, b, 0.0)})
+    return list(holds.items())
 
 
 def _transfer(job: PipelineJob, resources: _Resources, a: int, b: int, nbytes: float, ready_s: float) -> tuple:
-    busy = job.network.busy_s(a, b, nbytes)
-    start = resources.reserve(job.network.transfer_resources(a, b), ready_s, busy)
-    return start, start + busy + job.network.latency_s[a, b]
+    holds = job.network.transfer_holds(a, b, nbytes)
+    start = resources.reserve(holds, ready_s)
+    return start, start + holds[0][1] + job.network.latency_s[a, b]
 
 
 def simulate(job: PipelineJob, *, keep_records: bool = True) -> Timeline:
@@ -161,7 +172,7 @@ def simulate(job: PipelineJob, *, keep_records: bool = True) -> Timeline:
                 if len(sync_ready[s]) < R:
                     break
                 ready = max(t for t, _ in sync_ready[s])
-                start = resources.reserve(sync_resources(job, s), ready, job.sync_s[s])
+                start = resources.reserve(sync_resources(job, s), ready)
                 end = start + job.sync_s[s]
                 sync_window[s] = (start, end)
                 for t_w, member in sync_ready[s]:

@@ -30,8 +30,14 @@ def test_a_message_costs_latency_overhead_and_wire_time_capped_by_the_nics():
     assert net.transfer_s(0, 2, 1e6) == pytest.approx(1e-3 + 2e-4 + 1e6 / 0.25e9)  # across hosts: the NIC
     assert net.busy_s(0, 2, 1e6) == pytest.approx(4e-3)
     assert net.transfer_matrix_s(1e6)[1, 1] == 0.0
-    assert net.transfer_resources(0, 1) == [("link", 0, 1)]
-    assert net.transfer_resources(0, 3) == [("link", 0, 3), ("egress", 0), ("ingress", 1)]
+    assert net.transfer_holds(0, 1, 1e6) == [(("link", 0, 1), pytest.approx(1e-3))]
+    # Across hosts the link is held for the wire time at the NIC-capped rate, each NIC at its own rate.
+    assert net.transfer_holds(0, 3, 1e6) == [(("link", 0, 3), pytest.approx(4e-3)), (("egress", 0), pytest.approx(4e-3)),
+                                             (("ingress", 1), pytest.approx(4e-3))]
+    fast_nic = _network(nic=100e9)
+    assert fast_nic.transfer_holds(0, 3, 1e6) == [(("link", 0, 3), pytest.approx(1e-3)),
+                                                  (("egress", 0), pytest.approx(1e-5)),
+                                                  (("ingress", 1), pytest.approx(1e-5))]
     assert net.has_shared_nics and not _network().has_shared_nics
 
 
@@ -112,6 +118,46 @@ def test_estimate_and_simulator_agree_when_pipelines_share_a_nic(tmp_path):
     wide, wide_simulated, _, _ = _estimate_and_simulation(_nic_topology(tmp_path / "wide" / "t.yaml", "100Gbps"))
     assert wide == pytest.approx(wide_simulated, rel=0.05)
     assert simulated > 2 * wide_simulated  # the NIC matters, and both models see it
+
+
+def _two_rings_topology(path, nic: str, between: str):
+    """Two hosts in two regions joined by ``between``; each of a 2-stage plan's two stages has one
+    device on each host, so both stages' all-reduce rings cross both hosts' NICs."""
+    document = {"devices": [{"name": "a", "count": 2, "type": "A100-80GB", "host": "ha", "region": "r1"},
+                            {"name": "b", "count": 2, "type": "A100-80GB", "host": "hb", "region": "r2"}],
+                "network": {"host": {"latency": "0.01ms", "bandwidth": "2400Gbps"},
+                            "region": {"latency": "0.1ms", "bandwidth": "100Gbps"},
+                            "global": {"latency": "1ms", "bandwidth": between}}}
+    if nic:
+        document["network"]["nic"] = nic
+    path.write_text(yaml.safe_dump(document))
+    return load_topology(path)
+
+
+def test_rings_slower_than_a_nic_share_it_and_rings_limited_by_it_queue(tmp_path):
+    """A ring bottlenecked by a 1 Gbit/s link behind 400 Gbit/s NICs uses a sliver of each NIC, so
+    two stages' rings run together: the iteration equals that without NICs (holding the NIC for the
+    whole all-reduce serialised them). Behind 1 Gbit/s NICs and a 100 Gbit/s link, the NIC is the
+    bottleneck and the rings queue for it. The estimate agrees with the simulator in both."""
+    from planner.plan.plan import Plan
+
+    model = model_preset("gpt3-xl")
+    training = parse_training({"global_batch": 8, "micro_batch_size": 1, "precision": "bf16", "optimizer": "adam",
+                               "schedule": "1f1b", "shard_optimizer": False})
+    plan = Plan(layer_bounds=(0, 12, 24), assignment=(("a-0", "a-1"), ("b-0", "b-1")), micro_batches=(4, 4),
+                micro_batch_size=1, schedule="1f1b")
+    times = {}
+    for name, nic, between in (("fast-nic", "400Gbps", "1Gbps"), ("no-nic", None, "1Gbps"),
+                               ("slow-nic", "1Gbps", "100Gbps"), ("no-nic-fast-link", None, "100Gbps")):
+        (tmp_path / name).mkdir()
+        topology = _two_rings_topology(tmp_path / name / "t.yaml", nic, between)
+        simulated = predict(plan, topology, model, training)[0].iteration_s
+        assign = np.array([[topology.index(d) for d in row] for row in plan.assignment])
+        estimate = score_split(make_context(topology, model, training), assign, (12, 12), (4, 4), 1, plan.schedule)
+        assert estimate == pytest.approx(simulated, rel=0.05), name
+        times[name] = simulated
+    assert times["fast-nic"] == pytest.approx(times["no-nic"], rel=1e-3)
+    assert times["slow-nic"] > times["no-nic-fast-link"] * 1.2
 
 
 @pytest.mark.slow

@@ -61,6 +61,7 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
                        backward_s=(profile.backward_flops[None, :] + 2.0 * extra_head) / speed + tensor_backward,
                        boundary_bytes=profile.boundary_bytes, network=topology.network, sync_s=sync,
                        sync_links=tuple(links),
+                       sync_bytes=profile.gradient_bytes if plan.sync == Sync.RING else None,
                        optimizer_s=optimizer)
 
 

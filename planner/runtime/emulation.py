@@ -50,13 +50,14 @@ class SharedResources:
         offset = self.devices * self.devices + (0 if key[0] == "egress" else self.hosts)
         return offset + key[1]
 
-    def reserve(self, keys, ready_s: float, busy_s: float) -> float:
-        """Start of a use of ``keys`` ready at ``ready_s`` and lasting ``busy_s`` (same rule as the simulator)."""
-        slots = [self._slot(k) for k in keys]
+    def reserve(self, holds, ready_s: float) -> float:
+        """Start of a use of every ``(resource, seconds)`` in ``holds`` ready at ``ready_s`` (the
+        simulator's rule: when all are free; each then busy for its own seconds)."""
+        slots = [(self._slot(k), busy) for k, busy in holds]
         with self.array.get_lock():
-            start = max([ready_s] + [self.array[i] for i in slots])
-            for i in slots:
-                self.array[i] = start + busy_s
+            start = max([ready_s] + [self.array[i] for i, _ in slots])
+            for i, busy in slots:
+                self.array[i] = start + busy
         return start
 
 
@@ -79,15 +80,16 @@ class Emulator:
         peer = int(self.job.device[self.replica, peer_stage])
         boundary = min(self.stage, peer_stage)
         network = self.job.network
-        busy = float(network.busy_s(self.device, peer, self.job.boundary_bytes[boundary])) * self.scale
-        start = self.resources.reserve(network.transfer_resources(self.device, peer), ready_s, busy)
-        return start + busy + float(network.latency_s[self.device, peer]) * self.scale
+        holds = [(k, busy * self.scale)
+                 for k, busy in network.transfer_holds(self.device, peer, self.job.boundary_bytes[boundary])]
+        start = self.resources.reserve(holds, ready_s)
+        return start + holds[0][1] + float(network.latency_s[self.device, peer]) * self.scale
 
     def sync_end_s(self, ready_s: float) -> float:
         """Reserve this stage's ring for its all-reduce once every member is ready; when it ends."""
-        busy = float(self.job.sync_s[self.stage]) * self.scale
-        start = self.resources.reserve(sync_resources(self.job, self.stage), ready_s, busy)
-        return start + busy
+        holds = [(k, busy * self.scale) for k, busy in sync_resources(self.job, self.stage)]
+        start = self.resources.reserve(holds, ready_s)
+        return start + float(self.job.sync_s[self.stage]) * self.scale
 
 
 def compute_overrun(trace: list, job: PipelineJob, time_scale: float, iteration_s: float, *, names: dict) -> dict:

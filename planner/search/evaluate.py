@@ -201,23 +201,26 @@ def _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottlenec
         sync = np.array([(grads[s] * H * _ring_seconds_per_byte(ctx, assign[:, s]) + _ring_latency(ctx, assign[:, s]))
                          / H for s in range(S)])
         if ctx.network.has_shared_nics:
-            start = _queued_sync_starts(ctx, assign, finish, sync)
+            start = _queued_sync_starts(ctx, assign, finish, sync, grads)
     return float((start + sync + _step(ctx, assign, costs, counts).max(axis=0)).max())
 
 
-def _queued_sync_starts(ctx, assign, finish, sync) -> np.ndarray:
-    """Start of each stage's all-reduce when rings that cross the same shared NIC run one after
-    another in the order they become ready (the simulator holds every NIC a ring crosses for the
-    whole all-reduce)."""
+def _queued_sync_starts(ctx, assign, finish, sync, grads) -> np.ndarray:
+    """Start of each stage's all-reduce when rings that cross the same shared NIC queue for it in
+    the order they become ready, each holding a NIC for its bytes through it at the NIC's rate (the
+    simulator's rule, ``Network.ring_nic_holds``; the ring taken in device order, one crossing per
+    host)."""
     free_at, start = {}, finish.astype(float).copy()
     for s in np.argsort(finish, kind="stable"):
         key = tuple(sorted(assign[:, s].tolist()))
         if key not in ctx.ring_nics:
             ctx.ring_nics[key] = ctx.network.ring_nics(key)
-        nics = ctx.ring_nics[key]
-        start[s] = max([finish[s]] + [free_at.get(k, 0.0) for k in nics])
-        for k in nics:
-            free_at[k] = start[s] + sync[s]
+        if not ctx.ring_nics[key]:
+            continue
+        holds = ctx.network.ring_nic_holds(key, float(grads[s]), float(sync[s]))
+        start[s] = max([finish[s]] + [free_at.get(k, 0.0) for k, _ in holds])
+        for k, busy in holds:
+            free_at[k] = start[s] + busy
     return start
 
 
