@@ -143,7 +143,7 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     loss = compile_stage(module) if config.compile else lm_loss
     executor = StageExecutor(module=module, optimizer=optimizer, plan=plan, layout=layout, replica=replica,
                              stage=stage, device=device, groups=groups, seed=config.seed,
-                             dtype=dtype, emulator=emulator)
+                             dtype=dtype, emulator=emulator, loss=loss)
     barrier = (lambda: dist.barrier(device_ids=[device.index])) if device.type == "cuda" else dist.barrier
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
