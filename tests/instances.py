@@ -1,10 +1,12 @@
 """Random tiny instances for the differential tests and ``benchmarks/exactness.py``."""
 
+import itertools
+
 import numpy as np
 
 from planner.inputs.topology import parse_topology
 
-__all__ = ["random_small_topology"]
+__all__ = ["random_small_topology", "partitions"]
 
 _TYPES = ("A100-80GB", "V100-16GB", "T4", "RTX-4090", "L4")
 
@@ -25,3 +27,15 @@ def random_small_topology(rng, max_devices: int) -> tuple:
     pairs = [(s, d) for s in range(1, n + 1) for d in range(1, n // s + 1)]
     stages, replicas = pairs[int(rng.integers(len(pairs)))]
     return topology, stages, replicas
+
+
+def partitions(items: list, stages: int, replicas: int):
+    """Every split of ``items`` into ``stages`` unordered groups of ``replicas`` (brute-force references)."""
+    if stages == 0:
+        yield []
+        return
+    first = items[0]
+    for rest in itertools.combinations(items[1:], replicas - 1):
+        group = [first, *rest]
+        for tail in partitions([x for x in items if x not in group], stages - 1, replicas):
+            yield [group] + tail

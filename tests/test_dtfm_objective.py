@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from cost_models.dtfm import DTFM_C_DP_BYTES, DTFM_C_PP_BYTES, bottleneck_matching, dtfm_cost, open_path_tsp
+from tests.instances import partitions
 from planner.inputs.job import load_job
 
 from conftest import ROOT
@@ -70,19 +71,6 @@ def test_open_path_tsp_against_brute_force():
         assert sorted(order) == list(range(6))
 
 
-def _partitions(items: list, stages: int, replicas: int):
-    """Every split of ``items`` into ``stages`` unordered groups of ``replicas``."""
-    if stages == 0:
-        yield []
-        return
-    import itertools
-    first = items[0]
-    for rest in itertools.combinations(items[1:], replicas - 1):
-        group = [first, *rest]
-        for tail in _partitions([x for x in items if x not in group], stages - 1, replicas):
-            yield [group] + tail
-
-
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 10**6))
 def test_cpsat_dtfm_allocation_equals_enumeration(seed):
@@ -99,7 +87,7 @@ def test_cpsat_dtfm_allocation_equals_enumeration(seed):
     lat, bw = topology.latency_s, topology.bandwidth_bytes_per_s
     best = min(dtfm_cost(lat, bw, groups).total_s
                for chosen in itertools.combinations(range(topology.size), stages * replicas)
-               for groups in _partitions(list(chosen), stages, replicas))
+               for groups in partitions(list(chosen), stages, replicas))
     result = exact_dtfm_allocation(topology, stages, replicas, time_limit_s=30)
     assert result.status == "optimal"
     assert result.cost_s == pytest.approx(best, rel=1e-7, abs=1e-9)
@@ -143,7 +131,7 @@ def test_cpsat_dtfm_instance_where_ortools_presolve_certified_a_wrong_optimum():
     lat, bw = topology.latency_s, topology.bandwidth_bytes_per_s
     best = min(dtfm_cost(lat, bw, groups).total_s
                for chosen in itertools.combinations(range(topology.size), 4)
-               for groups in _partitions(list(chosen), 2, 2))
+               for groups in partitions(list(chosen), 2, 2))
     assert best == pytest.approx(0.41436, rel=1e-4)
     result = exact_dtfm_allocation(topology, stages, replicas, time_limit_s=30)
     assert result.status == "optimal" and result.cost_s == pytest.approx(best, rel=1e-7)

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from cost_models.dtfm import dtfm_cost, network_dtfm_cost
+from tests.instances import partitions
 from planner.inputs.job import load_job
 from planner.inputs.topology import parse_topology
 from planner.search.cpsat_dtfm import DeviceClasses, class_dtfm_allocation, device_classes, exact_dtfm_allocation
@@ -27,22 +28,11 @@ def _case(name):
     return load_job(next((ROOT / "topologies" / "dtfm").glob(f"{name}-*.yaml"))).topology
 
 
-def _partitions(items: list, stages: int, replicas: int):
-    if stages == 0:
-        yield []
-        return
-    first = items[0]
-    for rest in itertools.combinations(items[1:], replicas - 1):
-        group = [first, *rest]
-        for tail in _partitions([x for x in items if x not in group], stages - 1, replicas):
-            yield [group] + tail
-
-
 def _enumerated_optimum(topology, stages, replicas) -> float:
     lat, bw = topology.network.latency_s, topology.network.bandwidth_bytes_per_s
     return min(dtfm_cost(lat, bw, groups).total_s
                for chosen in itertools.combinations(range(topology.size), stages * replicas)
-               for groups in _partitions(list(chosen), stages, replicas))
+               for groups in partitions(list(chosen), stages, replicas))
 
 
 def _hosts_topology(quads: int, pairs: int, singles: int, *, fast="100Gbps", slow="1.25Gbps"):
