@@ -54,12 +54,15 @@ def layer_activation_bytes(s: int, b: int, h: int, a: int, *, dtype_bytes: int =
     return s * b * h * per_token * scale
 
 
-def in_flight_micro_batches(schedule: str, stage: int, stages: int, micro_batches: int) -> int:
+def in_flight_micro_batches(schedule: str, stage: int, stages: int, micro_batches: int, per_round: int = 0) -> int:
     """Micro-batches whose activations stage ``stage`` (0-based) of ``stages`` holds at its peak.
 
     GPipe keeps all ``M`` (Huang et al. 2019); 1F1B at most ``min(S - i, M)`` (Narayanan et al. 2021,
-    PipeDream-Flush, sec. 2.2). Vectorised over numpy arrays of stages and micro-batch counts.
+    PipeDream-Flush, sec. 2.2); in accumulation rounds of ``per_round`` micro-batches, ``M`` is at
+    most a round's. Vectorised over numpy arrays of stages and micro-batch counts.
     """
+    if per_round > 0:
+        micro_batches = np.minimum(micro_batches, per_round)
     if schedule == Schedule.GPIPE:
         return micro_batches
     if schedule == Schedule.ONE_F_ONE_B:

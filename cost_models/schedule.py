@@ -9,7 +9,7 @@ stage's gradient all-reduce over its replicas and ``step`` the optimizer update 
 from enum import StrEnum
 from typing import NamedTuple
 
-__all__ = ["Schedule", "Op", "stage_ops", "OP_KINDS"]
+__all__ = ["Schedule", "Op", "stage_ops", "round_sizes", "OP_KINDS"]
 
 
 class Schedule(StrEnum):
@@ -42,15 +42,35 @@ def _backward(stage: int, stages: int, mb: int) -> list:
     return ops
 
 
-def stage_ops(schedule: str, stage: int, stages: int, micro_batches: int) -> list:
+def round_sizes(micro_batches: int, per_round: int = 0) -> list:
+    """Micro-batches of each accumulation round: ``per_round`` each and the rest in the last (one
+    round of all when ``per_round`` is 0 or at least ``micro_batches``)."""
+    if per_round <= 0 or per_round >= micro_batches:
+        return [micro_batches]
+    full, rest = divmod(micro_batches, per_round)
+    return [per_round] * full + ([rest] if rest else [])
+
+
+def stage_ops(schedule: str, stage: int, stages: int, micro_batches: int, per_round: int = 0) -> list:
     """The ordered ops of one device holding ``stage`` (0-based) of ``stages``, for ``micro_batches``.
 
     GPipe: all forwards, then all backwards, both in micro-batch order (Huang et al. 2019).
     1F1B (PipeDream-Flush, Narayanan et al. 2021, sec. 2.2): ``min(S - s - 1, M)`` warm-up
     forwards, then alternate one forward and one backward, then drain the remaining backwards.
+    With ``per_round`` > 0 the micro-batches run in accumulation rounds of that many (DTFM's runs
+    accumulate in rounds of 64), each round its own pipeline fill and drain; gradients accumulate
+    over the rounds and one sync and step end the iteration.
     """
     if not 0 <= stage < stages or micro_batches < 1:
         raise ValueError(f"bad stage {stage} of {stages} or micro_batches {micro_batches}")
+    ops, first = [], 0
+    for size in round_sizes(micro_batches, per_round):
+        ops += [Op(kind, first + mb) for kind, mb in _one_round(schedule, stage, stages, size)]
+        first += size
+    return ops + [Op("sync", -1), Op("step", -1)]
+
+
+def _one_round(schedule: str, stage: int, stages: int, micro_batches: int) -> list:
     ops = []
     if schedule == Schedule.GPIPE:
         for mb in range(micro_batches):
@@ -68,4 +88,4 @@ def stage_ops(schedule: str, stage: int, stages: int, micro_batches: int) -> lis
             ops += _backward(stage, stages, mb)
     else:
         raise ValueError(f"unknown schedule {schedule!r}")
-    return ops + [Op("sync", -1), Op("step", -1)]
+    return ops

@@ -44,6 +44,7 @@ class PipelineJob:
     sync_links: tuple = ()
     optimizer_s: np.ndarray = None
     sync_bytes: np.ndarray = None  # per stage, the bytes its all-reduce reduces (None: NICs held for the whole sync)
+    micro_batches_per_round: int = 0  # accumulation rounds (``cost_models.schedule.stage_ops``; 0: one round)
 
     @property
     def replicas(self) -> int:
@@ -105,7 +106,8 @@ def simulate(job: PipelineJob, *, keep_records: bool = True) -> Timeline:
     """Simulate one iteration of ``job`` and return its ``Timeline``."""
     R, S = job.replicas, job.stages
     optimizer_s = job.optimizer_s if job.optimizer_s is not None else np.zeros((R, S))
-    ops = {(r, s): stage_ops(job.schedule, s, S, int(job.micro_batches[r])) for r in range(R) for s in range(S)}
+    ops = {(r, s): stage_ops(job.schedule, s, S, int(job.micro_batches[r]), job.micro_batches_per_round)
+           for r in range(R) for s in range(S)}
     pointer = dict.fromkeys(ops, 0)
     parked_at = {}  # worker -> time it started waiting for a message
     arrivals = {}  # (r, "act"|"grad", boundary, mb) -> (send_start, arrival)

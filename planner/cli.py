@@ -29,6 +29,9 @@ def _plan_parser(sub) -> None:
     p.add_argument("--sync-every", type=int, metavar="H",
                    help="local steps (DiLoCo): replicas sync parameter deltas every H iterations (default: the "
                         "file's training.sync_every, else 1); H > 1 changes the optimisation")
+    p.add_argument("--micro-batches-per-round", type=int, metavar="K",
+                   help="accumulation rounds: each replica's micro-batches run K at a time, each round its own "
+                        "pipeline fill and drain (default: the file's training.micro_batches_per_round, else 0 = one round)")
     p.add_argument("--stages", type=int, help="pin the number of pipeline stages")
     p.add_argument("--replicas", type=int, help="pin the number of data-parallel replicas")
     p.add_argument("--calibration", help="calibration file from 'plan calibrate' (measured efficiency, links)")
@@ -181,6 +184,12 @@ def _sync_every(value):
     return value
 
 
+def _non_negative_or_none(name: str, value):
+    if value is not None and value < 0:
+        raise InputError(f"must be at least 0 (0: one round), got {value}", field=name)
+    return value
+
+
 def _non_negative(name: str, value: int) -> int:
     if value < 0:
         raise InputError(f"must be 0 or more, got {value}: pass a non-negative seed such as 0", field=name)
@@ -243,7 +252,9 @@ def _make(args) -> int:
 
     overrides = {"global_batch": _positive("--global-batch", args.global_batch),
                  "micro_batch_size": _positive("--micro-batch-size", args.micro_batch_size), "schedule": args.schedule,
-                 "sync_every": _sync_every(args.sync_every)}
+                 "sync_every": _sync_every(args.sync_every),
+                 "micro_batches_per_round": _non_negative_or_none("--micro-batches-per-round",
+                                                                   args.micro_batches_per_round)}
     _finite_positive("--time-limit", args.time_limit)
     _non_negative("--seed", args.seed)
     if args.output:
@@ -371,7 +382,8 @@ def _replan(args) -> int:
 
     for flag, value in (("--model", args.model), ("--model-file", args.model_file),
                         ("--global-batch", args.global_batch), ("--calibration", args.calibration),
-                        ("--sync-every", args.sync_every)):
+                        ("--sync-every", args.sync_every),
+                        ("--micro-batches-per-round", args.micro_batches_per_round)):
         if value is not None:
             raise InputError("a re-plan keeps the old plan's model and training: drop it", field=flag)
     if args.objective != "time":

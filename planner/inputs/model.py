@@ -77,6 +77,9 @@ class TrainingSpec:
     sync_every: int = 1
     outer_learning_rate: float = 0.7
     outer_momentum: float = 0.9
+    # Accumulation rounds: a replica's micro-batches run in rounds of this many, each its own pipeline
+    # fill and drain (DTFM's runs: 64), keeping at most a round's activations; 0: one round of all.
+    micro_batches_per_round: int = 0
 
     def __post_init__(self):
         if self.global_batch < 1:
@@ -104,6 +107,10 @@ class TrainingSpec:
         if self.sync_every > 1 and self.shard_optimizer is True:
             raise InputError(f"is true, but sync_every {self.sync_every} keeps each replica's whole optimizer state "
                              "between syncs: set shard_optimizer to auto or false", field="training.shard_optimizer")
+        if isinstance(self.micro_batches_per_round, bool) or not isinstance(self.micro_batches_per_round, int) \
+                or not 0 <= self.micro_batches_per_round <= MAX_GLOBAL_BATCH:
+            raise InputError(f"{self.micro_batches_per_round!r} is not a whole number from 0 (one round) to "
+                             f"{MAX_GLOBAL_BATCH:,}", field="training.micro_batches_per_round")
         if not 0.0 < self.outer_learning_rate <= 10.0:
             raise InputError(f"{self.outer_learning_rate!r} is not in (0, 10]", field="training.outer_learning_rate")
         if isinstance(self.outer_momentum, bool) or not isinstance(self.outer_momentum, (int, float)) \
@@ -164,6 +171,7 @@ def parse_training(document, *, where: str = "training") -> TrainingSpec:
         sync_every=f.int("sync_every", 1),
         outer_learning_rate=f.float("outer_learning_rate", 0.7, high=10.0),
         outer_momentum=f.raw("outer_momentum", 0.9),
+        micro_batches_per_round=f.raw("micro_batches_per_round", 0),
     )
     f.finish()
     return result

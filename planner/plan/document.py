@@ -40,6 +40,8 @@ def plan_to_document(plan: Plan, *, model=None, training=None, topology_source: 
     }
     if plan.sync_every != 1:  # local steps: data-parallel sync once every this many iterations
         doc["sync_every"] = plan.sync_every
+    if plan.micro_batches_per_round:  # accumulation rounds: each replica's micro-batches in rounds of this many
+        doc["micro_batches_per_round"] = plan.micro_batches_per_round
     if plan.tensor_groups:  # each a stage's devices in one host, lead first (the lead names it in the lists above)
         doc["tensor_groups"] = [list(group) for group in plan.tensor_groups]
     if model is not None:
@@ -117,6 +119,7 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
             topology_name=str(topo.raw("name", "")), topology_sha256=str(topo.raw("sha256", "")),
             idle=tuple(f.list("idle", [])), search=f.raw("search", {}), calibration=_calibration(f),
             tensor_groups=_tensor_groups(f, assignment), sync_every=f.int("sync_every", 1),
+            micro_batches_per_round=f.int("micro_batches_per_round", 0, minimum=0),
         )
         topo.raw("path", "")
         topo.finish()

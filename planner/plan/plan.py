@@ -53,6 +53,8 @@ class Plan:
     tensor_groups: tuple = ()
     # Iterations between data-parallel syncs (local steps, ``TrainingSpec.sync_every``; 1: every one).
     sync_every: int = 1
+    # Micro-batches per accumulation round (``TrainingSpec.micro_batches_per_round``; 0: one round).
+    micro_batches_per_round: int = 0
 
     @property
     def stages(self) -> int:
@@ -147,6 +149,10 @@ def validate_plan(plan: Plan, topology, model, training) -> None:
     if plan.sync_every != getattr(training, "sync_every", 1):
         raise InputError(f"is {plan.sync_every} but training.sync_every is {training.sync_every}: make both agree "
                          "or plan again", field="sync_every")
+    if plan.micro_batches_per_round != getattr(training, "micro_batches_per_round", 0):
+        raise InputError(f"is {plan.micro_batches_per_round} but training.micro_batches_per_round is "
+                         f"{training.micro_batches_per_round}: make both agree or plan again",
+                         field="micro_batches_per_round")
     if plan.topology_sha256 and plan.topology_sha256 != topology.sha256:
         raise InputError("the plan was made for another topology (hash differs): plan again", field="topology.sha256")
     if plan.prediction is not None and not plan.prediction.fits:

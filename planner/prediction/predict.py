@@ -62,6 +62,7 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
                        boundary_bytes=profile.boundary_bytes, network=topology.network, sync_s=sync,
                        sync_links=tuple(links),
                        sync_bytes=profile.gradient_bytes if plan.sync == Sync.RING else None,
+                       micro_batches_per_round=plan.micro_batches_per_round,
                        optimizer_s=optimizer)
 
 
@@ -98,7 +99,8 @@ def predict(plan: Plan, topology, model, training, *, keep_records: bool = False
     used, capacity = {}, {}
     for r, row in enumerate(plan.assignment):
         for s, name in enumerate(row):
-            in_flight = memory.in_flight_micro_batches(plan.schedule, s, plan.stages, plan.micro_batches[r])
+            in_flight = memory.in_flight_micro_batches(plan.schedule, s, plan.stages, plan.micro_batches[r],
+                                                       plan.micro_batches_per_round)
             members = plan.members(name)
             need = float(stage_memory_bytes(costs, counts[s], s, in_flight, len(members)))
             for member in members:  # every member of a tensor group holds the same share

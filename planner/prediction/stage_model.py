@@ -72,6 +72,7 @@ class LayerCosts:
     tensor_allreduces_forward: int = 0
     tensor_allreduces_backward: int = 0
     sync_every: int = 1  # iterations between data-parallel syncs (local steps; 1: every iteration)
+    micro_batches_per_round: int = 0  # accumulation rounds (``cost_models.schedule.round_sizes``; 0: one round)
 
     def __post_init__(self):
         first = (np.arange(self.stages) == 0).astype(float)
@@ -148,6 +149,7 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         last_transient_bytes=memory.logits_bytes(s, b, v),  # the logits' gradient
         state_bytes_per_param=state - sharded_state * (1.0 - 1.0 / shards),
         gradient_bytes_per_param=float(dtype) / H, sync_every=H,
+        micro_batches_per_round=training.micro_batches_per_round,
         optimizer_bytes_per_param=step / shards,
         boundary_bytes=boundary, shards=shards, first_unsharded_params=tied_copy, last_unsharded_params=tied_copy,
         unsharded_state_bytes_per_param=sharded_state * (1.0 - 1.0 / shards),
@@ -193,10 +195,11 @@ def stage_step_bytes(costs: LayerCosts, parameters, stage):
     return parameters * costs.optimizer_bytes_per_param + costs.stage_unsharded_step_bytes[stage]
 
 
-def in_flight_table(schedule: str, stages: int, micro_batches) -> np.ndarray:
-    """(R, S) in-flight micro-batches of every worker (``cost_models.memory.in_flight_micro_batches``)."""
+def in_flight_table(schedule: str, stages: int, micro_batches, per_round: int = 0) -> np.ndarray:
+    """(R, S) in-flight micro-batches of every worker (``cost_models.memory.in_flight_micro_batches``;
+    ``per_round``: micro-batches per accumulation round, 0 for one round)."""
     m = np.asarray(micro_batches, dtype=np.int64)[:, None]
-    table = memory.in_flight_micro_batches(schedule, np.arange(stages)[None, :], stages, m)
+    table = memory.in_flight_micro_batches(schedule, np.arange(stages)[None, :], stages, m, per_round)
     return table if table.shape[1] == stages else np.repeat(table, stages, axis=1)
 
 

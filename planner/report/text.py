@@ -57,7 +57,10 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
            + (f" x tensor groups of up to {plan.degrees.tensor}" if plan.tensor_groups else "")
            + f" = {len(plan.used_devices)} of {topology.size} devices"
            + (f"; {len(plan.idle)} idle" if plan.idle else ""),
-           f"Schedule: {plan.schedule}, micro-batch size {plan.micro_batch_size}, gradient sync: {plan.sync}"
+           f"Schedule: {plan.schedule}, micro-batch size {plan.micro_batch_size}"
+           + (f", in accumulation rounds of {plan.micro_batches_per_round} micro-batches (each its own fill and "
+              f"drain)" if plan.micro_batches_per_round else "")
+           + f", gradient sync: {plan.sync}"
            + (f" of parameter deltas every {plan.sync_every} iterations" if plan.sync_every > 1 else ""),
            *_local_steps_lines(plan, training),
            (f"Calibration: {plan.calibration['path']} (measured {plan.calibration['measured_at_utc']})"

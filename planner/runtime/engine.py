@@ -107,7 +107,8 @@ class StageExecutor:
         self.groups, self.seed, self.emulator = groups, seed, emulator
         self.dtype = dtype  # weights, activations and messages; the loss is taken in fp32
         self.loss = loss  # lm_loss, or its compiled form
-        self.ops = stage_ops(plan.schedule, stage, layout.stages, plan.micro_batches[replica])
+        self.ops = stage_ops(plan.schedule, stage, layout.stages, plan.micro_batches[replica],
+                             plan.micro_batches_per_round)
         self.total_micro_batches = sum(plan.micro_batches)
         spec = module.spec
         self.boundary_shape = (plan.micro_batch_size, spec.sequence, spec.hidden)

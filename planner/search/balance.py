@@ -73,7 +73,8 @@ def split_layers(costs: LayerCosts, schedule: str, speed: np.ndarray, capacity_b
     if head_slowdown != 1.0:  # the head at its own efficiency: its FLOPs count that many times
         costs = replace(costs, head_flops=costs.head_flops * head_slowdown)
     tensor = np.ones((R, S)) if tensor is None else tensor
-    limits = _stage_limits(costs, S, speed, capacity_bytes, in_flight_table(schedule, S, micro_batches), tensor)
+    limits = _stage_limits(costs, S, speed, capacity_bytes,
+                           in_flight_table(schedule, S, micro_batches, costs.micro_batches_per_round), tensor)
     slowest, by_memory = limits
     if even:  # the most even split memory allows, whatever the compute balance
         return _fill(costs, S, slowest, by_memory, np.inf)

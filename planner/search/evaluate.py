@@ -187,7 +187,7 @@ def _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottlenec
     after its last backward (queued behind earlier ones on a shared NIC), then its optimizer step;
     the slowest stage's end."""
     R, S = assign.shape
-    pipeline = fill + (np.asarray(micro_batches) - 1) * bottleneck  # (R,)
+    pipeline = _rounds_makespan(np.asarray(micro_batches), costs.micro_batches_per_round, fill, bottleneck)  # (R,)
     # Stage s finishes its last backward before the stages upstream of it do theirs.
     upstream = np.concatenate([np.zeros((R, 1)), np.cumsum(tau[:, :-1] * backward_share(ctx.training), axis=1)],
                               axis=1)
@@ -203,6 +203,16 @@ def _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottlenec
         if ctx.network.has_shared_nics:
             start = _queued_sync_starts(ctx, assign, finish, sync, grads)
     return float((start + sync + _step(ctx, assign, costs, counts).max(axis=0)).max())
+
+
+def _rounds_makespan(micro_batches: np.ndarray, per_round: int, fill, bottleneck) -> np.ndarray:
+    """Each replica's ``fill + (M - 1) * bottleneck``, once per accumulation round of ``per_round``
+    micro-batches (``cost_models.schedule.round_sizes``: full rounds, then the rest)."""
+    if per_round <= 0:
+        return fill + (micro_batches - 1) * bottleneck
+    full, rest = np.divmod(micro_batches, per_round)
+    rounds = full * (fill + (per_round - 1) * bottleneck)
+    return rounds + np.where(rest > 0, fill + (rest - 1) * bottleneck, 0.0)
 
 
 def _queued_sync_starts(ctx, assign, finish, sync, grads) -> np.ndarray:
@@ -249,7 +259,7 @@ def fits(costs, schedule: str, counts, micro_batches, capacity: np.ndarray, tens
     """Whether every placed device holds its stage with its in-flight micro-batches (``capacity``
     and ``tensor``, the placed devices' tensor degrees, (R, S))."""
     R, S = capacity.shape
-    in_flight = in_flight_table(schedule, S, micro_batches)
+    in_flight = in_flight_table(schedule, S, micro_batches, costs.micro_batches_per_round)
     tensor = np.ones((R, S)) if tensor is None else tensor
     need = np.stack([stage_memory_bytes(costs, counts[s], s, in_flight[:, s], tensor[:, s]) for s in range(S)],
                     axis=1)

@@ -94,6 +94,9 @@ def no_fit_error(topology, model, training, pairs: list, micro_batch_sizes: list
     cause = (f"no plan fits in memory: {s} stage(s) x {r} replica(s) must use {device.name} ({device.type_name}, "
              f"{_gib(capacity[weakest])} usable), and a stage of {layers} layers needs at least {_gib(floor)} at "
              f"micro-batch size {b} ({recompute})")
+    if training.schedule == "gpipe" and not training.micro_batches_per_round:
+        return InputError(f"{cause}, and GPipe keeps the activations of all a replica's micro-batches: use "
+                          "--schedule 1f1b or accumulation rounds (--micro-batches-per-round)", field="--schedule")
     if r > 1:
         return InputError(f"{cause}: use fewer replicas (--replicas) or more stages", field="--replicas")
     if not training.recompute:

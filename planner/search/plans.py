@@ -26,4 +26,5 @@ def candidate_to_plan(ctx, candidate: Candidate) -> Plan:
                 topology_name=topo.name, topology_sha256=topo.sha256,
                 idle=tuple(name for name in real.names if name not in working),
                 tensor_groups=tuple(members[d] for d in used if len(members[d]) > 1),
-                sync_every=ctx.training.sync_every)
+                sync_every=ctx.training.sync_every,
+                micro_batches_per_round=ctx.training.micro_batches_per_round)
