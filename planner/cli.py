@@ -248,7 +248,6 @@ def _make(args) -> int:
     from planner.plan.document import plan_to_document
     from planner.report.text import render_plan
     from planner.search.front import SearchOptions, search
-    from planner.search.objective import make_objective
 
     overrides = {"global_batch": _positive("--global-batch", args.global_batch),
                  "micro_batch_size": _positive("--micro-batch-size", args.micro_batch_size), "schedule": args.schedule,
