@@ -127,15 +127,23 @@ class StageExecutor:
         return self.plan.micro_batches[self.replica] if self.local_steps is not None else self.total_micro_batches
 
     # -- one iteration -------------------------------------------------------------------------
-    def iteration(self, index: int) -> tuple:
-        """Run iteration ``index``; returns (this rank's share of the loss, [(kind, mb, start_s, end_s)])."""
+    def batch(self, index: int):
+        """Iteration ``index``'s tokens on this worker's device (first and last stages; else None), as
+        an input pipeline prefetches them: the caller loads them before timing the iteration. One copy
+        per iteration: a copy per micro-batch from pageable memory would stall the host until the
+        device drains, every micro-batch."""
         m = self.module
-        tokens = None
-        if m.is_first or m.is_last:
-            # One copy per iteration: a copy per micro-batch from pageable memory would stall the host
-            # until the device drains, every micro-batch.
-            tokens = global_batch_tokens(self.seed, index, self.plan.global_batch, m.spec.sequence,
-                                         m.spec.vocabulary).to(self.device)
+        if not (m.is_first or m.is_last):
+            return None
+        return global_batch_tokens(self.seed, index, self.plan.global_batch, m.spec.sequence,
+                                   m.spec.vocabulary).to(self.device)
+
+    def iteration(self, index: int, tokens=None) -> tuple:
+        """Run iteration ``index`` (``tokens``: its ``batch``, loaded here when not given); returns
+        (this rank's share of the loss, [(kind, mb, start_s, end_s)])."""
+        m = self.module
+        if tokens is None:
+            tokens = self.batch(index)
         inputs, outputs, grads, pending = {}, {}, {}, []
         self.loss_scale = getattr(self.optimizer, "loss_scale", 1.0)  # fp16: fixed for the iteration
         loss_sum = torch.zeros((), device=self.device)

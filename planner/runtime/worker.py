@@ -151,10 +151,11 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     executor.local_steps = local_steps
     times, losses, traces, checkpoints, sync_bytes = [], [], [], [], []
     for iteration in range(first, first + total):
+        tokens = executor.batch(iteration)  # the input pipeline's work, outside the timed iteration
         barrier()
         start = now_s()
         sent = executor.sync_bytes + (local_steps.bytes_sent if local_steps else 0)
-        loss, trace = executor.iteration(iteration)
+        loss, trace = executor.iteration(iteration, tokens)
         if local_steps is not None and local_steps.due(iteration):
             local_steps.outer_step()
         sent = executor.sync_bytes + (local_steps.bytes_sent if local_steps else 0) - sent
