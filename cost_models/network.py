@@ -104,38 +104,39 @@ class Network:
                 holds.append((("ingress", hb), float(message_bytes / self.nic_ingress_bytes_per_s[hb])))
         return holds
 
-    def ring_nic_holds(self, order, message_bytes: float, ring_s: float) -> list:
-        """(NIC, seconds held) of a ring all-reduce of ``message_bytes`` over ``order`` lasting
-        ``ring_s``: every hop that leaves a host sends ``2(k-1)/k * n`` bytes through its egress
-        NIC (and the next host's ingress) over the ring (Patarasuk & Yuan 2009), so a NIC is held
-        for those bytes at its rate, at most ``ring_s``."""
+    def ring_nic_rates(self, order) -> list:
+        """(NIC, seconds per byte of the ring's per-hop traffic) of every shared NIC a ring over
+        ``order`` crosses: each hop that leaves a host goes through its egress NIC and the next
+        host's ingress, at that NIC's rate (``ring_nic_holds`` scales it by the bytes)."""
         idx = np.asarray(order, dtype=np.int64)
-        k = idx.size
-        if k <= 1:
+        if idx.size <= 1:
             return []
         nxt = np.roll(idx, -1)
         ha, hb = self.host[idx], self.host[nxt]
         between = ha != hb
+        out_hops = np.bincount(ha[between], minlength=self.hosts)
+        in_hops = np.bincount(hb[between], minlength=self.hosts)
+        return ([(("egress", int(h)), float(out_hops[h] / self.nic_egress_bytes_per_s[h]))
+                 for h in np.flatnonzero(out_hops) if self._nic_egress[h]]
+                + [(("ingress", int(h)), float(in_hops[h] / self.nic_ingress_bytes_per_s[h]))
+                   for h in np.flatnonzero(in_hops) if self._nic_ingress[h]])
+
+    def ring_nic_holds(self, order, message_bytes: float, ring_s: float, rates=None) -> list:
+        """(NIC, seconds held) of a ring all-reduce of ``message_bytes`` over ``order`` lasting
+        ``ring_s``: every hop that leaves a host sends ``2(k-1)/k * n`` bytes (Patarasuk & Yuan 2009)
+        through the NICs it crosses, so a NIC is held for those bytes at its rate, at most ``ring_s``
+        (``rates``: ``ring_nic_rates(order)`` when the caller has it)."""
+        k = len(order)
+        if k <= 1:
+            return []
         per_hop = 2.0 * (k - 1) / k * float(message_bytes)
-        out_bytes = np.bincount(ha[between], minlength=self.hosts) * per_hop
-        in_bytes = np.bincount(hb[between], minlength=self.hosts) * per_hop
-        holds = []
-        for h in np.flatnonzero(out_bytes):
-            if self._nic_egress[h]:
-                holds.append((("egress", int(h)), min(float(out_bytes[h] / self.nic_egress_bytes_per_s[h]), ring_s)))
-        for h in np.flatnonzero(in_bytes):
-            if self._nic_ingress[h]:
-                holds.append((("ingress", int(h)), min(float(in_bytes[h] / self.nic_ingress_bytes_per_s[h]), ring_s)))
-        return holds
+        rates = self.ring_nic_rates(order) if rates is None else rates
+        return [(nic, min(per_hop * seconds_per_byte, ring_s)) for nic, seconds_per_byte in rates]
 
     def ring_nics(self, members) -> tuple:
         """The shared NICs a ring over ``members`` occupies, whatever its order: a ring that spans
         two hosts or more leaves and enters every one of them."""
-        hosts = np.unique(self.host[np.asarray(members, dtype=np.int64)])
-        if hosts.size < 2:
-            return ()
-        return (tuple(("egress", int(h)) for h in hosts if self._nic_egress[h])
-                + tuple(("ingress", int(h)) for h in hosts if self._nic_ingress[h]))
+        return tuple(nic for nic, _ in self.ring_nic_rates(members))
 
     def nic_busy_s(self, senders, receivers, message_bytes) -> tuple:
         """Per host, the wire time its egress and its ingress NIC spend on one message over each of

@@ -31,7 +31,7 @@ class SearchContext:
     network: object  # cost_models.network.Network: the simulator's own network
     costs: dict  # (micro_batch_size, stages) -> LayerCosts
     rings: dict  # sorted member tuple -> (all-reduce seconds per byte, latency seconds)
-    ring_nics: dict  # sorted member tuple -> the shared NICs its ring occupies
+    ring_nics: dict  # sorted member tuple -> its ring's shared NICs and their seconds per byte (Network.ring_nic_rates)
     groups: object = None  # planner.plan.tensor.TensorGroups: the real topology and its tensor groups
     tensor: np.ndarray = None  # per device: its tensor degree
 
@@ -224,10 +224,10 @@ def _queued_sync_starts(ctx, assign, finish, sync, grads) -> np.ndarray:
     for s in np.argsort(finish, kind="stable"):
         key = tuple(sorted(assign[:, s].tolist()))
         if key not in ctx.ring_nics:
-            ctx.ring_nics[key] = ctx.network.ring_nics(key)
+            ctx.ring_nics[key] = ctx.network.ring_nic_rates(key)
         if not ctx.ring_nics[key]:
             continue
-        holds = ctx.network.ring_nic_holds(key, float(grads[s]), float(sync[s]))
+        holds = ctx.network.ring_nic_holds(key, float(grads[s]), float(sync[s]), ctx.ring_nics[key])
         start[s] = max([finish[s]] + [free_at.get(k, 0.0) for k, _ in holds])
         for k, busy in holds:
             free_at[k] = start[s] + busy
