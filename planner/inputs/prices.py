@@ -8,6 +8,7 @@ import numpy as np
 from planner.errors import InputError
 from planner.fields import Fields
 from planner.inputs.catalog import EGRESS_USD_PER_GB
+from planner.inputs.regions import pair_directions
 
 __all__ = ["parse_price", "parse_egress", "MAX_PRICE_USD"]
 
@@ -23,12 +24,6 @@ def parse_price(value, *, field: str, unit: str = "US dollars per device-hour") 
     if not math.isfinite(value) or value < 0 or value > MAX_PRICE_USD:
         raise InputError(f"must be a number of {unit} from 0 to {MAX_PRICE_USD:g}, got {value!r}", field=field)
     return float(value)
-
-
-def _region(value, where: str, regions: dict) -> int:
-    if not isinstance(value, str) or value not in regions:
-        raise InputError(f"region {value!r} has no device: use one of {', '.join(regions)}", field=where)
-    return regions[value]
 
 
 def parse_egress(value, regions: list) -> np.ndarray:
@@ -50,16 +45,7 @@ def parse_egress(value, regions: list) -> np.ndarray:
         f.finish()
         for k, entry in enumerate(entries):
             e = Fields(entry, f"{where}.pairs[{k}]")
-            if e.has("regions"):
-                names = e.list("regions")
-                if len(names) != 2:
-                    raise InputError("must name exactly two regions", field=e.path("regions"))
-                a, b = (_region(name, e.path("regions"), index) for name in names)
-                directions = ((a, b), (b, a))
-            else:
-                a = _region(e.str("from"), e.path("from"), index)
-                b = _region(e.str("to"), e.path("to"), index)
-                directions = ((a, b),)
+            directions = pair_directions(e, index)
             price = parse_price(e.raw("usd_per_gb"), field=e.path("usd_per_gb"), unit="US dollars per GB")
             e.finish()
             pairs += [(i, j, price) for i, j in directions]

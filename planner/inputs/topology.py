@@ -17,6 +17,7 @@ from planner.inputs.catalog import PRECISIONS, device_type, peak_for
 from planner.errors import InputError
 from planner.inputs.calibration import measured_links
 from planner.inputs.prices import parse_egress, parse_price
+from planner.inputs.regions import pair_directions, some_names
 from planner.fields import Fields
 from planner.inputs.units import check_range, parse_bandwidth_bytes_per_s, parse_bytes, parse_flops, parse_seconds
 
@@ -263,43 +264,15 @@ def _calibrated_links(f: Fields, devices: list, latency, bandwidth, calibration)
     return calibration.sha256, float(calibration.network.get("message_overhead_s", 0.0))
 
 
-def _some(names, shown: int = 8) -> str:
-    """The first few of ``names`` for a message, and how many there are in all."""
-    names = list(names)
-    more = f", ... ({len(names)} in all)" if len(names) > shown else ""
-    return ", ".join(str(name) for name in names[:shown]) + more
-
-
-def _region_name(value, where: str, regions: dict) -> int:
-    """The index of region ``value``; a clear error for a non-string or a region without devices."""
-    if not isinstance(value, str) or not value:
-        raise InputError(f"expected a region name, got {value!r}", field=where)
-    if value not in regions:
-        raise InputError(f"region {value!r} has no device: use one of {_some(regions)}", field=where)
-    return regions[value]
-
-
 def _region_pairs(f: Fields, regions: dict, table_lat: np.ndarray, table_bw: np.ndarray) -> None:
     """Fill the region-to-region tables from ``network.region_pairs``: one O(1) step per entry."""
     for k, entry in enumerate(f.list("region_pairs", [])):
         e = Fields(entry, f"network.region_pairs[{k}]")
-        if e.has("regions"):
-            pair = e.list("regions")
-            if len(pair) != 2:
-                raise InputError("must name exactly two regions", field=e.path("regions"))
-            a, b = (_region_name(name, e.path("regions"), regions) for name in pair)
-            if not e.bool("symmetric", True):
-                raise InputError("a 'regions' entry sets both directions: use from/to for one direction",
-                                 field=e.path("symmetric"))
-            symmetric = True
-        else:
-            a = _region_name(e.str("from"), e.path("from"), regions)
-            b = _region_name(e.str("to"), e.path("to"), regions)
-            symmetric = e.bool("symmetric", False)
+        directions = pair_directions(e, regions)
         lat = e.quantity("latency", parse_seconds)
         bw = e.quantity("bandwidth", parse_bandwidth_bytes_per_s)
         e.finish()
-        for i, j in ((a, b), (b, a)) if symmetric else ((a, b),):
+        for i, j in directions:
             table_lat[i, j], table_bw[i, j] = lat, bw
 
 
@@ -373,7 +346,7 @@ def _parse_network(document, devices: list, calibration) -> tuple:
         e = Fields(entry, where)
         host = e.str("host")
         if host not in host_names:
-            raise InputError(f"host {host!r} has no device: use one of {_some(sorted(host_names))}", field=where)
+            raise InputError(f"host {host!r} has no device: use one of {some_names(sorted(host_names))}", field=where)
         both = e.quantity("bandwidth", parse_bandwidth_bytes_per_s, None)
         egress = e.quantity("egress", parse_bandwidth_bytes_per_s, both)
         ingress = e.quantity("ingress", parse_bandwidth_bytes_per_s, both)
