@@ -14,6 +14,7 @@ __all__ = [
     "model_parameters",
     "layer_forward_flops",
     "head_forward_flops",
+    "layer_weight_gradient_flops",
     "training_flops_multiplier",
     "megatron_iteration_flops",
 ]
@@ -83,6 +84,18 @@ def layer_forward_flops(b: int, s: int, h: int, f: int, *, gated_mlp: bool = Fal
     """
     mlp_matrices = 3 if gated_mlp else 2
     return 2.0 * b * s * (4 * h * h + mlp_matrices * h * f) + 4.0 * b * s * s * h
+
+
+def layer_weight_gradient_flops(b: int, s: int, h: int, f: int, *, gated_mlp: bool = False) -> float:
+    """The weight gradients' part of one block's backward for a micro-batch: ``2*b*s*(4h^2 + m*h*f)``.
+
+    The backward of ``Y = X W`` is two products of the forward's size, ``dX = dY W^T`` and
+    ``dW = X^T dY`` (Narayanan et al. SC'21, Appendix: backward = 2x forward); the second is the
+    weight gradient that a zero-bubble schedule runs apart (Qi et al. 2024, sec. 2). Attention's
+    scores and values have no weights: their backward is all input gradient.
+    """
+    mlp_matrices = 3 if gated_mlp else 2
+    return 2.0 * b * s * (4 * h * h + mlp_matrices * h * f)
 
 
 def head_forward_flops(b: int, s: int, h: int, v: int) -> float:

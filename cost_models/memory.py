@@ -58,8 +58,10 @@ def in_flight_micro_batches(schedule: str, stage: int, stages: int, micro_batche
     """Micro-batches whose activations stage ``stage`` (0-based) of ``stages`` holds at its peak.
 
     GPipe keeps all ``M`` (Huang et al. 2019); 1F1B at most ``min(S - i, M)`` (Narayanan et al. 2021,
-    PipeDream-Flush, sec. 2.2); in accumulation rounds of ``per_round`` micro-batches, ``M`` is at
-    most a round's. Vectorised over numpy arrays of stages and micro-batch counts.
+    PipeDream-Flush, sec. 2.2); ZB-H1 keeps a micro-batch until its weight gradient, so stage i,
+    which holds i of them back, keeps at most ``min(S, M)`` (Qi et al. 2024, sec. 3.1: the peak of
+    1F1B's first stage, now on every stage); in accumulation rounds of ``per_round`` micro-batches,
+    ``M`` is at most a round's. Vectorised over numpy arrays of stages and micro-batch counts.
     """
     if per_round > 0:
         micro_batches = np.minimum(micro_batches, per_round)
@@ -67,6 +69,8 @@ def in_flight_micro_batches(schedule: str, stage: int, stages: int, micro_batche
         return micro_batches
     if schedule == Schedule.ONE_F_ONE_B:
         return np.minimum(stages - stage, micro_batches)
+    if schedule == Schedule.ZERO_BUBBLE:
+        return np.minimum(stages + 0 * np.asarray(stage), micro_batches)
     raise ValueError(f"unknown schedule {schedule!r}")
 
 

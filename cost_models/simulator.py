@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cost_models.network import Network
-from cost_models.schedule import stage_ops
+from cost_models.schedule import COMPUTE_KINDS, stage_ops
 
-__all__ = ["PipelineJob", "Timeline", "simulate", "sync_resources"]
+__all__ = ["PipelineJob", "Timeline", "simulate", "sync_resources", "op_compute_s"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -45,6 +45,9 @@ class PipelineJob:
     optimizer_s: np.ndarray = None
     sync_bytes: np.ndarray = None  # per stage, the bytes its all-reduce reduces (None: NICs held for the whole sync)
     micro_batches_per_round: int = 0  # accumulation rounds (``cost_models.schedule.stage_ops``; 0: one round)
+    # The weight gradients' share of each worker's backward (R, S), for schedules that split it into
+    # ``bwd_input`` and ``bwd_weight`` (``cost_models.flops.weight_gradient_share``).
+    weight_gradient_share: np.ndarray = None
 
     @property
     def replicas(self) -> int:
@@ -96,6 +99,20 @@ def sync_resources(job: PipelineJob, stage: int) -> list:
     return list(holds.items())
 
 
+def op_compute_s(job: PipelineJob, kind: str, r: int, s: int) -> float:
+    """Seconds of worker (r, s)'s compute op ``kind`` for one micro-batch (``COMPUTE_KINDS``; the
+    optimizer step: ``optimizer_s``)."""
+    if kind == "step":
+        return float(job.optimizer_s[r, s]) if job.optimizer_s is not None else 0.0
+    if kind == "fwd":
+        return float(job.forward_s[r, s])
+    backward = float(job.backward_s[r, s])
+    if kind == "bwd":
+        return backward
+    share = float(job.weight_gradient_share[r, s]) if job.weight_gradient_share is not None else 0.5
+    return backward * (share if kind == "bwd_weight" else 1.0 - share)
+
+
 def _transfer(job: PipelineJob, resources: _Resources, a: int, b: int, nbytes: float, ready_s: float) -> tuple:
     holds = job.network.transfer_holds(a, b, nbytes)
     start = resources.reserve(holds, ready_s)
@@ -133,13 +150,13 @@ def simulate(job: PipelineJob, *, keep_records: bool = True) -> Timeline:
         ops_w = ops[w]
         while pointer[w] < len(ops_w):
             kind, mb = ops_w[pointer[w]]
-            if kind in ("fwd", "bwd"):
-                duration = (job.forward_s if kind == "fwd" else job.backward_s)[r, s]
+            if kind in COMPUTE_KINDS:
+                duration = op_compute_s(job, kind, r, s)
                 record(w, kind, mb, now, now + duration)
                 compute_s[w] += duration
                 pointer[w] += 1
                 now += duration
-                if kind == "bwd":
+                if kind != "fwd":
                     stage_finish[s] = max(stage_finish[s], now)
                 heapq.heappush(heap, (now, order, w))
                 break

@@ -50,6 +50,9 @@ EQUIVALENCE_CASES = {
     "1f1b-three-stages-uneven-batch": dict(
         assignment=[["a0", "b0", "a1"], ["b1", "a2", "b2"]], layer_bounds=[0, 2, 3, 4], micro_batches=[2, 4],
         micro_batch_size=1, schedule="1f1b"),
+    "zb-h1-three-stages-uneven-batch": dict(
+        assignment=[["a0", "b0", "a1"], ["b1", "a2", "b2"]], layer_bounds=[0, 1, 3, 4], micro_batches=[3, 5],
+        micro_batch_size=1, schedule="zb-h1"),
 }
 
 

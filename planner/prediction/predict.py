@@ -63,6 +63,7 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
                        sync_links=tuple(links),
                        sync_bytes=profile.gradient_bytes if plan.sync == Sync.RING else None,
                        micro_batches_per_round=plan.micro_batches_per_round,
+                       weight_gradient_share=np.repeat(profile.weight_gradient_share[None, :], plan.replicas, axis=0),
                        optimizer_s=optimizer)
 
 

@@ -72,6 +72,7 @@ class LayerCosts:
     tensor_allreduces_forward: int = 0
     tensor_allreduces_backward: int = 0
     sync_every: int = 1  # iterations between data-parallel syncs (local steps; 1: every iteration)
+    layer_weight_gradient_flops: float = 0.0  # the weight gradients' part of a block's backward
     micro_batches_per_round: int = 0  # accumulation rounds (``cost_models.schedule.round_sizes``; 0: one round)
 
     def __post_init__(self):
@@ -150,6 +151,8 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         state_bytes_per_param=state - sharded_state * (1.0 - 1.0 / shards),
         gradient_bytes_per_param=float(dtype) / H, sync_every=H,
         micro_batches_per_round=training.micro_batches_per_round,
+        layer_weight_gradient_flops=flops.layer_weight_gradient_flops(b, s, h, model.ffn_hidden,
+                                                                      gated_mlp=model.gated_mlp),
         optimizer_bytes_per_param=step / shards,
         boundary_bytes=boundary, shards=shards, first_unsharded_params=tied_copy, last_unsharded_params=tied_copy,
         unsharded_state_bytes_per_param=sharded_state * (1.0 - 1.0 / shards),
@@ -220,6 +223,13 @@ class StageProfile:
     boundary_bytes: np.ndarray  # length S-1
     gradient_bytes: np.ndarray  # what the stage's all-reduce moves
     head_forward_flops: np.ndarray  # the LM head's share of forward_flops (last stage only)
+    weight_gradient_flops: np.ndarray = None  # the weight gradients' part of backward_flops
+
+    @property
+    def weight_gradient_share(self) -> np.ndarray:
+        """Each stage's weight gradients as a share of its backward (0 where a stage has no work)."""
+        return np.divide(self.weight_gradient_flops, self.backward_flops, out=np.zeros_like(self.backward_flops),
+                         where=self.backward_flops > 0)
 
 
 def stage_profile(costs: LayerCosts, layer_bounds) -> StageProfile:
@@ -232,9 +242,11 @@ def stage_profile(costs: LayerCosts, layer_bounds) -> StageProfile:
     forward = counts * costs.layer_forward_flops + head
     backward = counts * (costs.layer_flops - costs.layer_forward_flops) + 2.0 * head
     params = stage_parameters(costs, counts, np.arange(S))
+    weight = counts * costs.layer_weight_gradient_flops + head  # the head's dW is one product of its forward's size
     return StageProfile(layer_counts=counts, forward_flops=forward, backward_flops=backward, parameters=params,
                         boundary_bytes=np.full(S - 1, costs.boundary_bytes),
-                        gradient_bytes=params * costs.gradient_bytes_per_param, head_forward_flops=head)
+                        gradient_bytes=params * costs.gradient_bytes_per_param, head_forward_flops=head,
+                        weight_gradient_flops=weight)
 
 
 def iteration_flops(model, global_batch: int, *, recompute: bool, head_slowdown: float = 1.0) -> float:

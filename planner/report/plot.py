@@ -25,10 +25,10 @@ from planner.report.accuracy import (mean_absolute_percentage_error, memory_rows
 __all__ = ["plot_accuracy", "plot_timeline", "plot_memory", "timeline_title", "FORMATS"]
 
 FORMATS = ("png", "svg")
-_COLOURS = {"fwd": "#4C72B0", "bwd": "#DD8452", "recv": "#C8C8C8", "send": "#8C8C8C", "sync": "#55A868",
-            "step": "#C44E52"}
-_LEGEND = {"fwd": "forward", "bwd": "backward", "recv": "waiting for a message", "send": "message in flight",
-           "sync": "gradient sync", "step": "optimizer step"}
+_COLOURS = {"fwd": "#4C72B0", "bwd": "#DD8452", "wgrad": "#937860", "recv": "#C8C8C8", "send": "#8C8C8C",
+            "sync": "#55A868", "step": "#C44E52"}
+_LEGEND = {"fwd": "forward", "bwd": "backward", "wgrad": "weight gradients (zb-h1)", "recv": "waiting for a message",
+           "send": "message in flight", "sync": "gradient sync", "step": "optimizer step"}
 
 
 def _save(figure, stem: Path) -> list:
@@ -78,7 +78,7 @@ def plot_accuracy(runs: list, stem, *, title: str = "Predicted vs measured itera
 
 def _bars(axes, trace: list, rows: dict, scale: float) -> None:
     for op in trace:
-        kind = op["kind"].split("_")[0]
+        kind = "wgrad" if op["kind"] == "bwd_weight" else op["kind"].split("_")[0]
         start, end = op["start_s"] * scale, op["end_s"] * scale
         if end <= start:
             continue

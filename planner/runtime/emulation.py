@@ -11,15 +11,15 @@ so a geo-distributed plan runs at a fraction of its real duration.
 
 import time
 
-import numpy as np
 
-from cost_models.simulator import PipelineJob, sync_resources
+from cost_models.schedule import COMPUTE_KINDS
+from cost_models.simulator import PipelineJob, op_compute_s, sync_resources
 
 __all__ = ["SharedResources", "Emulator", "resource_slots", "sleep_until", "now_s", "compute_overrun",
            "OVERRUN_WARNING_SHARE"]
 
 OVERRUN_WARNING_SHARE = 0.02  # compute overrun of the worst rank, as a share of the iteration, that is warned of
-_COMPUTE_KINDS = ("fwd", "bwd", "step")
+_COMPUTE_KINDS = COMPUTE_KINDS + ("step",)
 
 
 def now_s() -> float:
@@ -70,10 +70,7 @@ class Emulator:
         self.device = int(job.device[replica, stage])
 
     def compute_end_s(self, kind: str, start_s: float) -> float:
-        table = {"fwd": self.job.forward_s, "bwd": self.job.backward_s}.get(kind)
-        if table is None:  # "step"
-            table = self.job.optimizer_s if self.job.optimizer_s is not None else np.zeros_like(self.job.forward_s)
-        return start_s + float(table[self.replica, self.stage]) * self.scale
+        return start_s + op_compute_s(self.job, kind, self.replica, self.stage) * self.scale
 
     def deliver_at_s(self, peer_stage: int, ready_s: float) -> float:
         """Reserve the link to ``peer_stage`` for one boundary message; when it arrives there."""
@@ -102,13 +99,11 @@ def compute_overrun(trace: list, job: PipelineJob, time_scale: float, iteration_
     the predicted iteration in seconds of this host. Returns totals per rank, the worst rank's share
     of the iteration, a suggested time scale and a warning (``""`` when the share is small).
     """
-    tables = {"fwd": job.forward_s, "bwd": job.backward_s,
-              "step": job.optimizer_s if job.optimizer_s is not None else np.zeros_like(job.forward_s)}
     per_rank, ops, over = {}, 0, 0
     for op in trace:
         if op["kind"] not in _COMPUTE_KINDS:
             continue
-        planned = float(tables[op["kind"]][op["replica"], op["stage"]]) * time_scale
+        planned = op_compute_s(job, op["kind"], op["replica"], op["stage"]) * time_scale
         excess = max(op["end_s"] - op["start_s"] - planned, 0.0)
         ops += 1
         over += excess > 0.05 * planned

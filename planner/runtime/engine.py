@@ -1,6 +1,6 @@
 """One worker's training iteration: the planner's op list for its (replica, stage), executed.
 
-GPipe and 1F1B are not written here: ``cost_models.schedule.stage_ops`` gives the ordered ops
+GPipe, 1F1B and ZB-H1 are not written here: ``cost_models.schedule.stage_ops`` gives the ordered ops
 (the ones the simulator times) and this module runs them with point-to-point sends and receives,
 then the stage's gradient all-reduce and the optimizer step. The loss of each micro-batch is divided
 by the total number of micro-batches of all replicas and gradients are summed, so the update equals
@@ -17,6 +17,7 @@ from cost_models.schedule import stage_ops
 from planner.runtime.data import global_batch_tokens, micro_batch_rows
 from planner.runtime.emulation import Emulator, now_s, sleep_until
 from planner.runtime.gpt import lm_loss
+from planner.runtime.split_backward import backward_input, backward_weight
 
 __all__ = ["Layout", "StageGroups", "make_groups", "split_parameters", "StageExecutor", "BUCKET_BYTES"]
 
@@ -114,6 +115,7 @@ class StageExecutor:
         self.boundary_shape = (plan.micro_batch_size, spec.sequence, spec.hidden)
         self.stage_parameters, self.embedding_parameters = split_parameters(module, layout.stages)
         self.timer = _Timer(device)
+        self.trained_parameters = [p for p in module.parameters() if p.requires_grad]
         self.loss_scale = 1.0
         # Local steps (``planner.runtime.local_steps``): no data-parallel all-reduce; each replica's
         # gradient is the mean over its own micro-batches, as if it trained alone.
@@ -144,7 +146,7 @@ class StageExecutor:
         m = self.module
         if tokens is None:
             tokens = self.batch(index)
-        inputs, outputs, grads, pending = {}, {}, {}, []
+        inputs, outputs, grads, pending, weight_work = {}, {}, {}, [], {}
         self.loss_scale = getattr(self.optimizer, "loss_scale", 1.0)  # fp16: fixed for the iteration
         loss_sum = torch.zeros((), device=self.device)
         marks, done = [self.timer.mark()], []
@@ -170,6 +172,16 @@ class StageExecutor:
                 else:
                     torch.autograd.backward(y, grad_tensors=grads.pop(mb))
                 self._emulate_compute("bwd", start)
+            elif kind == "bwd_input":
+                y = outputs.pop(mb)
+                if m.is_last and self.loss_scale != 1.0:
+                    y = y * self.loss_scale
+                weight_work[mb] = backward_input(y, None if m.is_last else grads.pop(mb), inputs[mb],
+                                                 self.trained_parameters)
+                self._emulate_compute("bwd_input", start)
+            elif kind == "bwd_weight":
+                backward_weight(self.trained_parameters, weight_work.pop(mb))
+                self._emulate_compute("bwd_weight", start)
             elif kind == "send_fwd":
                 pending += self._send(outputs[mb].detach(), self.stage + 1, start)
             elif kind == "send_bwd":

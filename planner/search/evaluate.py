@@ -166,14 +166,32 @@ def _pipeline_shape(ctx, assign, costs, counts, schedule, links):
     if S > 1:
         bottleneck = np.maximum(bottleneck, np.maximum(forward_busy, backward_busy).max(axis=1))
         bottleneck = np.maximum(bottleneck, nic_period)
-    if schedule == Schedule.ONE_F_ONE_B and S > 1:
+    if schedule in (Schedule.ONE_F_ONE_B, Schedule.ZERO_BUBBLE) and S > 1:
         # Stage s admits a new micro-batch only after one of its S - s in flight came back:
         # throughput <= (S - s) / round trip from s to the last stage and back.
         hop = np.zeros((R, S))
         hop[:, :-1] = round_trip
         trip = np.cumsum((tau + hop)[:, ::-1], axis=1)[:, ::-1]  # (R, S): stage s .. S-1 and back
         bottleneck = np.maximum(bottleneck, (trip / (S - np.arange(S))[None, :]).max(axis=1))
+    if schedule == Schedule.ZERO_BUBBLE and S > 1:
+        # The first micro-batch's way back and the last one's drain carry input gradients only:
+        # (S - 1)(F + B - W) instead of (S - 1)(F + B + W) (Qi et al. 2024, sec. 3.1). Stage s then
+        # runs the s weight gradients it held back; it ends last if they outlast the input
+        # gradients still to come upstream of it.
+        weight = _weight_gradient_s(ctx, assign, costs, counts)
+        upstream_input = np.cumsum(tau * backward_share(ctx.training) - weight, axis=1) - \
+            (tau * backward_share(ctx.training) - weight)  # (R, S): input gradients of stages < s
+        late = (np.arange(S)[None, :] * weight - upstream_input)[:, 1:].max(axis=1) - weight[:, 0]
+        fill = fill - 2.0 * weight[:, 1:].sum(axis=1) + np.maximum(late, 0.0)
     return tau, fill, bottleneck
+
+
+def _weight_gradient_s(ctx, assign, costs, counts) -> np.ndarray:
+    """(R, S) seconds of each worker's weight gradients per micro-batch (``StageProfile.weight_gradient_flops``)."""
+    weight = np.array(counts, dtype=float) * costs.layer_weight_gradient_flops
+    weight = np.repeat(weight[None, :], assign.shape[0], axis=0)
+    weight[:, -1] += costs.head_forward_flops * ctx.head_slowdown[assign[:, -1]]
+    return weight / ctx.speed[assign]
 
 
 def backward_share(training) -> float:

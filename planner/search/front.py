@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from cost_models.schedule import Schedule
+from cost_models.schedule import AUTO_SCHEDULES, Schedule
 
 from planner.prediction.predict import predict
 from planner.prediction.stage_model import optimizer_shards
@@ -87,7 +87,7 @@ def _micro_batch_sizes(training, options) -> list:
 
 
 def _schedules(training) -> list:
-    return list(Schedule) if training.schedule == "auto" else [Schedule(training.schedule)]
+    return list(AUTO_SCHEDULES) if training.schedule == "auto" else [Schedule(training.schedule)]
 
 
 DENSE_DEVICES = 256  # up to this many devices every replica count is tried; above, a geometric grid
@@ -519,8 +519,8 @@ def _solve_exactly(ctx, hint: Candidate, work_limit: float, seconds: float) -> t
     deterministic time and ``seconds`` of wall time (half for completing the hint, half for the
     solve); (None, None) when its sync groups are too many to enumerate."""
     R, S = hint.assign.shape
-    if not model_is_small_enough(ctx.topology.size, S, R):
-        return None, None
+    if not model_is_small_enough(ctx.topology.size, S, R) or hint.schedule == Schedule.ZERO_BUBBLE:
+        return None, None  # the CP-SAT model knows GPipe's and 1F1B's timing, not split backwards
     result = exact_placement(ctx, S, R, hint.micro_batch_size, hint.schedule, hint=hint, work_limit=work_limit,
                              time_limit_s=seconds / 2)
     return {"stages": S, "replicas": R, "micro_batch_size": hint.micro_batch_size, "schedule": hint.schedule,

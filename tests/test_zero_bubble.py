@@ -1,0 +1,128 @@
+"""ZB-H1 (Qi et al. 2024): the op lists, the simulator's bubble, the search's estimate, the memory
+model, the plan file and the launcher's compile choice. Its training equivalence is in
+``tests/test_runtime.py`` (``zb-h1-three-stages-uneven-batch``)."""
+
+import numpy as np
+import pytest
+
+from cost_models.memory import in_flight_micro_batches
+from cost_models.network import Network
+from cost_models.schedule import stage_ops
+from cost_models.simulator import PipelineJob, simulate
+from planner.inputs.job import load_job
+from planner.plan.document import plan_from_document, plan_to_document
+from planner.prediction.predict import predict
+from planner.search.evaluate import make_context, score_split
+from planner.search.front import SearchOptions, search
+from tests.conftest import ROOT
+
+LAB = ROOT / "topologies" / "hetero" / "lab-mixed-a40-l4.yaml"
+
+
+def _held_peak(ops) -> int:
+    """Most micro-batches forwarded whose backward (weight gradients included) has not ended."""
+    live, peak = set(), 0
+    for kind, mb in ops:
+        if kind == "fwd":
+            live.add(mb)
+            peak = max(peak, len(live))
+        elif kind in ("bwd", "bwd_weight"):
+            live.discard(mb)
+    return peak
+
+
+@pytest.mark.parametrize("stages, micro_batches, per_round", [(4, 9, 0), (4, 2, 0), (3, 7, 3), (2, 1, 0)])
+def test_ops_split_every_backward_after_the_first_stage_and_keep_at_most_s(stages, micro_batches, per_round):
+    for stage in range(stages):
+        ops = stage_ops("zb-h1", stage, stages, micro_batches, per_round)
+        kinds = [kind for kind, _ in ops]
+        if stage == 0:  # nobody upstream waits: the first stage's backwards stay whole, as in 1F1B
+            assert ops == stage_ops("1f1b", 0, stages, micro_batches, per_round)
+            continue
+        assert "bwd" not in kinds
+        for kind in ("fwd", "bwd_input", "bwd_weight"):
+            assert sorted(mb for k, mb in ops if k == kind) == list(range(micro_batches)), kind
+        for mb in range(micro_batches):
+            assert ops.index(("fwd", mb)) < ops.index(("bwd_input", mb)) < ops.index(("bwd_weight", mb))
+            if stage > 0:  # the gradient goes upstream right after the input gradient, not after W
+                assert ops.index(("send_bwd", mb)) == ops.index(("bwd_input", mb)) + 1
+        assert _held_peak(ops) <= min(stages, per_round or micro_batches)
+        assert _held_peak(ops) <= int(in_flight_micro_batches("zb-h1", stage, stages, micro_batches, per_round))
+        assert ops[-2:] == [("sync", -1), ("step", -1)]
+
+
+def _uniform_job(schedule: str, stages: int, micro_batches: int, f: float, b: float, w: float) -> PipelineJob:
+    n = stages
+    network = Network(link_latency_s=np.zeros((n, n)), link_bandwidth_bytes_per_s=np.full((n, n), 1e30),
+                      host=np.arange(n), nic_egress_bytes_per_s=np.full(n, np.inf),
+                      nic_ingress_bytes_per_s=np.full(n, np.inf))
+    return PipelineJob(schedule=schedule, device=np.arange(n)[None, :], micro_batches=np.array([micro_batches]),
+                       forward_s=np.full((1, n), f), backward_s=np.full((1, n), b + w),
+                       boundary_bytes=np.zeros(n - 1), network=network, sync_s=np.zeros(n),
+                       weight_gradient_share=np.full((1, n), w / (b + w)))
+
+
+@pytest.mark.parametrize("stages, micro_batches", [(2, 8), (4, 8), (8, 16)])
+def test_the_bubble_is_s_minus_1_times_f_plus_b_minus_w(stages, micro_batches):
+    """Qi et al. 2024, sec. 3.1: 1F1B's bubble (S - 1)(F + B + W) becomes (S - 1)(F + B - W)."""
+    f, b, w = 1.0, 1.3, 0.9
+    one_f_one_b = simulate(_uniform_job("1f1b", stages, micro_batches, f, b, w)).iteration_s
+    zero_bubble = simulate(_uniform_job("zb-h1", stages, micro_batches, f, b, w)).iteration_s
+    work = micro_batches * (f + b + w)
+    assert one_f_one_b == pytest.approx(work + (stages - 1) * (f + b + w))
+    assert zero_bubble == pytest.approx(work + (stages - 1) * (f + b - w))
+
+
+def test_the_estimate_follows_the_simulator_and_the_plan_round_trips():
+    """On a heterogeneous 9-device lab cluster (GPT-3 XL), the searched ZB-H1 plan is faster than the
+    searched 1F1B plan, the estimate is within 5% of the simulated time on its split and on random
+    splits, later stages keep more activations than under 1F1B, and the plan file keeps the schedule."""
+    best = {}
+    for schedule in ("1f1b", "zb-h1"):
+        job = load_job(LAB, training_overrides={"schedule": schedule, "recompute": True})
+        result = search(job.topology, job.model, job.training, SearchOptions(seed=0, time_limit_s=4, exact=False))
+        best[schedule] = result
+    plan = best["zb-h1"].plan
+    assert plan.schedule == "zb-h1" and plan.stages > 1
+    assert best["zb-h1"].predicted_s < best["1f1b"].predicted_s
+    job = load_job(LAB, training_overrides={"schedule": "zb-h1", "recompute": True})
+    job = job.__class__(**{**job.__dict__, "training": best["zb-h1"].training})
+    ctx = make_context(job.topology, job.model, job.training)
+    assign = np.array([[job.topology.index(d) for d in row] for row in plan.assignment])
+    rng = np.random.default_rng(0)
+    splits = [np.diff(plan.layer_bounds)]
+    for _ in range(4):
+        cuts = np.sort(rng.choice(np.arange(1, job.model.layers), plan.stages - 1, replace=False))
+        splits.append(np.diff([0, *cuts, job.model.layers]))
+    for counts in splits:
+        bounds = tuple(int(x) for x in np.concatenate([[0], np.cumsum(counts)]))
+        candidate = plan.__class__(**{**plan.__dict__, "layer_bounds": bounds})
+        estimate = score_split(ctx, assign, tuple(int(c) for c in counts), plan.micro_batches, plan.micro_batch_size,
+                               "zb-h1")
+        if estimate is None:  # this split does not fit
+            continue
+        simulated = predict(candidate, job.topology, job.model, job.training)[0].iteration_s
+        assert estimate == pytest.approx(simulated, rel=0.05), counts
+    one_f_one_b = plan.__class__(**{**plan.__dict__, "schedule": "1f1b"})
+    zb_memory = predict(plan, job.topology, job.model, job.training)[0].memory_bytes
+    ref_memory = predict(one_f_one_b, job.topology, job.model, job.training)[0].memory_bytes
+    last = plan.assignment[0][-1]
+    assert zb_memory[last] > ref_memory[last] and zb_memory[plan.assignment[0][0]] == ref_memory[plan.assignment[0][0]]
+    again = plan_from_document(plan_to_document(plan, model=job.model, training=job.training))
+    assert again.schedule == "zb-h1" and again.layer_bounds == plan.layer_bounds
+
+
+def test_schedule_auto_does_not_pick_it_and_a_compiled_launch_is_refused(tmp_path):
+    from planner.cli import main
+
+    job = load_job(LAB)
+    assert job.training.schedule == "auto"
+    result = search(job.topology, job.model, job.training, SearchOptions(seed=0, time_limit_s=1, exact=False))
+    assert result.plan.schedule in ("1f1b", "gpipe")
+    pytest.importorskip("torch")
+    from planner.runtime.launch import compiles
+
+    assert compiles("auto", "nccl", "zb-h1") is False and compiles("auto", "nccl", "1f1b") is True
+    out = tmp_path / "plan.yaml"
+    assert main([str(LAB), "--schedule", "zb-h1", "--time-limit", "1", "--no-exact", "-o", str(out)]) == 0
+    assert main(["launch", str(out), "--compile", "on", "--backend", "gloo"]) == 2
