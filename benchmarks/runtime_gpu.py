@@ -20,7 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PLANS = {"pipeline (2 stages)": "benchmarks/plans/h100x2-pipeline.yaml",
+         "pipeline, zb-h1 (2 stages)": "benchmarks/plans/h100x2-zero-bubble.yaml",
          "data parallel (2 replicas)": "benchmarks/plans/h100x2-data-parallel.yaml"}
+# Our runtime against pipelining on the pipeline plan's split: (schedule, compiled). torch ships no
+# ZB-H1 for one stage per rank, so zb-h1 (eager: its backward is split) is set against pipelining's 1F1B.
+COMPARISONS = ("1f1b:eager", "1f1b:compiled", "gpipe:compiled", "zb-h1:eager")
 
 
 def _untied_copy(plan_path: str, folder: Path, schedule: str) -> Path:
@@ -49,6 +53,8 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--plans", nargs="+", choices=list(PLANS), default=list(PLANS))
+    parser.add_argument("--comparisons", nargs="*", choices=COMPARISONS, default=list(COMPARISONS))
     args = parser.parse_args()
     if torch.cuda.device_count() < 2:
         print("needs 2 CUDA GPUs", file=sys.stderr)
@@ -57,7 +63,8 @@ def main() -> int:
     runs = out / "runtime_gpu_runs"
     runs.mkdir(parents=True, exist_ok=True)
     rows = []
-    for label, plan in PLANS.items():
+    for label in args.plans:
+        plan = PLANS[label]
         name = Path(plan).stem
         r = launch(ROOT / plan, LaunchOptions(iterations=args.iterations, warmup=args.warmup,
                                               out_dir=str(runs / name)), log=print)
@@ -72,7 +79,8 @@ def main() -> int:
         print(f"{label}: {m['median_s']:.4f} s, MFU {100 * m['mfu']:.1f}%, predicted {p['iteration_s']:.4f} s",
               flush=True)
     comparison = []
-    for schedule, compiled in (("1f1b", False), ("1f1b", True), ("gpipe", True)):
+    for schedule, compiled in (c.split(":") for c in args.comparisons):
+        compiled = compiled == "compiled"
         plan = _untied_copy(PLANS["pipeline (2 stages)"], runs, schedule)
         label = f"{schedule}{', compiled' if compiled else ''}"
         ours = launch(plan, LaunchOptions(iterations=args.iterations, warmup=args.warmup,
@@ -87,7 +95,8 @@ def main() -> int:
         # The autocast recipe only eager: compiled, its fp32 weights cast in every block.
         for recipe in PIPELINING_RECIPES if not compiled else PIPELINING_RECIPES[:1]:
             _, theirs = run_pipelining(spec, bounds, micro_batch_size=document["micro_batch_size"],
-                                       micro_batches=document["replicas"][0]["micro_batches"], schedule=schedule,
+                                       micro_batches=document["replicas"][0]["micro_batches"],
+                                       schedule="1f1b" if schedule == "zb-h1" else schedule,
                                        iterations=args.iterations, warmup=args.warmup, backend="nccl",
                                        optimizer=document["training"]["optimizer"], recipe=recipe, compile=compiled)
             seconds = statistics.median(theirs)
@@ -105,13 +114,14 @@ def main() -> int:
               f"{100 * row['mfu']:5.1f}%  {memory}")
     print("\nsame split, untied head; torch.distributed.pipelining with a fused Adam in two precision recipes "
           "(bf16-master: ours; autocast: fp32 weights under bf16 autocast); both runtimes eager or both compiled")
-    print(f"{'schedule':20} {'ours s':>8} {'MFU':>6} " + " ".join(f"{r + ' s':>16} {'MFU':>6} {'speedup':>8}"
+    print(f"{'schedule':28} {'ours s':>8} {'MFU':>6} " + " ".join(f"{r + ' s':>16} {'MFU':>6} {'speedup':>8}"
                                                            for r in PIPELINING_RECIPES))
     for row in comparison:
         cells = [f"{row[r]['pipelining_s']:16.4f} {100 * row[r]['mfu']:5.1f}% {row[r]['speedup']:8.3f}"
                  if r in row else f"{'-':>16} {'':6} {'':8}" for r in PIPELINING_RECIPES]
         label = f"{row['schedule']}{', compiled' if row['compiled'] else ', eager'}"
-        print(f"{label:20} {row['ours_s']:8.4f} {100 * row['ours_mfu']:5.1f}% " + " ".join(cells))
+        label += " (vs 1f1b)" if row["schedule"] == "zb-h1" else ""
+        print(f"{label:28} {row['ours_s']:8.4f} {100 * row['ours_mfu']:5.1f}% " + " ".join(cells))
     (out / "runtime_gpu.json").write_text(json.dumps({"runs": rows, "versus_pipelining": comparison,
                                                       "iterations": args.iterations, "warmup": args.warmup,
                                                       "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE",)}},

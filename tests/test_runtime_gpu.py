@@ -30,6 +30,17 @@ def test_nccl_training_equals_single_process(tmp_path, shape, compile):
     assert all(b and b > 0 for b in results["measured"]["peak_memory_bytes"].values())
 
 
+def test_nccl_zero_bubble_training_equals_single_process(tmp_path):
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    plan = write_test_plan(tmp_path, topology, assignment=[["a0", "a1"]], layer_bounds=[0, 2, 4], micro_batches=[4],
+                           micro_batch_size=2, schedule="zb-h1")
+    results = launch(plan, LaunchOptions(iterations=3, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=0.05,
+                                         backend="nccl"), log=lambda line: None)
+    assert results["run"]["compiled"] is False  # auto: a split backward runs eager
+    losses, _ = train_single_process(model_preset("tiny"), global_batch=8, iterations=3, learning_rate=0.05)
+    assert results["measured"]["loss"] == pytest.approx(losses, rel=1e-4)
+
+
 def test_bf16_training_with_master_weights_tracks_fp32(tmp_path):
     topology = cpu_topology(tmp_path / "topology.yaml")
     plan = write_test_plan(tmp_path, topology, assignment=[["a0", "a1"]], layer_bounds=[0, 2, 4],
