@@ -126,3 +126,33 @@ def test_schedule_auto_does_not_pick_it_and_a_compiled_launch_is_refused(tmp_pat
     out = tmp_path / "plan.yaml"
     assert main([str(LAB), "--schedule", "zb-h1", "--time-limit", "1", "--no-exact", "-o", str(out)]) == 0
     assert main(["launch", str(out), "--compile", "on", "--backend", "gloo"]) == 2
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_deferred_weight_gradients_equal_the_whole_backward(recompute):
+    """The input pass leaves every linear layer's dW and db for the weight pass, and both together
+    give the gradients of one whole backward (recomputation included: the layers' parameters, not
+    the tensors a recomputation hands back, receive them)."""
+    torch = pytest.importorskip("torch")
+    from planner.inputs.model import model_preset
+    from planner.runtime.gpt import build_stage
+    from planner.runtime.split_backward import defer_weight_gradients
+
+    spec = model_preset("tiny")
+    grads = []
+    for defer in (False, True):
+        module = build_stage(spec, 1, spec.layers, seed=3, recompute=recompute)
+        store = defer_weight_gradients(module)
+        x = torch.randn(2, spec.sequence, spec.hidden, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        y = module(x)
+        store.deferring = defer
+        torch.autograd.backward(y, torch.randn(y.shape, generator=torch.Generator().manual_seed(2)))
+        store.deferring = False
+        work = store.take()
+        linears = [n for n, p in module.named_parameters() if ".qkv." in n or ".fc" in n or ".proj." in n]
+        assert len(work) == (4 * (spec.layers - 1) + 1 if defer else 0)  # 4 per block and the LM head
+        if defer:  # before the weight pass: no linear layer has a gradient, the input has its own
+            assert all(module.get_parameter(n).grad is None for n in linears) and x.grad is not None
+        store.apply(work)
+        grads.append([x.grad] + [p.grad for p in module.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

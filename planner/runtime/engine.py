@@ -13,11 +13,11 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from cost_models.schedule import stage_ops
+from cost_models.schedule import Schedule, stage_ops
 from planner.runtime.data import global_batch_tokens, micro_batch_rows
 from planner.runtime.emulation import Emulator, now_s, sleep_until
 from planner.runtime.gpt import lm_loss
-from planner.runtime.split_backward import backward_input, backward_weight
+from planner.runtime.split_backward import defer_weight_gradients
 
 __all__ = ["Layout", "StageGroups", "make_groups", "split_parameters", "StageExecutor", "BUCKET_BYTES"]
 
@@ -115,7 +115,8 @@ class StageExecutor:
         self.boundary_shape = (plan.micro_batch_size, spec.sequence, spec.hidden)
         self.stage_parameters, self.embedding_parameters = split_parameters(module, layout.stages)
         self.timer = _Timer(device)
-        self.trained_parameters = [p for p in module.parameters() if p.requires_grad]
+        # Zero-bubble schedules: linear layers whose weight gradients an input pass may defer.
+        self.weight_gradients = defer_weight_gradients(module) if plan.schedule == Schedule.ZERO_BUBBLE else None
         self.loss_scale = 1.0
         # Local steps (``planner.runtime.local_steps``): no data-parallel all-reduce; each replica's
         # gradient is the mean over its own micro-batches, as if it trained alone.
@@ -172,15 +173,18 @@ class StageExecutor:
                 else:
                     torch.autograd.backward(y, grad_tensors=grads.pop(mb))
                 self._emulate_compute("bwd", start)
-            elif kind == "bwd_input":
+            elif kind == "bwd_input":  # the weights' gradients wait in ``self.weight_gradients``
                 y = outputs.pop(mb)
-                if m.is_last and self.loss_scale != 1.0:
-                    y = y * self.loss_scale
-                weight_work[mb] = backward_input(y, None if m.is_last else grads.pop(mb), inputs[mb],
-                                                 self.trained_parameters)
+                self.weight_gradients.deferring = True
+                if m.is_last:
+                    (y * self.loss_scale if self.loss_scale != 1.0 else y).backward()
+                else:
+                    torch.autograd.backward(y, grad_tensors=grads.pop(mb))
+                self.weight_gradients.deferring = False
+                weight_work[mb] = self.weight_gradients.take()
                 self._emulate_compute("bwd_input", start)
             elif kind == "bwd_weight":
-                backward_weight(self.trained_parameters, weight_work.pop(mb))
+                self.weight_gradients.apply(weight_work.pop(mb))
                 self._emulate_compute("bwd_weight", start)
             elif kind == "send_fwd":
                 pending += self._send(outputs[mb].detach(), self.stage + 1, start)

@@ -76,6 +76,7 @@ class StageModule(nn.Module):
     def __init__(self, spec, first: int, end: int, *, recompute: bool = False, padded_logits: bool = False):
         super().__init__()
         self.spec, self.recompute, self.padded_logits = spec, recompute, padded_logits
+        self.head_linear = F.linear  # the LM head's product (``planner.runtime.split_backward`` may replace it)
         self.first, self.end = first, end
         self.is_first, self.is_last = first == 0, end == spec.layers
         if self.is_first:
@@ -106,7 +107,7 @@ class StageModule(nn.Module):
             x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
         if self.is_last:
             weight = self.embed.weight if not hasattr(self, "head") else self.head.weight
-            x = F.linear(self.norm(x), weight)
+            x = self.head_linear(self.norm(x), weight)
             if not self.padded_logits:  # the caller's loss drops them otherwise (``vocabulary_logits``)
                 x = vocabulary_logits(x, self.spec)
         return x
