@@ -78,6 +78,7 @@ def main() -> int:
                      "device": r["run"]["device_name"], "torch": r["run"]["torch"]})
         print(f"{label}: {m['median_s']:.4f} s, MFU {100 * m['mfu']:.1f}%, predicted {p['iteration_s']:.4f} s",
               flush=True)
+        _write(out, rows, [], args)
     comparison = []
     for schedule, compiled in (c.split(":") for c in args.comparisons):
         compiled = compiled == "compiled"
@@ -104,6 +105,7 @@ def main() -> int:
                            "speedup": seconds / row["ours_s"]}
         comparison.append(row)
         print(label, json.dumps(row), flush=True)
+        _write(out, rows, comparison, args)
     print(f"\n{'plan':28} {'measured s':>10} {'p10-p90':>15} {'predicted s':>11} {'error':>7} "
           f"{'tokens/s':>9} {'MFU':>6}  peak memory GB (predicted)")
     for row in rows:
@@ -122,11 +124,16 @@ def main() -> int:
         label = f"{row['schedule']}{', compiled' if row['compiled'] else ', eager'}"
         label += " (vs 1f1b)" if row["schedule"] == "zb-h1" else ""
         print(f"{label:28} {row['ours_s']:8.4f} {100 * row['ours_mfu']:5.1f}% " + " ".join(cells))
+    _write(out, rows, comparison, args)
+    return 0
+
+
+def _write(out: Path, rows: list, comparison: list, args) -> None:
+    """``runtime_gpu.json`` as it stands (rewritten after every run, so a cut run keeps what it measured)."""
     (out / "runtime_gpu.json").write_text(json.dumps({"runs": rows, "versus_pipelining": comparison,
                                                       "iterations": args.iterations, "warmup": args.warmup,
                                                       "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE",)}},
                                                      indent=1) + "\n")
-    return 0
 
 
 if __name__ == "__main__":
