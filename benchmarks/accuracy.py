@@ -150,11 +150,23 @@ def gpu(out: Path, iterations: int, warmup: int, seed: int, only: tuple = ()) ->
     plans["2x1-mb2-1f1b-recompute"] = (plan, replace(pinned, training=replace(pinned.training, recompute=True)))
     plan, pinned = plans["1x2-mb2-1f1b"]
     plans["1x2-mb2-1f1b-recompute"] = (plan, replace(pinned, training=replace(pinned.training, recompute=True)))
+    calibrations = dict.fromkeys(plans, calibration)
+    if not only or "2x1-mb2-zb-h1" in only:
+        # zb-h1 runs eager (its backward is split at the linear layers): calibrated on eager blocks.
+        eager_path = out / "calibration-eager.yaml"
+        calibrate(ROOT / GPU_TOPOLOGY, CalibrateOptions(out=str(eager_path), compile="off"), log=print)
+        eager = read_calibration(eager_path)
+        eager_job = replace(base, topology=apply_calibration(base.topology, eager))
+        training = replace(eager_job.training, micro_batch_size=2, schedule="zb-h1")
+        pinned = replace(eager_job, training=training)
+        plans["2x1-mb2-zb-h1"] = (search(pinned.topology, pinned.model, training,
+                                         SearchOptions(seed=seed, time_limit_s=10, stages=2, replicas=1)).plan, pinned)
+        calibrations["2x1-mb2-zb-h1"] = eager
     rows, memory = [], []
     for label, (plan, pinned) in plans.items():
         if only and label not in only:
             continue
-        path = _write(plan, pinned, GPU_TOPOLOGY, out / "plans" / f"{label}.yaml", calibration)
+        path = _write(plan, pinned, GPU_TOPOLOGY, out / "plans" / f"{label}.yaml", calibrations[label])
         results = launch(path, LaunchOptions(iterations=iterations, warmup=warmup, out_dir=str(out / label)),
                          log=lambda s: None)
         row = run_row(results, label)
@@ -164,8 +176,9 @@ def gpu(out: Path, iterations: int, warmup: int, seed: int, only: tuple = ()) ->
                            "error": (predicted - measured) / measured})
         print(f"{label:34} predicted {row['predicted_s']:.4f} s  measured {row['measured_s']:.4f} s  "
               f"{100 * row['error']:+6.1f}%", flush=True)
+    eager = calibrations.get("2x1-mb2-zb-h1")
     return {"rows": rows, "memory": memory, "device": results["run"]["device_name"],
-            "calibration": calibration.document}
+            "calibration": calibration.document, "calibration_eager": eager.document if eager else None}
 
 
 def main() -> int:
