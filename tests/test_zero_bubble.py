@@ -1,5 +1,5 @@
 """ZB-H1 (Qi et al. 2024): the op lists, the simulator's bubble, the search's estimate, the memory
-model, the plan file and the launcher's compile choice. Its training equivalence is in
+model, the plan file, the split backward and the blocks compiled between their linear layers. Its training equivalence is in
 ``tests/test_runtime.py`` (``zb-h1-three-stages-uneven-batch``)."""
 
 import numpy as np
@@ -112,7 +112,7 @@ def test_the_estimate_follows_the_simulator_and_the_plan_round_trips():
     assert again.schedule == "zb-h1" and again.layer_bounds == plan.layer_bounds
 
 
-def test_schedule_auto_does_not_pick_it_and_a_compiled_launch_is_refused(tmp_path):
+def test_schedule_auto_does_not_pick_it_but_plan_writes_it_by_name(tmp_path):
     from planner.cli import main
 
     job = load_job(LAB)
@@ -122,10 +122,9 @@ def test_schedule_auto_does_not_pick_it_and_a_compiled_launch_is_refused(tmp_pat
     pytest.importorskip("torch")
     from planner.runtime.launch import compiles
 
-    assert compiles("auto", "nccl", "zb-h1") is False and compiles("auto", "nccl", "1f1b") is True
+    assert compiles("auto", "nccl") is True and compiles("auto", "gloo") is False
     out = tmp_path / "plan.yaml"
     assert main([str(LAB), "--schedule", "zb-h1", "--time-limit", "1", "--no-exact", "-o", str(out)]) == 0
-    assert main(["launch", str(out), "--compile", "on", "--backend", "gloo"]) == 2
 
 
 @pytest.mark.parametrize("recompute", [False, True])
@@ -156,3 +155,30 @@ def test_deferred_weight_gradients_equal_the_whole_backward(recompute):
         store.apply(work)
         grads.append([x.grad] + [p.grad for p in module.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_blocks_compiled_between_their_linear_layers_train_like_eager_ones():
+    """``compile_between_linears`` compiles norms, attention and activations, not the linear layers
+    (their backward stays splittable), and gives the eager block's outputs and gradients."""
+    torch = pytest.importorskip("torch")
+    from planner.inputs.model import model_preset
+    from planner.runtime.gpt import build_stage, compile_between_linears
+    from planner.runtime.split_backward import defer_weight_gradients
+
+    spec = model_preset("tiny")
+    results = []
+    for compiled in (False, True):
+        module = build_stage(spec, 1, spec.layers, seed=3)
+        if compiled:
+            compile_between_linears(module)
+        store = defer_weight_gradients(module)
+        x = torch.randn(2, spec.sequence, spec.hidden, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        y = module(x)
+        store.deferring = True
+        torch.autograd.backward(y, torch.randn(y.shape, generator=torch.Generator().manual_seed(2)))
+        store.deferring = False
+        work = store.take()
+        assert len(work) == 4 * (spec.layers - 1) + 1  # every linear layer's dW still deferred
+        store.apply(work)
+        results.append([y.detach(), x.grad] + [p.grad for p in module.parameters()])
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(*results))

@@ -22,7 +22,8 @@ from torch.utils.checkpoint import checkpoint
 
 from cost_models.flops import padded_vocabulary
 
-__all__ = ["StageModule", "build_stage", "vocabulary_logits", "lm_loss", "compile_stage", "INIT_STD"]
+__all__ = ["StageModule", "build_stage", "vocabulary_logits", "lm_loss", "compile_stage", "compile_between_linears",
+           "INIT_STD"]
 
 INIT_STD = 0.02  # GPT-2's initialisation scale
 
@@ -58,16 +59,52 @@ class Block(nn.Module):
             self.gate = nn.Linear(h, f, bias=spec.biases)
         self.fc2 = nn.Linear(f, h, bias=spec.biases)
 
+        # The work between the linear layers, as functions of tensors only, so that
+        # ``compile_between_linears`` can compile it apart from them (one graph for every block).
+        self.attend, self.add_norm, self.activate = _attend, _add_norm, _activate
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        if self.rotary:
-            q, k = _rotary(q), _rotary(k)
-        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(attention.transpose(1, 2).reshape(b, s, h))
-        y = self.norm2(x)
-        y = F.silu(self.gate(y)) * self.fc1(y) if self.gated else F.gelu(self.fc1(y))
+        qkv = self.qkv(_norm(x, self.norm1))
+        x, y = self.add_norm(x, self.proj(self.attend(qkv, self.heads, self.rotary)), *_norm_tensors(self.norm2))
+        y = self.activate(self.fc1(y), self.gate(y) if self.gated else None)
         return x + self.fc2(y)
+
+
+def _norm_tensors(norm: nn.Module) -> tuple:
+    """(weight, bias or None, eps) of a LayerNorm or an RMSNorm."""
+    return norm.weight, getattr(norm, "bias", None), norm.eps
+
+
+def _norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    weight, bias, eps = _norm_tensors(norm)
+    return _normalise(x, weight, bias, eps)
+
+
+def _normalise(x, weight, bias, eps) -> torch.Tensor:
+    """LayerNorm where there is a bias (GPT), RMSNorm otherwise (LLaMA)."""
+    if bias is not None:
+        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+    return F.rms_norm(x, x.shape[-1:], weight, eps)
+
+
+def _attend(qkv: torch.Tensor, heads: int, rotary: bool) -> torch.Tensor:
+    """Causal self-attention from the fused q, k, v projection, heads merged back."""
+    b, s, h3 = qkv.shape
+    h = h3 // 3
+    q, k, v = qkv.view(b, s, 3, heads, h // heads).permute(2, 0, 3, 1, 4)
+    if rotary:
+        q, k = _rotary(q), _rotary(k)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
+
+
+def _add_norm(x, attention_out, weight, bias, eps) -> tuple:
+    """The attention's residual, then the MLP's norm: (residual stream, normalised)."""
+    x = x + attention_out
+    return x, _normalise(x, weight, bias, eps)
+
+
+def _activate(up: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    return F.silu(gate) * up if gate is not None else F.gelu(up)
 
 
 class StageModule(nn.Module):
@@ -117,6 +154,16 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of ``logits`` (batch, sequence, vocabulary) against ``targets``, taken in
     fp32 whatever the logits' precision (as Megatron-LM does)."""
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def compile_between_linears(module: "StageModule"):
+    """Compile what lies between the linear layers of each block (norms, attention, activation,
+    residuals: one graph each, shared by every block) and return the compiled ``lm_loss``; the
+    linear layers stay eager, so that their backward can be split (``planner.runtime.split_backward``)."""
+    attend, add_norm, activate = torch.compile(_attend), torch.compile(_add_norm), torch.compile(_activate)
+    for block in module.blocks.values():
+        block.attend, block.add_norm, block.activate = attend, add_norm, activate
+    return torch.compile(lm_loss)
 
 
 def compile_stage(module: "StageModule"):

@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cost_models.schedule import Schedule
 from planner.errors import InputError
 from planner.runtime.guard import die_with_parent
 from planner.runtime.hostfile import parse_hostfile, shell_line, torchrun_arguments
@@ -63,12 +62,10 @@ class LaunchOptions:
     replan_time_limit_s: float = 10.0  # elastic: the re-plan's search time limit
 
 
-def compiles(choice: str, backend: str, schedule: str = Schedule.ONE_F_ONE_B) -> bool:
+def compiles(choice: str, backend: str) -> bool:
     """Whether the ranks compile their blocks and loss: ``auto`` compiles on GPUs (NCCL), where it
-    pays (``benchmarks/runtime_gpu.py``), and not on CPUs, where tests and emulation run eager; never
-    under ZB-H1, whose split backward needs eager blocks (``planner.runtime.split_backward``)."""
-    if schedule == Schedule.ZERO_BUBBLE:
-        return False
+    pays (``benchmarks/runtime_gpu.py``), and not on CPUs, where tests and emulation run eager. Under
+    ZB-H1 the linear layers stay eager (``planner.runtime.gpt.compile_between_linears``)."""
     return choice == "on" or (choice == "auto" and backend == "nccl")
 
 
@@ -122,9 +119,6 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
     if importlib.util.find_spec("torch") is None:  # the runtime's one optional dependency
         raise InputError("needs torch: pip install -e '.[runtime]'", field="plan launch") from None
     inputs = load_run_inputs(plan_path, options.topology)
-    if options.compile == "on" and inputs.plan.schedule == Schedule.ZERO_BUBBLE:
-        raise InputError("the plan's schedule zb-h1 splits each backward into input and weight gradients, which a "
-                         "compiled block cannot: use --compile auto or off", field="--compile")
     from planner.runtime.preflight import check_memory
 
     options = replace(options, resume=_check_resume(inputs, options) or None)  # the checkpoint folder itself
@@ -336,7 +330,7 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
                   learning_rate=options.learning_rate, timeout_s=options.timeout_s,
                   emulate=options.emulate, time_scale=scale, backend=backend,
                   threads=max(1, (os.cpu_count() or 1) // world) if backend == "gloo" else 4,
-                  compile=compiles(options.compile, backend, inputs.plan.schedule),
+                  compile=compiles(options.compile, backend),
                   save_state=options.save_state, cuda_devices=cuda_devices,
                   checkpoint_every=options.checkpoint_every, checkpoint_dir=options.checkpoint_dir or "",
                   resume_from=options.resume or "")
@@ -404,7 +398,7 @@ def _launch_hosts(inputs: RunInputs, options: LaunchOptions, log) -> dict | None
         entries, node, plan_path=inputs.plan_path, topology_path=inputs.topology_path, out_dir=options.out_dir,
         iterations=options.iterations, warmup=options.warmup, seed=options.seed,
         learning_rate=options.learning_rate, timeout_s=options.timeout_s, backend=backend,
-        master_port=options.master_port, compile=compiles(options.compile, backend, inputs.plan.schedule)) for node in range(len(entries))]
+        master_port=options.master_port, compile=compiles(options.compile, backend)) for node in range(len(entries))]
     if options.dry_run:
         for entry, command in zip(entries, commands):
             log(f"# on {entry.address} ({len(entry.devices)} process(es): {', '.join(entry.devices)})")

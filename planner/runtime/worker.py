@@ -20,13 +20,14 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 
+from cost_models.schedule import Schedule
 from planner.prediction.predict import build_pipeline_job, model_flops_per_iteration, predict
 from planner.prediction.stage_model import optimizer_shards
 from planner.plan.document import plan_to_document
 from planner.runtime.checkpoint import checkpoint_due, checkpoint_meta, save_checkpoint
 from planner.runtime.emulation import Emulator, SharedResources, now_s
 from planner.runtime.engine import Layout, StageExecutor, make_groups, split_parameters
-from planner.runtime.gpt import build_stage, compile_stage, lm_loss
+from planner.runtime.gpt import build_stage, compile_between_linears, compile_stage, lm_loss
 from planner.runtime.inputs import RunInputs, emulated_model, load_run_inputs
 from planner.runtime.local_steps import LocalSteps, master_copies
 from planner.runtime.optimizer import make_optimizer
@@ -140,7 +141,9 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         job = build_pipeline_job(plan, inputs.topology, model, training)
         resources = SharedResources(shared, inputs.topology.size, len(inputs.topology.hosts))
         emulator = Emulator(job, resources, time_scale=config.time_scale, replica=replica, stage=stage)
-    loss = compile_stage(module) if config.compile else lm_loss
+    loss = lm_loss
+    if config.compile:  # a split backward (ZB-H1) needs eager linear layers
+        loss = (compile_between_linears if plan.schedule == Schedule.ZERO_BUBBLE else compile_stage)(module)
     executor = StageExecutor(module=module, optimizer=optimizer, plan=plan, layout=layout, replica=replica,
                              stage=stage, device=device, groups=groups, seed=config.seed,
                              dtype=dtype, emulator=emulator, loss=loss)
