@@ -23,8 +23,8 @@ PLANS = {"pipeline (2 stages)": "benchmarks/plans/h100x2-pipeline.yaml",
          "pipeline, zb-h1 (2 stages)": "benchmarks/plans/h100x2-zero-bubble.yaml",
          "data parallel (2 replicas)": "benchmarks/plans/h100x2-data-parallel.yaml"}
 # Our runtime against pipelining on the pipeline plan's split: (schedule, compiled). torch ships no
-# ZB-H1 for one stage per rank, so zb-h1 (eager: its backward is split) is set against pipelining's 1F1B.
-COMPARISONS = ("1f1b:eager", "1f1b:compiled", "gpipe:compiled", "zb-h1:eager")
+# ZB-H1 for one stage per rank, so zb-h1 is set against pipelining's 1F1B (compiled: both compiled).
+COMPARISONS = ("1f1b:eager", "1f1b:compiled", "gpipe:compiled", "zb-h1:eager", "zb-h1:compiled")
 
 
 def _untied_copy(plan_path: str, folder: Path, schedule: str) -> Path:
