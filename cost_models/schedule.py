@@ -23,9 +23,8 @@ class Schedule(StrEnum):
     ZERO_BUBBLE = "zb-h1"  # ZB-H1, Qi et al. 2024, "Zero Bubble Pipeline Parallelism", sec. 3.1
 
 
-# What ``schedule: auto`` searches. ZB-H1 is asked for by name: the runtime runs it with eager blocks
-# (a compiled block's backward is one node that cannot be split), which the cost model does not
-# tell apart from compiled ones.
+# What ``schedule: auto`` searches. ZB-H1 is asked for by name: it keeps up to S micro-batches'
+# activations on every stage, and its runtime compiles only what lies between the linear layers.
 AUTO_SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
 
 
