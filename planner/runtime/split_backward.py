@@ -10,7 +10,8 @@ autograd graph in Python for every micro-batch to find the weights' nodes; on 2x
 12 blocks a stage) that host work left the GPUs waiting: a zb-h1 iteration took 0.34-0.54 s against
 0.355 s for 1F1B (``benchmarks/runtime_gpu.py``), so the split is done at the linear layers instead.
 Norms and embeddings, a small share of the FLOPs, keep their weight gradients in the input pass.
-Works on eager modules: a compiled block's backward is one node (``plan launch`` runs these plans eager).
+A compiled block's backward is one node that cannot be split: under ZB-H1 ``plan launch`` compiles
+only what lies between the linear layers (``planner.runtime.gpt.compile_between_linears``).
 """
 
 import types
