@@ -99,7 +99,9 @@ def layer_weight_gradient_flops(b: int, s: int, h: int, f: int, *, gated_mlp: bo
 
 
 def head_forward_flops(b: int, s: int, h: int, v: int) -> float:
-    """Forward FLOPs of the LM head (logits): ``2*b*s*h*V`` (Narayanan et al. SC'21, Appendix)."""
+    """Forward FLOPs of the LM head (logits): ``2*b*s*h*V`` (Narayanan et al. SC'21, Appendix). A
+    classification head of ``N`` classes on the last position is the same product with ``s = 1``
+    and ``V = N``."""
     return 2.0 * b * s * h * v
 
 

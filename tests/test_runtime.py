@@ -98,7 +98,8 @@ def test_parameter_count_matches_the_cost_model():
     training = parse_training({"global_batch": 4, "precision": "fp32"})
     for spec in (model_preset("tiny"),
                  dataclasses.replace(model_preset("tiny"), gated_mlp=True, biases=False, learned_positions=False,
-                                     tied_embeddings=False, ffn_hidden=96)):
+                                     tied_embeddings=False, ffn_hidden=96),
+                 dataclasses.replace(model_preset("tiny"), head="classification", classes=5, tied_embeddings=False)):
         bounds = (0, 1, 3, spec.layers)
         profile = stage_profile(layer_costs(spec, training, 1, 3), bounds)
         for s in range(3):

@@ -10,10 +10,11 @@ from cost_models.schedule import Schedule
 from planner.errors import InputError
 from planner.fields import Fields
 
-__all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "MAX_GLOBAL_BATCH", "MAX_SYNC_EVERY", "MODEL_LIMITS",
+__all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "HEADS", "MAX_GLOBAL_BATCH", "MAX_SYNC_EVERY", "MODEL_LIMITS",
            "parse_model", "parse_training", "model_preset", "preset_names"]
 
 SCHEDULES = tuple(s.value for s in Schedule)
+HEADS = ("lm", "classification")
 # Largest sizes planned (each search and simulation step stays bounded below them): 65,536 sequences is
 # the largest published batch (LAMB's BERT pre-training); the model limits are well past today's models.
 MAX_GLOBAL_BATCH = 2**16
@@ -39,6 +40,10 @@ class ModelSpec:
     tied_embeddings: bool = True
     learned_positions: bool = True
     biases: bool = True
+    # "lm": next-token logits at every position over the vocabulary; "classification": ``classes``
+    # logits from the last position's hidden state (as GPT-2 sequence classification does).
+    head: str = "lm"
+    classes: int = 0
 
     def __post_init__(self):
         for name in ("layers", "hidden", "heads", "sequence", "vocabulary"):
@@ -53,6 +58,18 @@ class ModelSpec:
                              "pick heads that divide it", field="model.heads")
         if self.ffn_hidden == 0:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+        if self.head not in HEADS:
+            raise InputError(f"{self.head!r} is not one of {', '.join(HEADS)}", field="model.head")
+        if self.head == "classification":
+            if self.classes < 2:
+                raise InputError(f"a classification head needs classes >= 2, got {self.classes}: add classes: N",
+                                 field="model.classes")
+            if self.tied_embeddings:
+                raise InputError("a classification head has no vocabulary rows to tie to the embedding: set "
+                                 "tied_embeddings: false (or leave it out)", field="model.tied_embeddings")
+        elif self.classes:
+            raise InputError(f"classes {self.classes} is for a classification head: add head: classification or "
+                             "drop classes", field="model.classes")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,10 +159,13 @@ def parse_model(document, *, where: str = "model") -> ModelSpec:
         vocabulary=f.int("vocabulary", need("vocabulary")),
         ffn_hidden=f.int("ffn_hidden", base.get("ffn_hidden", 0), minimum=0),
         gated_mlp=f.bool("gated_mlp", base.get("gated_mlp", False)),
-        tied_embeddings=f.bool("tied_embeddings", base.get("tied_embeddings", True)),
+        head=f.str("head", base.get("head", "lm"), choices=HEADS),
+        classes=f.int("classes", base.get("classes", 0), minimum=0),
         learned_positions=f.bool("learned_positions", base.get("learned_positions", True)),
         biases=f.bool("biases", base.get("biases", True)),
     )
+    lm = values["head"] == "lm"  # a classification head has nothing to tie: untied unless the file says otherwise
+    values["tied_embeddings"] = f.bool("tied_embeddings", base.get("tied_embeddings", True) if lm else False)
     f.raw("source", "")
     f.finish()
     return ModelSpec(**values)

@@ -15,7 +15,7 @@ from cost_models import comm, flops, memory
 __all__ = ["OPTIMIZER_BYTES_PER_PARAMETER", "OUTER_STATE_BYTES_PER_PARAMETER", "OUTER_STEP_BYTES_PER_PARAMETER",
            "LayerCosts", "layer_costs", "StageProfile", "stage_profile",
            "stage_parameters", "stage_memory_bytes", "stage_step_bytes", "in_flight_table", "optimizer_time_s",
-           "iteration_flops", "optimizer_shards", "tensor_layer_s"]
+           "iteration_flops", "optimizer_shards", "tensor_layer_s", "head_outputs"]
 
 # Bytes the optimizer update moves per parameter (read + write), a roofline estimate of a fused
 # Adam step: fp32 master, m and v read and written (24 B), the 16-bit gradient read and the 16-bit
@@ -100,16 +100,26 @@ def optimizer_shards(training, replicas: int) -> int:
     return replicas if training.shard_optimizer is not False and replicas > 1 else 1
 
 
+def head_outputs(model, *, padded: bool = True) -> tuple:
+    """(outputs, positions) of the model's head: an LM head gives ``padded_vocabulary(V)`` logits (the
+    rows the runtime trains; ``V`` itself with ``padded=False``) at every position; a classification
+    head gives ``classes`` logits at the last position only."""
+    if model.head == "classification":
+        return model.classes, 1
+    return (flops.padded_vocabulary(model.vocabulary) if padded else model.vocabulary), model.sequence
+
+
 def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: int = 1) -> LayerCosts:
     """The costs of ``model`` under ``training`` (formulas in ``cost_models``, sources cited there),
     for ``stages`` stages of ``replicas`` replicas each (the optimizer state's shards)."""
     if not isinstance(training.recompute, bool):
         raise ValueError("recompute 'auto' is a search decision: resolve it before costing a plan")
     b, s, h, a = micro_batch_size, model.sequence, model.hidden, model.heads
-    v = flops.padded_vocabulary(model.vocabulary)  # the rows the runtime trains
+    v = flops.padded_vocabulary(model.vocabulary)  # the embedding's rows, as the runtime trains them
+    outputs, positions = head_outputs(model)
     dtype = training.activation_bytes
     fwd = flops.layer_forward_flops(b, s, h, model.ffn_hidden, gated_mlp=model.gated_mlp)
-    head_fwd = flops.head_forward_flops(b, s, h, v)
+    head_fwd = flops.head_forward_flops(b, positions, h, outputs)
     kept = memory.layer_activation_bytes(s, b, h, a, dtype_bytes=dtype, flash_attention=training.flash_attention,
                                          recompute=training.recompute)
     full = memory.layer_activation_bytes(s, b, h, a, dtype_bytes=dtype, flash_attention=training.flash_attention)
@@ -121,7 +131,7 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
                                               tensor=2)
     tensor_forward, tensor_backward = comm.tensor_allreduces(training.recompute)
     boundary = float(b * s * h * dtype)
-    last_params = flops.head_parameters(v, h, tied=model.tied_embeddings, biases=model.biases)
+    last_params = flops.head_parameters(outputs, h, tied=model.tied_embeddings, biases=model.biases)
     if model.tied_embeddings and stages > 1:
         last_params += v * h  # the last stage keeps its own copy of the tied embedding (Megatron-LM)
     first_params = flops.embedding_parameters(v, h, s, learned_positions=model.learned_positions)
@@ -146,8 +156,9 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         layer_params=float(flops.layer_parameters(h, model.ffn_hidden, gated_mlp=model.gated_mlp,
                                                   biases=model.biases)),
         first_params=float(first_params), last_params=float(last_params), layer_kept_bytes=kept,
-        first_kept_bytes=boundary, last_kept_bytes=memory.logits_bytes(s, b, v), transient_bytes=transient,
-        last_transient_bytes=memory.logits_bytes(s, b, v),  # the logits' gradient
+        first_kept_bytes=boundary, last_kept_bytes=memory.logits_bytes(positions, b, outputs),
+        transient_bytes=transient,
+        last_transient_bytes=memory.logits_bytes(positions, b, outputs),  # the logits' gradient
         state_bytes_per_param=state - sharded_state * (1.0 - 1.0 / shards),
         gradient_bytes_per_param=float(dtype) / H, sync_every=H,
         micro_batches_per_round=training.micro_batches_per_round,
@@ -255,5 +266,6 @@ def iteration_flops(model, global_batch: int, *, recompute: bool, head_slowdown:
     With ``recompute=False`` this is the model FLOPs of MFU (PaLM, Chowdhery et al. 2022, App. B)."""
     layer = flops.layer_forward_flops(global_batch, model.sequence, model.hidden, model.ffn_hidden,
                                       gated_mlp=model.gated_mlp)
-    head = flops.head_forward_flops(global_batch, model.sequence, model.hidden, model.vocabulary)
+    outputs, positions = head_outputs(model, padded=False)
+    head = flops.head_forward_flops(global_batch, positions, model.hidden, outputs)
     return float(model.layers * layer * flops.training_flops_multiplier(recompute) + 3.0 * head * head_slowdown)

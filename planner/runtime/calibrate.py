@@ -139,13 +139,15 @@ def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
 
 
 def _document(job, kind, backend, names, reports, options) -> dict:
-    from cost_models.flops import head_forward_flops, layer_forward_flops, padded_vocabulary
+    from cost_models.flops import head_forward_flops, layer_forward_flops
+    from planner.prediction.stage_model import head_outputs
 
     compute = reports[0]["compute"]
     model, training = job.model, job.training
     b = compute["micro_batch_size"]
     block = layer_forward_flops(b, model.sequence, model.hidden, model.ffn_hidden, gated_mlp=model.gated_mlp)
-    head = head_forward_flops(b, model.sequence, model.hidden, padded_vocabulary(model.vocabulary))
+    outputs, positions = head_outputs(model)
+    head = head_forward_flops(b, positions, model.hidden, outputs)
     achieved = 3.0 * block / (compute["block_forward_s"] + compute["block_backward_s"])
     head_achieved = 3.0 * head / compute["head_s"]
     device = next(d for d in job.topology.devices if d.type_name == kind)
@@ -261,9 +263,9 @@ def _timed(fn, repeats: int, device) -> float:
 def _compute_probe(job, options, device, threads) -> dict:
     import torch
 
-    from cost_models.flops import padded_vocabulary
     from planner.prediction.stage_model import OPTIMIZER_BYTES_PER_PARAMETER
-    from planner.runtime.gpt import Block, lm_loss, make_norm
+    from planner.runtime.data import training_targets
+    from planner.runtime.gpt import Block, head_rows, lm_loss, make_norm, vocabulary_logits
     from planner.runtime.launch import compiles
     from planner.plan.precision import resolve_precision
     from planner.runtime.optimizer import make_optimizer
@@ -283,12 +285,12 @@ def _compute_probe(job, options, device, threads) -> dict:
     forward = _timed(lambda: block(x), options.repeats, device)
     both = _timed(lambda: block(x).backward(grad), options.repeats, device)
     norm = make_norm(model, model.hidden).to(device=device, dtype=dtype)
-    head = torch.nn.Linear(model.hidden, padded_vocabulary(model.vocabulary), bias=False).to(device=device,
-                                                                                              dtype=dtype)
-    targets = torch.randint(0, model.vocabulary, (b, model.sequence), device=device)
-
+    head = torch.nn.Linear(model.hidden, head_rows(model), bias=False).to(device=device, dtype=dtype)
+    tokens = torch.randint(0, model.vocabulary, (b, model.sequence + 1), device=device)
+    targets = training_targets(tokens, model)
     def head_step():  # as the runtime's last stage runs it (planner.runtime.gpt)
-        loss(head(norm(x))[..., :model.vocabulary], targets).backward()
+        last = x[:, -1] if model.head == "classification" else x  # a classification head reads the last position
+        loss(vocabulary_logits(head(norm(last)), model), targets).backward()
 
     head_s = _timed(head_step, options.repeats, device)
     probe = torch.nn.Linear(OPTIMIZER_PROBE_PARAMETERS // 1024, 1024, bias=False).to(device=device, dtype=dtype)

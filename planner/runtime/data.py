@@ -6,7 +6,7 @@ one token in ten replaced by noise: learnable (the loss falls) yet free of any d
 
 import torch
 
-__all__ = ["global_batch_tokens", "micro_batch_rows"]
+__all__ = ["global_batch_tokens", "micro_batch_rows", "training_inputs", "training_targets"]
 
 _NOISE = 0.1
 
@@ -20,6 +20,20 @@ def global_batch_tokens(seed: int, iteration: int, sequences: int, sequence: int
     noise = torch.rand((sequences, sequence + 1), generator=generator) < _NOISE
     tokens[noise] = torch.randint(0, vocabulary, (int(noise.sum()),), generator=generator)
     return tokens
+
+
+def training_inputs(tokens: torch.Tensor) -> torch.Tensor:
+    """The model's input tokens of ``global_batch_tokens`` rows: every position but the last."""
+    return tokens[:, :-1]
+
+
+def training_targets(tokens: torch.Tensor, spec) -> torch.Tensor:
+    """What the head learns for ``global_batch_tokens`` rows: the next token at every position (LM
+    head), or a class per sequence, its first token modulo ``classes`` (classification head:
+    learnable from the input, no labels to download)."""
+    if spec.head == "classification":
+        return tokens[:, 0] % spec.classes
+    return tokens[:, 1:]
 
 
 def micro_batch_rows(micro_batches: tuple, micro_batch_size: int, replica: int, microbatch: int) -> slice:

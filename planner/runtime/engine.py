@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from cost_models.schedule import Schedule, stage_ops
-from planner.runtime.data import global_batch_tokens, micro_batch_rows
+from planner.runtime.data import global_batch_tokens, micro_batch_rows, training_inputs, training_targets
 from planner.runtime.emulation import Emulator, now_s, sleep_until
 from planner.runtime.gpt import lm_loss
 from planner.runtime.split_backward import defer_weight_gradients
@@ -155,10 +155,10 @@ class StageExecutor:
             start = now_s()
             if kind == "fwd":
                 rows = micro_batch_rows(self.plan.micro_batches, self.plan.micro_batch_size, self.replica, mb)
-                x = tokens[rows, :-1] if m.is_first else inputs[mb]
+                x = training_inputs(tokens[rows]) if m.is_first else inputs[mb]
                 y = m(x)
                 if m.is_last:
-                    targets = tokens[rows, 1:]
+                    targets = training_targets(tokens[rows], m.spec)
                     loss = self.loss(y, targets)
                     y = loss / self.total_micro_batches
                     loss_sum += y.detach()

@@ -124,7 +124,7 @@ class StageModule(nn.Module):
         if self.is_last:
             self.norm = make_norm(spec, spec.hidden)
             if not (spec.tied_embeddings and self.is_first):
-                self.head = nn.Linear(spec.hidden, padded_vocabulary(spec.vocabulary), bias=False)
+                self.head = nn.Linear(spec.hidden, head_rows(spec), bias=False)
 
     @property
     def tied_copy(self) -> bool:
@@ -144,6 +144,8 @@ class StageModule(nn.Module):
             x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
         if self.is_last:
             weight = self.embed.weight if not hasattr(self, "head") else self.head.weight
+            if self.spec.head == "classification":  # the last position's hidden state
+                x = x[:, -1]
             x = self.head_linear(self.norm(x), weight)
             if not self.padded_logits:  # the caller's loss drops them otherwise (``vocabulary_logits``)
                 x = vocabulary_logits(x, self.spec)
@@ -151,9 +153,14 @@ class StageModule(nn.Module):
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of ``logits`` (batch, sequence, vocabulary) against ``targets``, taken in
-    fp32 whatever the logits' precision (as Megatron-LM does)."""
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    """Mean cross-entropy of ``logits`` (batch, sequence, vocabulary; or batch, classes) against
+    ``targets``, taken in fp32 whatever the logits' precision (as Megatron-LM does)."""
+    return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten())
+
+
+def head_rows(spec) -> int:
+    """Rows of the head's weight: the padded vocabulary, or a classification head's classes."""
+    return spec.classes if spec.head == "classification" else padded_vocabulary(spec.vocabulary)
 
 
 def compile_between_linears(module: "StageModule"):
@@ -178,8 +185,9 @@ def compile_stage(module: "StageModule"):
 
 
 def vocabulary_logits(logits: torch.Tensor, spec) -> torch.Tensor:
-    """The logits of the real vocabulary (a view): the padded rows' columns dropped."""
-    return logits[..., :spec.vocabulary]
+    """The logits of the real vocabulary (a view): the padded rows' columns dropped (a classification
+    head's logits as they are)."""
+    return logits if spec.head == "classification" else logits[..., :spec.vocabulary]
 
 
 def _init(module: nn.Module, seed: int, rows: int | None = None) -> None:

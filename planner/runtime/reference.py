@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from planner.runtime.data import global_batch_tokens
+from planner.runtime.data import global_batch_tokens, training_inputs, training_targets
 from planner.runtime.gpt import build_stage, compile_stage, lm_loss, vocabulary_logits
 from planner.runtime.precision import MasterWeightOptimizer, plain_optimizer
 from planner.runtime.spawn import gather_from_ranks
@@ -33,8 +33,8 @@ def train_single_process(spec, *, global_batch: int, iterations: int, seed: int 
     losses = []
     for iteration in range(iterations):
         tokens = global_batch_tokens(seed, iteration, global_batch, spec.sequence, spec.vocabulary)
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        logits = model(training_inputs(tokens))
+        loss = F.cross_entropy(logits.flatten(0, -2), training_targets(tokens, spec).flatten())
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -119,9 +119,9 @@ def _pipelining(rank, world, store_port, results, spec, layer_bounds, run: Pipel
                 else torch.autocast("cpu", enabled=False)
             with autocast:
                 if rank == 0:
-                    runner.step(tokens[:, :-1].contiguous())
+                    runner.step(training_inputs(tokens).contiguous())
                 elif rank == world - 1:
-                    runner.step(target=tokens[:, 1:].contiguous(), losses=per_microbatch)
+                    runner.step(target=training_targets(tokens, spec).contiguous(), losses=per_microbatch)
                 else:
                     runner.step()
             opt.step()

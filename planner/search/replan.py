@@ -30,7 +30,7 @@ from cost_models import flops, memory
 from planner.errors import InputError
 from planner.plan.plan import Plan, validate_plan
 from planner.prediction.predict import predict
-from planner.prediction.stage_model import optimizer_shards
+from planner.prediction.stage_model import head_outputs, optimizer_shards
 from planner.search.bounds import lower_bound_s
 
 __all__ = ["DEFAULT_MOVE_WEIGHT", "Move", "Moves", "MoveAwareTime", "ReplanResult", "state_pieces", "holdings",
@@ -84,7 +84,7 @@ def state_pieces(model, training) -> dict:
         - memory.optimizer_state_bytes_per_parameter(training.precision, training.optimizer)
     weight, state = working / 2.0, memory.optimizer_state_bytes_per_parameter(training.precision, training.optimizer)
     counts = {EMBEDDING: flops.embedding_parameters(v, h, model.sequence, learned_positions=model.learned_positions),
-              HEAD: flops.head_parameters(v, h, tied=model.tied_embeddings, biases=model.biases)}
+              HEAD: flops.head_parameters(head_outputs(model)[0], h, tied=model.tied_embeddings, biases=model.biases)}
     block = flops.layer_parameters(h, model.ffn_hidden, gated_mlp=model.gated_mlp, biases=model.biases)
     counts.update({_block(i): block for i in range(model.layers)})
     return {piece: (n * weight, n * state) for piece, n in counts.items()}
