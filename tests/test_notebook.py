@@ -22,3 +22,4 @@ def test_quickstart_notebook_executes():
     assert any(o.get("output_type") == "display_data" and "image/png" in o.get("data", {}) for o in outputs)
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
     assert "predicted" in text and "measured" in text
+    assert "re-planned" in text and "state moved" in text  # section 5: a device lost
