@@ -46,7 +46,8 @@ class Block(nn.Module):
     def __init__(self, spec):
         super().__init__()
         h, f = spec.hidden, spec.ffn_hidden
-        self.heads = spec.heads
+        self.heads = spec.heads  # this device's heads (``tensor_parallel`` divides them)
+        self.head_dim = h // spec.heads
         self.rotary = not spec.learned_positions
         self.gated = spec.gated_mlp
         self.norm1 = make_norm(spec, h)
@@ -60,11 +61,11 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.rotary:
             q, k = _rotary(q), _rotary(k)
         attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(attention.transpose(1, 2).reshape(b, s, h))
+        x = x + self.proj(attention.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
         y = self.norm2(x)
         y = F.silu(self.gate(y)) * self.fc1(y) if self.gated else F.gelu(self.fc1(y))
         return x + self.fc2(y)

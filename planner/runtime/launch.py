@@ -120,6 +120,7 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
     inputs = load_run_inputs(plan_path, options.topology)
     from planner.runtime.preflight import check_memory
 
+    _check_tensor_groups(inputs, options)
     options = replace(options, resume=_check_resume(inputs, options) or None)  # the checkpoint folder itself
     problem = check_memory(inputs, refuse=not options.emulate)
     if problem:
@@ -130,6 +131,20 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
         if options.elastic:
             return _launch_elastic(inputs, options, log)
         return _launch_local(inputs, options, log)
+
+
+def _check_tensor_groups(inputs: RunInputs, options: LaunchOptions) -> None:
+    """What a plan with tensor groups cannot do yet: emulation (its all-reduces would be timed once
+    per member) and checkpoints."""
+    if not inputs.plan.tensor_groups:
+        return
+    if options.emulate:
+        raise InputError("does not emulate plans with tensor groups yet: run it on its devices, or plan with "
+                         "'--tensor-degrees 1' to emulate", field="--emulate")
+    if options.checkpoint_every or options.resume:
+        raise InputError("checkpoints of plans with tensor groups are not written or resumed yet: drop it, or plan "
+                         "with '--tensor-degrees 1'", field="--checkpoint-every" if options.checkpoint_every else
+                         "--resume")
 
 
 ELASTIC_RESTARTS = 3  # an elastic launch re-plans at most this many times
@@ -161,7 +176,7 @@ def _launch_elastic(inputs: RunInputs, options: LaunchOptions, log) -> dict:
                        f"{ELASTIC_RESTARTS} restarts already" if failure.rank is not None else "")
                 raise LaunchFailure(f"{failure}" + (f"; not restarted: {why}" if why else ""),
                                     rank=failure.rank) from None
-            device = current.plan.assignment[failure.rank // current.plan.stages][failure.rank % current.plan.stages]
+            device = _rank_devices(current.plan)[failure.rank]
             _, checkpoint = read_checkpoint(found)
             done = int(checkpoint["iteration"])
             log(f"elastic: {failure}; re-planning without {device}, resuming from iteration {done}")
@@ -210,7 +225,7 @@ def _replan_without(inputs: RunInputs, device: str, index: int, options: LaunchO
     topology = load_topology(topology_path)
     result = replan(inputs.plan, topology, inputs.model, inputs.training,
                     SearchOptions(seed=options.seed, time_limit_s=options.replan_time_limit_s,
-                                  tensor_degrees=(1,)))  # the runtime runs no tensor groups yet
+                                  tensor_degrees=(1,)))  # tensor groups' checkpoints are not resumed yet
     write_plan(plan_to_document(result.plan, model=inputs.model, training=result.training,
                                 topology_source=str(topology_path)), plan_path)
     return load_run_inputs(plan_path), result, {"topology": str(topology_path), "plan": str(plan_path)}
@@ -316,7 +331,7 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
     from planner.runtime.results import read_results
 
     plan = inputs.plan
-    world = plan.stages * plan.replicas
+    world = len(plan.used_devices)  # one rank per device, tensor groups' members included
     gpus = _gpus()
     if not options.emulate:
         check_devices_present(inputs, options.backend, gpus)
@@ -329,7 +344,7 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
                   learning_rate=options.learning_rate, timeout_s=options.timeout_s,
                   emulate=options.emulate, time_scale=scale, backend=backend,
                   threads=max(1, (os.cpu_count() or 1) // world) if backend == "gloo" else 4,
-                  compile=compiles(options.compile, backend),
+                  compile=compiles(options.compile, backend) and not plan.tensor_groups,
                   save_state=options.save_state, cuda_devices=cuda_devices,
                   checkpoint_every=options.checkpoint_every, checkpoint_dir=options.checkpoint_dir or "",
                   resume_from=options.resume or "")
@@ -385,9 +400,23 @@ def _record_overrun(inputs: RunInputs, out_dir, scale: float, log) -> None:
     update_results(out_dir, "emulation", {"compute_overrun": overrun})
 
 
+def _rank_devices(plan) -> dict:
+    """Rank -> plan device (``planner.runtime.engine.Layout``)."""
+    from planner.runtime.engine import Layout
+
+    return {rank: name for name, rank in Layout.of_plan(plan).device_ranks(plan).items()}
+
+
 def _rank_names(plan) -> dict:
-    return {r * plan.stages + s: f"rank {r * plan.stages + s} (device {name}, replica {r}, stage {s})"
-            for r, row in enumerate(plan.assignment) for s, name in enumerate(row)}
+    from planner.runtime.engine import Layout
+
+    layout = Layout.of_plan(plan)
+    names = {}
+    for rank, name in sorted(_rank_devices(plan).items()):
+        r, s, k = layout.place(rank)
+        names[rank] = f"rank {rank} (device {name}, replica {r}, stage {s}" + (f", member {k})" if
+                                                                               layout.degree(s) > 1 else ")")
+    return names
 
 
 def _launch_hosts(inputs: RunInputs, options: LaunchOptions, log) -> dict | None:
@@ -397,7 +426,8 @@ def _launch_hosts(inputs: RunInputs, options: LaunchOptions, log) -> dict | None
         entries, node, plan_path=inputs.plan_path, topology_path=inputs.topology_path, out_dir=options.out_dir,
         iterations=options.iterations, warmup=options.warmup, seed=options.seed,
         learning_rate=options.learning_rate, timeout_s=options.timeout_s, backend=backend,
-        master_port=options.master_port, compile=compiles(options.compile, backend)) for node in range(len(entries))]
+        master_port=options.master_port, compile=compiles(options.compile, backend) and not inputs.plan.tensor_groups)
+        for node in range(len(entries))]
     if options.dry_run:
         for entry, command in zip(entries, commands):
             log(f"# on {entry.address} ({len(entry.devices)} process(es): {', '.join(entry.devices)})")

@@ -1,0 +1,160 @@
+"""Tensor parallelism in the runtime: a stage's blocks split over its tensor group (Megatron-LM,
+Shoeybi et al. 2019, sec. 3), as ``planner.plan.tensor`` and the cost model count it.
+
+Each member keeps, of every block: the rows of the fused QKV projection that belong to its
+``heads / t`` heads (q, k and v of the same heads, so the block's ``view`` into heads is unchanged),
+the matching columns of the output projection, the rows of fc1 (and of the gate with SwiGLU) and the
+columns of fc2; the column-parallel layers' biases are split with their rows, the row-parallel
+layers' biases, the norms, the embeddings and the head stay whole on every member (as
+``cost_models.flops.tensor_split_parameters`` counts). A block then runs Megatron's two operators
+twice: ``f`` (identity forward, all-reduce of the gradient backward) on the output of each norm,
+``g`` (all-reduce forward, identity backward) on the output of the attention projection and of fc2,
+before their biases: 2 all-reduces of the ``(b, s, h)`` activation in forward and 2 in backward
+(``cost_models.comm.tensor_allreduces``; with recompute the forward's two run again in backward).
+Every member ends a block with the same activation, so the replicated parameters get the same
+gradient on every member and need no sync inside the group; pipeline messages go between leads
+(``planner.runtime.engine``).
+
+The two operators are written here (as Megatron-LM's ``copy_to_tensor_model_parallel_region`` and
+``reduce_from_tensor_model_parallel_region``) rather than taken from
+``torch.distributed.tensor.parallel.parallelize_module``: its ``ColwiseParallel``/``RowwiseParallel``
+turn the weights into ``DTensor`` parameters, while everything after the forward in this runtime
+acts on plain tensors: ZeRO-1 re-points ``p.data`` and ``p.grad`` into flat buffers
+(``planner.runtime.sharded``), the fp32 master weights copy chunks with ``torch._foreach_copy_``
+(``precision``), the gradient sync and DiLoCo flatten buckets (``engine``, ``local_steps``), and the
+checkpoint saves tensors by name. Each would need a ``to_local`` adapter or private ``_local_tensor``
+access; with local shards as ordinary ``nn.Linear`` parameters they run unchanged. The fused QKV
+weight would also need its rows permuted before ``Shard(0)`` to keep a head's q, k and v together.
+Parameter names and ``state_dict`` keys are the unsplit model's; ``full_state`` gathers the whole
+weights back (every member takes part).
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["shard_stage", "full_state", "copy_to_group", "reduce_from_group", "RowParallelLinear"]
+
+_COLUMN = ("fc1", "gate")  # split by output rows (weight and bias)
+_ROW = ("proj", "fc2")  # split by input columns (bias whole, added after the all-reduce)
+
+
+class _CopyToGroup(torch.autograd.Function):
+    """Megatron's ``f``: identity in forward, all-reduce of the gradient in backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromGroup(torch.autograd.Function):
+    """Megatron's ``g``: all-reduce in forward, identity in backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def copy_to_group(x: torch.Tensor, group) -> torch.Tensor:
+    return _CopyToGroup.apply(x, group)
+
+
+def reduce_from_group(x: torch.Tensor, group) -> torch.Tensor:
+    return _ReduceFromGroup.apply(x, group)
+
+
+class RowParallelLinear(nn.Module):
+    """A row-parallel linear layer: this member's input columns of the weight, the output summed
+    over the group, then the (whole) bias. Parameters named as ``nn.Linear``'s."""
+
+    def __init__(self, weight: torch.Tensor, bias, group):
+        super().__init__()
+        self.group = group
+        self.weight = nn.Parameter(weight)
+        self.bias = nn.Parameter(bias) if bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = reduce_from_group(F.linear(x, self.weight), self.group)
+        return y + self.bias if self.bias is not None else y
+
+
+def _linear(weight: torch.Tensor, bias) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")  # no init drawn
+    layer.weight = nn.Parameter(weight.clone())
+    if bias is not None:
+        layer.bias = nn.Parameter(bias.clone())
+    return layer
+
+
+def _qkv_rows(h: int, member: int, degree: int) -> torch.Tensor:
+    """Rows of the fused ``(3h, h)`` QKV weight of ``member``'s heads: its q rows, then k, then v."""
+    width = h // degree
+    own = torch.arange(member * width, (member + 1) * width)
+    return torch.cat([own, own + h, own + 2 * h])
+
+
+def shard_stage(module, group, member: int, degree: int):
+    """Split every block of ``module`` (a ``StageModule``, whole, CPU) in place to ``member``'s
+    share of a tensor group ``group`` of ``degree``; returns ``module``."""
+    with torch.no_grad():
+        for block in module.blocks.values():
+            h = block.qkv.in_features
+            rows = _qkv_rows(h, member, degree)
+            bias = block.qkv.bias[rows] if block.qkv.bias is not None else None
+            block.qkv = _linear(block.qkv.weight[rows], bias)
+            for name in _COLUMN:
+                if hasattr(block, name):
+                    layer = getattr(block, name)
+                    part = slice(member * layer.out_features // degree, (member + 1) * layer.out_features // degree)
+                    setattr(block, name, _linear(layer.weight[part], layer.bias[part] if layer.bias is not None
+                                                 else None))
+            for name in _ROW:
+                layer = getattr(block, name)
+                part = slice(member * layer.in_features // degree, (member + 1) * layer.in_features // degree)
+                bias = layer.bias.clone() if layer.bias is not None else None
+                setattr(block, name, RowParallelLinear(layer.weight[:, part].clone(), bias, group))
+            block.heads //= degree
+            for norm in (block.norm1, block.norm2):
+                norm.register_forward_hook(lambda _module, _inputs, output: copy_to_group(output, group))
+    return module
+
+
+def _join(name: str, parts: list, degree: int) -> torch.Tensor:
+    """The whole tensor ``name`` (a ``state_dict`` key) from its ``degree`` shards."""
+    layer, kind = name.split(".")[-2:]
+    if layer == "qkv":  # each shard: (3, h/t, ...) of its heads
+        return torch.cat([p.view(3, -1, *p.shape[1:]) for p in parts], dim=1).flatten(0, 1)
+    if layer in _COLUMN:
+        return torch.cat(parts, dim=0)
+    if layer in _ROW and kind == "weight":
+        return torch.cat(parts, dim=1)
+    return parts[0]
+
+
+def full_state(module, group, degree: int) -> dict:
+    """``module``'s ``state_dict`` with the split blocks' tensors gathered whole (CPU); every member
+    of ``group`` must call it."""
+    state = {}
+    for name, value in module.state_dict().items():
+        value = value.detach()
+        layer = name.split(".")[-2] if name.startswith("blocks.") else ""
+        if layer in ("qkv",) + _COLUMN + _ROW:
+            parts = [torch.empty_like(value) for _ in range(degree)]
+            dist.all_gather(parts, value.contiguous(), group=group)
+            value = _join(name, parts, degree)
+        state[name] = value.cpu()
+    return state
