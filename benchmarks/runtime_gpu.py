@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PLANS = {"pipeline (2 stages)": "benchmarks/plans/h100x2-pipeline.yaml",
-         "data parallel (2 replicas)": "benchmarks/plans/h100x2-data-parallel.yaml"}
+         "data parallel (2 replicas)": "benchmarks/plans/h100x2-data-parallel.yaml",
+         "tensor parallel (degree 2)": "benchmarks/plans/h100x2-tensor.yaml"}
 
 
 def _untied_copy(plan_path: str, folder: Path, schedule: str) -> Path:

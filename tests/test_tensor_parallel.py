@@ -220,6 +220,18 @@ def test_groupings_are_few_and_start_without_groups(write_yaml):
     # One type: no grouping first; pairs, then fours, only if nothing fits without them.
     alike = load_job(write_yaml({**WIDE, "devices": [WIDE["devices"][1]]}))
     assert groupings(alike.topology, alike.model) == ([{"T4": 1}], [{"T4": 2}, {"T4": 4}])
+    # Degrees without 1 ask for groups: each type at its largest (the A100 host has 2).
+    assert groupings(job.topology, job.model, (2, 4)) == ([{"A100-80GB": 2, "T4": 4}], [])
+
+
+def test_cli_plans_a_tensor_group_when_degrees_leave_out_1(tmp_path, capsys):
+    # The committed GPU plan benchmarks/plans/h100x2-tensor.yaml was made this way.
+    out = tmp_path / "tensor.yaml"
+    assert main([str(ROOT / "topologies" / "local" / "h100-x2.yaml"), "--stages", "1", "--replicas", "1",
+                 "--tensor-degrees", "2", "--time-limit", "2", "-o", str(out)]) == 0
+    capsys.readouterr()
+    plan, _ = read_plan(out)
+    assert plan.tensor_groups == (("gpu-0", "gpu-1"),) and plan.assignment == (("gpu-0",),) and plan.idle == ()
 
 
 def test_a_model_that_fits_no_device_alone_is_planned_over_tensor_groups(write_yaml):
