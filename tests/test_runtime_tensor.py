@@ -132,3 +132,23 @@ def test_hostfile_launch_starts_a_process_per_member(tmp_path):
     launch(plan, LaunchOptions(hostfile=str(hosts), dry_run=True, out_dir=str(tmp_path / "run")), log=lines.append)
     assert "--nproc-per-node=2" in lines[1] and "--devices a0,a1" in lines[1]
     assert "--compile" not in lines[1]  # compiled blocks are off for plans with tensor groups
+
+
+@pytest.mark.slow
+def test_hostfile_launch_of_a_group_trains_like_single_process(tmp_path):
+    """Two torchruns on this machine (the group's host, then stage 1's): each worker finds its rank
+    from its device, the group's members included."""
+    import socket
+
+    plan = _group_plan(tmp_path, micro_batches=[4])
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("127.0.0.1 a0 a1\nlocalhost b0\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = launch(plan, LaunchOptions(hostfile=str(hosts), backend="gloo", iterations=2, warmup=0,
+                                         out_dir=str(tmp_path / "run"), learning_rate=0.05, master_port=port),
+                     log=lambda line: None)
+    losses, _ = train_single_process(model_preset("tiny"), global_batch=8, iterations=2, learning_rate=0.05)
+    assert results["measured"]["loss"] == pytest.approx(losses, rel=1e-5)
+    assert results["run"]["world"] == 3
