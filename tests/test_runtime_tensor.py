@@ -67,6 +67,9 @@ def test_tensor_parallel_training_equals_single_process(tmp_path, case):
         1 for row in kwargs["assignment"] for d in row if d not in {g[0] for g in kwargs["tensor_groups"]})
     assert results["run"]["world"] == world
     assert results["run"]["compiled"] is False
+    if len(kwargs["assignment"]) > 1:  # the sync moves the whole stage per replica, as without groups
+        whole = sum(p.numel() for p in build_stage(spec, 0, spec.layers).parameters())
+        assert results["run"]["data_parallel_bytes_per_iteration"] == [len(kwargs["assignment"]) * 4 * whole] * 3
     devices = set(results["measured"]["peak_memory_bytes"])
     assert devices == {d for g in kwargs["tensor_groups"] for d in g} | {d for row in kwargs["assignment"] for d in row}
 

@@ -17,6 +17,7 @@ from cost_models.schedule import stage_ops
 from planner.runtime.data import global_batch_tokens, micro_batch_rows
 from planner.runtime.emulation import Emulator, now_s, sleep_until
 from planner.runtime.gpt import lm_loss
+from planner.runtime.tensor_parallel import broadcast_whole
 
 __all__ = ["Layout", "StageGroups", "make_groups", "split_parameters", "StageExecutor", "BUCKET_BYTES"]
 
@@ -87,7 +88,7 @@ def make_groups(layout: Layout, stage: int, tied: bool, *, local_steps: bool = F
     ``local_steps`` the tied embedding's two copies also get a group per replica: between syncs a
     replica's copies stay equal without reaching the other replicas. With tensor groups the data-
     parallel groups join member k of a stage's replicas, the tied embedding's groups join leads
-    (members follow with a broadcast in their group), and each (replica, stage) gets its group."""
+    (the other members take its weights from their lead), and each (replica, stage) gets its group."""
     S, R = layout.stages, layout.replicas
     replica, _, member = layout.place(dist.get_rank())
     stage_groups = {(s, k): dist.new_group([layout.rank(r, s, k) for r in range(R)])
@@ -133,7 +134,8 @@ class _Timer:
 
 def split_parameters(module, stages: int) -> tuple:
     """(the stage's own parameters, synced over its replicas; the tied embedding's copy on the first
-    or last stage, synced over the embedding group and never sharded)."""
+    or last stage, synced over the embedding group and never sharded); a tensor group's whole
+    parameters on a member other than the lead (``follows_lead``) are left out."""
     tied = module.spec.tied_embeddings and stages > 1
     shared = []
     if tied and module.is_first:
@@ -141,7 +143,8 @@ def split_parameters(module, stages: int) -> tuple:
     if tied and module.tied_copy:
         shared.append(module.head.weight)
     ids = {id(p) for p in shared}
-    return [p for p in module.parameters() if id(p) not in ids], shared
+    trained = [p for p in module.parameters() if not getattr(p, "follows_lead", False)]
+    return [p for p in trained if id(p) not in ids], [p for p in shared if not getattr(p, "follows_lead", False)]
 
 
 class StageExecutor:
@@ -240,6 +243,8 @@ class StageExecutor:
             elif kind == "step":
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
+                if self.groups.tensor is not None:  # the lead's whole parameters to the other members
+                    broadcast_whole(self.module, self.groups.tensor, self.groups.tensor_lead)
                 self._emulate_compute("step", start)
             marks.append(self.timer.mark())
             done.append((kind, mb))
@@ -303,11 +308,6 @@ class StageExecutor:
             local = self.local_steps is not None and self.groups.replica_embedding is not None
             group = self.groups.replica_embedding if local else self.groups.embedding
             _all_reduce_sum(self.embedding_parameters, group)
-        if self.groups.tensor is not None and self.embedding_parameters and self.layout.stages > 1:
-            for p in self.embedding_parameters:  # the leads summed the tied embedding's copies
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.broadcast(p.grad, self.groups.tensor_lead, group=self.groups.tensor)
         if end_s is not None:
             sleep_until(end_s)
 

@@ -11,9 +11,13 @@ twice: ``f`` (identity forward, all-reduce of the gradient backward) on the outp
 ``g`` (all-reduce forward, identity backward) on the output of the attention projection and of fc2,
 before their biases: 2 all-reduces of the ``(b, s, h)`` activation in forward and 2 in backward
 (``cost_models.comm.tensor_allreduces``; with recompute the forward's two run again in backward).
-Every member ends a block with the same activation, so the replicated parameters get the same
-gradient on every member and need no sync inside the group; pipeline messages go between leads
-(``planner.runtime.engine``).
+Every member ends a block with the same activation, so the whole-on-every-member parameters would
+get the same gradient on every member: only the lead (member 0) trains them (``follow_lead``: the
+other members sync and step nothing of them and receive them from the lead after each step, inside
+the host; they still take their gradients, so that every member runs the same backward and the
+same all-reduces, and drop them), so a stage's data-parallel sync moves its split part once
+per member and its whole part once, the whole stage as the cost model times it. Pipeline messages
+go between leads (``planner.runtime.engine``).
 
 The two operators are written here (as Megatron-LM's ``copy_to_tensor_model_parallel_region`` and
 ``reduce_from_tensor_model_parallel_region``) rather than taken from
@@ -34,7 +38,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["shard_stage", "full_state", "copy_to_group", "reduce_from_group", "RowParallelLinear"]
+__all__ = ["shard_stage", "full_state", "whole_parameters", "follow_lead", "broadcast_whole", "copy_to_group",
+           "reduce_from_group", "RowParallelLinear"]
 
 _COLUMN = ("fc1", "gate")  # split by output rows (weight and bias)
 _ROW = ("proj", "fc2")  # split by input columns (bias whole, added after the all-reduce)
@@ -131,6 +136,41 @@ def shard_stage(module, group, member: int, degree: int):
             for norm in (block.norm1, block.norm2):
                 norm.register_forward_hook(lambda _module, _inputs, output: copy_to_group(output, group))
     return module
+
+
+def _is_split(name: str) -> bool:
+    """Whether parameter ``name`` (of a ``StageModule``) is divided among a group's members."""
+    if not name.startswith("blocks."):
+        return False
+    layer, kind = name.split(".")[-2:]
+    return layer in ("qkv",) + _COLUMN or (layer in _ROW and kind == "weight")
+
+
+def whole_parameters(module) -> list:
+    """The parameters every member keeps whole (norms, row-parallel biases, embeddings, head), in
+    the module's order."""
+    return [p for name, p in module.named_parameters() if not _is_split(name)]
+
+
+def follow_lead(module) -> None:
+    """On a member other than the lead: mark its whole parameters ``follows_lead`` (left out of
+    the optimizer and the sync; the lead's are broadcast to it after each step, ``broadcast_whole``)."""
+    for p in whole_parameters(module):
+        p.follows_lead = True
+
+
+@torch.no_grad()
+def broadcast_whole(module, group, lead_rank: int) -> None:
+    """The lead's whole parameters, after its step, to every member of ``group`` (one message)."""
+    parameters = whole_parameters(module)
+    flat = torch.cat([p.detach().reshape(-1) for p in parameters])
+    dist.broadcast(flat, lead_rank, group=group)
+    offset = 0
+    for p in parameters:
+        p.copy_(flat[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+        if getattr(p, "follows_lead", False):
+            p.grad = None
 
 
 def _join(name: str, parts: list, degree: int) -> torch.Tensor:

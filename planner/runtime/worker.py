@@ -32,7 +32,7 @@ from planner.runtime.local_steps import LocalSteps, master_copies
 from planner.runtime.optimizer import make_optimizer
 from planner.runtime.precision import runtime_dtype
 from planner.runtime.results import RESULTS_FORMAT, chrome_trace, comparison, summarise_iterations, write_results
-from planner.runtime.tensor_parallel import full_state, shard_stage
+from planner.runtime.tensor_parallel import broadcast_whole, follow_lead, full_state, shard_stage
 
 __all__ = ["WorkerConfig", "run_local_worker", "main"]
 
@@ -122,12 +122,15 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     degree = layout.degree(stage)
     if degree > 1:  # this member's share of every block (planner.runtime.tensor_parallel)
         shard_stage(module, groups.tensor, member, degree)
+        if member:
+            follow_lead(module)
     # 16-bit weights with fp32 master weights on GPUs (as the memory model counts); fp32 on the CPU.
     dtype = runtime_dtype(training.precision, device)
     module = module.to(device=device, dtype=dtype)
     own, _ = split_parameters(module, layout.stages)
     shard = optimizer_shards(training, layout.replicas) > 1  # the cost model's rule
-    optimizer = make_optimizer(module, training.optimizer, config.learning_rate, dtype, device,
+    trained = [p for p in module.parameters() if not getattr(p, "follows_lead", False)]
+    optimizer = make_optimizer(trained, training.optimizer, config.learning_rate, dtype, device,
                                sharded=own if shard else (), shard_group=groups.stage)
     first, resumed = 0, None  # the iteration to run first (the data of iteration i is fixed by i)
     if config.resume_from:
@@ -162,6 +165,8 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         loss, trace = executor.iteration(iteration, tokens)
         if local_steps is not None and local_steps.due(iteration):
             local_steps.outer_step()
+            if groups.tensor is not None:  # the lead's outer step of the whole parameters is the group's
+                broadcast_whole(module, groups.tensor, groups.tensor_lead)
         sent = executor.sync_bytes + (local_steps.bytes_sent if local_steps else 0) - sent
         if device.type == "cuda":
             torch.cuda.synchronize(device)
