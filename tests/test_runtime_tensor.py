@@ -109,8 +109,8 @@ def _group_plan(tmp_path, **kwargs):
 
 
 @pytest.mark.parametrize("options, field", [
-    (dict(emulate=True), "--emulate"),
     (dict(checkpoint_every=1, checkpoint_dir="ckpt"), "--checkpoint-every"),
+    (dict(resume="ckpt"), "--resume"),
 ])
 def test_what_a_tensor_group_plan_cannot_do_yet_is_refused_before_start(tmp_path, options, field):
     plan = _group_plan(tmp_path)
@@ -155,3 +155,19 @@ def test_hostfile_launch_of_a_group_trains_like_single_process(tmp_path):
     losses, _ = train_single_process(model_preset("tiny"), global_batch=8, iterations=2, learning_rate=0.05)
     assert results["measured"]["loss"] == pytest.approx(losses, rel=1e-5)
     assert results["run"]["world"] == 3
+
+
+@pytest.mark.parametrize("case", ["two-stages", "two-replicas"])
+def test_emulated_tensor_groups_follow_the_simulator(tmp_path, case):
+    """Emulated (the reduced model with a head per member, sleeping the plan's times): the groups'
+    members run with their lead, the stage's sync is reserved once, and the iteration lasts what the
+    simulator predicts for the plan."""
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    shape = (dict(assignment=[["a0", "b0"]], layer_bounds=[0, 2, 4], micro_batches=[4]) if case == "two-stages"
+             else dict(assignment=[["a0"], ["b0"]], layer_bounds=[0, 4], micro_batches=[2, 2]))
+    plan = write_test_plan(tmp_path, topology, **shape, tensor_groups=[["a0", "a1"], ["b0", "b1"]],
+                           micro_batch_size=4, schedule="1f1b")
+    results = launch(plan, LaunchOptions(backend="gloo", iterations=3, warmup=1, out_dir=str(tmp_path / "run"),
+                                         emulate=True, time_scale=20.0), log=lambda line: None)
+    assert results["run"]["world"] == 4 and results["run"]["executed_model"]["heads"] == 2
+    assert results["comparison"]["measured_s"] == pytest.approx(results["comparison"]["predicted_s"], rel=0.25)

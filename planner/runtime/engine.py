@@ -294,9 +294,12 @@ class StageExecutor:
         if self.emulator is not None and self.layout.replicas > 1:
             ready = torch.tensor([ready_s], dtype=torch.float64)
             dist.all_reduce(ready, op=dist.ReduceOp.MAX, group=self.groups.stage)
-            end = torch.tensor([self.emulator.sync_end_s(float(ready[0])) if self.replica == 0 else 0.0],
+            # One reservation of the stage's ring (by replica 0's lead); a tensor group's members end with their lead.
+            end = torch.tensor([self.emulator.sync_end_s(float(ready[0])) if self.replica == 0 and self.lead else 0.0],
                                dtype=torch.float64)
             dist.all_reduce(end, op=dist.ReduceOp.MAX, group=self.groups.stage)
+            if self.groups.tensor is not None:
+                dist.all_reduce(end, op=dist.ReduceOp.MAX, group=self.groups.tensor)
             end_s = float(end[0])
         sharded = getattr(self.optimizer, "sharded", None)
         if sharded is not None:

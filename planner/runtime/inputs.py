@@ -127,11 +127,12 @@ def _calibrated(topology: Topology, record: dict, plan_path: Path) -> Topology:
     return apply_calibration(topology, calibration)
 
 
-def emulated_model(model: ModelSpec) -> ModelSpec:
-    """The reduced model an emulated run really computes: the plan's layers, tiny widths.
+def emulated_model(model: ModelSpec, tensor: int = 1) -> ModelSpec:
+    """The reduced model an emulated run really computes: the plan's layers, tiny widths (and as
+    many heads as the largest tensor group ``tensor`` splits, at least 2).
 
     Its compute is a stand-in (the plan's model is timed by sleeping); it keeps data and gradients
     really flowing through every stage and replica.
     """
-    return replace(model, name=f"{model.name}-emulated", hidden=32, heads=2, sequence=16, vocabulary=64,
+    return replace(model, name=f"{model.name}-emulated", hidden=32, heads=max(2, tensor), sequence=16, vocabulary=64,
                    ffn_hidden=0)

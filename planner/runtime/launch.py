@@ -134,13 +134,9 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
 
 
 def _check_tensor_groups(inputs: RunInputs, options: LaunchOptions) -> None:
-    """What a plan with tensor groups cannot do yet: emulation (its all-reduces would be timed once
-    per member) and checkpoints."""
+    """What a plan with tensor groups cannot do yet: checkpoints."""
     if not inputs.plan.tensor_groups:
         return
-    if options.emulate:
-        raise InputError("does not emulate plans with tensor groups yet: run it on its devices, or plan with "
-                         "'--tensor-degrees 1' to emulate", field="--emulate")
     if options.checkpoint_every or options.resume:
         raise InputError("checkpoints of plans with tensor groups are not written or resumed yet: drop it, or plan "
                          "with '--tensor-degrees 1'", field="--checkpoint-every" if options.checkpoint_every else
@@ -237,7 +233,7 @@ def _check_resume(inputs: RunInputs, options: LaunchOptions) -> str:
     from planner.runtime.checkpoint import check_resumable, read_checkpoint
     from planner.runtime.inputs import emulated_model
 
-    executed = emulated_model(inputs.model) if options.emulate else inputs.model
+    executed = emulated_model(inputs.model, inputs.plan.degrees.tensor) if options.emulate else inputs.model
     if options.checkpoint_dir:
         from planner.runtime.preflight import prepare_out_folder
 

@@ -114,7 +114,7 @@ def _train(rank: int, world: int, config: WorkerConfig, rendezvous: dict, device
 
 def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, device, shared, member=0) -> None:
     plan, model, training = inputs.plan, inputs.model, inputs.training
-    executed = emulated_model(model) if config.emulate else model
+    executed = emulated_model(model, plan.degrees.tensor) if config.emulate else model
     local = plan.sync_every > 1 and layout.replicas > 1  # local steps: the outer step every sync_every iterations
     groups = make_groups(layout, stage, executed.tied_embeddings, local_steps=local)
     module = build_stage(executed, plan.layer_bounds[stage], plan.layer_bounds[stage + 1], seed=config.seed,
