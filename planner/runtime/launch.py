@@ -120,7 +120,6 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
     inputs = load_run_inputs(plan_path, options.topology)
     from planner.runtime.preflight import check_memory
 
-    _check_tensor_groups(inputs, options)
     options = replace(options, resume=_check_resume(inputs, options) or None)  # the checkpoint folder itself
     problem = check_memory(inputs, refuse=not options.emulate)
     if problem:
@@ -131,16 +130,6 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
         if options.elastic:
             return _launch_elastic(inputs, options, log)
         return _launch_local(inputs, options, log)
-
-
-def _check_tensor_groups(inputs: RunInputs, options: LaunchOptions) -> None:
-    """What a plan with tensor groups cannot do yet: checkpoints."""
-    if not inputs.plan.tensor_groups:
-        return
-    if options.checkpoint_every or options.resume:
-        raise InputError("checkpoints of plans with tensor groups are not written or resumed yet: drop it, or plan "
-                         "with '--tensor-degrees 1'", field="--checkpoint-every" if options.checkpoint_every else
-                         "--resume")
 
 
 ELASTIC_RESTARTS = 3  # an elastic launch re-plans at most this many times
@@ -221,7 +210,7 @@ def _replan_without(inputs: RunInputs, device: str, index: int, options: LaunchO
     topology = load_topology(topology_path)
     result = replan(inputs.plan, topology, inputs.model, inputs.training,
                     SearchOptions(seed=options.seed, time_limit_s=options.replan_time_limit_s,
-                                  tensor_degrees=(1,)))  # tensor groups' checkpoints are not resumed yet
+                                  tensor_degrees=(1,)))  # the runtime needs one degree per stage: none
     write_plan(plan_to_document(result.plan, model=inputs.model, training=result.training,
                                 topology_source=str(topology_path)), plan_path)
     return load_run_inputs(plan_path), result, {"topology": str(topology_path), "plan": str(plan_path)}

@@ -38,8 +38,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["shard_stage", "full_state", "whole_parameters", "follow_lead", "broadcast_whole", "copy_to_group",
-           "reduce_from_group", "RowParallelLinear"]
+__all__ = ["shard_stage", "full_state", "whole_parameters", "follow_lead", "broadcast_whole", "join_entries",
+           "split_entries", "copy_to_group", "reduce_from_group", "RowParallelLinear"]
 
 _COLUMN = ("fc1", "gate")  # split by output rows (weight and bias)
 _ROW = ("proj", "fc2")  # split by input columns (bias whole, added after the all-reduce)
@@ -183,6 +183,45 @@ def _join(name: str, parts: list, degree: int) -> torch.Tensor:
     if layer in _ROW and kind == "weight":
         return torch.cat(parts, dim=1)
     return parts[0]
+
+
+def _split(name: str, whole: torch.Tensor, member: int, degree: int) -> torch.Tensor:
+    """``member``'s share of the whole tensor ``name`` (the inverse of ``_join``)."""
+    layer = name.split(".")[-2]
+    if layer == "qkv":
+        return whole[_qkv_rows(whole.shape[0] // 3, member, degree)]
+    axis = 0 if layer in _COLUMN else 1
+    width = whole.shape[axis] // degree
+    return whole.narrow(axis, member * width, width)
+
+
+def _map_entry(name: str, entries: list, combine) -> dict:
+    """A checkpoint entry ({"weight", "state"}) of ``name`` made by ``combine`` from ``entries``'
+    weights and per-element state tensors; scalars are the first entry's."""
+    state = {k: (combine([e["state"][k] for e in entries]) if torch.is_tensor(v) and v.dim() > 0 else v)
+             for k, v in entries[0]["state"].items()}
+    return {"weight": combine([e["weight"] for e in entries]), "state": state}
+
+
+def join_entries(entries: dict, group, degree: int, lead_rank: int, member: int):
+    """Checkpoint entries (``planner.runtime.checkpoint``: name -> fp32 weight and optimizer state)
+    of a whole tensor group, on its lead (None on the other members, which send their shares):
+    the split tensors joined, the whole ones the lead's. Every member calls it."""
+    split = {name: entry for name, entry in entries.items() if _is_split(name)}
+    gathered = [None] * degree if member == 0 else None
+    dist.gather_object(split, gathered, dst=lead_rank, group=group)
+    if member:
+        return None
+    joined = dict(entries)
+    for name in split:
+        joined[name] = _map_entry(name, [shares[name] for shares in gathered], lambda parts: _join(name, parts, degree))
+    return joined
+
+
+def split_entries(entries: dict, member: int, degree: int) -> dict:
+    """Whole checkpoint entries cut to ``member``'s share (the whole-on-every-member ones as they are)."""
+    return {name: (_map_entry(name, [entry], lambda parts: _split(name, parts[0], member, degree).clone())
+                   if _is_split(name) else entry) for name, entry in entries.items()}
 
 
 def full_state(module, group, degree: int) -> dict:

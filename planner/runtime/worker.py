@@ -137,7 +137,8 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         from planner.runtime.checkpoint import load_checkpoint, read_checkpoint
 
         folder, resumed = read_checkpoint(config.resume_from)
-        first = load_checkpoint(folder, resumed, module=module, optimizer=optimizer)
+        first = load_checkpoint(folder, resumed, module=module, optimizer=optimizer,
+                                tensor=(member, degree) if degree > 1 else None)
     # The snapshot is taken from the weights trained from (a resumed run's outer momentum starts at zero).
     local_steps = LocalSteps(module.parameters(), sync_every=plan.sync_every, momentum=training.outer_momentum,
                              learning_rate=training.outer_learning_rate, group=groups.stage, replicas=layout.replicas,
@@ -188,7 +189,8 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
             sync_bytes.append(sent)
         if checkpoint_due(iteration, config.checkpoint_every):
             checkpoints.append(_checkpoint(config, inputs, executed, module, optimizer, rank, replica, stage,
-                                           iteration + 1))
+                                           iteration + 1, tensor=(groups.tensor, degree, groups.tensor_lead, member)
+                                           if degree > 1 else None))
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     device_name = plan.members(plan.assignment[replica][stage])[member]
     report = {"rank": rank, "replica": replica, "stage": stage, "member": member, "device": device_name,
@@ -216,12 +218,12 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
 
 
 def _checkpoint(config: WorkerConfig, inputs: RunInputs, executed, module, optimizer, rank, replica, stage,
-                next_iteration: int) -> dict:
+                next_iteration: int, tensor=None) -> dict:
     """Save the state before ``next_iteration`` (every rank takes part); what it cost, for the results."""
     started = now_s()
     meta = checkpoint_meta(seed=config.seed, model=executed, training=inputs.training, plan=inputs.plan)
     folder = save_checkpoint(config.checkpoint_dir, iteration=next_iteration, module=module, optimizer=optimizer,
-                             rank=rank, replica=replica, stage=stage, meta=meta)
+                             rank=rank, replica=replica, stage=stage, meta=meta, tensor=tensor)
     return {"iteration": next_iteration, "path": str(folder), "seconds": now_s() - started}
 
 
