@@ -337,8 +337,11 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
                                                       options.save_state))
     names = _rank_names(plan)
     mode = f"emulated at time scale {scale:.4g}" if options.emulate else backend
-    log(f"launching {world} ranks ({plan.replicas} replica(s) x {plan.stages} stage(s), {mode}), "
+    groups = f" x tensor groups of up to {plan.degrees.tensor}" if plan.tensor_groups else ""
+    log(f"launching {world} ranks ({plan.replicas} replica(s) x {plan.stages} stage(s){groups}, {mode}), "
         f"{options.warmup} warm-up + {options.iterations} measured iterations")
+    if plan.tensor_groups and compiles(options.compile, backend):
+        log("blocks are not compiled for a plan with tensor groups (eager)")
     if options.resume:
         log(f"resuming from {options.resume}")
     if not options.emulate:
