@@ -180,9 +180,8 @@ def _join(name: str, parts: list, degree: int) -> torch.Tensor:
         return torch.cat([p.view(3, -1, *p.shape[1:]) for p in parts], dim=1).flatten(0, 1)
     if layer in _COLUMN:
         return torch.cat(parts, dim=0)
-    if layer in _ROW and kind == "weight":
-        return torch.cat(parts, dim=1)
-    return parts[0]
+    assert layer in _ROW and kind == "weight", name
+    return torch.cat(parts, dim=1)
 
 
 def _split(name: str, whole: torch.Tensor, member: int, degree: int) -> torch.Tensor:
@@ -230,8 +229,7 @@ def full_state(module, group, degree: int) -> dict:
     state = {}
     for name, value in module.state_dict().items():
         value = value.detach()
-        layer = name.split(".")[-2] if name.startswith("blocks.") else ""
-        if layer in ("qkv",) + _COLUMN + _ROW:
+        if _is_split(name):
             parts = [torch.empty_like(value) for _ in range(degree)]
             dist.all_gather(parts, value.contiguous(), group=group)
             value = _join(name, parts, degree)
