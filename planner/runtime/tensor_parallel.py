@@ -30,7 +30,10 @@ checkpoint saves tensors by name. Each would need a ``to_local`` adapter or priv
 access; with local shards as ordinary ``nn.Linear`` parameters they run unchanged. The fused QKV
 weight would also need its rows permuted before ``Shard(0)`` to keep a head's q, k and v together.
 Parameter names and ``state_dict`` keys are the unsplit model's; ``full_state`` gathers the whole
-weights back (every member takes part).
+weights back (every member takes part), and a checkpoint holds whole tensors (``join_entries`` on
+saving, ``split_entries`` on resuming), so plans with and without groups resume each other.
+``plan launch`` runs the blocks of such plans eager: ``torch.compile`` of a block with these
+functions and the norms' forward hooks has not been measured, so it is not turned on for them.
 """
 
 import torch
