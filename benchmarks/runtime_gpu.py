@@ -21,7 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 PLANS = {"pipeline (2 stages)": "benchmarks/plans/h100x2-pipeline.yaml",
          "pipeline, zb-h1 (2 stages)": "benchmarks/plans/h100x2-zero-bubble.yaml",
-         "data parallel (2 replicas)": "benchmarks/plans/h100x2-data-parallel.yaml"}
+         "data parallel (2 replicas)": "benchmarks/plans/h100x2-data-parallel.yaml",
+         "tensor parallel (degree 2)": "benchmarks/plans/h100x2-tensor.yaml"}
 # Our runtime against pipelining on the pipeline plan's split: (schedule, compiled). torch ships no
 # ZB-H1 for one stage per rank, so zb-h1 is set against pipelining's 1F1B (compiled: both compiled).
 COMPARISONS = ("1f1b:eager", "1f1b:compiled", "gpipe:compiled", "zb-h1:eager", "zb-h1:compiled")

@@ -63,7 +63,8 @@ def _plan_parser(sub) -> None:
     p.add_argument("--move-weight", type=float, metavar="ITERATIONS",
                    help="with --from: minimise iteration time + move time / ITERATIONS (default 1000)")
     p.add_argument("--tensor-degrees", type=int, nargs="+", choices=[1, 2, 4, 8], default=[1, 2, 4, 8], metavar="T",
-                   help="tensor-parallel degrees tried inside a host, from 1 2 4 8 (default all; 1: none)")
+                   help="tensor-parallel degrees tried inside a host, from 1 2 4 8 (default all; 1: none; "
+                        "without 1: groups only, e.g. '--tensor-degrees 2')")
 
 
 def _launch_parser(sub) -> None:

@@ -70,3 +70,25 @@ def test_fp16_training_with_loss_scaling_tracks_fp32(tmp_path):
                                      optimizer="adam")
     assert results["measured"]["loss"][0] == pytest.approx(losses[0], rel=0.01)
     assert results["measured"]["loss"] == pytest.approx(losses, rel=0.1)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_tensor_parallel_degree_2_with_nccl_tracks_single_process(tmp_path, precision):
+    """One stage on a tensor group of the 2 GPUs (Megatron splits, NCCL all-reduces): fp32 equals
+    single-process training; bf16 with fp32 master weights stays near it."""
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    plan = write_test_plan(tmp_path, topology, assignment=[["a0"]], tensor_groups=[["a0", "a1"]], layer_bounds=[0, 4],
+                           micro_batches=[4], micro_batch_size=2, schedule="1f1b", optimizer="adam")
+    plan.write_text(plan.read_text().replace("precision: fp32", f"precision: {precision}"))
+    results = launch(plan, LaunchOptions(iterations=5, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=1e-2,
+                                         backend="nccl"), log=lambda line: None)
+    run = results["run"]
+    assert run["backend"] == "nccl" and run["precision"] == precision and run["world"] == 2
+    assert set(results["measured"]["peak_memory_bytes"]) == {"a0", "a1"}
+    losses, _ = train_single_process(model_preset("tiny"), global_batch=8, iterations=5, learning_rate=1e-2,
+                                     optimizer="adam")
+    if precision == "fp32":
+        assert results["measured"]["loss"] == pytest.approx(losses, rel=1e-4)
+    else:
+        assert results["measured"]["loss"][0] == pytest.approx(losses[0], rel=0.01)
+        assert results["measured"]["loss"] == pytest.approx(losses, rel=0.1)

@@ -220,6 +220,18 @@ def test_groupings_are_few_and_start_without_groups(write_yaml):
     # One type: no grouping first; pairs, then fours, only if nothing fits without them.
     alike = load_job(write_yaml({**WIDE, "devices": [WIDE["devices"][1]]}))
     assert groupings(alike.topology, alike.model) == ([{"T4": 1}], [{"T4": 2}, {"T4": 4}])
+    # Degrees without 1 ask for groups: each type at its largest (the A100 host has 2).
+    assert groupings(job.topology, job.model, (2, 4)) == ([{"A100-80GB": 2, "T4": 4}], [])
+
+
+def test_cli_plans_a_tensor_group_when_degrees_leave_out_1(tmp_path, capsys):
+    # The committed GPU plan benchmarks/plans/h100x2-tensor.yaml was made this way.
+    out = tmp_path / "tensor.yaml"
+    assert main([str(ROOT / "topologies" / "local" / "h100-x2.yaml"), "--stages", "1", "--replicas", "1",
+                 "--tensor-degrees", "2", "--time-limit", "2", "-o", str(out)]) == 0
+    capsys.readouterr()
+    plan, _ = read_plan(out)
+    assert plan.tensor_groups == (("gpu-0", "gpu-1"),) and plan.assignment == (("gpu-0",),) and plan.idle == ()
 
 
 def test_a_model_that_fits_no_device_alone_is_planned_over_tensor_groups(write_yaml):
@@ -249,15 +261,19 @@ def test_tensor_groups_put_idle_t4s_to_work_and_the_iteration_gets_faster(write_
     assert plan.prediction.fits and max(plan.prediction.memory_bytes[f"t4-{i}"] for i in range(8)) < 16e9
 
 
-def test_cli_prints_groups_and_launch_refuses_them(write_yaml, tmp_path, capsys):
+def test_cli_prints_groups_and_launch_emulates_them(write_yaml, tmp_path, capsys):
     path = write_yaml(WIDE)
     out = tmp_path / "plan.yaml"
     assert main([str(path), "--time-limit", "4", "-o", str(out)]) == 0
     text = capsys.readouterr().out
     assert "t4-0 x4" in text and "t4-0: t4-0 t4-1 t4-2 t4-3" in text and "tensor groups of up to 4" in text
-    assert main(["launch", str(out), "--emulate", "--iterations", "1"]) == 2
-    error = capsys.readouterr().err.strip().splitlines()
-    assert len(error) == 1 and "field 'tensor_groups'" in error[0] and "--tensor-degrees 1" in error[0]
+    pytest.importorskip("torch")
+    run = tmp_path / "run"
+    assert main(["launch", str(out), "--emulate", "--iterations", "1", "--warmup", "0", "--out", str(run)]) == 0
+    results = json.loads((run / "results.json").read_text())
+    plan, _ = read_plan(out)
+    assert results["run"]["world"] == len(plan.used_devices) > plan.stages * plan.replicas  # a process per member
+    assert results["run"]["executed_model"]["heads"] == 4  # a head per member of a group of 4 T4
     assert main([str(path), "--time-limit", "2", "--tensor-degrees", "1"]) == 0
     assert "x4" not in capsys.readouterr().out
 

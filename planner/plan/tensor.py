@@ -112,7 +112,8 @@ def groupings(topology, model, degrees=TENSOR_DEGREES) -> tuple:
     what a strong device holds). ``fallback``, tried only when no plan fits without it: every type
     in groups of 2, 4, 8. A type's degree is the largest of ``degrees`` within that, its largest
     host, and dividing the heads and the MLP width. Within a host, devices of a type form groups in
-    topology order; those left over stay single."""
+    topology order; those left over stay single. ``degrees`` without 1 asks for groups: ``first``
+    is then every type at its largest degree (a type that allows none stays single), no fallback."""
     count: dict = {}
     memory: dict = {}
     for d in topology.devices:
@@ -127,6 +128,8 @@ def groupings(topology, model, degrees=TENSOR_DEGREES) -> tuple:
                   and not model.ffn_hidden % t]
         return max(usable, default=1)
 
+    if 1 not in degrees:
+        return [{t: degree(t, max(degrees)) for t in memory}], []
     largest = max(memory.values())
     first = [{t: 1 for t in memory}]
     equal = {t: degree(t, 1 << max(0, math.ceil(math.log2(largest / memory[t])))) for t in memory}

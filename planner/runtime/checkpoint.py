@@ -121,9 +121,11 @@ def _entries(module, optimizer) -> dict:
 
 
 def save_checkpoint(folder, *, iteration: int, module, optimizer, rank: int, replica: int, stage: int,
-                    meta: dict) -> Path | None:
+                    meta: dict, tensor=None) -> Path | None:
     """Write the checkpoint before iteration ``iteration`` (every rank calls this: the sharded state
-    is gathered and all ranks wait for the files). Rank 0 returns the folder it completed."""
+    is gathered and all ranks wait for the files). Rank 0 returns the folder it completed. With
+    ``tensor`` (group, degree, lead rank, member) the group's shares are joined whole on its lead,
+    which writes them (``planner.runtime.tensor_parallel.join_entries``)."""
     root = Path(folder)
     partial = root / f".{_folder_name(iteration)}.partial"
     if rank == 0:
@@ -131,7 +133,11 @@ def save_checkpoint(folder, *, iteration: int, module, optimizer, rank: int, rep
         partial.mkdir(parents=True)
     dist.barrier()
     entries = _entries(module, optimizer)
-    if replica == 0:
+    if tensor is not None:
+        from planner.runtime.tensor_parallel import join_entries
+
+        entries = join_entries(entries, *tensor)
+    if replica == 0 and entries is not None:
         if module.tied_copy:
             entries.pop(_EMBEDDING, None)  # stage 0 writes it
         torch.save(entries, partial / f"stage{stage}.pt")
@@ -239,12 +245,17 @@ def _read_entries(folder: Path, wanted: set) -> dict:
 
 
 @torch.no_grad()
-def load_checkpoint(folder, document: dict, *, module, optimizer) -> int:
+def load_checkpoint(folder, document: dict, *, module, optimizer, tensor=None) -> int:
     """Load this rank's parameters and their optimizer state from checkpoint ``folder`` into
-    ``module`` and ``optimizer`` (built for any plan of the same model); returns the iteration to run next."""
+    ``module`` and ``optimizer`` (built for any plan of the same model); returns the iteration to run
+    next. With ``tensor`` (member, degree) the split tensors are cut to this member's share."""
     folder = Path(folder)
     names = _names(module)
     entries = _read_entries(folder, set(names.values()))
+    if tensor is not None:
+        from planner.runtime.tensor_parallel import split_entries
+
+        entries = split_entries(entries, *tensor)
     for name, parameter in module.named_parameters():
         key = names[id(parameter)]
         if key not in entries:

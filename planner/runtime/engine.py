@@ -18,6 +18,7 @@ from planner.runtime.data import global_batch_tokens, micro_batch_rows, training
 from planner.runtime.emulation import Emulator, now_s, sleep_until
 from planner.runtime.gpt import lm_loss
 from planner.runtime.split_backward import defer_weight_gradients
+from planner.runtime.tensor_parallel import broadcast_whole
 
 __all__ = ["Layout", "StageGroups", "make_groups", "split_parameters", "StageExecutor", "BUCKET_BYTES"]
 
@@ -26,42 +27,90 @@ BUCKET_BYTES = 64 * 2**20  # gradient all-reduce bucket (Li et al. 2020, PyTorch
 
 @dataclass(frozen=True)
 class Layout:
-    """Logical ranks: ``rank = replica * stages + stage``, so every group is ordered by the plan."""
+    """Logical ranks: ``rank = replica * stages + stage``, so every group is ordered by the plan.
+
+    With tensor groups, stage ``s`` of every replica runs on ``degrees[s]`` ranks (members
+    ``0..degrees[s]-1``, member 0 the group's lead): ``rank = replica * width + offset[s] + member``,
+    ``width`` the sum of the degrees; without them (``degrees`` empty) this is the rule above."""
 
     stages: int
     replicas: int
+    degrees: tuple = ()  # per stage: its tensor degree (the same for every replica); () = all 1
 
-    def rank(self, replica: int, stage: int) -> int:
-        return replica * self.stages + stage
+    @classmethod
+    def of_plan(cls, plan) -> "Layout":
+        degrees = tuple(plan.tensor_degree(0, s) for s in range(plan.stages))
+        return cls(stages=plan.stages, replicas=plan.replicas, degrees=degrees if max(degrees) > 1 else ())
+
+    def degree(self, stage: int) -> int:
+        return self.degrees[stage] if self.degrees else 1
+
+    @property
+    def width(self) -> int:
+        """Ranks per replica."""
+        return sum(self.degrees) if self.degrees else self.stages
+
+    def rank(self, replica: int, stage: int, member: int = 0) -> int:
+        return replica * self.width + sum(self.degree(s) for s in range(stage)) + member
+
+    def place(self, rank: int) -> tuple:
+        """(replica, stage, member) of ``rank``."""
+        replica, offset = divmod(rank, self.width)
+        for stage in range(self.stages):
+            if offset < self.degree(stage):
+                return replica, stage, offset
+            offset -= self.degree(stage)
+        raise ValueError(f"rank {rank} is outside the layout")
 
     def position(self, rank: int) -> tuple:
-        return divmod(rank, self.stages)
+        return self.place(rank)[:2]
+
+    def device_ranks(self, plan) -> dict:
+        """Plan device name -> its rank (a tensor group's members in the group's order)."""
+        return {name: self.rank(r, s, k) for r, row in enumerate(plan.assignment) for s, lead in enumerate(row)
+                for k, name in enumerate(plan.members(lead))}
 
     @property
     def world(self) -> int:
-        return self.stages * self.replicas
+        return self.width * self.replicas
 
 
 @dataclass(frozen=True)
 class StageGroups:
-    stage: object  # this stage's replicas (gradient sync)
+    stage: object  # this stage's replicas (gradient sync); with tensor groups, this member's counterparts
     embedding: object  # first and last stages of every replica when the embedding is tied; else None
     replica_embedding: object = None  # with local steps: this replica's first and last stage only
+    tensor: object = None  # this (replica, stage)'s tensor group (its degree > 1); else None
+    tensor_lead: int = 0  # the global rank of the tensor group's lead (member 0)
 
 
 def make_groups(layout: Layout, stage: int, tied: bool, *, local_steps: bool = False) -> StageGroups:
     """Create every group on every rank in the same order (torch.distributed requires it). With
     ``local_steps`` the tied embedding's two copies also get a group per replica: between syncs a
-    replica's copies stay equal without reaching the other replicas."""
+    replica's copies stay equal without reaching the other replicas. With tensor groups the data-
+    parallel groups join member k of a stage's replicas, the tied embedding's groups join leads
+    (the other members take its weights from their lead), and each (replica, stage) gets its group."""
     S, R = layout.stages, layout.replicas
-    stage_groups = [dist.new_group([layout.rank(r, s) for r in range(R)]) for s in range(S)]
+    replica, _, member = layout.place(dist.get_rank())
+    stage_groups = {(s, k): dist.new_group([layout.rank(r, s, k) for r in range(R)])
+                    for s in range(S) for k in range(layout.degree(s))}
     embedding = replica_embedding = None
     if tied and S > 1:
         embedding = dist.new_group(sorted(layout.rank(r, s) for r in range(R) for s in (0, S - 1)))
         if local_steps:
             pairs = [dist.new_group([layout.rank(r, 0), layout.rank(r, S - 1)]) for r in range(R)]
-            replica_embedding = pairs[layout.position(dist.get_rank())[0]]
-    return StageGroups(stage=stage_groups[stage], embedding=embedding, replica_embedding=replica_embedding)
+            replica_embedding = pairs[replica]
+    tensor = None
+    for r in range(R):
+        for s in range(S):
+            if layout.degree(s) > 1:
+                group = dist.new_group([layout.rank(r, s, k) for k in range(layout.degree(s))])
+                if (r, s) == (replica, stage):
+                    tensor = group
+    if member:  # the tied embedding's groups hold leads only
+        embedding = replica_embedding = None
+    return StageGroups(stage=stage_groups[(stage, member)], embedding=embedding, replica_embedding=replica_embedding,
+                       tensor=tensor, tensor_lead=layout.rank(replica, stage))
 
 
 class _Timer:
@@ -86,7 +135,8 @@ class _Timer:
 
 def split_parameters(module, stages: int) -> tuple:
     """(the stage's own parameters, synced over its replicas; the tied embedding's copy on the first
-    or last stage, synced over the embedding group and never sharded)."""
+    or last stage, synced over the embedding group and never sharded); a tensor group's whole
+    parameters on a member other than the lead (``follows_lead``) are left out."""
     tied = module.spec.tied_embeddings and stages > 1
     shared = []
     if tied and module.is_first:
@@ -94,7 +144,8 @@ def split_parameters(module, stages: int) -> tuple:
     if tied and module.tied_copy:
         shared.append(module.head.weight)
     ids = {id(p) for p in shared}
-    return [p for p in module.parameters() if id(p) not in ids], shared
+    trained = [p for p in module.parameters() if not getattr(p, "follows_lead", False)]
+    return [p for p in trained if id(p) not in ids], [p for p in shared if not getattr(p, "follows_lead", False)]
 
 
 class StageExecutor:
@@ -102,7 +153,7 @@ class StageExecutor:
 
     def __init__(self, *, module, optimizer, plan, layout: Layout, replica: int, stage: int, device: torch.device,
                  groups: StageGroups, seed: int, dtype=torch.float32,
-                 emulator: Emulator | None = None, loss=lm_loss, local_steps=None):
+                 emulator: Emulator | None = None, loss=lm_loss, local_steps=None, member: int = 0):
         self.module, self.optimizer, self.plan = module, optimizer, plan
         self.layout, self.replica, self.stage, self.device = layout, replica, stage, device
         self.groups, self.seed, self.emulator = groups, seed, emulator
@@ -122,6 +173,9 @@ class StageExecutor:
         # gradient is the mean over its own micro-batches, as if it trained alone.
         self.local_steps = local_steps
         self.sync_bytes = 0  # message bytes handed to the data-parallel gradient sync, all iterations
+        # Tensor groups: every member runs every op; only the lead (member 0) sends and receives
+        # pipeline messages (between leads, as the cost model times them) and counts the loss.
+        self.lead = member == 0
 
     @property
     def gradient_divisor(self) -> int:
@@ -187,13 +241,16 @@ class StageExecutor:
                 self.weight_gradients.apply(weight_work.pop(mb))
                 self._emulate_compute("bwd_weight", start)
             elif kind == "send_fwd":
-                pending += self._send(outputs[mb].detach(), self.stage + 1, start)
+                if self.lead:
+                    pending += self._send(outputs[mb].detach(), self.stage + 1, start)
             elif kind == "send_bwd":
-                pending += self._send(inputs.pop(mb).grad, self.stage - 1, start)
+                grad = inputs.pop(mb).grad
+                if self.lead:
+                    pending += self._send(grad, self.stage - 1, start)
             elif kind == "recv_fwd":
-                inputs[mb] = self._recv(self.stage - 1).requires_grad_()
+                inputs[mb] = self._received(self.stage - 1).requires_grad_()
             elif kind == "recv_bwd":
-                grads[mb] = self._recv(self.stage + 1)
+                grads[mb] = self._received(self.stage + 1)
             elif kind == "sync":
                 for work, _ in pending:
                     work.wait()
@@ -202,12 +259,14 @@ class StageExecutor:
             elif kind == "step":
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
+                if self.groups.tensor is not None:  # the lead's whole parameters to the other members
+                    broadcast_whole(self.module, self.groups.tensor, self.groups.tensor_lead)
                 self._emulate_compute("step", start)
             marks.append(self.timer.mark())
             done.append((kind, mb))
         times = self.timer.seconds(marks)
         trace = [(kind, mb, times[i], times[i + 1]) for i, (kind, mb) in enumerate(done)]
-        return float(loss_sum), trace
+        return float(loss_sum) if self.lead else 0.0, trace
 
     # -- pieces --------------------------------------------------------------------------------
     def _emulate_compute(self, kind: str, start_s: float) -> None:
@@ -233,15 +292,30 @@ class StageExecutor:
             sleep_until(float(stamp[0]))
         return buffer
 
+    def _received(self, peer_stage: int) -> torch.Tensor:
+        """A pipeline message from ``peer_stage``: the lead receives it; in a tensor group the lead
+        then broadcasts it to the members (inside the host)."""
+        if self.groups.tensor is None:
+            return self._recv(peer_stage)
+        if self.lead:
+            buffer = self._recv(peer_stage)
+        else:
+            buffer = torch.empty(self.boundary_shape, dtype=self.dtype, device=self.device)
+        dist.broadcast(buffer, self.groups.tensor_lead, group=self.groups.tensor)
+        return buffer
+
     def _sync(self, ready_s: float) -> None:
         """Sum gradients over the stage's replicas (and the tied embedding's two copies)."""
         end_s = None
         if self.emulator is not None and self.layout.replicas > 1:
             ready = torch.tensor([ready_s], dtype=torch.float64)
             dist.all_reduce(ready, op=dist.ReduceOp.MAX, group=self.groups.stage)
-            end = torch.tensor([self.emulator.sync_end_s(float(ready[0])) if self.replica == 0 else 0.0],
+            # One reservation of the stage's ring (by replica 0's lead); a tensor group's members end with their lead.
+            end = torch.tensor([self.emulator.sync_end_s(float(ready[0])) if self.replica == 0 and self.lead else 0.0],
                                dtype=torch.float64)
             dist.all_reduce(end, op=dist.ReduceOp.MAX, group=self.groups.stage)
+            if self.groups.tensor is not None:
+                dist.all_reduce(end, op=dist.ReduceOp.MAX, group=self.groups.tensor)
             end_s = float(end[0])
         sharded = getattr(self.optimizer, "sharded", None)
         if sharded is not None:

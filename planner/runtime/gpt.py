@@ -15,6 +15,8 @@ pads): the extra rows start at zero, are never looked up, and their logits are d
 loss, so they receive no gradient and training equals that of the unpadded model.
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -47,7 +49,8 @@ class Block(nn.Module):
     def __init__(self, spec):
         super().__init__()
         h, f = spec.hidden, spec.ffn_hidden
-        self.heads = spec.heads
+        self.heads = spec.heads  # this device's heads (``tensor_parallel`` divides them)
+        self.head_dim = h // spec.heads
         self.rotary = not spec.learned_positions
         self.gated = spec.gated_mlp
         self.norm1 = make_norm(spec, h)
@@ -61,23 +64,26 @@ class Block(nn.Module):
 
         # The work between the linear layers, as functions of tensors only, so that
         # ``compile_between_linears`` can compile it apart from them (one graph for every block).
-        self.attend, self.add_norm, self.activate = _attend, _add_norm, _activate
+        self.attend, self.activate = _attend, _activate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv(_norm(x, self.norm1))
-        x, y = self.add_norm(x, self.proj(self.attend(qkv, self.heads, self.rotary)), *_norm_tensors(self.norm2))
+        qkv = self.qkv(self.pre_attention(x))
+        x, y = self.pre_mlp(x, self.proj(self.attend(qkv, self.heads, self.rotary)))
         y = self.activate(self.fc1(y), self.gate(y) if self.gated else None)
         return x + self.fc2(y)
+
+    def pre_attention(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm1(x)
+
+    def pre_mlp(self, x: torch.Tensor, attention_out: torch.Tensor) -> tuple:
+        """The attention's residual, then the MLP's norm: (residual stream, normalised)."""
+        x = x + attention_out
+        return x, self.norm2(x)
 
 
 def _norm_tensors(norm: nn.Module) -> tuple:
     """(weight, bias or None, eps) of a LayerNorm or an RMSNorm."""
     return norm.weight, getattr(norm, "bias", None), norm.eps
-
-
-def _norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    weight, bias, eps = _norm_tensors(norm)
-    return _normalise(x, weight, bias, eps)
 
 
 def _normalise(x, weight, bias, eps) -> torch.Tensor:
@@ -167,10 +173,21 @@ def compile_between_linears(module: "StageModule"):
     """Compile what lies between the linear layers of each block (norms, attention, activation,
     residuals: one graph each, shared by every block) and return the compiled ``lm_loss``; the
     linear layers stay eager, so that their backward can be split (``planner.runtime.split_backward``)."""
-    attend, add_norm, activate = torch.compile(_attend), torch.compile(_add_norm), torch.compile(_activate)
+    attend, activate = torch.compile(_attend), torch.compile(_activate)
+    normalise, add_norm = torch.compile(_normalise), torch.compile(_add_norm)
     for block in module.blocks.values():
-        block.attend, block.add_norm, block.activate = attend, add_norm, activate
+        block.attend, block.activate = attend, activate
+        block.pre_attention = functools.partial(_tensor_norm, normalise, block.norm1)
+        block.pre_mlp = functools.partial(_tensor_add_norm, add_norm, block.norm2)
     return torch.compile(lm_loss)
+
+
+def _tensor_norm(normalise, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return normalise(x, *_norm_tensors(norm))
+
+
+def _tensor_add_norm(add_norm, norm: nn.Module, x: torch.Tensor, attention_out: torch.Tensor) -> tuple:
+    return add_norm(x, attention_out, *_norm_tensors(norm))
 
 
 def compile_stage(module: "StageModule"):

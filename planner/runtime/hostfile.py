@@ -72,7 +72,7 @@ def parse_hostfile(path, plan, topology) -> list:
         raise InputError("file not found: check the path", source=source) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
         raise InputError(f"cannot read it ({error.__class__.__name__})", source=source) from None
-    used = {name for row in plan.assignment for name in row}
+    used = set(plan.used_devices)  # tensor groups' members included
     seen, entries = {}, []
     for number, raw in enumerate(lines, start=1):
         words = raw.split("#", 1)[0].split()

@@ -70,9 +70,12 @@ def load_run_inputs(plan_path, topology_path=None) -> RunInputs:
     except InputError as error:
         raise error.located(source=source) from None
     _check_idle(plan, document, topology, source)
-    if plan.tensor_groups:
-        raise InputError(f"lists {len(plan.tensor_groups)} group(s), which the bundled runtime does not run yet: plan "
-                         "again with '--tensor-degrees 1' to launch", source=source, field="tensor_groups")
+    for stage in range(plan.stages):
+        degrees = sorted({plan.tensor_degree(r, stage) for r in range(plan.replicas)})
+        if len(degrees) > 1:  # each member syncs its shard with the same shard of the other replicas
+            raise InputError(f"give stage {stage}'s replicas tensor degrees {', '.join(map(str, degrees))}; the "
+                             "runtime needs one degree per stage: edit tensor_groups or plan with '--tensor-degrees 1'",
+                             source=source, field="tensor_groups")
     return RunInputs(plan=plan, plan_document=document, plan_path=str(plan_path), topology=topology,
                      topology_path=str(path), model=model, training=training)
 
@@ -124,11 +127,12 @@ def _calibrated(topology: Topology, record: dict, plan_path: Path) -> Topology:
     return apply_calibration(topology, calibration)
 
 
-def emulated_model(model: ModelSpec) -> ModelSpec:
-    """The reduced model an emulated run really computes: the plan's layers, tiny widths.
+def emulated_model(model: ModelSpec, tensor: int = 1) -> ModelSpec:
+    """The reduced model an emulated run really computes: the plan's layers, tiny widths (and as
+    many heads as the largest tensor group ``tensor`` splits, at least 2).
 
     Its compute is a stand-in (the plan's model is timed by sleeping); it keeps data and gradients
     really flowing through every stage and replica.
     """
-    return replace(model, name=f"{model.name}-emulated", hidden=32, heads=2, sequence=16, vocabulary=64,
+    return replace(model, name=f"{model.name}-emulated", hidden=32, heads=max(2, tensor), sequence=16, vocabulary=64,
                    ffn_hidden=0)

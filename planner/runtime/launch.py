@@ -162,7 +162,7 @@ def _launch_elastic(inputs: RunInputs, options: LaunchOptions, log) -> dict:
                        f"{ELASTIC_RESTARTS} restarts already" if failure.rank is not None else "")
                 raise LaunchFailure(f"{failure}" + (f"; not restarted: {why}" if why else ""),
                                     rank=failure.rank) from None
-            device = current.plan.assignment[failure.rank // current.plan.stages][failure.rank % current.plan.stages]
+            device = _rank_devices(current.plan)[failure.rank]
             _, checkpoint = read_checkpoint(found)
             done = int(checkpoint["iteration"])
             log(f"elastic: {failure}; re-planning without {device}, resuming from iteration {done}")
@@ -211,7 +211,7 @@ def _replan_without(inputs: RunInputs, device: str, index: int, options: LaunchO
     topology = load_topology(topology_path)
     result = replan(inputs.plan, topology, inputs.model, inputs.training,
                     SearchOptions(seed=options.seed, time_limit_s=options.replan_time_limit_s,
-                                  tensor_degrees=(1,)))  # the runtime runs no tensor groups yet
+                                  tensor_degrees=(1,)))  # the runtime needs one degree per stage: none
     write_plan(plan_to_document(result.plan, model=inputs.model, training=result.training,
                                 topology_source=str(topology_path)), plan_path)
     return load_run_inputs(plan_path), result, {"topology": str(topology_path), "plan": str(plan_path)}
@@ -223,7 +223,7 @@ def _check_resume(inputs: RunInputs, options: LaunchOptions) -> str:
     from planner.runtime.checkpoint import check_resumable, read_checkpoint
     from planner.runtime.inputs import emulated_model
 
-    executed = emulated_model(inputs.model) if options.emulate else inputs.model
+    executed = emulated_model(inputs.model, inputs.plan.degrees.tensor) if options.emulate else inputs.model
     if options.checkpoint_dir:
         from planner.runtime.preflight import prepare_out_folder
 
@@ -317,7 +317,7 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
     from planner.runtime.results import read_results
 
     plan = inputs.plan
-    world = plan.stages * plan.replicas
+    world = len(plan.used_devices)  # one rank per device, tensor groups' members included
     gpus = _gpus()
     if not options.emulate:
         check_devices_present(inputs, options.backend, gpus)
@@ -330,7 +330,7 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
                   learning_rate=options.learning_rate, timeout_s=options.timeout_s,
                   emulate=options.emulate, time_scale=scale, backend=backend,
                   threads=max(1, (os.cpu_count() or 1) // world) if backend == "gloo" else 4,
-                  compile=compiles(options.compile, backend),
+                  compile=compiles(options.compile, backend) and not plan.tensor_groups,
                   save_state=options.save_state, cuda_devices=cuda_devices,
                   checkpoint_every=options.checkpoint_every, checkpoint_dir=options.checkpoint_dir or "",
                   resume_from=options.resume or "")
@@ -338,8 +338,11 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
                                                       options.save_state))
     names = _rank_names(plan)
     mode = f"emulated at time scale {scale:.4g}" if options.emulate else backend
-    log(f"launching {world} ranks ({plan.replicas} replica(s) x {plan.stages} stage(s), {mode}), "
+    groups = f" x tensor groups of up to {plan.degrees.tensor}" if plan.tensor_groups else ""
+    log(f"launching {world} ranks ({plan.replicas} replica(s) x {plan.stages} stage(s){groups}, {mode}), "
         f"{options.warmup} warm-up + {options.iterations} measured iterations")
+    if plan.tensor_groups and compiles(options.compile, backend):
+        log("blocks are not compiled for a plan with tensor groups (eager)")
     if options.resume:
         log(f"resuming from {options.resume}")
     if not options.emulate:
@@ -386,9 +389,23 @@ def _record_overrun(inputs: RunInputs, out_dir, scale: float, log) -> None:
     update_results(out_dir, "emulation", {"compute_overrun": overrun})
 
 
+def _rank_devices(plan) -> dict:
+    """Rank -> plan device (``planner.runtime.engine.Layout``)."""
+    from planner.runtime.engine import Layout
+
+    return {rank: name for name, rank in Layout.of_plan(plan).device_ranks(plan).items()}
+
+
 def _rank_names(plan) -> dict:
-    return {r * plan.stages + s: f"rank {r * plan.stages + s} (device {name}, replica {r}, stage {s})"
-            for r, row in enumerate(plan.assignment) for s, name in enumerate(row)}
+    from planner.runtime.engine import Layout
+
+    layout = Layout.of_plan(plan)
+    names = {}
+    for rank, name in sorted(_rank_devices(plan).items()):
+        r, s, k = layout.place(rank)
+        names[rank] = f"rank {rank} (device {name}, replica {r}, stage {s}" + (f", member {k})" if
+                                                                               layout.degree(s) > 1 else ")")
+    return names
 
 
 def _launch_hosts(inputs: RunInputs, options: LaunchOptions, log) -> dict | None:
@@ -398,7 +415,8 @@ def _launch_hosts(inputs: RunInputs, options: LaunchOptions, log) -> dict | None
         entries, node, plan_path=inputs.plan_path, topology_path=inputs.topology_path, out_dir=options.out_dir,
         iterations=options.iterations, warmup=options.warmup, seed=options.seed,
         learning_rate=options.learning_rate, timeout_s=options.timeout_s, backend=backend,
-        master_port=options.master_port, compile=compiles(options.compile, backend)) for node in range(len(entries))]
+        master_port=options.master_port, compile=compiles(options.compile, backend) and not inputs.plan.tensor_groups)
+        for node in range(len(entries))]
     if options.dry_run:
         for entry, command in zip(entries, commands):
             log(f"# on {entry.address} ({len(entry.devices)} process(es): {', '.join(entry.devices)})")

@@ -50,7 +50,7 @@ def check_devices_present(inputs, backend_choice: str, gpus: int) -> None:
     gpu_types = [t for t in used if not is_cpu_type(t)]
     if gpus or not gpu_types or backend_choice == "gloo":
         return
-    world = inputs.plan.stages * inputs.plan.replicas
+    world = len(inputs.plan.used_devices)
     raise InputError(f"the plan runs {world} {'/'.join(gpu_types)} GPU(s) but this host has no CUDA GPU: "
                      "--emulate emulates them here, --hostfile runs on the hosts that have them, "
                      "--backend gloo trains the full model on this CPU anyway", source=inputs.plan_path,

@@ -33,6 +33,7 @@ from planner.runtime.local_steps import LocalSteps, master_copies
 from planner.runtime.optimizer import make_optimizer
 from planner.runtime.precision import runtime_dtype
 from planner.runtime.results import RESULTS_FORMAT, chrome_trace, comparison, summarise_iterations, write_results
+from planner.runtime.tensor_parallel import broadcast_whole, follow_lead, full_state, shard_stage
 
 __all__ = ["WorkerConfig", "run_local_worker", "main"]
 
@@ -94,10 +95,10 @@ def _describe(error: BaseException) -> str:
 def _train(rank: int, world: int, config: WorkerConfig, rendezvous: dict, device_index, shared) -> None:
     inputs: RunInputs = load_run_inputs(config.plan_path, config.topology_path)
     plan = inputs.plan
-    layout = Layout(stages=plan.stages, replicas=plan.replicas)
+    layout = Layout.of_plan(plan)
     if layout.world != world:
         raise RuntimeError(f"the plan has {layout.world} workers but {world} processes were started")
-    replica, stage = layout.position(rank)
+    replica, stage, member = layout.place(rank)
     torch.set_num_threads(config.threads)
     if config.backend == "nccl":
         torch.cuda.set_device(device_index)
@@ -107,31 +108,38 @@ def _train(rank: int, world: int, config: WorkerConfig, rendezvous: dict, device
     dist.init_process_group(config.backend, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=config.timeout_s), **rendezvous)
     try:
-        _run(rank, config, inputs, layout, replica, stage, device, shared)
+        _run(rank, config, inputs, layout, replica, stage, device, shared, member)
     finally:
         dist.destroy_process_group()
 
 
-def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, device, shared) -> None:
+def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, device, shared, member=0) -> None:
     plan, model, training = inputs.plan, inputs.model, inputs.training
-    executed = emulated_model(model) if config.emulate else model
+    executed = emulated_model(model, plan.degrees.tensor) if config.emulate else model
     local = plan.sync_every > 1 and layout.replicas > 1  # local steps: the outer step every sync_every iterations
     groups = make_groups(layout, stage, executed.tied_embeddings, local_steps=local)
     module = build_stage(executed, plan.layer_bounds[stage], plan.layer_bounds[stage + 1], seed=config.seed,
                          recompute=training.recompute is True)
+    degree = layout.degree(stage)
+    if degree > 1:  # this member's share of every block (planner.runtime.tensor_parallel)
+        shard_stage(module, groups.tensor, member, degree)
+        if member:
+            follow_lead(module)
     # 16-bit weights with fp32 master weights on GPUs (as the memory model counts); fp32 on the CPU.
     dtype = runtime_dtype(training.precision, device)
     module = module.to(device=device, dtype=dtype)
     own, _ = split_parameters(module, layout.stages)
     shard = optimizer_shards(training, layout.replicas) > 1  # the cost model's rule
-    optimizer = make_optimizer(module, training.optimizer, config.learning_rate, dtype, device,
+    trained = [p for p in module.parameters() if not getattr(p, "follows_lead", False)]
+    optimizer = make_optimizer(trained, training.optimizer, config.learning_rate, dtype, device,
                                sharded=own if shard else (), shard_group=groups.stage)
     first, resumed = 0, None  # the iteration to run first (the data of iteration i is fixed by i)
     if config.resume_from:
         from planner.runtime.checkpoint import load_checkpoint, read_checkpoint
 
         folder, resumed = read_checkpoint(config.resume_from)
-        first = load_checkpoint(folder, resumed, module=module, optimizer=optimizer)
+        first = load_checkpoint(folder, resumed, module=module, optimizer=optimizer,
+                                tensor=(member, degree) if degree > 1 else None)
     # The snapshot is taken from the weights trained from (a resumed run's outer momentum starts at zero).
     local_steps = LocalSteps(module.parameters(), sync_every=plan.sync_every, momentum=training.outer_momentum,
                              learning_rate=training.outer_learning_rate, group=groups.stage, replicas=layout.replicas,
@@ -146,7 +154,7 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         loss = (compile_between_linears if plan.schedule == Schedule.ZERO_BUBBLE else compile_stage)(module)
     executor = StageExecutor(module=module, optimizer=optimizer, plan=plan, layout=layout, replica=replica,
                              stage=stage, device=device, groups=groups, seed=config.seed,
-                             dtype=dtype, emulator=emulator, loss=loss)
+                             dtype=dtype, emulator=emulator, loss=loss, member=member)
     barrier = (lambda: dist.barrier(device_ids=[device.index])) if device.type == "cuda" else dist.barrier
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -161,6 +169,8 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         loss, trace = executor.iteration(iteration, tokens)
         if local_steps is not None and local_steps.due(iteration):
             local_steps.outer_step()
+            if groups.tensor is not None:  # the lead's outer step of the whole parameters is the group's
+                broadcast_whole(module, groups.tensor, groups.tensor_lead)
         sent = executor.sync_bytes + (local_steps.bytes_sent if local_steps else 0) - sent
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -182,18 +192,21 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
             sync_bytes.append(sent)
         if checkpoint_due(iteration, config.checkpoint_every):
             checkpoints.append(_checkpoint(config, inputs, executed, module, optimizer, rank, replica, stage,
-                                           iteration + 1))
+                                           iteration + 1, tensor=(groups.tensor, degree, groups.tensor_lead, member)
+                                           if degree > 1 else None))
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
-    device_name = plan.assignment[replica][stage]
-    report = {"rank": rank, "replica": replica, "stage": stage, "device": device_name, "peak_memory_bytes": peak,
-              "traces": traces, "data_parallel_bytes": sync_bytes}
+    device_name = plan.members(plan.assignment[replica][stage])[member]
+    report = {"rank": rank, "replica": replica, "stage": stage, "member": member, "device": device_name,
+              "peak_memory_bytes": peak, "traces": traces, "data_parallel_bytes": sync_bytes}
     gathered = [None] * layout.world if rank == 0 else None
     dist.gather_object(report, gathered, dst=0)
     if config.save_state and replica == 0:
-        state_dir = os.path.join(config.out_dir, "state")
-        os.makedirs(state_dir, exist_ok=True)
-        torch.save({k: v.detach().cpu() for k, v in module.state_dict().items()},
-                   os.path.join(state_dir, f"stage{stage}.pt"))
+        state = (full_state(module, groups.tensor, degree) if degree > 1 else
+                 {k: v.detach().cpu() for k, v in module.state_dict().items()})
+        if member == 0:
+            state_dir = os.path.join(config.out_dir, "state")
+            os.makedirs(state_dir, exist_ok=True)
+            torch.save(state, os.path.join(state_dir, f"stage{stage}.pt"))
     if rank == 0:
         scaler = getattr(optimizer, "scaler", None)  # fp16: every rank holds the same scale
         scaling = {"loss_scale": scaler.scale, "skipped_steps": scaler.skipped} if scaler else {}
@@ -208,12 +221,12 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
 
 
 def _checkpoint(config: WorkerConfig, inputs: RunInputs, executed, module, optimizer, rank, replica, stage,
-                next_iteration: int) -> dict:
+                next_iteration: int, tensor=None) -> dict:
     """Save the state before ``next_iteration`` (every rank takes part); what it cost, for the results."""
     started = now_s()
     meta = checkpoint_meta(seed=config.seed, model=executed, training=inputs.training, plan=inputs.plan)
     folder = save_checkpoint(config.checkpoint_dir, iteration=next_iteration, module=module, optimizer=optimizer,
-                             rank=rank, replica=replica, stage=stage, meta=meta)
+                             rank=rank, replica=replica, stage=stage, meta=meta, tensor=tensor)
     return {"iteration": next_iteration, "path": str(folder), "seconds": now_s() - started}
 
 
@@ -226,7 +239,7 @@ def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, rep
     median_index = min(range(len(times)), key=lambda i: abs(times[i] - measured["median_s"]))
     plan_seconds = measured["median_s"] / config.time_scale
     peak = sum(topology.devices[topology.index(d)].peak_flops_for(training.precision)
-               for row in plan.assignment for d in row)
+               for d in plan.used_devices)
     flops = model_flops_per_iteration(model, plan.global_batch)
     measured.update({
         "plan_seconds_median": plan_seconds,
@@ -240,7 +253,7 @@ def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, rep
                    "kind": k, "microbatch": mb, "start_s": a, "end_s": b}
                   for r in reports for (k, mb, a, b) in r["traces"][median_index]],
     })
-    layout = Layout(stages=plan.stages, replicas=plan.replicas)
+    layout = Layout.of_plan(plan)
     predicted_trace = [{"rank": layout.rank(r, s), "replica": r, "stage": s, "device": plan.assignment[r][s],
                         "kind": k, "microbatch": mb, "start_s": a, "end_s": b}
                        for (r, s, k, mb, a, b) in timeline.records]
@@ -297,8 +310,7 @@ def main(argv=None) -> int:
     devices = args.devices.split(",")
     inputs = load_run_inputs(args.plan, args.topology)
     plan = inputs.plan
-    layout = Layout(stages=plan.stages, replicas=plan.replicas)
-    where = {name: layout.rank(r, s) for r, row in enumerate(plan.assignment) for s, name in enumerate(row)}
+    where = Layout.of_plan(plan).device_ranks(plan)
     rank = where[devices[local_rank]]
     config = WorkerConfig(plan_path=args.plan, topology_path=args.topology, out_dir=args.out,
                           iterations=args.iterations, warmup=args.warmup, seed=args.seed, learning_rate=args.lr,
