@@ -40,6 +40,11 @@ CASES = {
     "gated-two-stages-degree-2-recompute": dict(
         model=GATED, assignment=[["a0", "b0"]], tensor_groups=[["a0", "a1"], ["b0", "b1"]], layer_bounds=[0, 1, 4],
         micro_batches=[2], micro_batch_size=2, schedule="gpipe", shard_optimizer=True, recompute=True),
+    # 3 processes: ZB-H1 with the split backward on a group of 2 (stage 1), a classification head.
+    "zb-h1-classification-degree-2-on-stage-1": dict(
+        model=dataclasses.replace(model_preset("tiny"), head="classification", classes=3, tied_embeddings=False),
+        assignment=[["a0", "b0"]], tensor_groups=[["b0", "b1"]], layer_bounds=[0, 2, 4], micro_batches=[4],
+        micro_batch_size=2, schedule="zb-h1", shard_optimizer=True, recompute=False),
 }
 
 

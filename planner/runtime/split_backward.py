@@ -76,7 +76,8 @@ class _SplitLinear(torch.autograd.Function):
 
 
 def defer_weight_gradients(module: nn.Module) -> WeightGradients:
-    """Route every linear layer of ``module`` (and its LM head, ``head_linear``) through the split
+    """Route every linear layer of ``module`` (its LM head's ``head_linear`` and row-parallel layers'
+    ``matmul`` too) through the split
     backward; returns the store whose ``deferring`` flag holds their weight gradients back."""
     store = WeightGradients()
 
@@ -86,6 +87,8 @@ def defer_weight_gradients(module: nn.Module) -> WeightGradients:
     for layer in module.modules():
         if isinstance(layer, nn.Linear):
             layer.forward = types.MethodType(lambda self, x: linear(x, self.weight, self.bias), layer)
+        elif callable(getattr(layer, "matmul", None)):  # a layer that names its product (a row-parallel one)
+            layer.matmul = linear
     if hasattr(module, "head_linear"):
         module.head_linear = linear
     return store

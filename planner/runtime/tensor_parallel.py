@@ -94,9 +94,10 @@ class RowParallelLinear(nn.Module):
         self.group = group
         self.weight = nn.Parameter(weight)
         self.bias = nn.Parameter(bias) if bias is not None else None
+        self.matmul = F.linear  # ``planner.runtime.split_backward`` may defer its weight gradient
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = reduce_from_group(F.linear(x, self.weight), self.group)
+        y = reduce_from_group(self.matmul(x, self.weight), self.group)
         return y + self.bias if self.bias is not None else y
 
 
