@@ -1,4 +1,5 @@
-"""The plan's named dimensions: its degrees of parallelism, its schedule and its gradient sync.
+"""The plan's named dimensions: its degrees of parallelism, its schedule, its gradient sync and
+what it compresses on the wire.
 
 ``Schedule`` and ``Sync`` are closed sets (``cost_models.schedule.Schedule``,
 ``cost_models.network.Sync``); ``Degrees`` names each degree, so adding one changes this type, not
@@ -8,10 +9,11 @@ every array shape. The tensor degree may differ per (replica, stage) (``planner.
 
 from dataclasses import dataclass
 
+from cost_models.compression import MAX_POWERSGD_RANK, GradientCompression, MessageCompression
 from cost_models.network import Sync
 from cost_models.schedule import Schedule
 
-__all__ = ["Degrees", "Schedule", "Sync"]
+__all__ = ["Degrees", "Schedule", "Sync", "Compression", "MessageCompression", "GradientCompression"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,3 +34,29 @@ class Degrees:
     def devices(self) -> int:
         """Devices a plan of these degrees uses at most (exactly, when every cell has ``tensor`` devices)."""
         return self.pipeline * self.data * self.tensor
+
+
+@dataclass(frozen=True, kw_only=True)
+class Compression:
+    """What a plan compresses (``cost_models.compression``): the messages between pipeline stages
+    and the data-parallel gradient sync (PowerSGD of ``rank``), for every stage boundary and stage."""
+
+    messages: MessageCompression = MessageCompression.OFF
+    gradients: GradientCompression = GradientCompression.OFF
+    rank: int = 4
+
+    def __post_init__(self):
+        object.__setattr__(self, "messages", MessageCompression(self.messages))
+        object.__setattr__(self, "gradients", GradientCompression(self.gradients))
+        if not 1 <= self.rank <= MAX_POWERSGD_RANK:
+            raise ValueError(f"PowerSGD rank must be from 1 to {MAX_POWERSGD_RANK}, got {self.rank}")
+
+    @property
+    def active(self) -> bool:
+        return self.messages != MessageCompression.OFF or self.gradients != GradientCompression.OFF
+
+    @classmethod
+    def of_training(cls, training) -> "Compression":
+        """The compression ``training`` asks for (its ``auto`` choices resolved before)."""
+        return cls(messages=training.compress_messages, gradients=training.compress_gradients,
+                   rank=training.powersgd_rank)
