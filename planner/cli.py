@@ -125,7 +125,8 @@ def _plot_parser(sub) -> None:
     p.add_argument("--out", default="figures", help="folder for the figures (default: figures)")
     p.add_argument("--title", default="Predicted vs measured iteration time", help="title of the accuracy figure")
     p.add_argument("--figures", default="accuracy,timeline,memory",
-                   help="comma-separated subset of accuracy, timeline, memory (default: all)")
+                   help="comma-separated subset of accuracy, timeline, memory (default: all), or loss: every "
+                        "run's measured loss per iteration on one axis")
 
 
 COMMANDS = ("make", "launch", "calibrate", "plot")
@@ -555,7 +556,7 @@ def _calibrate(args) -> int:
 def _plot(args) -> int:
     from pathlib import Path
 
-    from planner.report.plot import plot_accuracy, plot_memory, plot_timeline
+    from planner.report.plot import plot_accuracy, plot_loss, plot_memory, plot_timeline
     from planner.runtime.results import read_results
 
     runs = [(Path(folder).name or str(folder), read_results(folder)) for folder in args.runs]
@@ -563,12 +564,13 @@ def _plot(args) -> int:
     if len(set(labels)) != len(labels):
         raise InputError("two run folders share a name: give each run its own folder name", field="runs")
     figures = {f.strip() for f in args.figures.split(",") if f.strip()}
-    unknown = sorted(figures - {"accuracy", "timeline", "memory"})
+    unknown = sorted(figures - {"accuracy", "timeline", "memory", "loss"})
     if unknown or not figures:
-        raise InputError(f"unknown figure {unknown[0] if unknown else '(none)'}: use accuracy, timeline, memory",
-                         field="--figures")
+        raise InputError(f"unknown figure {unknown[0] if unknown else '(none)'}: use accuracy, timeline, memory, "
+                         "loss", field="--figures")
     out = Path(args.out)
     written = plot_accuracy(runs, out / "accuracy", title=args.title) if "accuracy" in figures else []
+    written += plot_loss(runs, out / "loss") if "loss" in figures else []
     for label, results in runs:
         if "timeline" in figures and results["measured"].get("trace") and results["predicted"].get("trace"):
             written += plot_timeline(results, out / f"timeline-{label}", label=label)

@@ -405,3 +405,16 @@ def test_launch_refuses_checkpoints_of_a_powersgd_plan_in_one_line(tmp_path, cap
                  "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
     assert str(path) in err and "compression.gradients" in err and len(err.splitlines()) == 1
+
+
+def test_plot_loss_labels_what_a_run_changes(tmp_path):
+    pytest.importorskip("matplotlib")
+    from planner.report.plot import loss_label, plot_loss
+
+    runs = [("a", {"measured": {"loss": [5.0, 4.5, 4.2]}, "run": {"warmup": 0}}),
+            ("b", {"measured": {"loss": [5.0, 4.6, 4.3]},
+                   "run": {"warmup": 1, "compression": {"messages": "int8", "gradients": "powersgd", "rank": 4}}})]
+    assert loss_label(*reversed(runs[0])) == "a (uncompressed)"
+    assert loss_label(*reversed(runs[1])) == "b (int8 messages, powersgd rank 4)"
+    written = plot_loss(runs, tmp_path / "loss")
+    assert [p.suffix for p in written] == [".png", ".svg"] and all(p.stat().st_size > 0 for p in written)
