@@ -13,15 +13,17 @@ Two schemes, each a closed set of choices:
   instead of ``n m``; vectors (biases, norms) are all-reduced whole.
 
 Encoding is charged as memory traffic (roofline, Williams et al. 2009: a kernel that moves ``B``
-bytes takes at least ``B / memory bandwidth``), PowerSGD's products as FLOPs (``2 n m r`` per
-matrix product, the usual multiply-add count).
+bytes takes at least ``B / memory bandwidth``) at the share of the bandwidth the runtime's eager
+torch ops were measured to reach (``INT8_CODEC_BANDWIDTH_SHARE``, ``POWERSGD_BANDWIDTH_SHARE``:
+calibration data with their origin), PowerSGD's products as FLOPs (``2 n m r`` per matrix product,
+the usual multiply-add count).
 """
 
 import math
 from enum import StrEnum
 
 __all__ = ["MessageCompression", "GradientCompression", "BLOCK_VALUES", "SCALE_BYTES", "MAX_POWERSGD_RANK",
-           "POWERSGD_VALUE_BYTES", "POWERSGD_STATE_BYTES_PER_PARAMETER", "POWERSGD_PASS_BYTES_PER_PARAMETER",
+           "POWERSGD_VALUE_BYTES", "INT8_CODEC_BANDWIDTH_SHARE", "POWERSGD_BANDWIDTH_SHARE", "POWERSGD_STATE_BYTES_PER_PARAMETER", "POWERSGD_PASS_BYTES_PER_PARAMETER",
            "int8_message_bytes", "int8_encode_bytes", "int8_decode_bytes", "block_matrix_shapes",
            "powersgd_compresses", "powersgd_matrix_values", "powersgd_flops", "powersgd_sync"]
 
@@ -33,6 +35,14 @@ POWERSGD_STATE_BYTES_PER_PARAMETER = 4.0  # the fp32 error-feedback memory of ea
 # Memory traffic per compressed parameter, roofline: M = G + E (read the 16-bit G and fp32 E, write M),
 # E = M - P Q_w^T (read M and the product, write E), G = P Q^T (write the product, then G): 32 B.
 POWERSGD_PASS_BYTES_PER_PARAMETER = 32.0
+# Calibration (data, not formula): the share of the memory bandwidth the runtime's eager torch ops
+# reach. Origin: benchmarks/compression_codec.py on one H100 SXM (torch 2.11, bf16, GPT-3 XL,
+# micro-batch 2: 8.4M values per message; benchmarks/results/compression_codec.json): encode + decode
+# 0.355 ms against 0.0202 ms at the catalog's full 3.35 TB/s (0.057); PowerSGD on one block's
+# matrices at rank 4, 2.46 ms against 0.48 ms of error-feedback passes at full bandwidth (its
+# products' FLOPs take 3 us; 0.196). Other devices are assumed to reach the same shares.
+INT8_CODEC_BANDWIDTH_SHARE = 0.057
+POWERSGD_BANDWIDTH_SHARE = 0.196
 
 
 class MessageCompression(StrEnum):

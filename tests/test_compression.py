@@ -7,7 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from cost_models.compression import BLOCK_VALUES, int8_decode_bytes, int8_encode_bytes, int8_message_bytes
+from cost_models.compression import (BLOCK_VALUES, INT8_CODEC_BANDWIDTH_SHARE, int8_decode_bytes, int8_encode_bytes,
+                                     int8_message_bytes)
 from planner.errors import InputError
 from planner.inputs.job import load_job
 from planner.inputs.model import TrainingSpec, model_preset, parse_training
@@ -169,20 +170,22 @@ def test_int8_messages_shrink_as_the_formula_says_and_charge_their_codec(job):
     assert c_off.boundary_bytes == 2.0 * values
     assert c_int8.boundary_bytes == int8_message_bytes(values)
     assert c_int8.boundary_bytes / c_off.boundary_bytes == pytest.approx(0.5 + 2.0 / BLOCK_VALUES)
+    share = INT8_CODEC_BANDWIDTH_SHARE  # of the memory bandwidth, measured
     bandwidth = np.array([[1e12, 2e12]])
     forward, backward = message_codec_s(c_int8, bandwidth)
     # stage 0 encodes its activation and decodes the gradient; stage 1 the other way round
-    assert forward[0, 0] == pytest.approx(int8_encode_bytes(values, 2) / 1e12)
-    assert backward[0, 0] == pytest.approx(int8_decode_bytes(values, 2) / 1e12)
-    assert forward[0, 1] == pytest.approx(int8_decode_bytes(values, 2) / 2e12)
-    assert backward[0, 1] == pytest.approx(int8_encode_bytes(values, 2) / 2e12)
+    assert forward[0, 0] == pytest.approx(int8_encode_bytes(values, 2) / (share * 1e12))
+    assert backward[0, 0] == pytest.approx(int8_decode_bytes(values, 2) / (share * 1e12))
+    assert forward[0, 1] == pytest.approx(int8_decode_bytes(values, 2) / (share * 2e12))
+    assert backward[0, 1] == pytest.approx(int8_encode_bytes(values, 2) / (share * 2e12))
     assert not np.any(message_codec_s(c_off, bandwidth)[0])
     # the simulator's input carries both, and the memory model is unchanged
     j_off = build_pipeline_job(_pipeline_plan(job), job.topology, job.model, off)
     j_int8 = build_pipeline_job(_pipeline_plan(job, "int8"), job.topology, job.model, int8)
     assert j_int8.boundary_bytes[0] == c_int8.boundary_bytes
     mem_bw = job.topology.devices[job.topology.index("fast-0")].memory_bandwidth_bytes_per_s
-    assert j_int8.forward_s[0, 0] - j_off.forward_s[0, 0] == pytest.approx(int8_encode_bytes(values, 2) / mem_bw)
+    assert j_int8.forward_s[0, 0] - j_off.forward_s[0, 0] == pytest.approx(int8_encode_bytes(values, 2)
+                                                                           / (share * mem_bw))
     p_off = predict(_pipeline_plan(job), job.topology, job.model, off)[0]
     p_int8 = predict(_pipeline_plan(job, "int8"), job.topology, job.model, int8)[0]
     assert p_int8.iteration_s < p_off.iteration_s  # a 1 Gbit/s link: compression pays

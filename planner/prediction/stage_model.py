@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models import comm, flops, memory
-from cost_models.compression import (POWERSGD_PASS_BYTES_PER_PARAMETER, POWERSGD_STATE_BYTES_PER_PARAMETER,
+from cost_models.compression import (INT8_CODEC_BANDWIDTH_SHARE, POWERSGD_BANDWIDTH_SHARE,
+                                     POWERSGD_PASS_BYTES_PER_PARAMETER, POWERSGD_STATE_BYTES_PER_PARAMETER,
                                      GradientCompression, MessageCompression, block_matrix_shapes, int8_decode_bytes,
                                      int8_encode_bytes, int8_message_bytes, powersgd_sync)
 
@@ -164,9 +165,9 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
     int8 = training.compress_messages == MessageCompression.INT8
     values = b * s * h  # one boundary message's values
     powersgd = _powersgd_costs(model, training, stages, first_params, last_params, v, dtype)
-    if powersgd and replicas > 1:  # the error feedback kept, its passes over every gradient
+    if powersgd and replicas > 1:  # the error feedback kept, its passes over every gradient (at the measured share)
         state += POWERSGD_STATE_BYTES_PER_PARAMETER
-        step += POWERSGD_PASS_BYTES_PER_PARAMETER
+        step += POWERSGD_PASS_BYTES_PER_PARAMETER / POWERSGD_BANDWIDTH_SHARE
     return LayerCosts(**powersgd,
         stages=stages, layers=model.layers, layer_forward_flops=fwd,
         layer_flops=fwd * flops.training_flops_multiplier(training.recompute),
@@ -268,7 +269,8 @@ def tensor_layer_s(costs: LayerCosts, allreduce_per_byte_s, allreduce_latency_s)
 
 def message_codec_s(costs: LayerCosts, memory_bandwidth_bytes_per_s) -> tuple:
     """(forward, backward) seconds per micro-batch that each stage spends encoding and decoding its
-    compressed messages, memory-bound (bytes moved / memory bandwidth, roofline as ``optimizer_time_s``):
+    compressed messages, memory-bound (bytes moved / the share ``INT8_CODEC_BANDWIDTH_SHARE`` of the
+    memory bandwidth that the runtime's codec was measured to reach):
     forward, a stage decodes the activation it receives and encodes the one it sends; backward, it
     decodes the gradient from downstream and encodes the one it sends upstream. Length-S arrays,
     broadcast against ``memory_bandwidth_bytes_per_s`` ((R, S) in the callers); 0 without compression."""
@@ -277,7 +279,7 @@ def message_codec_s(costs: LayerCosts, memory_bandwidth_bytes_per_s) -> tuple:
     gets_from_up = (stage > 0).astype(float)
     forward = sends_down * costs.boundary_encode_bytes + gets_from_up * costs.boundary_decode_bytes
     backward = sends_down * costs.boundary_decode_bytes + gets_from_up * costs.boundary_encode_bytes
-    bandwidth = np.asarray(memory_bandwidth_bytes_per_s, dtype=float)
+    bandwidth = np.asarray(memory_bandwidth_bytes_per_s, dtype=float) * INT8_CODEC_BANDWIDTH_SHARE
     return forward / bandwidth, backward / bandwidth
 
 
