@@ -43,9 +43,9 @@ def _row(result, model) -> dict:
     sent = communication_bytes(plan, model, result.training)
     return {"iteration_s": prediction.iteration_s, "tokens_per_s": prediction.tokens_per_s,
             "seconds_per_million_tokens": 1e6 / prediction.tokens_per_s,
-            "pipeline_transfers_s": prediction.breakdown_s.get("pipeline_transfers_s", 0.0),
-            "gradient_sync_s": prediction.breakdown_s["gradient_sync_s"],
-            "bytes_per_token": sent["bytes_per_token"], "data_parallel_bytes_per_token": sent["data_parallel_bytes_per_token"],
+            "pipeline_transfer_s": prediction.breakdown_s["pipeline_transfer_s"],
+            "gradient_sync_s": prediction.breakdown_s["gradient_sync_s"], "bytes_per_token": sent["bytes_per_token"],
+            "data_parallel_bytes_per_token": sent["data_parallel_bytes_per_token"],
             "compression": {"messages": str(plan.compression.messages), "gradients": str(plan.compression.gradients),
                             "rank": plan.compression.rank},
             "stages": plan.stages, "replicas": plan.replicas, "devices_used": len(plan.used_devices)}
@@ -75,6 +75,7 @@ def main(argv=None) -> int:
                 continue
             row = {"topology": Path(name).stem, "setting": label, **_row(result, job.model), "time_limit_s": limit,
                    "compression_tried": result.plan.search.get("compression_tried", {}),
+                   "clock_cut": result.plan.search.get("clock_cut", []),
                    "search_wall_s": round(time.perf_counter() - started, 2)}
             base = base or row
             row["speed_up"] = base["seconds_per_million_tokens"] / row["seconds_per_million_tokens"]

@@ -23,7 +23,8 @@ import math
 from enum import StrEnum
 
 __all__ = ["MessageCompression", "GradientCompression", "BLOCK_VALUES", "SCALE_BYTES", "MAX_POWERSGD_RANK",
-           "POWERSGD_VALUE_BYTES", "INT8_CODEC_BANDWIDTH_SHARE", "POWERSGD_BANDWIDTH_SHARE", "POWERSGD_STATE_BYTES_PER_PARAMETER", "POWERSGD_PASS_BYTES_PER_PARAMETER",
+           "POWERSGD_VALUE_BYTES", "INT8_CODEC_BANDWIDTH_SHARE", "POWERSGD_BANDWIDTH_SHARE",
+           "POWERSGD_STATE_BYTES_PER_PARAMETER", "POWERSGD_PASS_BYTES_PER_PARAMETER",
            "int8_message_bytes", "int8_encode_bytes", "int8_decode_bytes", "block_matrix_shapes",
            "powersgd_compresses", "powersgd_matrix_values", "powersgd_flops", "powersgd_sync"]
 

@@ -1,6 +1,7 @@
-"""Compression on the wire: block-wise int8 messages between stages (the codec, the stage model's
-smaller messages and encode/decode time, the plan dimension, the search's choice, the runtime's
-counted bytes and its loss next to the uncompressed run)."""
+"""Compression on the wire: block-wise int8 messages between stages and PowerSGD gradient sync (the
+formulas, the codec, the stage model's smaller messages and syncs and their compute, the plan
+dimension, the search's choice, the command line, the runtime's counted bytes and its loss next to
+the uncompressed run)."""
 
 import dataclasses
 
@@ -11,7 +12,7 @@ from cost_models.compression import (BLOCK_VALUES, INT8_CODEC_BANDWIDTH_SHARE, i
                                      int8_message_bytes)
 from planner.errors import InputError
 from planner.inputs.job import load_job
-from planner.inputs.model import TrainingSpec, model_preset, parse_training
+from planner.inputs.model import model_preset, parse_training
 from planner.plan.dims import Compression, Schedule
 from planner.plan.document import plan_from_document, plan_to_document
 from planner.plan.plan import Plan, validate_plan

@@ -50,7 +50,8 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     member_params = stage_parameters(costs, profile.layer_counts[None, :], np.arange(S)[None, :], tensor)
     optimizer = optimizer_time_s(stage_step_bytes(costs, member_params, np.arange(S)[None, :]), mem_bw)
     if costs.powersgd_rank and plan.replicas > 1:  # PowerSGD's products run before the step, on each device
-        optimizer = optimizer + stage_compress_flops(costs, profile.layer_counts[None, :], np.arange(S)[None, :]) / speed
+        work = stage_compress_flops(costs, profile.layer_counts[None, :], np.arange(S)[None, :])
+        optimizer = optimizer + work / speed
     one = costs.tensor_message_bytes * groups.allreduce_per_byte_s[device] + groups.allreduce_latency_s[device]
     tensor_forward = profile.layer_counts[None, :] * costs.tensor_allreduces_forward * one
     tensor_backward = profile.layer_counts[None, :] * costs.tensor_allreduces_backward * one

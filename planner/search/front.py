@@ -192,9 +192,11 @@ _COMPRESSED = {"compress_messages": MessageCompression.INT8, "compress_gradients
 def _best_compression(topology, model, training, options, *, objective=None, **kwargs) -> SearchResult:
     """``compress_messages`` / ``compress_gradients`` auto: a search with those switches off and one
     with them on, each on half the time limit (placement and splits follow what the wire costs; the
-    second starts from the first's plan, compressed), and the better plan; when both were on, each is then turned off alone on that plan and kept off if
-    the plan is not slower without it (compression is lossy: it stays only where it pays). Ties go
-    to no compression. The bound is the smaller of the two searches'."""
+    second starts from the first's plan, compressed), and the better plan; if that is the
+    compressed one, each switch is then turned off alone on that plan and kept off if the plan is
+    not slower without it (compression is lossy: it stays only where it pays, so not on a plan of
+    one stage or one replica). Ties go to no compression. The bound is the smaller of the two
+    searches'."""
     auto = [key for key in _COMPRESSED if getattr(training, key) == "auto"]
     half = replace(options, time_limit_s=options.time_limit_s / 2)
     results, errors = {}, []
@@ -229,7 +231,7 @@ def _drop_unpaid_compression(result: SearchResult, auto: list, topology, model, 
     """Turn each compression switch of ``auto`` that ``result`` has on off alone, and keep it off
     where the plan, predicted again, scores no worse without it."""
     for key in auto:
-        if len(auto) < 2 or getattr(result.training, key) == "off":
+        if getattr(result.training, key) == "off":
             continue
         training = replace(result.training, **{key: "off"})
         plan = replace(result.plan, compression=Compression.of_training(training), prediction=None)
