@@ -38,18 +38,32 @@ class Degrees:
 
 @dataclass(frozen=True, kw_only=True)
 class Compression:
-    """What a plan compresses (``cost_models.compression``): the messages between pipeline stages
-    and the data-parallel gradient sync (PowerSGD of ``rank``), for every stage boundary and stage."""
+    """What a plan compresses (``cost_models.compression``): the messages across every stage
+    boundary or those of ``boundaries``, and every stage's data-parallel gradient sync (PowerSGD of
+    ``rank``)."""
 
     messages: MessageCompression = MessageCompression.OFF
     gradients: GradientCompression = GradientCompression.OFF
     rank: int = 4
+    # With int8 messages, the stage boundaries compressed (boundary s: between stages s and s + 1);
+    # None: every boundary.
+    boundaries: tuple | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "messages", MessageCompression(self.messages))
         object.__setattr__(self, "gradients", GradientCompression(self.gradients))
         if not 1 <= self.rank <= MAX_POWERSGD_RANK:
             raise ValueError(f"PowerSGD rank must be from 1 to {MAX_POWERSGD_RANK}, got {self.rank}")
+        if self.boundaries is not None:
+            object.__setattr__(self, "boundaries", tuple(sorted(set(int(b) for b in self.boundaries))))
+
+    def compresses(self, boundary: int) -> bool:
+        """Whether the messages across stage boundary ``boundary`` (stages ``boundary``, ``+ 1``) are int8."""
+        return self.messages != MessageCompression.OFF and (self.boundaries is None or boundary in self.boundaries)
+
+    def message_mask(self, stages: int):
+        """(S - 1,) booleans: the boundaries whose messages are compressed."""
+        return [self.compresses(b) for b in range(stages - 1)]
 
     @property
     def active(self) -> bool:

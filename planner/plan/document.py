@@ -46,6 +46,8 @@ def plan_to_document(plan: Plan, *, model=None, training=None, topology_source: 
     if plan.compression.active:  # lossy: messages between stages in int8, gradients by PowerSGD
         doc["compression"] = {"messages": str(plan.compression.messages),
                               "gradients": str(plan.compression.gradients), "rank": plan.compression.rank}
+        if plan.compression.boundaries is not None:  # only these stage boundaries' messages in int8
+            doc["compression"]["boundaries"] = list(plan.compression.boundaries)
     if plan.tensor_groups:  # each a stage's devices in one host, lead first (the lead names it in the lists above)
         doc["tensor_groups"] = [list(group) for group in plan.tensor_groups]
     if model is not None:
@@ -148,8 +150,13 @@ def _compression(f: Fields) -> Compression:
     rank = c.int("rank", 4)
     if rank > MAX_POWERSGD_RANK:
         raise InputError(f"must be at most {MAX_POWERSGD_RANK}, got {rank}", field="compression.rank")
+    boundaries = c.raw("boundaries", None)
+    if boundaries is not None and (not isinstance(boundaries, list) or
+                                   any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in boundaries)):
+        raise InputError(f"must list stage boundaries as whole numbers from 0, got {boundaries!r}",
+                         field="compression.boundaries")
     c.finish()
-    return Compression(**switches, rank=rank)
+    return Compression(**switches, rank=rank, boundaries=None if boundaries is None else tuple(boundaries))
 
 
 def _check_index(e: Fields, k: int) -> None:

@@ -161,6 +161,11 @@ def validate_plan(plan: Plan, topology, model, training) -> None:
         if asked != value:
             fix = "plan again (the search resolves auto)" if asked == "auto" else "make both agree or plan again"
             raise InputError(f"is {value} but training.{key} is {asked}: {fix}", field=f"compression.{name}")
+    boundaries = plan.compression.boundaries
+    if boundaries is not None and (plan.compression.messages == "off" or any(b >= S - 1 for b in boundaries)):
+        raise InputError(f"lists {list(boundaries)}, but the plan has {S - 1} stage boundaries (0 to {S - 2}) with "
+                         f"messages {plan.compression.messages}: list boundaries of int8 messages only, or drop it",
+                         field="compression.boundaries")
     if plan.compression.gradients != "off" and plan.compression.rank != training.powersgd_rank:
         raise InputError(f"is {plan.compression.rank} but training.powersgd_rank is {training.powersgd_rank}: make "
                          "both agree or plan again", field="compression.rank")

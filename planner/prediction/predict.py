@@ -37,7 +37,7 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     member's speed), plus each block's all-reduces among its members, forward and backward; each
     member's optimizer step covers its share of the stage's parameters (``planner.plan.tensor``)."""
     costs = costs or layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
-    profile = stage_profile(costs, plan.layer_bounds)
+    profile = stage_profile(costs, plan.layer_bounds, plan.compression.message_mask(plan.stages))
     groups = groups_of_plan(topology, plan)
     topology = groups.virtual
     S = plan.stages
@@ -55,7 +55,8 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     one = costs.tensor_message_bytes * groups.allreduce_per_byte_s[device] + groups.allreduce_latency_s[device]
     tensor_forward = profile.layer_counts[None, :] * costs.tensor_allreduces_forward * one
     tensor_backward = profile.layer_counts[None, :] * costs.tensor_allreduces_backward * one
-    codec_forward, codec_backward = message_codec_s(costs, mem_bw)  # compressed messages' encode and decode
+    # compressed messages' encode and decode
+    codec_forward, codec_backward = message_codec_s(costs, mem_bw, plan.compression.message_mask(S))
     sync = np.array([sync_time_s(topology, plan, profile, s) for s in range(S)])
     links = []
     for s in range(S):
@@ -80,7 +81,7 @@ def communication_bytes(plan: Plan, model, training) -> dict:
     total), per iteration: with local steps the parameter deltas, ``sync_every`` times fewer.
     A tensor group's all-reduces inside its host are not counted."""
     costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
-    profile = stage_profile(costs, plan.layer_bounds)
+    profile = stage_profile(costs, plan.layer_bounds, plan.compression.message_mask(plan.stages))
     pipeline = 2.0 * float(profile.boundary_bytes.sum()) * sum(plan.micro_batches)
     k = plan.replicas
     data_parallel = 2.0 * (k - 1) * float(profile.gradient_bytes.sum())

@@ -81,6 +81,7 @@ class LayerCosts:
     # Compressed messages (``cost_models.compression``): memory traffic to encode one and to decode one.
     boundary_encode_bytes: float = 0.0
     boundary_decode_bytes: float = 0.0
+    raw_boundary_bytes: float = 0.0  # one message uncompressed (a boundary the plan leaves uncompressed)
     # PowerSGD gradient sync (rank > 0): bytes all-reduced and FLOPs of compressing per block and for
     # the first and last stages' extras (``cost_models.compression.powersgd_sync``).
     powersgd_rank: int = 0
@@ -181,7 +182,7 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         gradient_bytes_per_param=float(dtype) / H, sync_every=H,
         micro_batches_per_round=training.micro_batches_per_round,
         optimizer_bytes_per_param=step / shards,
-        boundary_bytes=int8_message_bytes(values) if int8 else boundary,
+        boundary_bytes=int8_message_bytes(values) if int8 else boundary, raw_boundary_bytes=boundary,
         boundary_encode_bytes=int8_encode_bytes(values, dtype) if int8 else 0.0,
         boundary_decode_bytes=int8_decode_bytes(values, dtype) if int8 else 0.0,
         shards=shards, first_unsharded_params=tied_copy, last_unsharded_params=tied_copy,
@@ -267,16 +268,18 @@ def tensor_layer_s(costs: LayerCosts, allreduce_per_byte_s, allreduce_latency_s)
     return (costs.tensor_allreduces_forward + costs.tensor_allreduces_backward) * one
 
 
-def message_codec_s(costs: LayerCosts, memory_bandwidth_bytes_per_s) -> tuple:
+def message_codec_s(costs: LayerCosts, memory_bandwidth_bytes_per_s, compressed=None) -> tuple:
     """(forward, backward) seconds per micro-batch that each stage spends encoding and decoding its
     compressed messages, memory-bound (bytes moved / the share ``INT8_CODEC_BANDWIDTH_SHARE`` of the
     memory bandwidth that the runtime's codec was measured to reach):
     forward, a stage decodes the activation it receives and encodes the one it sends; backward, it
     decodes the gradient from downstream and encodes the one it sends upstream. Length-S arrays,
-    broadcast against ``memory_bandwidth_bytes_per_s`` ((R, S) in the callers); 0 without compression."""
-    stage = np.arange(costs.stages)
-    sends_down = (stage < costs.stages - 1).astype(float)  # has a boundary downstream
-    gets_from_up = (stage > 0).astype(float)
+    broadcast against ``memory_bandwidth_bytes_per_s`` ((R, S) in the callers); 0 without compression.
+    ``compressed``: (S - 1,) booleans, the boundaries compressed (None: every one)."""
+    S = costs.stages
+    mask = np.ones(S - 1, dtype=bool) if compressed is None else np.asarray(compressed, dtype=bool)
+    sends_down = np.append(mask, False).astype(float)  # its boundary downstream is compressed
+    gets_from_up = np.insert(mask, 0, False).astype(float)
     forward = sends_down * costs.boundary_encode_bytes + gets_from_up * costs.boundary_decode_bytes
     backward = sends_down * costs.boundary_decode_bytes + gets_from_up * costs.boundary_encode_bytes
     bandwidth = np.asarray(memory_bandwidth_bytes_per_s, dtype=float) * INT8_CODEC_BANDWIDTH_SHARE
@@ -316,9 +319,11 @@ class StageProfile:
     head_forward_flops: np.ndarray  # the LM head's share of forward_flops (last stage only)
 
 
-def stage_profile(costs: LayerCosts, layer_bounds) -> StageProfile:
+def stage_profile(costs: LayerCosts, layer_bounds, compressed=None) -> StageProfile:
     """The stages ``[layer_bounds[s], layer_bounds[s+1])``: forward and backward FLOPs, parameters,
-    messages. Backward is twice forward, plus one forward of the blocks with recomputation."""
+    messages. Backward is twice forward, plus one forward of the blocks with recomputation.
+    ``compressed``: (S - 1,) booleans, the boundaries whose messages are compressed where ``costs``
+    compress them (None: every one)."""
     counts = np.diff(np.asarray(layer_bounds)).astype(float)
     S = counts.size
     assert S == costs.stages, "the costs were made for another number of stages"
@@ -327,7 +332,9 @@ def stage_profile(costs: LayerCosts, layer_bounds) -> StageProfile:
     backward = counts * (costs.layer_flops - costs.layer_forward_flops) + 2.0 * head
     params = stage_parameters(costs, counts, np.arange(S))
     return StageProfile(layer_counts=counts, forward_flops=forward, backward_flops=backward, parameters=params,
-                        boundary_bytes=np.full(S - 1, costs.boundary_bytes),
+                        boundary_bytes=np.where(np.ones(S - 1, dtype=bool) if compressed is None
+                                                else np.asarray(compressed, dtype=bool),
+                                                costs.boundary_bytes, costs.raw_boundary_bytes or costs.boundary_bytes),
                         gradient_bytes=stage_gradient_bytes(costs, counts, np.arange(S)), head_forward_flops=head)
 
 

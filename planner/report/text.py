@@ -51,7 +51,9 @@ def _compression_lines(plan) -> list:
 
     parts = []
     if c.messages != "off":
-        parts.append(f"messages between stages in int8 with a scale per {BLOCK_VALUES} values")
+        where = "" if c.boundaries is None else \
+            " across boundaries " + ", ".join(f"{b}-{b + 1}" for b in c.boundaries) + " only"
+        parts.append(f"messages between stages in int8 with a scale per {BLOCK_VALUES} values{where}")
     if c.gradients != "off":
         parts.append(f"gradient sync by PowerSGD of rank {c.rank} (matrices; vectors whole)")
     return [f"Compression: {'; '.join(parts)}.",

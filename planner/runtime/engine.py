@@ -122,9 +122,9 @@ class StageExecutor:
         # gradient is the mean over its own micro-batches, as if it trained alone.
         self.local_steps = local_steps
         self.sync_bytes = 0  # message bytes handed to the data-parallel gradient sync, all iterations
-        # Messages to the neighbouring stages: block-wise int8 with the plan's compression; bytes of
-        # the tensors sent (all iterations), counted as they are handed to isend.
-        self.int8_messages = plan.compression.messages == "int8"
+        # Messages to the neighbouring stages: block-wise int8 across the boundaries the plan
+        # compresses; bytes of the tensors sent (all iterations), counted as they are handed to isend.
+        self.int8_to = {peer: plan.compression.compresses(min(stage, peer)) for peer in (stage - 1, stage + 1)}
         self.message_bytes = 0
         # PowerSGD on the stage's gradient sync (its matrices; the rest all-reduced whole).
         self.powersgd = PowerSGD(self.stage_parameters, rank=plan.compression.rank, group=groups.stage,
@@ -214,7 +214,7 @@ class StageExecutor:
 
     def _send(self, tensor: torch.Tensor, peer_stage: int, ready_s: float) -> list:
         peer = self.layout.rank(self.replica, peer_stage)
-        wire = encode_int8(tensor) if self.int8_messages else (tensor.contiguous(),)
+        wire = encode_int8(tensor) if self.int8_to[peer_stage] else (tensor.contiguous(),)
         works = [(dist.isend(part, peer), part) for part in wire]
         self.message_bytes += sum(part.numel() * part.element_size() for part in wire)
         if self.emulator is not None:
@@ -224,7 +224,7 @@ class StageExecutor:
 
     def _recv(self, peer_stage: int) -> torch.Tensor:
         peer = self.layout.rank(self.replica, peer_stage)
-        if self.int8_messages:
+        if self.int8_to[peer_stage]:
             values, blocks = int8_wire_shapes(math.prod(self.boundary_shape))
             codes = torch.empty(values, dtype=torch.int8, device=self.device)
             scales = torch.empty(blocks, dtype=torch.float32, device=self.device)

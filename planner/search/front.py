@@ -229,20 +229,42 @@ def _best_compression(topology, model, training, options, *, objective=None, **k
 
 def _drop_unpaid_compression(result: SearchResult, auto: list, topology, model, objective) -> SearchResult:
     """Turn each compression switch of ``auto`` that ``result`` has on off alone, and keep it off
-    where the plan, predicted again, scores no worse without it."""
+    where the plan, predicted again, scores no worse without it; then, with int8 messages still on,
+    each stage boundary's alone (in order), so only the boundaries where it pays stay compressed."""
     for key in auto:
-        if getattr(result.training, key) == "off":
-            continue
-        training = replace(result.training, **{key: "off"})
-        plan = replace(result.plan, compression=Compression.of_training(training), prediction=None)
-        plan = plan.with_prediction(predict(plan, topology, model, training)[0])
-        if not plan.prediction.fits:
-            continue
-        score = objective.score(plan, topology, model, training)
-        if score <= result.objective_s:
-            result = replace(result, plan=plan, training=training, objective_s=score,
-                             predicted_s=plan.prediction.iteration_s)
+        if getattr(result.training, key) != "off":
+            training = replace(result.training, **{key: "off"})
+            result = _if_no_worse(result, replace(result.plan, compression=Compression.of_training(training)),
+                                  training, topology, model, objective)
+    if "compress_messages" not in auto or result.training.compress_messages == "off":
+        return result
+    S = result.plan.stages
+    for boundary in range(S - 1):
+        kept = tuple(b for b in range(S - 1) if result.plan.compression.compresses(b) and b != boundary)
+        compression = replace(result.plan.compression, boundaries=kept)
+        result = _if_no_worse(result, replace(result.plan, compression=compression), result.training, topology,
+                              model, objective)
+    boundaries = result.plan.compression.boundaries
+    if boundaries is not None and not boundaries:  # none pays: the switch is off
+        training = replace(result.training, compress_messages="off")
+        result = replace(result, training=training,
+                         plan=replace(result.plan, compression=Compression.of_training(training)))
+    elif boundaries is not None and len(boundaries) == S - 1:  # every one: written as such
+        result = replace(result, plan=replace(result.plan, compression=replace(result.plan.compression,
+                                                                                boundaries=None)))
     return result
+
+
+def _if_no_worse(result: SearchResult, plan, training, topology, model, objective) -> SearchResult:
+    """``result`` with ``plan`` (run with ``training``) instead, if it fits and scores no worse."""
+    plan = replace(plan, prediction=None)
+    plan = plan.with_prediction(predict(plan, topology, model, training)[0])
+    if not plan.prediction.fits:
+        return result
+    score = objective.score(plan, topology, model, training)
+    if score > result.objective_s:
+        return result
+    return replace(result, plan=plan, training=training, objective_s=score, predicted_s=plan.prediction.iteration_s)
 
 
 def _resolved_training(plan, topology, model, training) -> tuple:
