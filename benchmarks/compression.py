@@ -47,7 +47,7 @@ def _row(result, model) -> dict:
             "gradient_sync_s": prediction.breakdown_s["gradient_sync_s"], "bytes_per_token": sent["bytes_per_token"],
             "data_parallel_bytes_per_token": sent["data_parallel_bytes_per_token"],
             "compression": {"messages": str(plan.compression.messages), "gradients": str(plan.compression.gradients),
-                            "rank": plan.compression.rank},
+                            "rank": plan.compression.rank, "boundaries": plan.compression.boundaries},
             "stages": plan.stages, "replicas": plan.replicas, "devices_used": len(plan.used_devices)}
 
 
@@ -81,7 +81,8 @@ def main(argv=None) -> int:
             row["speed_up"] = base["seconds_per_million_tokens"] / row["seconds_per_million_tokens"]
             rows.append(row)
             c = row["compression"]
-            chosen = "+".join(k for k, on in (("int8", c["messages"] != "off"),
+            int8 = "int8" if c["boundaries"] is None else f"int8 {len(c['boundaries'])}/{row['stages'] - 1}"
+            chosen = "+".join(k for k, on in ((int8, c["messages"] != "off"),
                                               (f"powersgd r{c['rank']}", c["gradients"] != "off")) if on) or "none"
             print(f"{row['topology'][:20]:<20} {label:<15} {chosen:<15} {row['stages']:>3} x {row['replicas']:<3} "
                   f"{row['iteration_s']:>12.3f} {row['seconds_per_million_tokens']:>11.3f} {row['speed_up']:>8.2f}x "
