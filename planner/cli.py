@@ -33,6 +33,14 @@ def _plan_parser(sub) -> None:
     p.add_argument("--micro-batches-per-round", type=int, metavar="K",
                    help="accumulation rounds: each replica's micro-batches run K at a time, each round its own "
                         "pipeline fill and drain (default: the file's training.micro_batches_per_round, else 0 = one round)")
+    p.add_argument("--compress-messages", metavar="off|int8|auto",
+                   help="messages between pipeline stages in block-wise int8 (lossy); auto: where the cost model "
+                        "says it is faster (default: the file's training.compress_messages, else off)")
+    p.add_argument("--compress-gradients", metavar="off|powersgd|auto",
+                   help="data-parallel gradient sync by PowerSGD (lossy); auto: where the cost model says it is "
+                        "faster (default: the file's training.compress_gradients, else off)")
+    p.add_argument("--powersgd-rank", type=int, metavar="R",
+                   help="PowerSGD's rank (default: the file's training.powersgd_rank, else 4)")
     p.add_argument("--stages", type=int, help="pin the number of pipeline stages")
     p.add_argument("--replicas", type=int, help="pin the number of data-parallel replicas")
     p.add_argument("--calibration", help="calibration file from 'plan calibrate' (measured efficiency, links)")
@@ -119,7 +127,8 @@ def _plot_parser(sub) -> None:
     p.add_argument("--out", default="figures", help="folder for the figures (default: figures)")
     p.add_argument("--title", default="Predicted vs measured iteration time", help="title of the accuracy figure")
     p.add_argument("--figures", default="accuracy,timeline,memory",
-                   help="comma-separated subset of accuracy, timeline, memory (default: all)")
+                   help="comma-separated subset of accuracy, timeline, memory (default: all), or loss: every "
+                        "run's measured loss per iteration on one axis")
 
 
 COMMANDS = ("make", "launch", "calibrate", "plot")
@@ -184,6 +193,20 @@ def _sync_every(value):
         raise InputError(f"must be from 1 to {MAX_SYNC_EVERY:,} iterations between syncs, got {value}",
                          field="--sync-every")
     return value
+
+
+def _compression_overrides(args) -> dict:
+    """The compression options as training overrides (None: the file's), each bad value one line."""
+    from cost_models.compression import MAX_POWERSGD_RANK, GradientCompression, MessageCompression
+
+    for flag, value, kind in (("--compress-messages", args.compress_messages, MessageCompression),
+                              ("--compress-gradients", args.compress_gradients, GradientCompression)):
+        if value is not None and value not in tuple(kind) + ("auto",):
+            raise InputError(f"{value!r} is not one of {', '.join(kind)}, auto", field=flag)
+    if args.powersgd_rank is not None and not 1 <= args.powersgd_rank <= MAX_POWERSGD_RANK:
+        raise InputError(f"must be from 1 to {MAX_POWERSGD_RANK}, got {args.powersgd_rank}", field="--powersgd-rank")
+    return {"compress_messages": args.compress_messages, "compress_gradients": args.compress_gradients,
+            "powersgd_rank": args.powersgd_rank}
 
 
 def _non_negative_or_none(name: str, value):
@@ -255,7 +278,8 @@ def _make(args) -> int:
                  "micro_batch_size": _positive("--micro-batch-size", args.micro_batch_size), "schedule": args.schedule,
                  "sync_every": _sync_every(args.sync_every),
                  "micro_batches_per_round": _non_negative_or_none("--micro-batches-per-round",
-                                                                   args.micro_batches_per_round)}
+                                                                   args.micro_batches_per_round),
+                 **_compression_overrides(args)}
     _finite_positive("--time-limit", args.time_limit)
     _non_negative("--seed", args.seed)
     if args.output:
@@ -384,7 +408,9 @@ def _replan(args) -> int:
     for flag, value in (("--model", args.model), ("--model-file", args.model_file),
                         ("--global-batch", args.global_batch), ("--calibration", args.calibration),
                         ("--sync-every", args.sync_every),
-                        ("--micro-batches-per-round", args.micro_batches_per_round)):
+                        ("--micro-batches-per-round", args.micro_batches_per_round),
+                        ("--compress-messages", args.compress_messages),
+                        ("--compress-gradients", args.compress_gradients), ("--powersgd-rank", args.powersgd_rank)):
         if value is not None:
             raise InputError("a re-plan keeps the old plan's model and training: drop it", field=flag)
     if args.objective != "time":
@@ -431,6 +457,10 @@ def _refuse_checkpoints_with_local_steps(args) -> None:
     if plan.sync_every > 1:
         raise InputError(f"is {plan.sync_every} (local steps), whose outer snapshot and momentum checkpoints do not "
                          f"hold yet: drop {flag} or plan with --sync-every 1", source=args.plan, field="sync_every")
+    if plan.compression.gradients != "off":
+        raise InputError(f"is {plan.compression.gradients}, whose error memory and warm start checkpoints do not hold "
+                         f"yet: drop {flag} or plan with --compress-gradients off", source=args.plan,
+                         field="compression.gradients")
 
 
 def _launch(args) -> int:
@@ -528,7 +558,7 @@ def _calibrate(args) -> int:
 def _plot(args) -> int:
     from pathlib import Path
 
-    from planner.report.plot import plot_accuracy, plot_memory, plot_timeline
+    from planner.report.plot import plot_accuracy, plot_loss, plot_memory, plot_timeline
     from planner.runtime.results import read_results
 
     runs = [(Path(folder).name or str(folder), read_results(folder)) for folder in args.runs]
@@ -536,12 +566,13 @@ def _plot(args) -> int:
     if len(set(labels)) != len(labels):
         raise InputError("two run folders share a name: give each run its own folder name", field="runs")
     figures = {f.strip() for f in args.figures.split(",") if f.strip()}
-    unknown = sorted(figures - {"accuracy", "timeline", "memory"})
+    unknown = sorted(figures - {"accuracy", "timeline", "memory", "loss"})
     if unknown or not figures:
-        raise InputError(f"unknown figure {unknown[0] if unknown else '(none)'}: use accuracy, timeline, memory",
-                         field="--figures")
+        raise InputError(f"unknown figure {unknown[0] if unknown else '(none)'}: use accuracy, timeline, memory, "
+                         "loss", field="--figures")
     out = Path(args.out)
     written = plot_accuracy(runs, out / "accuracy", title=args.title) if "accuracy" in figures else []
+    written += plot_loss(runs, out / "loss") if "loss" in figures else []
     for label, results in runs:
         if "timeline" in figures and results["measured"].get("trace") and results["predicted"].get("trace"):
             written += plot_timeline(results, out / f"timeline-{label}", label=label)

@@ -6,6 +6,7 @@ from importlib import resources
 
 import yaml
 
+from cost_models.compression import MAX_POWERSGD_RANK, GradientCompression, MessageCompression
 from cost_models.schedule import Schedule
 from planner.errors import InputError
 from planner.fields import Fields
@@ -97,6 +98,12 @@ class TrainingSpec:
     # Accumulation rounds: a replica's micro-batches run in rounds of this many, each its own pipeline
     # fill and drain (DTFM's runs: 64), keeping at most a round's activations; 0: one round of all.
     micro_batches_per_round: int = 0
+    # Compression on the wire (``cost_models.compression``): messages between stages in block-wise
+    # int8, the data-parallel sync by PowerSGD of rank ``powersgd_rank``; "auto": the search
+    # compresses where the cost model says it is faster. Lossy: it changes the optimisation.
+    compress_messages: str = "off"
+    compress_gradients: str = "off"
+    powersgd_rank: int = 4
 
     def __post_init__(self):
         if self.global_batch < 1:
@@ -128,6 +135,22 @@ class TrainingSpec:
                 or not 0 <= self.micro_batches_per_round <= MAX_GLOBAL_BATCH:
             raise InputError(f"{self.micro_batches_per_round!r} is not a whole number from 0 (one round) to "
                              f"{MAX_GLOBAL_BATCH:,}", field="training.micro_batches_per_round")
+        for name, kind in (("compress_messages", MessageCompression), ("compress_gradients", GradientCompression)):
+            if getattr(self, name) not in tuple(kind) + ("auto",):
+                raise InputError(f"{getattr(self, name)!r} is not one of {', '.join(kind)}, auto",
+                                 field=f"training.{name}")
+        if isinstance(self.powersgd_rank, bool) or not isinstance(self.powersgd_rank, int) \
+                or not 1 <= self.powersgd_rank <= MAX_POWERSGD_RANK:
+            raise InputError(f"{self.powersgd_rank!r} is not a whole number from 1 to {MAX_POWERSGD_RANK}",
+                             field="training.powersgd_rank")
+        if self.compress_gradients != "off" and self.sync_every > 1:
+            raise InputError(f"is {self.compress_gradients}, but sync_every {self.sync_every} syncs parameter deltas, "
+                             "not gradients: set one of them off (compress_gradients off or sync_every 1)",
+                             field="training.compress_gradients")
+        if self.compress_gradients != "off" and self.shard_optimizer is True:
+            raise InputError(f"is true, but compress_gradients {self.compress_gradients} all-reduces whole "
+                             "(compressed) gradients: set shard_optimizer to auto or false",
+                             field="training.shard_optimizer")
         if not 0.0 < self.outer_learning_rate <= 10.0:
             raise InputError(f"{self.outer_learning_rate!r} is not in (0, 10]", field="training.outer_learning_rate")
         if isinstance(self.outer_momentum, bool) or not isinstance(self.outer_momentum, (int, float)) \
@@ -192,9 +215,18 @@ def parse_training(document, *, where: str = "training") -> TrainingSpec:
         outer_learning_rate=f.float("outer_learning_rate", 0.7, high=10.0),
         outer_momentum=f.raw("outer_momentum", 0.9),
         micro_batches_per_round=f.raw("micro_batches_per_round", 0),
+        compress_messages=_switch(f, "compress_messages", MessageCompression),
+        compress_gradients=_switch(f, "compress_gradients", GradientCompression),
+        powersgd_rank=f.raw("powersgd_rank", 4),
     )
     f.finish()
     return result
+
+
+def _switch(f: Fields, key: str, kind) -> str:
+    """A compression choice: one of ``kind`` or auto; YAML reads a bare ``off`` as false."""
+    value = f.raw(key, "off")
+    return "off" if value is False else f.str(key, "off", choices=tuple(kind) + ("auto",))
 
 
 @functools.cache

@@ -4,11 +4,12 @@ import json
 import re
 from dataclasses import asdict
 
+from cost_models.compression import MAX_POWERSGD_RANK
 from planner.errors import InputError
 from planner.fields import Fields
 from planner.inputs.model import SCHEDULES
 from planner.io import read_yaml, write_document
-from planner.plan.dims import Schedule, Sync
+from planner.plan.dims import Compression, GradientCompression, MessageCompression, Schedule, Sync
 from planner.plan.plan import Plan
 
 __all__ = ["PLAN_FORMAT_VERSION", "plan_to_document", "plan_from_document", "write_plan", "read_plan"]
@@ -42,6 +43,11 @@ def plan_to_document(plan: Plan, *, model=None, training=None, topology_source: 
         doc["sync_every"] = plan.sync_every
     if plan.micro_batches_per_round:  # accumulation rounds: each replica's micro-batches in rounds of this many
         doc["micro_batches_per_round"] = plan.micro_batches_per_round
+    if plan.compression.active:  # lossy: messages between stages in int8, gradients by PowerSGD
+        doc["compression"] = {"messages": str(plan.compression.messages),
+                              "gradients": str(plan.compression.gradients), "rank": plan.compression.rank}
+        if plan.compression.boundaries is not None:  # only these stage boundaries' messages in int8
+            doc["compression"]["boundaries"] = list(plan.compression.boundaries)
     if plan.tensor_groups:  # each a stage's devices in one host, lead first (the lead names it in the lists above)
         doc["tensor_groups"] = [list(group) for group in plan.tensor_groups]
     if model is not None:
@@ -120,6 +126,7 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
             idle=tuple(f.list("idle", [])), search=f.raw("search", {}), calibration=_calibration(f),
             tensor_groups=_tensor_groups(f, assignment), sync_every=f.int("sync_every", 1),
             micro_batches_per_round=f.int("micro_batches_per_round", 0, minimum=0),
+            compression=_compression(f),
         )
         topo.raw("path", "")
         topo.finish()
@@ -130,6 +137,27 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
         return plan
     except InputError as error:
         raise error.located(source=source) from None
+
+def _compression(f: Fields) -> Compression:
+    """The plan's ``compression`` mapping (absent: nothing compressed)."""
+    if not f.has("compression"):
+        return Compression()
+    c = Fields(f.raw("compression"), "compression")
+    switches = {}
+    for key, kind in (("messages", MessageCompression), ("gradients", GradientCompression)):
+        value = c.raw(key, "off")  # YAML reads a bare off as false
+        switches[key] = "off" if value is False else c.str(key, "off", choices=tuple(kind))
+    rank = c.int("rank", 4)
+    if rank > MAX_POWERSGD_RANK:
+        raise InputError(f"must be at most {MAX_POWERSGD_RANK}, got {rank}", field="compression.rank")
+    boundaries = c.raw("boundaries", None)
+    if boundaries is not None and (not isinstance(boundaries, list) or
+                                   any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in boundaries)):
+        raise InputError(f"must list stage boundaries as whole numbers from 0, got {boundaries!r}",
+                         field="compression.boundaries")
+    c.finish()
+    return Compression(**switches, rank=rank, boundaries=None if boundaries is None else tuple(boundaries))
+
 
 def _check_index(e: Fields, k: int) -> None:
     index = e.raw("index", None)

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field, replace
 
 from planner.errors import InputError
 from planner.inputs.model import SCHEDULES
-from planner.plan.dims import Degrees, Schedule, Sync
+from planner.plan.dims import Compression, Degrees, Schedule, Sync
 from planner.plan.precision import plan_precision_problem
 from planner.plan.tensor import tensor_degree_problem
 
@@ -55,6 +55,8 @@ class Plan:
     sync_every: int = 1
     # Micro-batches per accumulation round (``TrainingSpec.micro_batches_per_round``; 0: one round).
     micro_batches_per_round: int = 0
+    # What goes compressed on the wire (``TrainingSpec.compress_messages`` etc.; lossy).
+    compression: Compression = Compression()
 
     @property
     def stages(self) -> int:
@@ -153,6 +155,20 @@ def validate_plan(plan: Plan, topology, model, training) -> None:
         raise InputError(f"is {plan.micro_batches_per_round} but training.micro_batches_per_round is "
                          f"{training.micro_batches_per_round}: make both agree or plan again",
                          field="micro_batches_per_round")
+    for name, key, value in (("messages", "compress_messages", plan.compression.messages),
+                             ("gradients", "compress_gradients", plan.compression.gradients)):
+        asked = getattr(training, key, "off")
+        if asked != value:
+            fix = "plan again (the search resolves auto)" if asked == "auto" else "make both agree or plan again"
+            raise InputError(f"is {value} but training.{key} is {asked}: {fix}", field=f"compression.{name}")
+    boundaries = plan.compression.boundaries
+    if boundaries is not None and (plan.compression.messages == "off" or any(b >= S - 1 for b in boundaries)):
+        raise InputError(f"lists {list(boundaries)}, but the plan has {S - 1} stage boundaries (0 to {S - 2}) with "
+                         f"messages {plan.compression.messages}: list boundaries of int8 messages only, or drop it",
+                         field="compression.boundaries")
+    if plan.compression.gradients != "off" and plan.compression.rank != training.powersgd_rank:
+        raise InputError(f"is {plan.compression.rank} but training.powersgd_rank is {training.powersgd_rank}: make "
+                         "both agree or plan again", field="compression.rank")
     if plan.topology_sha256 and plan.topology_sha256 != topology.sha256:
         raise InputError("the plan was made for another topology (hash differs): plan again", field="topology.sha256")
     if plan.prediction is not None and not plan.prediction.fits:

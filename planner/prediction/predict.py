@@ -11,8 +11,9 @@ from cost_models.network import Sync
 from cost_models.simulator import PipelineJob, Timeline, simulate
 from planner.plan.plan import Plan, Prediction
 from planner.plan.tensor import groups_of_plan
-from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_flops, layer_costs, optimizer_time_s,
-                                            stage_memory_bytes, stage_parameters, stage_profile, stage_step_bytes)
+from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_flops, layer_costs, message_codec_s,
+                                            optimizer_time_s, stage_compress_flops, stage_memory_bytes,
+                                            stage_parameters, stage_profile, stage_step_bytes)
 
 __all__ = ["sync_time_s", "build_pipeline_job", "predict", "model_flops_per_iteration", "communication_bytes"]
 
@@ -36,7 +37,7 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     member's speed), plus each block's all-reduces among its members, forward and backward; each
     member's optimizer step covers its share of the stage's parameters (``planner.plan.tensor``)."""
     costs = costs or layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
-    profile = stage_profile(costs, plan.layer_bounds)
+    profile = stage_profile(costs, plan.layer_bounds, plan.compression.message_mask(plan.stages))
     groups = groups_of_plan(topology, plan)
     topology = groups.virtual
     S = plan.stages
@@ -48,17 +49,23 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     tensor = groups.degree[device]
     member_params = stage_parameters(costs, profile.layer_counts[None, :], np.arange(S)[None, :], tensor)
     optimizer = optimizer_time_s(stage_step_bytes(costs, member_params, np.arange(S)[None, :]), mem_bw)
+    if costs.powersgd_rank and plan.replicas > 1:  # PowerSGD's products run before the step, on each device
+        work = stage_compress_flops(costs, profile.layer_counts[None, :], np.arange(S)[None, :])
+        optimizer = optimizer + work / speed
     one = costs.tensor_message_bytes * groups.allreduce_per_byte_s[device] + groups.allreduce_latency_s[device]
     tensor_forward = profile.layer_counts[None, :] * costs.tensor_allreduces_forward * one
     tensor_backward = profile.layer_counts[None, :] * costs.tensor_allreduces_backward * one
+    # compressed messages' encode and decode
+    codec_forward, codec_backward = message_codec_s(costs, mem_bw, plan.compression.message_mask(S))
     sync = np.array([sync_time_s(topology, plan, profile, s) for s in range(S)])
     links = []
     for s in range(S):
         ring = [topology.index(d) for d in plan.ring(s)]
         links.append(tuple(zip(ring, ring[1:] + ring[:1])) if len(ring) > 1 else ())
     return PipelineJob(schedule=plan.schedule, device=device, micro_batches=np.array(plan.micro_batches),
-                       forward_s=(profile.forward_flops[None, :] + extra_head) / speed + tensor_forward,
-                       backward_s=(profile.backward_flops[None, :] + 2.0 * extra_head) / speed + tensor_backward,
+                       forward_s=(profile.forward_flops[None, :] + extra_head) / speed + tensor_forward + codec_forward,
+                       backward_s=(profile.backward_flops[None, :] + 2.0 * extra_head) / speed + tensor_backward
+                       + codec_backward,
                        boundary_bytes=profile.boundary_bytes, network=topology.network, sync_s=sync,
                        sync_links=tuple(links),
                        sync_bytes=profile.gradient_bytes if plan.sync == Sync.RING else None,
@@ -75,7 +82,7 @@ def communication_bytes(plan: Plan, model, training) -> dict:
     total), per iteration: with local steps the parameter deltas, ``sync_every`` times fewer.
     A tensor group's all-reduces inside its host are not counted."""
     costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
-    profile = stage_profile(costs, plan.layer_bounds)
+    profile = stage_profile(costs, plan.layer_bounds, plan.compression.message_mask(plan.stages))
     pipeline = 2.0 * float(profile.boundary_bytes.sum()) * sum(plan.micro_batches)
     k = plan.replicas
     data_parallel = 2.0 * (k - 1) * float(profile.gradient_bytes.sum())

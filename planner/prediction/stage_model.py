@@ -11,11 +11,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models import comm, flops, memory
+from cost_models.compression import (INT8_CODEC_BANDWIDTH_SHARE, POWERSGD_BANDWIDTH_SHARE,
+                                     POWERSGD_PASS_BYTES_PER_PARAMETER, POWERSGD_STATE_BYTES_PER_PARAMETER,
+                                     GradientCompression, MessageCompression, block_matrix_shapes, int8_decode_bytes,
+                                     int8_encode_bytes, int8_message_bytes, powersgd_sync)
 
 __all__ = ["OPTIMIZER_BYTES_PER_PARAMETER", "OUTER_STATE_BYTES_PER_PARAMETER", "OUTER_STEP_BYTES_PER_PARAMETER",
            "LayerCosts", "layer_costs", "StageProfile", "stage_profile",
            "stage_parameters", "stage_memory_bytes", "stage_step_bytes", "in_flight_table", "optimizer_time_s",
-           "iteration_flops", "optimizer_shards", "tensor_layer_s", "head_outputs"]
+           "iteration_flops", "optimizer_shards", "tensor_layer_s", "head_outputs", "message_codec_s",
+           "stage_gradient_bytes", "stage_compress_flops", "least_gradient_bytes_per_param"]
 
 # Bytes the optimizer update moves per parameter (read + write), a roofline estimate of a fused
 # Adam step: fp32 master, m and v read and written (24 B), the 16-bit gradient read and the 16-bit
@@ -57,7 +62,7 @@ class LayerCosts:
     state_bytes_per_param: float
     gradient_bytes_per_param: float  # what the all-reduce moves per parameter, per iteration (over sync_every)
     optimizer_bytes_per_param: float  # what the optimizer step reads and writes per parameter (+ outer step share)
-    boundary_bytes: float
+    boundary_bytes: float  # one message across a stage boundary, as sent (compressed with compress_messages)
     shards: int = 1  # replicas the optimizer state is sharded over (1: not sharded)
     first_unsharded_params: float = 0.0  # the tied embedding on the first stage, when sharded
     last_unsharded_params: float = 0.0  # its copy on the last stage
@@ -74,6 +79,19 @@ class LayerCosts:
     sync_every: int = 1  # iterations between data-parallel syncs (local steps; 1: every iteration)
     layer_weight_gradient_flops: float = 0.0  # the weight gradients' part of a block's backward
     micro_batches_per_round: int = 0  # accumulation rounds (``cost_models.schedule.round_sizes``; 0: one round)
+    # Compressed messages (``cost_models.compression``): memory traffic to encode one and to decode one.
+    boundary_encode_bytes: float = 0.0
+    boundary_decode_bytes: float = 0.0
+    raw_boundary_bytes: float = 0.0  # one message uncompressed (a boundary the plan leaves uncompressed)
+    # PowerSGD gradient sync (rank > 0): bytes all-reduced and FLOPs of compressing per block and for
+    # the first and last stages' extras (``cost_models.compression.powersgd_sync``).
+    powersgd_rank: int = 0
+    layer_gradient_bytes: float = 0.0
+    first_gradient_bytes: float = 0.0
+    last_gradient_bytes: float = 0.0
+    layer_compress_flops: float = 0.0
+    first_compress_flops: float = 0.0
+    last_compress_flops: float = 0.0
 
     def __post_init__(self):
         first = (np.arange(self.stages) == 0).astype(float)
@@ -84,6 +102,10 @@ class LayerCosts:
         unsharded = first * self.first_unsharded_params + last * self.last_unsharded_params
         object.__setattr__(self, "stage_unsharded_bytes", unsharded * self.unsharded_state_bytes_per_param)
         object.__setattr__(self, "stage_unsharded_step_bytes", unsharded * self.unsharded_step_bytes_per_param)
+        object.__setattr__(self, "stage_extra_gradient_bytes",
+                           first * self.first_gradient_bytes + last * self.last_gradient_bytes)
+        object.__setattr__(self, "stage_extra_compress_flops",
+                           first * self.first_compress_flops + last * self.last_compress_flops)
 
 
 def _per_member(whole, split, tensor):
@@ -94,8 +116,9 @@ def _per_member(whole, split, tensor):
 def optimizer_shards(training, replicas: int) -> int:
     """Replicas each stage's optimizer state is split over: all of them under ZeRO stage 1
     (``training.shard_optimizer`` true or auto), else 1; 1 with local steps (``training.sync_every``
-    above 1), whose replicas each step their whole state between syncs."""
-    if training.sync_every > 1:
+    above 1), whose replicas each step their whole state between syncs, and with PowerSGD, which
+    all-reduces whole (compressed) gradients."""
+    if training.sync_every > 1 or training.compress_gradients == GradientCompression.POWERSGD:
         return 1
     return replicas if training.shard_optimizer is not False and replicas > 1 else 1
 
@@ -149,7 +172,15 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         state += OUTER_STATE_BYTES_PER_PARAMETER
         step += OUTER_STEP_BYTES_PER_PARAMETER / H
     tied_copy = float(v * h) if model.tied_embeddings and stages > 1 and shards > 1 else 0.0
-    return LayerCosts(
+    if training.compress_messages not in tuple(MessageCompression):
+        raise ValueError("compress_messages 'auto' is a search decision: resolve it before costing a plan")
+    int8 = training.compress_messages == MessageCompression.INT8
+    values = b * s * h  # one boundary message's values
+    powersgd = _powersgd_costs(model, training, stages, first_params, last_params, v, dtype)
+    if powersgd and replicas > 1:  # the error feedback kept, its passes over every gradient (at the measured share)
+        state += POWERSGD_STATE_BYTES_PER_PARAMETER
+        step += POWERSGD_PASS_BYTES_PER_PARAMETER / POWERSGD_BANDWIDTH_SHARE
+    return LayerCosts(**powersgd,
         stages=stages, layers=model.layers, layer_forward_flops=fwd,
         layer_flops=fwd * flops.training_flops_multiplier(training.recompute),
         head_forward_flops=head_fwd, head_flops=3.0 * head_fwd,
@@ -165,7 +196,10 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         layer_weight_gradient_flops=flops.layer_weight_gradient_flops(b, s, h, model.ffn_hidden,
                                                                       gated_mlp=model.gated_mlp),
         optimizer_bytes_per_param=step / shards,
-        boundary_bytes=boundary, shards=shards, first_unsharded_params=tied_copy, last_unsharded_params=tied_copy,
+        boundary_bytes=int8_message_bytes(values) if int8 else boundary, raw_boundary_bytes=boundary,
+        boundary_encode_bytes=int8_encode_bytes(values, dtype) if int8 else 0.0,
+        boundary_decode_bytes=int8_decode_bytes(values, dtype) if int8 else 0.0,
+        shards=shards, first_unsharded_params=tied_copy, last_unsharded_params=tied_copy,
         unsharded_state_bytes_per_param=sharded_state * (1.0 - 1.0 / shards),
         unsharded_step_bytes_per_param=step * (1.0 - 1.0 / shards),
         layer_split_params=float(flops.tensor_split_parameters(h, model.ffn_hidden, gated_mlp=model.gated_mlp,
@@ -174,6 +208,51 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         split_transient_bytes=2.0 * (full - half_full) if training.recompute else 0.0,
         tensor_message_bytes=boundary, tensor_allreduces_forward=tensor_forward,
         tensor_allreduces_backward=tensor_backward)
+
+
+def _powersgd_costs(model, training, stages, first_params, last_params, v, dtype) -> dict:
+    """The ``LayerCosts`` fields of a PowerSGD sync (empty without one): every block's weight
+    matrices, the learned positions, the token embedding (a tied embedding's copies too, summed over
+    their own group by PowerSGD as well) and an untied head."""
+    if training.compress_gradients not in tuple(GradientCompression):
+        raise ValueError("compress_gradients 'auto' is a search decision: resolve it before costing a plan")
+    if training.compress_gradients != GradientCompression.POWERSGD:
+        return {}
+    h, r = model.hidden, training.powersgd_rank
+    first = ([(model.sequence, h)] if model.learned_positions else []) + [(v, h)]
+    head = [(v, h)] if not model.tied_embeddings or stages > 1 else []  # the head, or the tied copy
+    first, last = (first + head, []) if stages == 1 else (first, head)
+    layer_params = flops.layer_parameters(h, model.ffn_hidden, gated_mlp=model.gated_mlp, biases=model.biases)
+    layer = powersgd_sync(block_matrix_shapes(h, model.ffn_hidden, gated_mlp=model.gated_mlp), layer_params, r, dtype)
+    one, two = powersgd_sync(first, first_params, r, dtype), powersgd_sync(last, last_params, r, dtype)
+    return {"powersgd_rank": r, "layer_gradient_bytes": layer[0], "layer_compress_flops": layer[1],
+            "first_gradient_bytes": one[0], "first_compress_flops": one[1],
+            "last_gradient_bytes": two[0], "last_compress_flops": two[1]}
+
+
+def stage_gradient_bytes(costs: LayerCosts, n_layers, stage):
+    """Bytes stage ``stage``'s all-reduce moves per iteration with ``n_layers`` blocks: its parameters'
+    gradients at the training precision (over ``sync_every``), or PowerSGD's ``P`` and ``Q`` and the
+    vectors (vectorised over layers and stages)."""
+    if not costs.powersgd_rank:
+        return stage_parameters(costs, n_layers, stage) * costs.gradient_bytes_per_param
+    return n_layers * costs.layer_gradient_bytes + costs.stage_extra_gradient_bytes[stage]
+
+
+def stage_compress_flops(costs: LayerCosts, n_layers, stage):
+    """FLOPs of PowerSGD's products on stage ``stage``'s gradients per iteration (0 without it)."""
+    return n_layers * costs.layer_compress_flops + costs.stage_extra_compress_flops[stage]
+
+
+def least_gradient_bytes_per_param(costs: LayerCosts) -> float:
+    """The fewest bytes any parameter adds to a sync (for lower bounds): the per-parameter rate, or
+    with PowerSGD the smallest of the blocks' and the extras' rates."""
+    if not costs.powersgd_rank:
+        return costs.gradient_bytes_per_param
+    rates = [costs.layer_gradient_bytes / costs.layer_params]
+    rates += [b / p for b, p in ((costs.first_gradient_bytes, costs.first_params),
+                                 (costs.last_gradient_bytes, costs.last_params)) if p > 0]
+    return min(rates)
 
 
 def stage_parameters(costs: LayerCosts, n_layers, stage, tensor=1):
@@ -201,6 +280,24 @@ def tensor_layer_s(costs: LayerCosts, allreduce_per_byte_s, allreduce_latency_s)
     (``cost_models.network.Network.ring_cost``; 0 for a group of one)."""
     one = costs.tensor_message_bytes * np.asarray(allreduce_per_byte_s) + np.asarray(allreduce_latency_s)
     return (costs.tensor_allreduces_forward + costs.tensor_allreduces_backward) * one
+
+
+def message_codec_s(costs: LayerCosts, memory_bandwidth_bytes_per_s, compressed=None) -> tuple:
+    """(forward, backward) seconds per micro-batch that each stage spends encoding and decoding its
+    compressed messages, memory-bound (bytes moved / the share ``INT8_CODEC_BANDWIDTH_SHARE`` of the
+    memory bandwidth that the runtime's codec was measured to reach):
+    forward, a stage decodes the activation it receives and encodes the one it sends; backward, it
+    decodes the gradient from downstream and encodes the one it sends upstream. Length-S arrays,
+    broadcast against ``memory_bandwidth_bytes_per_s`` ((R, S) in the callers); 0 without compression.
+    ``compressed``: (S - 1,) booleans, the boundaries compressed (None: every one)."""
+    S = costs.stages
+    mask = np.ones(S - 1, dtype=bool) if compressed is None else np.asarray(compressed, dtype=bool)
+    sends_down = np.append(mask, False).astype(float)  # its boundary downstream is compressed
+    gets_from_up = np.insert(mask, 0, False).astype(float)
+    forward = sends_down * costs.boundary_encode_bytes + gets_from_up * costs.boundary_decode_bytes
+    backward = sends_down * costs.boundary_decode_bytes + gets_from_up * costs.boundary_encode_bytes
+    bandwidth = np.asarray(memory_bandwidth_bytes_per_s, dtype=float) * INT8_CODEC_BANDWIDTH_SHARE
+    return forward / bandwidth, backward / bandwidth
 
 
 def stage_step_bytes(costs: LayerCosts, parameters, stage):
@@ -243,9 +340,11 @@ class StageProfile:
                          where=self.backward_flops > 0)
 
 
-def stage_profile(costs: LayerCosts, layer_bounds) -> StageProfile:
+def stage_profile(costs: LayerCosts, layer_bounds, compressed=None) -> StageProfile:
     """The stages ``[layer_bounds[s], layer_bounds[s+1])``: forward and backward FLOPs, parameters,
-    messages. Backward is twice forward, plus one forward of the blocks with recomputation."""
+    messages. Backward is twice forward, plus one forward of the blocks with recomputation.
+    ``compressed``: (S - 1,) booleans, the boundaries whose messages are compressed where ``costs``
+    compress them (None: every one)."""
     counts = np.diff(np.asarray(layer_bounds)).astype(float)
     S = counts.size
     assert S == costs.stages, "the costs were made for another number of stages"
@@ -255,8 +354,10 @@ def stage_profile(costs: LayerCosts, layer_bounds) -> StageProfile:
     params = stage_parameters(costs, counts, np.arange(S))
     weight = counts * costs.layer_weight_gradient_flops + head  # the head's dW is one product of its forward's size
     return StageProfile(layer_counts=counts, forward_flops=forward, backward_flops=backward, parameters=params,
-                        boundary_bytes=np.full(S - 1, costs.boundary_bytes),
-                        gradient_bytes=params * costs.gradient_bytes_per_param, head_forward_flops=head,
+                        boundary_bytes=np.where(np.ones(S - 1, dtype=bool) if compressed is None
+                                                else np.asarray(compressed, dtype=bool),
+                                                costs.boundary_bytes, costs.raw_boundary_bytes or costs.boundary_bytes),
+                        gradient_bytes=stage_gradient_bytes(costs, counts, np.arange(S)), head_forward_flops=head,
                         weight_gradient_flops=weight)
 
 

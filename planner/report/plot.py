@@ -6,6 +6,9 @@
   run's clock: an emulated run's in emulated seconds (the plan's seconds times the time scale), the
   title giving both clocks.
 - ``memory``: predicted vs measured peak allocator memory per device.
+- ``loss`` (asked for by name): the measured loss per iteration of every run on one axis, each run
+  labelled with what it changes in the optimisation (compression, local steps), to set a lossy
+  run's curve next to the uncompressed one.
 Each figure is written as PNG and SVG. Errors are ``(predicted - measured) / measured``
 (``planner.report.accuracy.prediction_error``).
 """
@@ -22,7 +25,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 from planner.report.accuracy import (mean_absolute_percentage_error, memory_rows, prediction_error,  # noqa: E402
                                      rank_correlation, run_row)
 
-__all__ = ["plot_accuracy", "plot_timeline", "plot_memory", "timeline_title", "FORMATS"]
+__all__ = ["plot_accuracy", "plot_timeline", "plot_memory", "plot_loss", "loss_label", "timeline_title", "FORMATS"]
 
 FORMATS = ("png", "svg")
 _COLOURS = {"fwd": "#4C72B0", "bwd": "#DD8452", "wgrad": "#937860", "recv": "#C8C8C8", "send": "#8C8C8C",
@@ -148,4 +151,35 @@ def plot_memory(results: dict, stem, *, label: str = "") -> list:
     axes.set_title(f"{label}: predicted vs measured peak memory (CUDA allocator)", fontsize=10)
     axes.legend(fontsize=8)
     axes.grid(axis="y", alpha=0.3)
+    return _save(figure, Path(stem))
+
+
+def loss_label(results: dict, label: str) -> str:
+    """``label`` and what the run changes in the optimisation (compression, local steps), if anything."""
+    run = results.get("run", {})
+    compression = run.get("compression") or {}
+    changes = []
+    if compression.get("messages", "off") != "off":
+        changes.append(f"{compression['messages']} messages")
+    if compression.get("gradients", "off") != "off":
+        changes.append(f"{compression['gradients']} rank {compression.get('rank')}")
+    if run.get("sync_every", 1) > 1:
+        changes.append(f"sync every {run['sync_every']}")
+    return f"{label} ({', '.join(changes) or 'uncompressed'})"
+
+
+def plot_loss(runs: list, stem, *, title: str = "Measured loss per iteration") -> list:
+    """``runs``: (label, results document) pairs; each run's measured losses against the iteration
+    (the run's first measured one counted from its ``first_iteration``). Returns the written paths."""
+    figure, axes = plt.subplots(figsize=(7.5, 4.5))
+    for label, results in runs:
+        losses = results["measured"]["loss"]
+        run = results.get("run", {})
+        first = run.get("first_iteration", 0) + run.get("warmup", 0) + 1
+        axes.plot(range(first, first + len(losses)), losses, marker=".", label=loss_label(results, label))
+    axes.set_xlabel("iteration")
+    axes.set_ylabel("loss (measured)")
+    axes.set_title(title, fontsize=11)
+    axes.legend(fontsize=8, frameon=False)
+    axes.grid(alpha=0.3)
     return _save(figure, Path(stem))

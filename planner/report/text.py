@@ -48,6 +48,25 @@ def _local_steps_lines(plan, training) -> list:
             "the planner predicts speed, not model quality."]
 
 
+def _compression_lines(plan) -> list:
+    """What the plan compresses on the wire, said plainly: it is lossy (no claim of equal quality)."""
+    c = plan.compression
+    if not c.active:
+        return []
+    from cost_models.compression import BLOCK_VALUES
+
+    parts = []
+    if c.messages != "off":
+        where = "" if c.boundaries is None else \
+            " across boundaries " + ", ".join(f"{b}-{b + 1}" for b in c.boundaries) + " only"
+        parts.append(f"messages between stages in int8 with a scale per {BLOCK_VALUES} values{where}")
+    if c.gradients != "off":
+        parts.append(f"gradient sync by PowerSGD of rank {c.rank} (matrices; vectors whole)")
+    return [f"Compression: {'; '.join(parts)}.",
+            "  This changes the optimisation (lossy): the loss per step may differ from uncompressed training; "
+            "the planner predicts speed, not model quality."]
+
+
 def _cell(plan, name: str) -> str:
     """A (replica, stage) cell: its device, or its tensor group's lead and degree."""
     t = len(plan.members(name))
@@ -69,6 +88,7 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
            + f", gradient sync: {plan.sync}"
            + (f" of parameter deltas every {plan.sync_every} iterations" if plan.sync_every > 1 else ""),
            *_local_steps_lines(plan, training),
+           *_compression_lines(plan),
            (f"Calibration: {plan.calibration['path']} (measured {plan.calibration['measured_at_utc']})"
             if plan.calibration else f"Calibration: none (the catalog's default efficiencies; {UNCALIBRATED_ERROR})"),
            ""]

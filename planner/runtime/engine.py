@@ -7,6 +7,7 @@ by the total number of micro-batches of all replicas and gradients are summed, s
 that of the whole global batch whatever each replica's share (Narayanan et al. 2021, sec. 2.2).
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -14,9 +15,11 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from cost_models.schedule import Schedule, stage_ops
+from planner.runtime.compression import decode_int8, encode_int8, int8_wire_shapes
 from planner.runtime.data import global_batch_tokens, micro_batch_rows, training_inputs, training_targets
 from planner.runtime.emulation import Emulator, now_s, sleep_until
 from planner.runtime.gpt import lm_loss
+from planner.runtime.powersgd import PowerSGD
 from planner.runtime.split_backward import defer_weight_gradients
 from planner.runtime.tensor_parallel import broadcast_whole
 
@@ -176,6 +179,17 @@ class StageExecutor:
         # Tensor groups: every member runs every op; only the lead (member 0) sends and receives
         # pipeline messages (between leads, as the cost model times them) and counts the loss.
         self.lead = member == 0
+        # Messages to the neighbouring stages: block-wise int8 across the boundaries the plan
+        # compresses; bytes of the tensors sent (all iterations), counted as they are handed to isend.
+        self.int8_to = {peer: plan.compression.compresses(min(stage, peer)) for peer in (stage - 1, stage + 1)}
+        self.message_bytes = 0
+        # PowerSGD on the stage's gradient sync (its matrices; the rest all-reduced whole).
+        self.powersgd = PowerSGD(self.stage_parameters, rank=plan.compression.rank, group=groups.stage,
+                                 device=device, seed=seed + stage) \
+            if plan.compression.gradients == "powersgd" and layout.replicas > 1 else None
+        self.embedding_powersgd = PowerSGD(self.embedding_parameters, rank=plan.compression.rank,
+                                           group=groups.embedding, device=device, seed=seed + layout.stages) \
+            if self.powersgd is not None and groups.embedding is not None and self.embedding_parameters else None
 
     @property
     def gradient_divisor(self) -> int:
@@ -275,8 +289,9 @@ class StageExecutor:
 
     def _send(self, tensor: torch.Tensor, peer_stage: int, ready_s: float) -> list:
         peer = self.layout.rank(self.replica, peer_stage)
-        wire = tensor.contiguous()
-        works = [(dist.isend(wire, peer), wire)]
+        wire = encode_int8(tensor) if self.int8_to[peer_stage] else (tensor.contiguous(),)
+        works = [(dist.isend(part, peer), part) for part in wire]
+        self.message_bytes += sum(part.numel() * part.element_size() for part in wire)
         if self.emulator is not None:
             stamp = torch.tensor([self.emulator.deliver_at_s(peer_stage, ready_s)], dtype=torch.float64)
             works.append((dist.isend(stamp, peer), stamp))
@@ -284,8 +299,16 @@ class StageExecutor:
 
     def _recv(self, peer_stage: int) -> torch.Tensor:
         peer = self.layout.rank(self.replica, peer_stage)
-        buffer = torch.empty(self.boundary_shape, dtype=self.dtype, device=self.device)
-        dist.irecv(buffer, peer).wait()
+        if self.int8_to[peer_stage]:
+            values, blocks = int8_wire_shapes(math.prod(self.boundary_shape))
+            codes = torch.empty(values, dtype=torch.int8, device=self.device)
+            scales = torch.empty(blocks, dtype=torch.float32, device=self.device)
+            dist.irecv(codes, peer).wait()
+            dist.irecv(scales, peer).wait()
+            buffer = decode_int8(codes, scales, self.boundary_shape, self.dtype)
+        else:
+            buffer = torch.empty(self.boundary_shape, dtype=self.dtype, device=self.device)
+            dist.irecv(buffer, peer).wait()
         if self.emulator is not None:
             stamp = torch.zeros(1, dtype=torch.float64)
             dist.irecv(stamp, peer).wait()
@@ -321,12 +344,19 @@ class StageExecutor:
         if sharded is not None:
             self.sync_bytes += sum(p.numel() * p.element_size() for p in self.stage_parameters)
             sharded.reduce_scatter()  # ZeRO stage 1: each replica gets its own shard's sum
+        elif self.powersgd is not None and self.local_steps is None:
+            self.sync_bytes += self.powersgd.reduce(self.loss_scale)
+            self.sync_bytes += _all_reduce_sum(self.powersgd.whole, self.groups.stage)
         elif self.layout.replicas > 1 and self.local_steps is None:
             self.sync_bytes += _all_reduce_sum(self.stage_parameters, self.groups.stage)
         if self.groups.embedding is not None and self.embedding_parameters:
             local = self.local_steps is not None and self.groups.replica_embedding is not None
             group = self.groups.replica_embedding if local else self.groups.embedding
-            _all_reduce_sum(self.embedding_parameters, group)
+            if self.embedding_powersgd is not None:  # the tied embedding's copies, compressed too
+                self.embedding_powersgd.reduce(self.loss_scale)
+                _all_reduce_sum(self.embedding_powersgd.whole, group)
+            else:
+                _all_reduce_sum(self.embedding_parameters, group)
         if end_s is not None:
             sleep_until(end_s)
 

@@ -160,13 +160,15 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         torch.cuda.reset_peak_memory_stats(device)
     total = config.warmup + config.iterations
     executor.local_steps = local_steps
-    times, losses, traces, checkpoints, sync_bytes = [], [], [], [], []
+    times, losses, traces, checkpoints, sync_bytes, message_bytes = [], [], [], [], [], []
     for iteration in range(first, first + total):
         tokens = executor.batch(iteration)  # the input pipeline's work, outside the timed iteration
         barrier()
         start = now_s()
         sent = executor.sync_bytes + (local_steps.bytes_sent if local_steps else 0)
+        messages = executor.message_bytes
         loss, trace = executor.iteration(iteration, tokens)
+        messages = executor.message_bytes - messages
         if local_steps is not None and local_steps.due(iteration):
             local_steps.outer_step()
             if groups.tensor is not None:  # the lead's outer step of the whole parameters is the group's
@@ -190,6 +192,7 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
             losses.append(float(loss_total[0]))
             traces.append(trace)
             sync_bytes.append(sent)
+            message_bytes.append(messages)
         if checkpoint_due(iteration, config.checkpoint_every):
             checkpoints.append(_checkpoint(config, inputs, executed, module, optimizer, rank, replica, stage,
                                            iteration + 1, tensor=(groups.tensor, degree, groups.tensor_lead, member)
@@ -197,7 +200,8 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     device_name = plan.members(plan.assignment[replica][stage])[member]
     report = {"rank": rank, "replica": replica, "stage": stage, "member": member, "device": device_name,
-              "peak_memory_bytes": peak, "traces": traces, "data_parallel_bytes": sync_bytes}
+              "peak_memory_bytes": peak, "traces": traces, "data_parallel_bytes": sync_bytes,
+              "pipeline_bytes": message_bytes}
     gathered = [None] * layout.world if rank == 0 else None
     dist.gather_object(report, gathered, dst=0)
     if config.save_state and replica == 0:
@@ -215,6 +219,11 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         scaling["sync_every"] = plan.sync_every
         scaling["data_parallel_bytes_per_iteration"] = [sum(r["data_parallel_bytes"][i] for r in gathered)
                                                         for i in range(len(times))]
+        # Bytes of the messages every rank sent to its neighbouring stages (as compressed), per iteration.
+        scaling["compression"] = {"messages": str(plan.compression.messages),
+                                  "gradients": str(plan.compression.gradients), "rank": plan.compression.rank}
+        scaling["pipeline_bytes_per_iteration"] = [sum(r["pipeline_bytes"][i] for r in gathered)
+                                                   for i in range(len(times))]
         scaling.update(first_iteration=first, checkpoints=checkpoints,
                        resumed_from={"path": config.resume_from, "iteration": first} if resumed else None)
         _write(config, inputs, executed, times, losses, gathered, device, dtype, scaling)

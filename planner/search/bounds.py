@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from planner.prediction.stage_model import iteration_flops, layer_costs
+from planner.prediction.stage_model import iteration_flops, layer_costs, least_gradient_bytes_per_param
 
 __all__ = ["lower_bound_s", "work_bound_s", "work_flops"]
 
@@ -43,7 +43,7 @@ def lower_bound_s(topology, model, training) -> float:
     state = params * layer_costs(model, training, 1, 1, topology.size).state_bytes_per_param
     fewest_stages = max(1, math.ceil(state / float(topology.memory_bytes().max())))
     layer_params, sequence_layer_flops = per_sequence.layer_params, per_sequence.layer_flops
-    gradient_bytes = per_sequence.gradient_bytes_per_param
+    gradient_bytes = least_gradient_bytes_per_param(per_sequence)  # PowerSGD: the best-compressed part's rate
     bandwidth = topology.network.bandwidth_bytes_per_s.copy()
     np.fill_diagonal(bandwidth, 0.0)
     best_out = np.sort(bandwidth.max(axis=1))[::-1]  # each device's fastest outgoing link, best first

@@ -11,7 +11,8 @@ import numpy as np
 
 from cost_models.schedule import Schedule
 from planner.plan.tensor import group_devices
-from planner.prediction.stage_model import (in_flight_table, layer_costs, optimizer_time_s, stage_memory_bytes,
+from planner.prediction.stage_model import (in_flight_table, layer_costs, message_codec_s, optimizer_time_s,
+                                            stage_compress_flops, stage_gradient_bytes, stage_memory_bytes,
                                             stage_parameters, stage_step_bytes, tensor_layer_s)
 from planner.search.balance import split_batch, split_layers
 
@@ -156,6 +157,8 @@ def _pipeline_shape(ctx, assign, costs, counts, schedule, links):
     tau = np.repeat(work[None, :], R, axis=0)
     tau[:, -1] += costs.head_flops * ctx.head_slowdown[assign[:, -1]]
     tau = tau / ctx.speed[assign] + np.array(counts, dtype=float)[None, :] * ctx.tensor_layer_s(costs, assign)
+    if costs.boundary_encode_bytes:  # compressed messages: encode and decode on each side of a boundary
+        tau = tau + sum(message_codec_s(costs, ctx.mem_bw[assign]))
     fill = tau.sum(axis=1) + link_fill
     if schedule == Schedule.GPIPE and S > 1:
         share = backward_share(ctx.training)
@@ -214,7 +217,7 @@ def _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottlenec
     sync = np.zeros(S)
     start = finish
     if R > 1:
-        grads = params * costs.gradient_bytes_per_param
+        grads = gradient_bytes(costs, counts)
         H = costs.sync_every  # local steps: the whole sync, latency included, once every H iterations
         sync = np.array([(grads[s] * H * _ring_seconds_per_byte(ctx, assign[:, s]) + _ring_latency(ctx, assign[:, s]))
                          / H for s in range(S)])
@@ -260,12 +263,15 @@ def _step(ctx, assign, costs, counts) -> np.ndarray:
     """(R, S) optimizer step of every worker: its share of its stage's parameters through its memory bandwidth."""
     stages = np.arange(len(counts))[None, :]
     params = stage_parameters(costs, np.asarray(counts, dtype=float)[None, :], stages, ctx.tensor[assign])
-    return optimizer_time_s(stage_step_bytes(costs, params, stages), ctx.mem_bw[assign])
+    step = optimizer_time_s(stage_step_bytes(costs, params, stages), ctx.mem_bw[assign])
+    if costs.powersgd_rank and assign.shape[0] > 1:  # PowerSGD's products, before the step
+        step = step + stage_compress_flops(costs, np.asarray(counts, dtype=float)[None, :], stages) / ctx.speed[assign]
+    return step
 
 
 def gradient_bytes(costs, counts) -> np.ndarray:
     """Bytes each stage's replicas all-reduce (the stage model's parameters x gradient bytes)."""
-    return _stage_params(costs, counts) * costs.gradient_bytes_per_param
+    return stage_gradient_bytes(costs, np.asarray(counts, dtype=float), np.arange(len(counts)))
 
 
 def step_seconds(ctx, assign, costs, counts) -> np.ndarray:

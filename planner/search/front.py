@@ -24,6 +24,7 @@ from cost_models.schedule import AUTO_SCHEDULES, Schedule
 from planner.prediction.predict import predict
 from planner.prediction.stage_model import optimizer_shards
 from planner.errors import InputError
+from planner.plan.dims import Compression, GradientCompression, MessageCompression
 from planner.plan.plan import Plan, validate_plan
 from planner.plan.precision import resolve_precision
 from planner.plan.tensor import TENSOR_DEGREES, grouping_groups, groupings
@@ -134,6 +135,9 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     if training.recompute == "auto":
         return _best_recompute(topology, model, training, options, objective=objective, x0=x0, rng=rng,
                                callback=callback)
+    if "auto" in (training.compress_messages, training.compress_gradients):
+        return _best_compression(topology, model, training, options, objective=objective, x0=x0, rng=rng,
+                                 callback=callback)
     started = time.perf_counter()
     objective = objective or IterationTime()
     if x0 is not None and objective.engine != "placement":
@@ -180,6 +184,87 @@ def _best_recompute(topology, model, training, options, **kwargs) -> SearchResul
     plan = replace(best.plan, search={**best.plan.search, "lower_bound_s": bound, "gap": gap, **tried})
     return replace(best, plan=plan, lower_bound_s=bound, gap=gap, wall_s=sum(r.wall_s for r in results),
                    pool=[entry for r in results for entry in r.pool])
+
+
+_COMPRESSED = {"compress_messages": MessageCompression.INT8, "compress_gradients": GradientCompression.POWERSGD}
+
+
+def _best_compression(topology, model, training, options, *, objective=None, **kwargs) -> SearchResult:
+    """``compress_messages`` / ``compress_gradients`` auto: a search with those switches off and one
+    with them on, each on half the time limit (placement and splits follow what the wire costs; the
+    second starts from the first's plan, compressed), and the better plan; if that is the
+    compressed one, each switch is then turned off alone on that plan and kept off if the plan is
+    not slower without it (compression is lossy: it stays only where it pays, so not on a plan of
+    one stage or one replica). Ties go to no compression. The bound is the smaller of the two
+    searches'."""
+    auto = [key for key in _COMPRESSED if getattr(training, key) == "auto"]
+    half = replace(options, time_limit_s=options.time_limit_s / 2)
+    results, errors = {}, []
+    for on in (False, True):
+        chosen = replace(training, **{key: str(_COMPRESSED[key]) if on else "off" for key in auto})
+        start = kwargs.get("x0")
+        if on and start is None and "off" in results and (objective or IterationTime()).engine == "placement":
+            # the plan without compression, compressed, is a candidate too
+            start = replace(results["off"].plan, compression=Compression.of_training(chosen), prediction=None,
+                            search={})
+        try:
+            results["on" if on else "off"] = search(topology, model, chosen, half, objective=objective,
+                                                    **{**kwargs, "x0": start})
+        except InputError as error:
+            errors.append(error)
+    if not results:
+        raise errors[-1]
+    label = min(results, key=lambda k: results[k].objective_s)  # "off" on a tie
+    tried = {"compression_tried": {k: r.objective_s for k, r in results.items()}}
+    best = results[label]
+    if label == "on":
+        best = _drop_unpaid_compression(best, auto, topology, model, objective or IterationTime())
+    results = list(results.values())
+    bound = min(r.lower_bound_s for r in results)
+    gap = max(0.0, (best.objective_s - bound) / best.objective_s) if best.objective_s > 0 else 0.0
+    plan = replace(best.plan, search={**best.plan.search, "lower_bound_s": bound, "gap": gap, **tried})
+    return replace(best, plan=plan, lower_bound_s=bound, gap=gap, wall_s=sum(r.wall_s for r in results),
+                   pool=[entry for r in results for entry in r.pool])
+
+
+def _drop_unpaid_compression(result: SearchResult, auto: list, topology, model, objective) -> SearchResult:
+    """Turn each compression switch of ``auto`` that ``result`` has on off alone, and keep it off
+    where the plan, predicted again, scores no worse without it; then, with int8 messages still on,
+    each stage boundary's alone (in order), so only the boundaries where it pays stay compressed."""
+    for key in auto:
+        if getattr(result.training, key) != "off":
+            training = replace(result.training, **{key: "off"})
+            result = _if_no_worse(result, replace(result.plan, compression=Compression.of_training(training)),
+                                  training, topology, model, objective)
+    if "compress_messages" not in auto or result.training.compress_messages == "off":
+        return result
+    S = result.plan.stages
+    for boundary in range(S - 1):
+        kept = tuple(b for b in range(S - 1) if result.plan.compression.compresses(b) and b != boundary)
+        compression = replace(result.plan.compression, boundaries=kept)
+        result = _if_no_worse(result, replace(result.plan, compression=compression), result.training, topology,
+                              model, objective)
+    boundaries = result.plan.compression.boundaries
+    if boundaries is not None and not boundaries:  # none pays: the switch is off
+        training = replace(result.training, compress_messages="off")
+        result = replace(result, training=training,
+                         plan=replace(result.plan, compression=Compression.of_training(training)))
+    elif boundaries is not None and len(boundaries) == S - 1:  # every one: written as such
+        result = replace(result, plan=replace(result.plan, compression=replace(result.plan.compression,
+                                                                                boundaries=None)))
+    return result
+
+
+def _if_no_worse(result: SearchResult, plan, training, topology, model, objective) -> SearchResult:
+    """``result`` with ``plan`` (run with ``training``) instead, if it fits and scores no worse."""
+    plan = replace(plan, prediction=None)
+    plan = plan.with_prediction(predict(plan, topology, model, training)[0])
+    if not plan.prediction.fits:
+        return result
+    score = objective.score(plan, topology, model, training)
+    if score > result.objective_s:
+        return result
+    return replace(result, plan=plan, training=training, objective_s=score, predicted_s=plan.prediction.iteration_s)
 
 
 def _resolved_training(plan, topology, model, training) -> tuple:

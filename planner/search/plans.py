@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from planner.plan.dims import Compression
 from planner.plan.plan import Plan
 from planner.search.evaluate import Candidate
 
@@ -27,4 +28,5 @@ def candidate_to_plan(ctx, candidate: Candidate) -> Plan:
                 idle=tuple(name for name in real.names if name not in working),
                 tensor_groups=tuple(members[d] for d in used if len(members[d]) > 1),
                 sync_every=ctx.training.sync_every,
-                micro_batches_per_round=ctx.training.micro_batches_per_round)
+                micro_batches_per_round=ctx.training.micro_batches_per_round,
+                compression=Compression.of_training(ctx.training))

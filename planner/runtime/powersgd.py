@@ -1,0 +1,74 @@
+"""PowerSGD gradient sync (Vogels et al. 2019, arXiv 1905.13727) for the runtime's own all-reduce.
+
+Why not torch's: ``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook`` is a DDP
+communication hook. It is called by DDP's C++ reducer with a ``GradBucket`` and returns a future
+chained into DDP's bucket flow, and its ``PowerSGDState`` keys the error memory and the warm-started
+``Q`` by DDP's bucket index. This runtime does not use DDP (``engine._sync`` sums each stage's
+gradients over its own replica group, bucketed), so the hook cannot run without faking DDP's bucket
+type, and its private orthogonalisation is not an API. The algorithm is short, so it is written
+here, per matrix, with the hook's choices: vectors (biases, norms) and matrices that would not
+shrink (``r (n + m) >= n m``) are all-reduced whole; all ``P`` are all-reduced in one flat
+tensor, then all ``Q`` in another; fp32 arithmetic; ``Q`` warm-started from the last step.
+
+One step per matrix ``G`` (``n x m``) of replica ``w`` (Algorithm 1 with the error feedback of
+Algorithm 2): ``M = G + E``; ``P = sum_w M Q``; ``P <- orthonormal(P)`` (reduced QR);
+``Q_w = M^T P``; ``E <- M - P Q_w^T``; ``Q = sum_w Q_w``; ``G <- P Q^T``. The runtime sums (not
+averages) gradients over replicas, so sums replace the paper's averages. The error memory is kept
+unscaled (fp16 loss scaling divides the gradient by the scale first), and a step whose ``P`` is
+not finite (an fp16 overflow) sends the gradients whole, so the loss scaler sees the overflow and
+the state is not touched.
+"""
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from cost_models.compression import POWERSGD_VALUE_BYTES, powersgd_compresses
+
+__all__ = ["PowerSGD"]
+
+
+class PowerSGD:
+    """The PowerSGD state of one worker's ``parameters`` synced over ``group``: ``matrices`` are
+    compressed by ``reduce``; ``whole`` are left to the caller's plain all-reduce."""
+
+    def __init__(self, parameters, *, rank: int, group, device, seed: int = 0):
+        self.rank, self.group = rank, group
+        parameters = list(parameters)
+        self.matrices = [p for p in parameters if p.dim() == 2 and powersgd_compresses(p.shape[0], p.shape[1], rank)]
+        chosen = {id(p) for p in self.matrices}
+        self.whole = [p for p in parameters if id(p) not in chosen]
+        generator = torch.Generator().manual_seed(seed)  # the same Q on every replica
+        self.qs = [torch.randn(p.shape[1], rank, generator=generator).to(device) for p in self.matrices]
+        self.errors = [torch.zeros(p.shape, dtype=torch.float32, device=device) for p in self.matrices]
+        self.fallbacks = 0  # steps sent whole because P was not finite
+
+    def reduce(self, loss_scale: float = 1.0) -> int:
+        """Sum the matrices' gradients over the group, compressed; returns the bytes handed to the
+        all-reduces (the whole gradients' bytes on a fallback step)."""
+        if not self.matrices:
+            return 0
+        for p in self.matrices:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        ms = [p.grad.float() / loss_scale + e for p, e in zip(self.matrices, self.errors)]
+        ps = [m @ q for m, q in zip(ms, self.qs)]
+        flat = _flatten_dense_tensors(ps)
+        dist.all_reduce(flat, group=self.group)
+        sent = flat.numel() * POWERSGD_VALUE_BYTES
+        if not bool(torch.isfinite(flat).all()):  # the same decision on every replica: flat is their sum
+            self.fallbacks += 1
+            for p in self.matrices:
+                dist.all_reduce(p.grad, group=self.group)
+            return sent + sum(p.grad.numel() * p.grad.element_size() for p in self.matrices)
+        ps = [torch.linalg.qr(p, mode="reduced").Q for p in _unflatten_dense_tensors(flat, ps)]
+        qs = [m.t() @ p for m, p in zip(ms, ps)]
+        for i, (m, p, q) in enumerate(zip(ms, ps, qs)):
+            self.errors[i] = m - p @ q.t()  # what this replica's share lost
+        flat = _flatten_dense_tensors(qs)
+        dist.all_reduce(flat, group=self.group)
+        sent += flat.numel() * POWERSGD_VALUE_BYTES
+        self.qs = list(_unflatten_dense_tensors(flat, qs))
+        for param, p, q in zip(self.matrices, ps, self.qs):
+            param.grad.copy_((p @ q.t()) * loss_scale)
+        return sent
