@@ -401,6 +401,7 @@ def _replan(args) -> int:
     """``plan TOPOLOGY --from OLD_PLAN``: a plan for the changed cluster and the state it moves."""
     from planner.inputs.job import load_topology
     from planner.plan.document import plan_to_document
+    from planner.plan.precision import check_replan_precision
     from planner.report.text import render_moves, render_plan
     from planner.search.front import SearchOptions
     from planner.search.replan import DEFAULT_MOVE_WEIGHT, read_old_plan, replan
@@ -422,6 +423,10 @@ def _replan(args) -> int:
         _check_writable(args.output, "--output")
     old, model, training = read_old_plan(args.from_plan)
     topology = load_topology(args.topology)
+    try:
+        check_replan_precision(topology, training, args.from_plan)
+    except InputError as error:
+        raise error.located(source=args.topology) from None
     options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit, exact=not args.no_exact,
                             stages=_positive("--stages", args.stages), replicas=_positive("--replicas", args.replicas))
     progress = _Progress(args.time_limit)

@@ -243,3 +243,13 @@ def test_topology_without_a_device_keeps_every_other_device_and_link(path):
     assert [d.memory_bytes for d in rest.devices] == [whole.devices[i].memory_bytes for i in keep]
     assert np.array_equal(rest.latency_s, whole.latency_s[np.ix_(keep, keep)])
     assert np.array_equal(rest.bandwidth_bytes_per_s, whole.bandwidth_bytes_per_s[np.ix_(keep, keep)])
+
+
+def test_a_bf16_plan_replanned_onto_a_device_without_bf16_is_one_line(tmp_path, capsys):
+    _, old = _files(tmp_path)
+    document = _topology("with-t4", ["g0", "g2", "g3"])
+    document["devices"].append({"name": "t4", "type": "T4", "host": "host-t4"})
+    (tmp_path / "with-t4.yaml").write_text(yaml.safe_dump(document))
+    code, out, err = run_cli([tmp_path / "with-t4.yaml", "--from", old, "--time-limit", "1"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "field 'devices'" in err and "t4" in err and "trains in bf16" in err and "with-t4.yaml" in err

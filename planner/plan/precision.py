@@ -9,7 +9,7 @@ each device at the peak of the format it actually runs (``planner.inputs.catalog
 from planner.errors import InputError
 from planner.inputs.catalog import AUTO, runs
 
-__all__ = ["check_precision", "resolve_precision", "plan_precision_problem"]
+__all__ = ["check_precision", "check_replan_precision", "resolve_precision", "plan_precision_problem"]
 
 
 def _without(topology, names, precision: str) -> list:
@@ -30,6 +30,18 @@ def check_precision(topology, training) -> None:
     if missing:
         raise InputError(f"bf16, but {_describe(topology, missing)} have no bf16: write 'auto' (bf16 where every "
                          "used device has it, else fp16) or 'fp16', or remove those devices", field="training.precision")
+
+
+def check_replan_precision(topology, training, old_plan_path) -> None:
+    """Refuse a re-plan of a bf16 plan onto a topology with devices that have no bf16 (the precision
+    is the old plan's, so the fix is in the topology or in a fresh plan)."""
+    if training.precision != "bf16":
+        return
+    missing = _without(topology, [d.name for d in topology.devices], "bf16")
+    if missing:
+        raise InputError(f"the old plan {old_plan_path} trains in bf16, but {_describe(topology, missing)} have no "
+                         "bf16: remove them from this topology, or plan it afresh with precision auto (fp16 where "
+                         "a used device lacks bf16)", field="devices")
 
 
 def resolve_precision(topology, used_devices, precision: str) -> str:
