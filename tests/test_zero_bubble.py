@@ -127,6 +127,20 @@ def test_schedule_auto_does_not_pick_it_but_plan_writes_it_by_name(tmp_path):
     assert main([str(LAB), "--schedule", "zb-h1", "--time-limit", "1", "--no-exact", "-o", str(out)]) == 0
 
 
+def _input_pass(torch, module, spec, defer: bool) -> tuple:
+    """(store, input, output, deferred work) of one backward of ``module`` with weight gradients
+    deferred or not."""
+    from planner.runtime.split_backward import defer_weight_gradients
+
+    store = defer_weight_gradients(module)
+    x = torch.randn(2, spec.sequence, spec.hidden, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    y = module(x)
+    store.deferring = defer
+    torch.autograd.backward(y, torch.randn(y.shape, generator=torch.Generator().manual_seed(2)))
+    store.deferring = False
+    return store, x, y, store.take()
+
+
 @pytest.mark.parametrize("recompute", [False, True])
 def test_deferred_weight_gradients_equal_the_whole_backward(recompute):
     """The input pass leaves every linear layer's dW and db for the weight pass, and both together
@@ -135,19 +149,12 @@ def test_deferred_weight_gradients_equal_the_whole_backward(recompute):
     torch = pytest.importorskip("torch")
     from planner.inputs.model import model_preset
     from planner.runtime.gpt import build_stage
-    from planner.runtime.split_backward import defer_weight_gradients
 
     spec = model_preset("tiny")
     grads = []
     for defer in (False, True):
         module = build_stage(spec, 1, spec.layers, seed=3, recompute=recompute)
-        store = defer_weight_gradients(module)
-        x = torch.randn(2, spec.sequence, spec.hidden, generator=torch.Generator().manual_seed(1), requires_grad=True)
-        y = module(x)
-        store.deferring = defer
-        torch.autograd.backward(y, torch.randn(y.shape, generator=torch.Generator().manual_seed(2)))
-        store.deferring = False
-        work = store.take()
+        store, x, y, work = _input_pass(torch, module, spec, defer)
         linears = [n for n, p in module.named_parameters() if ".qkv." in n or ".fc" in n or ".proj." in n]
         assert len(work) == (4 * (spec.layers - 1) + 1 if defer else 0)  # 4 per block and the LM head
         if defer:  # before the weight pass: no linear layer has a gradient, the input has its own
@@ -163,7 +170,6 @@ def test_blocks_compiled_between_their_linear_layers_train_like_eager_ones():
     torch = pytest.importorskip("torch")
     from planner.inputs.model import model_preset
     from planner.runtime.gpt import build_stage, compile_between_linears
-    from planner.runtime.split_backward import defer_weight_gradients
 
     spec = model_preset("tiny")
     results = []
@@ -171,13 +177,7 @@ def test_blocks_compiled_between_their_linear_layers_train_like_eager_ones():
         module = build_stage(spec, 1, spec.layers, seed=3)
         if compiled:
             compile_between_linears(module)
-        store = defer_weight_gradients(module)
-        x = torch.randn(2, spec.sequence, spec.hidden, generator=torch.Generator().manual_seed(1), requires_grad=True)
-        y = module(x)
-        store.deferring = True
-        torch.autograd.backward(y, torch.randn(y.shape, generator=torch.Generator().manual_seed(2)))
-        store.deferring = False
-        work = store.take()
+        store, x, y, work = _input_pass(torch, module, spec, defer=True)
         assert len(work) == 4 * (spec.layers - 1) + 1  # every linear layer's dW still deferred
         store.apply(work)
         results.append([y.detach(), x.grad] + [p.grad for p in module.parameters()])
