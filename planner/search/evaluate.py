@@ -213,7 +213,6 @@ def _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottlenec
     upstream = np.concatenate([np.zeros((R, 1)), np.cumsum(tau[:, :-1] * backward_share(ctx.training), axis=1)],
                               axis=1)
     finish = (pipeline[:, None] - upstream).max(axis=0)  # (S,)
-    params = _stage_params(costs, counts)
     sync = np.zeros(S)
     start = finish
     if R > 1:
@@ -253,10 +252,6 @@ def _queued_sync_starts(ctx, assign, finish, sync, grads) -> np.ndarray:
         for k, busy in holds:
             free_at[k] = start[s] + busy
     return start
-
-
-def _stage_params(costs, counts) -> np.ndarray:
-    return stage_parameters(costs, np.asarray(counts, dtype=float), np.arange(len(counts)))
 
 
 def _step(ctx, assign, costs, counts) -> np.ndarray:
