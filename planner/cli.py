@@ -85,6 +85,8 @@ def _launch_parser(sub) -> None:
                    help="emulate the plan's devices and network on this host (CPU, reduced model)")
     p.add_argument("--time-scale", type=float,
                    help="emulated seconds per plan second (default: about 2 s per iteration)")
+    p.add_argument("--slow", default="", metavar="DEVICE:FACTOR[@ITERATION]",
+                   help="emulated straggler: DEVICE computes FACTOR times slower from ITERATION (1-based) on")
     p.add_argument("--topology", help="topology file (default: the one the plan names)")
     p.add_argument("--hostfile", help="hosts and their plan devices: one torchrun per host")
     p.add_argument("--dry-run", action="store_true", help="with --hostfile: print the torchrun commands only")
@@ -480,7 +482,8 @@ def _launch(args) -> int:
                             timeout_s=args.timeout, backend=args.backend, topology=args.topology,
                             hostfile=args.hostfile, dry_run=args.dry_run, master_port=args.master_port,
                             save_state=args.save_state, compile=args.compile, checkpoint_every=args.checkpoint_every,
-                            checkpoint_dir=args.checkpoint_dir, resume=args.resume, elastic=args.elastic)
+                            checkpoint_dir=args.checkpoint_dir, resume=args.resume, elastic=args.elastic,
+                            slow=args.slow)
     try:
         results = launch(args.plan, options, log=lambda line: print(line, flush=True))
     except LaunchFailure as failure:

@@ -6,17 +6,20 @@ with a deliver-at time from the link's latency and bandwidth, queueing behind ea
 the same link and NICs (a free-at table shared by all local processes), and the receiver sleeps
 until then; after the real all-reduce every member sleeps until the modelled end of the sync. The
 durations are those of ``cost_models.simulator`` (the same ``PipelineJob``), times ``time_scale``,
-so a geo-distributed plan runs at a fraction of its real duration.
+so a geo-distributed plan runs at a fraction of its real duration. A ``Slowdown`` makes one device
+a straggler from a given iteration on (``plan launch --emulate --slow DEVICE:FACTOR[@ITERATION]``).
 """
 
 import time
+from dataclasses import dataclass, replace
 
+import numpy as np
 
 from cost_models.schedule import COMPUTE_KINDS
 from cost_models.simulator import PipelineJob, op_compute_s, sync_resources
 
 __all__ = ["SharedResources", "Emulator", "resource_slots", "sleep_until", "now_s", "compute_overrun",
-           "OVERRUN_WARNING_SHARE"]
+           "OVERRUN_WARNING_SHARE", "Slowdown", "slowed_job"]
 
 OVERRUN_WARNING_SHARE = 0.02  # compute overrun of the worst rank, as a share of the iteration, that is warned of
 _COMPUTE_KINDS = COMPUTE_KINDS + ("step",)
@@ -61,16 +64,40 @@ class SharedResources:
         return start
 
 
+@dataclass(frozen=True)
+class Slowdown:
+    """An emulated straggler: ``device``'s compute takes ``factor`` times the plan's from iteration
+    ``first`` on (1-based, warm-up included, as the launch's progress lines count)."""
+
+    device: str
+    factor: float
+    first: int = 1
+
+
+def slowed_job(job: PipelineJob, device_index: int, factor: float) -> PipelineJob:
+    """``job`` with every worker on ``device_index`` computing ``factor`` times slower (forward,
+    backward and optimizer step), for the emulation and for predicting the straggler's cost."""
+    on = (job.device == device_index)
+    scale = np.where(on, factor, 1.0)
+    optimizer = job.optimizer_s * scale if job.optimizer_s is not None else None
+    return replace(job, forward_s=job.forward_s * scale, backward_s=job.backward_s * scale, optimizer_s=optimizer)
+
+
 class Emulator:
     """What one worker (replica, stage) sleeps for. Times are in seconds of this host's monotonic clock."""
 
-    def __init__(self, job: PipelineJob, resources: SharedResources, *, time_scale: float, replica: int, stage: int):
+    def __init__(self, job: PipelineJob, resources: SharedResources, *, time_scale: float, replica: int, stage: int,
+                 slow: tuple = (None, 1)):
         self.job, self.resources, self.scale = job, resources, time_scale
         self.replica, self.stage = replica, stage
         self.device = int(job.device[replica, stage])
+        self.slow_job, self.slow_from = slow  # (the slowed job or None, first iteration it applies to, 1-based)
+        self.iteration = 1  # set by the executor at the start of each iteration
 
     def compute_end_s(self, kind: str, start_s: float) -> float:
-        return start_s + op_compute_s(self.job, kind, self.replica, self.stage) * self.scale
+        slowed = self.slow_job is not None and self.iteration >= self.slow_from
+        job = self.slow_job if slowed else self.job
+        return start_s + op_compute_s(job, kind, self.replica, self.stage) * self.scale
 
     def deliver_at_s(self, peer_stage: int, ready_s: float) -> float:
         """Reserve the link to ``peer_stage`` for one boundary message; when it arrives there."""

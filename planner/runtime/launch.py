@@ -60,6 +60,7 @@ class LaunchOptions:
     resume: str | None = None  # a checkpoint folder (or the checkpoint_dir of a run) to continue from
     elastic: bool = False  # a rank that dies: re-plan without its device, resume from the last checkpoint
     replan_time_limit_s: float = 10.0  # elastic: the re-plan's search time limit
+    slow: str = ""  # emulated straggler "DEVICE:FACTOR[@ITERATION]" (``planner.runtime.emulation.Slowdown``)
 
 
 def compiles(choice: str, backend: str) -> bool:
@@ -77,7 +78,28 @@ def auto_time_scale(inputs: RunInputs) -> float:
     return EMULATION_TARGET_S / predicted
 
 
+def parse_slowdown(text: str):
+    """``DEVICE:FACTOR[@ITERATION]`` as a ``Slowdown`` (None for ""); a mistake is one line."""
+    from planner.runtime.emulation import Slowdown
+
+    if not text:
+        return None
+    try:
+        device, rest = text.rsplit(":", 1)
+        factor, _, first = rest.partition("@")
+        slowdown = Slowdown(device=device, factor=float(factor), first=int(first) if first else 1)
+    except ValueError:
+        raise InputError(f"{text!r} is not DEVICE:FACTOR or DEVICE:FACTOR@ITERATION (e.g. gpu-1:2.5@3)",
+                         field="--slow") from None
+    if not (device and 0 < slowdown.factor < 1000 and slowdown.first >= 1):
+        raise InputError(f"{text!r}: needs a device, a factor in (0, 1000) and an iteration from 1", field="--slow")
+    return slowdown
+
+
 def _check(options: LaunchOptions) -> None:
+    parse_slowdown(options.slow)
+    if options.slow and not options.emulate:
+        raise InputError("slows an emulated device: add --emulate", field="--slow")
     if options.iterations < 1:
         raise InputError(f"must be at least 1, got {options.iterations}", field="--iterations")
     if options.warmup < 0:
@@ -122,6 +144,10 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
     from planner.runtime.preflight import check_memory
 
     options = replace(options, resume=_check_resume(inputs, options) or None)  # the checkpoint folder itself
+    slowdown = parse_slowdown(options.slow)
+    if slowdown and not any(slowdown.device in inputs.plan.members(d) for d in inputs.plan.used_devices):
+        raise InputError(f"{slowdown.device} is not a device the plan uses: name one of "
+                         f"{', '.join(inputs.plan.used_devices)}", field="--slow")
     problem = check_memory(inputs, refuse=not options.emulate)
     if problem:
         log(f"warning: {problem}; emulated anyway (emulation does not hold the real memory)")
@@ -325,6 +351,7 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
     scale = 1.0
     if options.emulate:
         scale = options.time_scale if options.time_scale is not None else auto_time_scale(inputs)
+    slowdown = parse_slowdown(options.slow)
     config = dict(plan_path=inputs.plan_path, topology_path=inputs.topology_path, out_dir=options.out_dir,
                   iterations=options.iterations, warmup=options.warmup, seed=options.seed,
                   learning_rate=options.learning_rate, timeout_s=options.timeout_s,
@@ -333,7 +360,8 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
                   compile=compiles(options.compile, backend) and not plan.tensor_groups,
                   save_state=options.save_state, cuda_devices=cuda_devices,
                   checkpoint_every=options.checkpoint_every, checkpoint_dir=options.checkpoint_dir or "",
-                  resume_from=options.resume or "")
+                  resume_from=options.resume or "",
+                  slow=(slowdown.device, slowdown.factor, slowdown.first) if slowdown else ())
     prepare_out_folder(options.out_dir, results_bytes(inputs, options.iterations, options.warmup,
                                                       options.save_state))
     names = _rank_names(plan)
@@ -370,23 +398,29 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
     if not os.path.exists(os.path.join(options.out_dir, "results.json")):
         raise LaunchFailure(f"every rank exited but rank 0 wrote no results in {options.out_dir}")
     if options.emulate:
-        _record_overrun(inputs, options.out_dir, scale, log)
+        _record_overrun(inputs, options.out_dir, scale, log, slowdown, options.warmup)
     return read_results(options.out_dir)
 
 
-def _record_overrun(inputs: RunInputs, out_dir, scale: float, log) -> None:
-    """Compare the emulated compute ops with the plan's; warn and record when the host overran them."""
+def _record_overrun(inputs: RunInputs, out_dir, scale: float, log, slowdown=None, warmup: int = 0) -> None:
+    """Compare the emulated compute ops with the plan's; warn and record when the host overran them;
+    with an emulated straggler, record and say what it cost (``straggler_report``)."""
     from planner.prediction.predict import build_pipeline_job
     from planner.runtime.emulation import compute_overrun
     from planner.runtime.results import read_results, update_results
+    from planner.runtime.straggler import straggler_report
 
     results = read_results(out_dir)
     job = build_pipeline_job(inputs.plan, inputs.topology, inputs.model, inputs.training)
+    record = {}
+    if slowdown is not None:
+        record["straggler"], job = straggler_report(inputs, job, slowdown, results, scale, warmup)
+        log(record["straggler"]["summary"])
     overrun = compute_overrun(results["measured"]["trace"], job, scale, results["comparison"]["predicted_s"],
                               names=_rank_names(inputs.plan))
     if overrun["warning"]:
         log(f"warning: {overrun['warning']}")
-    update_results(out_dir, "emulation", {"compute_overrun": overrun})
+    update_results(out_dir, "emulation", {"compute_overrun": overrun, **record})
 
 
 def _rank_devices(plan) -> dict:

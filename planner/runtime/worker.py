@@ -25,7 +25,7 @@ from planner.prediction.predict import build_pipeline_job, model_flops_per_itera
 from planner.prediction.stage_model import optimizer_shards
 from planner.plan.document import plan_to_document
 from planner.runtime.checkpoint import checkpoint_due, checkpoint_meta, save_checkpoint
-from planner.runtime.emulation import Emulator, SharedResources, now_s
+from planner.runtime.emulation import Emulator, SharedResources, now_s, slowed_job
 from planner.runtime.engine import Layout, StageExecutor, make_groups, split_parameters
 from planner.runtime.gpt import build_stage, compile_between_linears, compile_stage, lm_loss
 from planner.runtime.inputs import RunInputs, emulated_model, load_run_inputs
@@ -60,6 +60,7 @@ class WorkerConfig:
     checkpoint_every: int = 0  # 0: no checkpoints; else every this many iterations into checkpoint_dir
     checkpoint_dir: str = ""
     resume_from: str = ""  # a checkpoint folder (``checkpoint.read_checkpoint``) to start from
+    slow: tuple = ()  # emulated straggler: (device, factor, first iteration, 1-based) or ()
 
 
 def _die_with_parent() -> None:
@@ -148,7 +149,13 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     if config.emulate:
         job = build_pipeline_job(plan, inputs.topology, model, training)
         resources = SharedResources(shared, inputs.topology.size, len(inputs.topology.hosts))
-        emulator = Emulator(job, resources, time_scale=config.time_scale, replica=replica, stage=stage)
+        slow = (None, 1)
+        if config.slow:
+            from planner.runtime.straggler import device_index_in_job
+
+            name, factor, first_slow = config.slow
+            slow = (slowed_job(job, device_index_in_job(plan, job, name), factor), first_slow)
+        emulator = Emulator(job, resources, time_scale=config.time_scale, replica=replica, stage=stage, slow=slow)
     loss = lm_loss
     if config.compile:  # a split backward (ZB-H1) needs eager linear layers
         loss = (compile_between_linears if plan.schedule == Schedule.ZERO_BUBBLE else compile_stage)(module)
@@ -163,6 +170,8 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     times, losses, traces, checkpoints, sync_bytes, message_bytes = [], [], [], [], [], []
     for iteration in range(first, first + total):
         tokens = executor.batch(iteration)  # the input pipeline's work, outside the timed iteration
+        if emulator is not None:
+            emulator.iteration = iteration - first + 1  # as the progress lines count (a straggler's start)
         barrier()
         start = now_s()
         sent = executor.sync_bytes + (local_steps.bytes_sent if local_steps else 0)
