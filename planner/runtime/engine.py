@@ -234,23 +234,19 @@ class StageExecutor:
                         y = loss / self.gradient_divisor
                 outputs[mb] = y
                 self._emulate_compute("fwd", start)
-            elif kind == "bwd":
+            elif kind in ("bwd", "bwd_input"):  # bwd_input: the weights' gradients wait in ``weight_gradients``
                 y = outputs.pop(mb)
+                split = kind == "bwd_input"
+                if split:
+                    self.weight_gradients.deferring = True
                 if m.is_last:
                     (y * self.loss_scale if self.loss_scale != 1.0 else y).backward()
                 else:
                     torch.autograd.backward(y, grad_tensors=grads.pop(mb))
-                self._emulate_compute("bwd", start)
-            elif kind == "bwd_input":  # the weights' gradients wait in ``self.weight_gradients``
-                y = outputs.pop(mb)
-                self.weight_gradients.deferring = True
-                if m.is_last:
-                    (y * self.loss_scale if self.loss_scale != 1.0 else y).backward()
-                else:
-                    torch.autograd.backward(y, grad_tensors=grads.pop(mb))
-                self.weight_gradients.deferring = False
-                weight_work[mb] = self.weight_gradients.take()
-                self._emulate_compute("bwd_input", start)
+                if split:
+                    self.weight_gradients.deferring = False
+                    weight_work[mb] = self.weight_gradients.take()
+                self._emulate_compute(kind, start)
             elif kind == "bwd_weight":
                 self.weight_gradients.apply(weight_work.pop(mb))
                 self._emulate_compute("bwd_weight", start)
