@@ -70,7 +70,7 @@ def in_flight_micro_batches(schedule: str, stage: int, stages: int, micro_batche
     if schedule == Schedule.ONE_F_ONE_B:
         return np.minimum(stages - stage, micro_batches)
     if schedule == Schedule.ZERO_BUBBLE:
-        return np.minimum(stages + 0 * np.asarray(stage), micro_batches)
+        return np.minimum(np.full(np.shape(stage), stages), micro_batches)
     raise ValueError(f"unknown schedule {schedule!r}")
 
 

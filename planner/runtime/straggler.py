@@ -49,5 +49,4 @@ def straggler_report(inputs, job, slowdown, results: dict, time_scale: float, wa
             f"the simulator with the straggler predicts {predicted_slowed:.3f} s); to re-plan around it, set "
             f"efficiency: {efficiency:.3g} on {slowdown.device} in the topology and run "
             f"'plan TOPOLOGY --from {inputs.plan_path}'")
-    last_slowed = after_s is not None and (warmup + len(measured) >= slowdown.first)
-    return record, slowed if last_slowed else job
+    return record, slowed if after else job
