@@ -12,19 +12,8 @@ from planner.inputs.model import model_preset, parse_training
 from planner.plan.plan import Plan
 from planner.prediction.predict import predict
 from planner.search.evaluate import make_context, score_split
+from tests.op_lists import held_peak
 from tests.runtime_helpers import cpu_topology, write_test_plan
-
-
-def _in_flight_peak(ops) -> int:
-    """Most micro-batches forwarded and not yet backwarded at once in an op list."""
-    live, peak = set(), 0
-    for kind, mb in ops:
-        if kind == "fwd":
-            live.add(mb)
-            peak = max(peak, len(live))
-        elif kind == "bwd":
-            live.discard(mb)
-    return peak
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -38,7 +27,7 @@ def test_rounds_run_every_micro_batch_once_and_keep_at_most_a_round(schedule):
         # every micro-batch of round k is backwarded before round k + 1's first forward
         order = [(kind, mb) for kind, mb in ops if kind in ("fwd", "bwd")]
         assert order.index(("bwd", 3)) < order.index(("fwd", 4)) and order.index(("bwd", 7)) < order.index(("fwd", 8))
-        assert _in_flight_peak(ops) <= (4 if schedule == "gpipe" else min(3 - stage, 4))
+        assert held_peak(ops) <= (4 if schedule == "gpipe" else min(3 - stage, 4))
     assert stage_ops(schedule, 1, 3, 7) == stage_ops(schedule, 1, 3, 7, 0)
 
 

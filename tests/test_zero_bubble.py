@@ -15,20 +15,9 @@ from planner.prediction.predict import predict
 from planner.search.evaluate import make_context, score_split
 from planner.search.front import SearchOptions, search
 from tests.conftest import ROOT
+from tests.op_lists import held_peak
 
 LAB = ROOT / "topologies" / "hetero" / "lab-mixed-a40-l4.yaml"
-
-
-def _held_peak(ops) -> int:
-    """Most micro-batches forwarded whose backward (weight gradients included) has not ended."""
-    live, peak = set(), 0
-    for kind, mb in ops:
-        if kind == "fwd":
-            live.add(mb)
-            peak = max(peak, len(live))
-        elif kind in ("bwd", "bwd_weight"):
-            live.discard(mb)
-    return peak
 
 
 @pytest.mark.parametrize("stages, micro_batches, per_round", [(4, 9, 0), (4, 2, 0), (3, 7, 3), (2, 1, 0)])
@@ -46,8 +35,9 @@ def test_ops_split_every_backward_after_the_first_stage_and_keep_at_most_s(stage
             assert ops.index(("fwd", mb)) < ops.index(("bwd_input", mb)) < ops.index(("bwd_weight", mb))
             if stage > 0:  # the gradient goes upstream right after the input gradient, not after W
                 assert ops.index(("send_bwd", mb)) == ops.index(("bwd_input", mb)) + 1
-        assert _held_peak(ops) <= min(stages, per_round or micro_batches)
-        assert _held_peak(ops) <= int(in_flight_micro_batches("zb-h1", stage, stages, micro_batches, per_round))
+        peak = held_peak(ops, released=("bwd", "bwd_weight"))
+        assert peak <= min(stages, per_round or micro_batches)
+        assert peak <= int(in_flight_micro_batches("zb-h1", stage, stages, micro_batches, per_round))
         assert ops[-2:] == [("sync", -1), ("step", -1)]
 
 
@@ -103,6 +93,9 @@ def test_the_estimate_follows_the_simulator_and_the_plan_round_trips():
             continue
         simulated = predict(candidate, job.topology, job.model, job.training)[0].iteration_s
         assert estimate == pytest.approx(simulated, rel=0.05), counts
+        # the estimate knows the shorter fill and drain: below 1F1B's on the same split
+        assert estimate < score_split(ctx, assign, tuple(int(c) for c in counts), plan.micro_batches,
+                                      plan.micro_batch_size, "1f1b"), counts
     one_f_one_b = plan.__class__(**{**plan.__dict__, "schedule": "1f1b"})
     zb_memory = predict(plan, job.topology, job.model, job.training)[0].memory_bytes
     ref_memory = predict(one_f_one_b, job.topology, job.model, job.training)[0].memory_bytes

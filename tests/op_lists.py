@@ -1,0 +1,14 @@
+"""Helpers on per-stage op lists (``cost_models.schedule.stage_ops``) for the schedule tests."""
+
+
+def held_peak(ops, released=("bwd",)) -> int:
+    """Most micro-batches forwarded and not yet released at once (by an op of a kind in ``released``:
+    the backward, or under a split backward its weight gradients)."""
+    live, peak = set(), 0
+    for kind, mb in ops:
+        if kind == "fwd":
+            live.add(mb)
+            peak = max(peak, len(live))
+        elif kind in released:
+            live.discard(mb)
+    return peak
