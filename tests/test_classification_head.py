@@ -79,3 +79,26 @@ def test_classification_training_equals_single_process(tmp_path):
     for name, value in reference.items():
         assert torch.allclose(weights[name], value, atol=1e-5), name
     assert losses[0] == pytest.approx(torch.log(torch.tensor(3.0)).item(), rel=0.2)  # about chance at the start
+
+
+def test_the_head_reads_the_last_positions_hidden_state():
+    """The logits are the head applied to the normalised hidden state of the last position, so they
+    change when only the last token changes (which no earlier position sees, attention being causal)."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    from planner.runtime.gpt import build_stage
+
+    spec = dataclasses.replace(model_preset("tiny"), head="classification", classes=3, tied_embeddings=False)
+    module = build_stage(spec, 0, spec.layers, seed=1)
+    tokens = torch.randint(0, spec.vocabulary, (2, spec.sequence), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        hidden = module.embed(tokens) + module.positions(torch.arange(spec.sequence))
+        for block in module.blocks.values():
+            hidden = block(hidden)
+        expected = F.linear(module.norm(hidden[:, -1]), module.head.weight)
+        logits = module(tokens)
+        changed = tokens.clone()
+        changed[:, -1] = (changed[:, -1] + 1) % spec.vocabulary
+        assert logits.shape == (2, 3) and torch.allclose(logits, expected, atol=1e-6)
+        assert not torch.allclose(module(changed), logits)
