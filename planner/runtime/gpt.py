@@ -65,10 +65,14 @@ class Block(nn.Module):
         # The work between the linear layers, as functions of tensors only, so that
         # ``compile_between_linears`` can compile it apart from them (one graph for every block).
         self.attend, self.activate = _attend, _activate
+        # What enters the column-parallel layers (qkv; fc1 and gate): the identity, or a tensor
+        # group's ``f`` operator (``planner.runtime.tensor_parallel.shard_stage``).
+        self.enter = _identity
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv(self.pre_attention(x))
+        qkv = self.qkv(self.enter(self.pre_attention(x)))
         x, y = self.pre_mlp(x, self.proj(self.attend(qkv, self.heads, self.rotary)))
+        y = self.enter(y)
         y = self.activate(self.fc1(y), self.gate(y) if self.gated else None)
         return x + self.fc2(y)
 
@@ -79,6 +83,10 @@ class Block(nn.Module):
         """The attention's residual, then the MLP's norm: (residual stream, normalised)."""
         x = x + attention_out
         return x, self.norm2(x)
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 def _norm_tensors(norm: nn.Module) -> tuple:

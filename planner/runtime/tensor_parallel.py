@@ -7,7 +7,8 @@ the matching columns of the output projection, the rows of fc1 (and of the gate 
 columns of fc2; the column-parallel layers' biases are split with their rows, the row-parallel
 layers' biases, the norms, the embeddings and the head stay whole on every member (as
 ``cost_models.flops.tensor_split_parameters`` counts). A block then runs Megatron's two operators
-twice: ``f`` (identity forward, all-reduce of the gradient backward) on the output of each norm,
+twice: ``f`` (identity forward, all-reduce of the gradient backward) on the output of each norm
+(the block's ``enter`` seam, so it holds whether the norms run as modules or compiled),
 ``g`` (all-reduce forward, identity backward) on the output of the attention projection and of fc2,
 before their biases: 2 all-reduces of the ``(b, s, h)`` activation in forward and 2 in backward
 (``cost_models.comm.tensor_allreduces``; with recompute the forward's two run again in backward).
@@ -33,8 +34,10 @@ Parameter names and ``state_dict`` keys are the unsplit model's; ``full_state`` 
 weights back (every member takes part), and a checkpoint holds whole tensors (``join_entries`` on
 saving, ``split_entries`` on resuming), so plans with and without groups resume each other.
 ``plan launch`` runs the blocks of such plans eager: ``torch.compile`` of a block with these
-functions and the norms' forward hooks has not been measured, so it is not turned on for them.
+functions has not been measured, so it is not turned on for them.
 """
+
+import functools
 
 import torch
 import torch.distributed as dist
@@ -137,8 +140,7 @@ def shard_stage(module, group, member: int, degree: int):
                 bias = layer.bias.clone() if layer.bias is not None else None
                 setattr(block, name, RowParallelLinear(layer.weight[:, part].clone(), bias, group))
             block.heads //= degree
-            for norm in (block.norm1, block.norm2):
-                norm.register_forward_hook(lambda _module, _inputs, output: copy_to_group(output, group))
+            block.enter = functools.partial(copy_to_group, group=group)
     return module
 
 
