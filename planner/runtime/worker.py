@@ -142,7 +142,7 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         first = load_checkpoint(folder, resumed, module=module, optimizer=optimizer,
                                 tensor=(member, degree) if degree > 1 else None)
     # The snapshot is taken from the weights trained from (a resumed run's outer momentum starts at zero).
-    local_steps = LocalSteps(module.parameters(), sync_every=plan.sync_every, momentum=training.outer_momentum,
+    local_steps = LocalSteps(trained, sync_every=plan.sync_every, momentum=training.outer_momentum,
                              learning_rate=training.outer_learning_rate, group=groups.stage, replicas=layout.replicas,
                              masters=master_copies(optimizer)) if local else None
     emulator = None
