@@ -25,7 +25,7 @@ from enum import StrEnum
 __all__ = ["MessageCompression", "GradientCompression", "BLOCK_VALUES", "SCALE_BYTES", "MAX_POWERSGD_RANK",
            "POWERSGD_VALUE_BYTES", "INT8_CODEC_BANDWIDTH_SHARE", "POWERSGD_BANDWIDTH_SHARE",
            "POWERSGD_STATE_BYTES_PER_PARAMETER", "POWERSGD_PASS_BYTES_PER_PARAMETER",
-           "int8_message_bytes", "int8_encode_bytes", "int8_decode_bytes", "block_matrix_shapes",
+           "int8_blocks", "int8_message_bytes", "int8_encode_bytes", "int8_decode_bytes", "block_matrix_shapes",
            "powersgd_compresses", "powersgd_matrix_values", "powersgd_flops", "powersgd_sync"]
 
 BLOCK_VALUES = 256  # values per scale (Dettmers et al. 2022 use 2048 for optimizer state)
@@ -60,10 +60,15 @@ class GradientCompression(StrEnum):
     POWERSGD = "powersgd"  # rank-r PowerSGD on matrices, vectors whole
 
 
+def int8_blocks(values: float, block_values: int = BLOCK_VALUES) -> int:
+    """Scale blocks of a message of ``values`` values (the last one padded): ``ceil(n / block)``."""
+    return math.ceil(values / block_values)
+
+
 def int8_message_bytes(values: float, block_values: int = BLOCK_VALUES) -> float:
     """Bytes on the wire for ``values`` values in block-wise int8: one byte each plus one scale per
-    block (the last block padded), ``n + ceil(n / block) * 4``."""
-    return float(values) + math.ceil(values / block_values) * SCALE_BYTES
+    block (``int8_blocks``), ``n + ceil(n / block) * 4``."""
+    return float(values) + int8_blocks(values, block_values) * SCALE_BYTES
 
 
 def int8_encode_bytes(values: float, dtype_bytes: int, block_values: int = BLOCK_VALUES) -> float:

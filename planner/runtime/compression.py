@@ -11,14 +11,14 @@ and fp16 loss scaling still sees the overflow.
 import torch
 import torch.nn.functional as F
 
-from cost_models.compression import BLOCK_VALUES
+from cost_models.compression import BLOCK_VALUES, int8_blocks
 
 __all__ = ["encode_int8", "decode_int8", "int8_wire_shapes"]
 
 
 def int8_wire_shapes(values: int, block_values: int = BLOCK_VALUES) -> tuple:
     """(codes, scales) element counts of a message of ``values`` values."""
-    return values, -(-values // block_values)
+    return values, int8_blocks(values, block_values)
 
 
 def encode_int8(tensor: torch.Tensor, block_values: int = BLOCK_VALUES) -> tuple:
