@@ -299,8 +299,8 @@ class StageExecutor:
             values, blocks = int8_wire_shapes(math.prod(self.boundary_shape))
             codes = torch.empty(values, dtype=torch.int8, device=self.device)
             scales = torch.empty(blocks, dtype=torch.float32, device=self.device)
-            dist.irecv(codes, peer).wait()
-            dist.irecv(scales, peer).wait()
+            for work in (dist.irecv(codes, peer), dist.irecv(scales, peer)):  # both posted, then waited on
+                work.wait()
             buffer = decode_int8(codes, scales, self.boundary_shape, self.dtype)
         else:
             buffer = torch.empty(self.boundary_shape, dtype=self.dtype, device=self.device)
