@@ -2,6 +2,7 @@
 
     python benchmarks/accuracy.py emulated   # CPU: >= 12 plans over 3 topologies, network and devices emulated
     python benchmarks/accuracy.py gpu        # 2 CUDA GPUs: calibrate, then >= 6 plans on real hardware
+    python benchmarks/accuracy.py gpu4       # 4 CUDA GPUs: every plan dimension and schedule (GPU4_CASES)
 
 Each mode prints a table, writes ``accuracy_<mode>.json`` and keeps every run's ``results.json``
 under ``benchmarks/results/accuracy_<mode>/`` (small JSON, so ``plan plot`` redraws the figures
@@ -181,9 +182,89 @@ def gpu(out: Path, iterations: int, warmup: int, seed: int, only: tuple = ()) ->
             "calibration": calibration.document, "calibration_eager": eager.document if eager else None}
 
 
+GPU4_TOPOLOGY = "topologies/local/h100-x4.yaml"
+# label: (stages, replicas, schedule, tensor degrees, training overrides, eager). Eager runs (ZB-H1
+# split at its linear layers, tensor groups) are predicted with a calibration of eager blocks.
+GPU4_CASES = {
+    "4x1-mb2-1f1b": (4, 1, "1f1b", (1,), {}, False),
+    "4x1-mb2-gpipe": (4, 1, "gpipe", (1,), {}, False),
+    "4x1-mb2-zb-h1": (4, 1, "zb-h1", (1,), {}, True),
+    "4x1-mb2-zb-h1-compiled-between": (4, 1, "zb-h1", (1,), {}, False),
+    "2x2-mb2-1f1b": (2, 2, "1f1b", (1,), {}, False),
+    "1x4-mb2-1f1b-sharded": (1, 4, "1f1b", (1,), {"shard_optimizer": True}, False),
+    "1x4-mb2-1f1b-unsharded": (1, 4, "1f1b", (1,), {"shard_optimizer": False}, False),
+    "4x1-mb2-1f1b-fp16": (4, 1, "1f1b", (1,), {"precision": "fp16"}, False),
+    "4x1-mb2-1f1b-recompute": (4, 1, "1f1b", (1,), {"recompute": True}, False),
+    "1x1-mb2-tensor-4": (1, 1, "1f1b", (4,), {}, True),
+    "2x1-mb2-tensor-2": (2, 1, "1f1b", (2,), {}, True),
+}
+
+# The 4-stage runs as ``plan launch`` runs each schedule by default (compiled; ZB-H1 between its linears).
+GPU4_SCHEDULE_ROWS = ("4x1-mb2-1f1b", "4x1-mb2-gpipe", "4x1-mb2-zb-h1-compiled-between")
+
+
+def _calibrated(topology_path: str, path: Path, compile: str):
+    """The calibration at ``path`` (measured there first unless a previous run left it) and the
+    topology's job with it applied."""
+    from planner.inputs.calibration import apply_calibration, read_calibration
+    from planner.runtime.calibrate import CalibrateOptions, calibrate
+
+    if not path.exists():
+        calibrate(ROOT / topology_path, CalibrateOptions(out=str(path), compile=compile), log=print)
+    calibration = read_calibration(path)
+    base = load_job(ROOT / topology_path)
+    return calibration, replace(base, topology=apply_calibration(base.topology, calibration))
+
+
+def gpu4(out: Path, iterations: int, warmup: int, seed: int, only: tuple = ()) -> dict:
+    """Calibrate (compiled and eager blocks), then run ``GPU4_CASES`` on 4 GPUs; rows of an earlier
+    run in ``out`` are kept unless rerun (``only``), so the cases can be split over several calls;
+    then the schedule ``schedule: auto`` picks for 4 stages against the fastest measured one."""
+    from planner.runtime.launch import LaunchOptions, launch
+    from planner.search.front import SearchOptions, search
+
+    out.mkdir(parents=True, exist_ok=True)
+    compiled, compiled_job = _calibrated(GPU4_TOPOLOGY, out / "calibration.yaml", "auto")
+    eager, eager_job = _calibrated(GPU4_TOPOLOGY, out / "calibration-eager.yaml", "off")
+    partial = out / "partial.json"
+    report = json.loads(partial.read_text()) if partial.exists() else {"rows": [], "memory": []}
+    for label, (stages, replicas, schedule, tensor, overrides, is_eager) in GPU4_CASES.items():
+        if only and label not in only:
+            continue
+        job = eager_job if is_eager else compiled_job
+        training = replace(job.training, micro_batch_size=2, schedule=schedule, **overrides)
+        pinned = replace(job, training=training)
+        plan = search(pinned.topology, pinned.model, training,
+                      SearchOptions(seed=seed, time_limit_s=10, stages=stages, replicas=replicas,
+                                    tensor_degrees=tensor)).plan
+        path = _write(plan, pinned, GPU4_TOPOLOGY, out / "plans" / f"{label}.yaml", eager if is_eager else compiled)
+        results = launch(path, LaunchOptions(iterations=iterations, warmup=warmup, out_dir=str(out / label),
+                                             compile="off" if is_eager else "auto"), log=lambda s: None)
+        row = {**run_row(results, label), "compiled": results["run"].get("compiled")}
+        report["rows"] = [r for r in report["rows"] if r["label"] != label] + [row]
+        report["memory"] = [m for m in report["memory"] if m["run"] != label] + [
+            {"run": label, "device": device, "predicted_bytes": predicted, "measured_bytes": measured,
+             "error": (predicted - measured) / measured} for device, predicted, measured in memory_rows(results)]
+        report["device"] = results["run"]["device_name"]
+        partial.write_text(json.dumps(report, indent=1, default=float) + "\n")
+        print(f"{label:34} predicted {row['predicted_s']:.4f} s  measured {row['measured_s']:.4f} s  "
+              f"{100 * row['error']:+6.1f}%", flush=True)
+    # Which schedule auto picks for 4 stages on the compiled calibration, against the measurements.
+    training = replace(compiled_job.training, micro_batch_size=2, schedule="auto")
+    pick = search(compiled_job.topology, compiled_job.model, training,
+                  SearchOptions(seed=seed, time_limit_s=10, stages=4, replicas=1, tensor_degrees=(1,))).plan
+    four = [r for r in report["rows"] if r["label"] in GPU4_SCHEDULE_ROWS]
+    if four:
+        fastest = min(four, key=lambda r: r["measured_s"])
+        report["schedule_pick"] = {"auto_picks": str(pick.schedule), "fastest_measured": fastest["label"],
+                                   "measured_s": {r["label"]: r["measured_s"] for r in four}}
+    report["calibration"], report["calibration_eager"] = compiled.document, eager.document
+    return report
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Predicted vs measured iteration time of executed plans.")
-    parser.add_argument("mode", choices=["emulated", "gpu"])
+    parser.add_argument("mode", choices=["emulated", "gpu", "gpu4"])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
@@ -194,6 +275,8 @@ def main() -> int:
     runs = out / f"accuracy_{args.mode}"
     if args.mode == "gpu":
         report = gpu(runs, args.iterations, args.warmup, args.seed, tuple(args.only))
+    elif args.mode == "gpu4":
+        report = gpu4(runs, args.iterations, args.warmup, args.seed, tuple(args.only))
     else:
         report = emulated(runs, args.iterations, args.warmup, args.seed)
     rows = report["rows"]
@@ -213,6 +296,9 @@ def main() -> int:
     for name, p in report.get("picks", {}).items():
         print(f"{name}: planner's pick {p['pick']} measured {100 * p['pick_over_fastest']:+.1f}% vs the fastest "
               "plan that fits in memory")
+    if "schedule_pick" in report:
+        p = report["schedule_pick"]
+        print(f"4 stages: schedule auto picks {p['auto_picks']}; fastest measured {p['fastest_measured']}")
     for m in report.get("memory", []):
         print(f"memory {m['run']:34} {m['device']:8} predicted {m['predicted_bytes'] / 1e9:6.2f} GB "
               f"measured {m['measured_bytes'] / 1e9:6.2f} GB {100 * m['error']:+6.1f}%")

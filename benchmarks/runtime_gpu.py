@@ -2,11 +2,12 @@
 runtime against torch.distributed.pipelining on the same split, with a fused Adam and each of two
 precision recipes (the runtime's own bf16 weights with fp32 masters, and fp32 weights under autocast).
 
-Run on a host with 2 CUDA GPUs, from the repository root:
+Run on a host with 2 (or 4, with ``--gpus 4``) CUDA GPUs, from the repository root:
 
-    python benchmarks/runtime_gpu.py --out benchmarks/results
+    python benchmarks/runtime_gpu.py --out benchmarks/results [--gpus 4]
 
-Prints a table and writes ``runtime_gpu.json`` (and each run's results folder) under ``--out``.
+Prints a table and writes ``runtime_gpu.json`` (``runtime_gpu_x4.json`` with 4 GPUs; and each run's
+results folder) under ``--out``. The comparison with pipelining uses the pipeline plan's split.
 """
 
 import argparse
@@ -19,10 +20,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PLANS = {"pipeline (2 stages)": "benchmarks/plans/h100x2-pipeline.yaml",
-         "pipeline, zb-h1 (2 stages)": "benchmarks/plans/h100x2-zero-bubble.yaml",
-         "data parallel (2 replicas)": "benchmarks/plans/h100x2-data-parallel.yaml",
-         "tensor parallel (degree 2)": "benchmarks/plans/h100x2-tensor.yaml"}
+PLANS = {2: {"pipeline (2 stages)": "benchmarks/plans/h100x2-pipeline.yaml",
+             "pipeline, zb-h1 (2 stages)": "benchmarks/plans/h100x2-zero-bubble.yaml",
+             "data parallel (2 replicas)": "benchmarks/plans/h100x2-data-parallel.yaml",
+             "tensor parallel (degree 2)": "benchmarks/plans/h100x2-tensor.yaml"},
+         4: {"pipeline (4 stages)": "benchmarks/plans/h100x4-pipeline.yaml",
+             "pipeline, zb-h1 (4 stages)": "benchmarks/plans/h100x4-zero-bubble.yaml",
+             "data parallel (4 replicas)": "benchmarks/plans/h100x4-data-parallel.yaml",
+             "tensor parallel (degree 4)": "benchmarks/plans/h100x4-tensor.yaml",
+             "2 stages x tensor 2": "benchmarks/plans/h100x4-pipeline-tensor.yaml"}}
 # Our runtime against pipelining on the pipeline plan's split: (schedule, compiled). torch ships no
 # ZB-H1 for one stage per rank, so zb-h1 is set against pipelining's 1F1B (compiled: both compiled).
 COMPARISONS = ("1f1b:eager", "1f1b:compiled", "gpipe:compiled", "zb-h1:eager", "zb-h1:compiled")
@@ -54,18 +60,26 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--plans", nargs="+", choices=list(PLANS), default=list(PLANS))
+    parser.add_argument("--gpus", type=int, choices=sorted(PLANS), default=2)
+    parser.add_argument("--plans", nargs="+", choices=[p for plans in PLANS.values() for p in plans],
+                        help="default: every plan of --gpus")
     parser.add_argument("--comparisons", nargs="*", choices=COMPARISONS, default=list(COMPARISONS))
     args = parser.parse_args()
-    if torch.cuda.device_count() < 2:
-        print("needs 2 CUDA GPUs", file=sys.stderr)
+    plans = PLANS[args.gpus]
+    args.plans = args.plans or list(plans)
+    if any(p not in plans for p in args.plans):
+        print(f"--plans: {', '.join(p for p in args.plans if p not in plans)} not a plan for --gpus {args.gpus}",
+              file=sys.stderr)
+        return 2
+    if torch.cuda.device_count() < args.gpus:
+        print(f"needs {args.gpus} CUDA GPUs", file=sys.stderr)
         return 2
     out = Path(args.out)
-    runs = out / "runtime_gpu_runs"
+    runs = out / ("runtime_gpu_runs" if args.gpus == 2 else f"runtime_gpu_runs_x{args.gpus}")
     runs.mkdir(parents=True, exist_ok=True)
     rows = []
     for label in args.plans:
-        plan = PLANS[label]
+        plan = plans[label]
         name = Path(plan).stem
         r = launch(ROOT / plan, LaunchOptions(iterations=args.iterations, warmup=args.warmup,
                                               out_dir=str(runs / name)), log=print)
@@ -83,7 +97,7 @@ def main() -> int:
     comparison = []
     for schedule, compiled in (c.split(":") for c in args.comparisons):
         compiled = compiled == "compiled"
-        plan = _untied_copy(PLANS["pipeline (2 stages)"], runs, schedule)
+        plan = _untied_copy(plans[f"pipeline ({args.gpus} stages)"], runs, schedule)
         label = f"{schedule}{', compiled' if compiled else ''}"
         ours = launch(plan, LaunchOptions(iterations=args.iterations, warmup=args.warmup,
                                           compile="on" if compiled else "off",
@@ -131,8 +145,9 @@ def main() -> int:
 
 def _write(out: Path, rows: list, comparison: list, args) -> None:
     """``runtime_gpu.json`` as it stands (rewritten after every run, so a cut run keeps what it measured)."""
-    (out / "runtime_gpu.json").write_text(json.dumps({"runs": rows, "versus_pipelining": comparison,
+    (out / ("runtime_gpu.json" if args.gpus == 2 else f"runtime_gpu_x{args.gpus}.json")).write_text(json.dumps({"runs": rows, "versus_pipelining": comparison,
                                                       "iterations": args.iterations, "warmup": args.warmup,
+                                                      "gpus": args.gpus,
                                                       "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE",)}},
                                                      indent=1) + "\n")
 
