@@ -23,10 +23,9 @@ class Schedule(StrEnum):
     ZERO_BUBBLE = "zb-h1"  # ZB-H1, Qi et al. 2024, "Zero Bubble Pipeline Parallelism", sec. 3.1
 
 
-# What ``schedule: auto`` searches in every phase. ZB-H1 keeps up to S micro-batches' activations on
-# every stage, and a third schedule split the search's budget three ways (with it,
-# tests/test_tensor_parallel.py's 8 x T4 + A100 cluster got 19.9 s instead of 15.7 s in 8 s): auto
-# scores the leading 1F1B placements as ZB-H1 among the finalists instead (``planner.search.front``).
+# What ``schedule: auto`` searches. ZB-H1 is asked for by name: it keeps up to S micro-batches'
+# activations on every stage, and a third schedule splits the search's budget three ways (with it,
+# tests/test_tensor_parallel.py's 8 x T4 + A100 cluster got 19.9 s instead of 15.7 s in 8 s).
 AUTO_SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
 
 

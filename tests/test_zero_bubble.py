@@ -105,35 +105,13 @@ def test_the_estimate_follows_the_simulator_and_the_plan_round_trips():
     assert again.schedule == "zb-h1" and again.layer_bounds == plan.layer_bounds
 
 
-def test_schedule_auto_scores_the_leading_1f1b_placements_as_zb_h1_and_plan_writes_it_by_name(tmp_path,
-                                                                                              monkeypatch):
-    """``schedule: auto`` re-scores its leading 1F1B placements as ZB-H1 among the finalists: on the
-    lab cluster the chosen plan is ZB-H1 and faster than what the same search returns without them."""
+def test_schedule_auto_does_not_pick_it_but_plan_writes_it_by_name(tmp_path):
     from planner.cli import main
-    from planner.search import front
-    from planner.search.front import _zero_bubble_variants
 
     job = load_job(LAB)
     assert job.training.schedule == "auto"
-    options = SearchOptions(seed=0, time_limit_s=60, max_evaluations=300, exact=False)
-    result = search(job.topology, job.model, job.training, options)
-    assert result.plan.schedule == "zb-h1" and result.plan.stages > 1
-    with monkeypatch.context() as patch:
-        patch.setattr(front, "_zero_bubble_variants", lambda *args: [])
-        without = search(job.topology, job.model, job.training, options)
-    assert without.plan.schedule in ("1f1b", "gpipe") and result.predicted_s < without.predicted_s
-    pinned = load_job(LAB, training_overrides={"schedule": "1f1b"})
-    # only asked-for auto schedules get variants, and only of pipelined 1F1B placements
-    ctx = make_context(pinned.topology, pinned.model, result.training)
-    assign = np.array([[job.topology.index(d) for d in row] for row in result.plan.assignment])
-    counts = tuple(int(c) for c in np.diff(result.plan.layer_bounds))
-    from planner.search.evaluate import Candidate
-
-    one = Candidate(assign=assign, layer_counts=counts, micro_batches=result.plan.micro_batches,
-                    micro_batch_size=result.plan.micro_batch_size, schedule="1f1b", score_s=1.0)
-    assert _zero_bubble_variants(ctx, pinned.training, [one]) == []
-    variants = _zero_bubble_variants(ctx, job.training, [one, one])
-    assert len(variants) == 1 and variants[0].schedule == "zb-h1"
+    result = search(job.topology, job.model, job.training, SearchOptions(seed=0, time_limit_s=1, exact=False))
+    assert result.plan.schedule in ("1f1b", "gpipe")
     pytest.importorskip("torch")
     from planner.runtime.launch import compiles
 

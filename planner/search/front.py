@@ -508,14 +508,6 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         if leader.key() not in keys:
             keys.add(leader.key())
             unique.append(leader)
-    # Under ``schedule: auto`` the leading 1F1B placements are also scored as ZB-H1 (the same
-    # placement, its split rebalanced): the schedule only removes bubble, so it is tried where the
-    # search settled rather than splitting the search's budget a third way.
-    for c in _zero_bubble_variants(ctx, training, pool):
-        if c.key() not in keys:
-            keys.add(c.key())
-            unique.append(c)
-            evaluations += 1
     if x0_candidate is not None and x0_candidate.key() not in keys:  # the starting plan is simulated too
         keys.add(x0_candidate.key())
         unique.append(x0_candidate)
@@ -583,31 +575,6 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     return best_plan, {"algorithm": algorithm, "evaluations": evaluations, "exact": exact_shapes,
                        "history": history, "pinned": {"stages": options.stages, "replicas": options.replicas},
                        "simulated": simulated, "finalists": finalists, "clock_cut": list(budget.clock_cut)}
-
-
-ZERO_BUBBLE_VARIANTS = 2  # leading 1F1B placements re-scored as ZB-H1 under ``schedule: auto``
-
-
-def _zero_bubble_variants(ctx, training, pool: list) -> list:
-    """ZB-H1 versions of the best ``ZERO_BUBBLE_VARIANTS`` distinct pipelined 1F1B placements in
-    ``pool`` (sorted by estimate) that still fit with ZB-H1's ``min(S, M)`` micro-batches in flight
-    on every stage; none unless the training asks for ``schedule: auto``."""
-    if training.schedule != "auto":
-        return []
-    variants, placements = [], set()
-    for c in pool:
-        if len(placements) == ZERO_BUBBLE_VARIANTS:
-            break
-        if c.schedule != Schedule.ONE_F_ONE_B or c.assign.shape[1] < 2:
-            continue
-        placement = (c.assign.tobytes(), c.assign.shape, c.micro_batch_size)
-        if placement in placements:
-            continue
-        placements.add(placement)
-        variant = evaluate_placement(ctx, c.assign, c.micro_batch_size, Schedule.ZERO_BUBBLE)
-        if variant is not None:
-            variants.append(variant)
-    return variants
 
 
 def _start_candidate(ctx, x0: Plan | None) -> Candidate | None:
