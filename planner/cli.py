@@ -98,6 +98,9 @@ def _launch_parser(sub) -> None:
     p.add_argument("--save-state", action="store_true", help="write replica 0's weights to OUT/state/")
     p.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
                    help="torch.compile each block and the loss (auto: on GPUs, off on CPUs)")
+    p.add_argument("--profile", action="store_true",
+                   help="write each rank's torch.profiler operator table of the last measured iteration "
+                        "to OUT/profile-rank-R.txt")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="save weights, optimizer state and data position every N iterations (with --checkpoint-dir)")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="folder for the checkpoints (the last 2 are kept)")
@@ -483,7 +486,7 @@ def _launch(args) -> int:
                             hostfile=args.hostfile, dry_run=args.dry_run, master_port=args.master_port,
                             save_state=args.save_state, compile=args.compile, checkpoint_every=args.checkpoint_every,
                             checkpoint_dir=args.checkpoint_dir, resume=args.resume, elastic=args.elastic,
-                            slow=args.slow)
+                            slow=args.slow, profile=args.profile)
     try:
         results = launch(args.plan, options, log=lambda line: print(line, flush=True))
     except LaunchFailure as failure:

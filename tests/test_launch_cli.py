@@ -91,3 +91,22 @@ def test_hostfile_launch_runs_torchrun_per_host_and_trains_like_a_local_launch(t
     across_hosts = json.loads((tmp_path / "hosts-run" / "results.json").read_text())["measured"]["loss"]
     local = json.loads((tmp_path / "local-run" / "results.json").read_text())["measured"]["loss"]
     assert across_hosts == pytest.approx(local, rel=1e-6)
+
+
+def test_profile_writes_each_ranks_operator_table_and_the_dry_run_passes_it_on(tmp_path, two_stage_plan, capsys):
+    pytest.importorskip("torch")
+    out_dir = tmp_path / "profiled"
+    code, out, err = _run(["launch", str(two_stage_plan), "--backend", "gloo", "--iterations", "2", "--warmup", "0",
+                           "--out", str(out_dir), "--profile"], capsys)
+    assert code == 0, err
+    tables = sorted(out_dir.glob("profile-rank-*.txt"))
+    assert [t.name for t in tables] == [f"profile-rank-{r}.txt" for r in range(4)]
+    for table in tables:
+        text = table.read_text()
+        assert "Self CPU" in text and "aten::mm" in text  # the blocks' matrix products, each rank's own
+    assert json.loads((out_dir / "results.json").read_text())["measured"]["loss"]
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("10.0.0.1 a0 a1\n10.0.0.2 b0 b1\n")
+    code, out, err = _run(["launch", str(two_stage_plan), "--hostfile", str(hosts), "--dry-run", "--profile"], capsys)
+    assert code == 0, err
+    assert all(line.endswith("--profile") for line in out.splitlines() if line.startswith("torchrun"))

@@ -55,6 +55,7 @@ class LaunchOptions:
     save_state: bool = False
     progress_s: float = 15.0  # local launches: every this many seconds, say what each rank is doing
     compile: str = "auto"  # torch.compile each block and the loss: "on", "off", "auto" (on with NCCL/CUDA)
+    profile: bool = False  # each rank's operator table of the last measured iteration (planner.runtime.profile)
     checkpoint_every: int = 0  # 0: none; else save every this many iterations into checkpoint_dir
     checkpoint_dir: str | None = None
     resume: str | None = None  # a checkpoint folder (or the checkpoint_dir of a run) to continue from
@@ -360,7 +361,7 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
                   compile=compiles(options.compile, backend) and not plan.tensor_groups,
                   save_state=options.save_state, cuda_devices=cuda_devices,
                   checkpoint_every=options.checkpoint_every, checkpoint_dir=options.checkpoint_dir or "",
-                  resume_from=options.resume or "",
+                  resume_from=options.resume or "", profile=options.profile,
                   slow=(slowdown.device, slowdown.factor, slowdown.first) if slowdown else ())
     prepare_out_folder(options.out_dir, results_bytes(inputs, options.iterations, options.warmup,
                                                       options.save_state))
@@ -449,7 +450,8 @@ def _launch_hosts(inputs: RunInputs, options: LaunchOptions, log) -> dict | None
         entries, node, plan_path=inputs.plan_path, topology_path=inputs.topology_path, out_dir=options.out_dir,
         iterations=options.iterations, warmup=options.warmup, seed=options.seed,
         learning_rate=options.learning_rate, timeout_s=options.timeout_s, backend=backend,
-        master_port=options.master_port, compile=compiles(options.compile, backend) and not inputs.plan.tensor_groups)
+        master_port=options.master_port, compile=compiles(options.compile, backend) and not inputs.plan.tensor_groups,
+        profile=options.profile)
         for node in range(len(entries))]
     if options.dry_run:
         for entry, command in zip(entries, commands):

@@ -16,6 +16,7 @@ import socket
 import sys
 import traceback
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,7 @@ from planner.runtime.inputs import RunInputs, emulated_model, load_run_inputs
 from planner.runtime.local_steps import LocalSteps, master_copies
 from planner.runtime.optimizer import make_optimizer
 from planner.runtime.precision import runtime_dtype
+from planner.runtime.profile import profiled
 from planner.runtime.results import RESULTS_FORMAT, chrome_trace, comparison, summarise_iterations, write_results
 from planner.runtime.tensor_parallel import broadcast_whole, follow_lead, full_state, shard_stage
 
@@ -61,6 +63,7 @@ class WorkerConfig:
     checkpoint_dir: str = ""
     resume_from: str = ""  # a checkpoint folder (``checkpoint.read_checkpoint``) to start from
     slow: tuple = ()  # emulated straggler: (device, factor, first iteration, 1-based) or ()
+    profile: bool = False  # the last measured iteration under torch.profiler (planner.runtime.profile)
 
 
 def _die_with_parent() -> None:
@@ -176,7 +179,9 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         start = now_s()
         sent = executor.sync_bytes + (local_steps.bytes_sent if local_steps else 0)
         messages = executor.message_bytes
-        loss, trace = executor.iteration(iteration, tokens)
+        with profiled(config.profile and iteration == first + total - 1, device,
+                      Path(config.out_dir) / f"profile-rank-{rank}.txt"):
+            loss, trace = executor.iteration(iteration, tokens)
         messages = executor.message_bytes - messages
         if local_steps is not None and local_steps.due(iteration):
             local_steps.outer_step()
@@ -317,6 +322,7 @@ def _parse(argv) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--backend", choices=["gloo", "nccl"], default="nccl")
     p.add_argument("--compile", action="store_true", help="torch.compile each block and the loss")
+    p.add_argument("--profile", action="store_true", help="profile the last measured iteration")
     return p.parse_args(argv)
 
 
@@ -332,7 +338,7 @@ def main(argv=None) -> int:
     rank = where[devices[local_rank]]
     config = WorkerConfig(plan_path=args.plan, topology_path=args.topology, out_dir=args.out,
                           iterations=args.iterations, warmup=args.warmup, seed=args.seed, learning_rate=args.lr,
-                          timeout_s=args.timeout, backend=args.backend, compile=args.compile,
+                          timeout_s=args.timeout, backend=args.backend, compile=args.compile, profile=args.profile,
                           threads=max(1, (os.cpu_count() or 1) // max(len(devices), 1)))
     device_index = local_rank if args.backend == "nccl" else None
     _train(rank, world, config, {"init_method": "env://"}, device_index, None)
