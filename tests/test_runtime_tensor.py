@@ -48,14 +48,17 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_tensor_parallel_training_equals_single_process(tmp_path, case):
+@pytest.mark.parametrize("case, compiled", [(case, False) for case in CASES] + [
+    pytest.param("gated-two-stages-degree-2-recompute", True, marks=pytest.mark.slow)])
+def test_tensor_parallel_training_equals_single_process(tmp_path, case, compiled):
+    """Compiled, a group's blocks are one graph each with the all-reduces inside (functional collectives)."""
     kwargs = CASES[case]
     topology = cpu_topology(tmp_path / "topology.yaml")
     plan = write_test_plan(tmp_path, topology, **kwargs)
     out = tmp_path / "run"
     results = launch(plan, LaunchOptions(backend="gloo", iterations=3, warmup=0, out_dir=str(out), learning_rate=0.05,
-                                         save_state=True), log=lambda line: None)
+                                         save_state=True, compile="on" if compiled else "off"),
+                     log=lambda line: None)
     spec = kwargs["model"]
     global_batch = kwargs["micro_batch_size"] * sum(kwargs["micro_batches"])
     losses, reference = train_single_process(spec, global_batch=global_batch, iterations=3, learning_rate=0.05)
@@ -71,7 +74,7 @@ def test_tensor_parallel_training_equals_single_process(tmp_path, case):
     world = sum(len(g) for g in kwargs["tensor_groups"]) + sum(
         1 for row in kwargs["assignment"] for d in row if d not in {g[0] for g in kwargs["tensor_groups"]})
     assert results["run"]["world"] == world
-    assert results["run"]["compiled"] is False
+    assert results["run"]["compiled"] is compiled
     if len(kwargs["assignment"]) > 1:  # the sync moves the whole stage per replica, as without groups
         whole = sum(p.numel() for p in build_stage(spec, 0, spec.layers).parameters())
         assert results["run"]["data_parallel_bytes_per_iteration"] == [len(kwargs["assignment"]) * 4 * whole] * 3
@@ -173,7 +176,7 @@ def test_hostfile_launch_starts_a_process_per_member(tmp_path):
     lines = []
     launch(plan, LaunchOptions(hostfile=str(hosts), dry_run=True, out_dir=str(tmp_path / "run")), log=lines.append)
     assert "--nproc-per-node=2" in lines[1] and "--devices a0,a1" in lines[1]
-    assert "--compile" not in lines[1]  # compiled blocks are off for plans with tensor groups
+    assert "--compile" in lines[1]  # a group's blocks compile with their all-reduces (NCCL's default: on)
 
 
 @pytest.mark.slow

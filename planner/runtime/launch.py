@@ -358,7 +358,7 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
                   learning_rate=options.learning_rate, timeout_s=options.timeout_s,
                   emulate=options.emulate, time_scale=scale, backend=backend,
                   threads=max(1, (os.cpu_count() or 1) // world) if backend == "gloo" else 4,
-                  compile=compiles(options.compile, backend) and not plan.tensor_groups,
+                  compile=compiles(options.compile, backend),
                   save_state=options.save_state, cuda_devices=cuda_devices,
                   checkpoint_every=options.checkpoint_every, checkpoint_dir=options.checkpoint_dir or "",
                   resume_from=options.resume or "", profile=options.profile,
@@ -370,8 +370,6 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
     groups = f" x tensor groups of up to {plan.degrees.tensor}" if plan.tensor_groups else ""
     log(f"launching {world} ranks ({plan.replicas} replica(s) x {plan.stages} stage(s){groups}, {mode}), "
         f"{options.warmup} warm-up + {options.iterations} measured iterations")
-    if plan.tensor_groups and compiles(options.compile, backend):
-        log("blocks are not compiled for a plan with tensor groups (eager)")
     if options.resume:
         log(f"resuming from {options.resume}")
     if not options.emulate:
@@ -450,7 +448,7 @@ def _launch_hosts(inputs: RunInputs, options: LaunchOptions, log) -> dict | None
         entries, node, plan_path=inputs.plan_path, topology_path=inputs.topology_path, out_dir=options.out_dir,
         iterations=options.iterations, warmup=options.warmup, seed=options.seed,
         learning_rate=options.learning_rate, timeout_s=options.timeout_s, backend=backend,
-        master_port=options.master_port, compile=compiles(options.compile, backend) and not inputs.plan.tensor_groups,
+        master_port=options.master_port, compile=compiles(options.compile, backend),
         profile=options.profile)
         for node in range(len(entries))]
     if options.dry_run:

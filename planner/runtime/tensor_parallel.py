@@ -33,8 +33,11 @@ weight would also need its rows permuted before ``Shard(0)`` to keep a head's q,
 Parameter names and ``state_dict`` keys are the unsplit model's; ``full_state`` gathers the whole
 weights back (every member takes part), and a checkpoint holds whole tensors (``join_entries`` on
 saving, ``split_entries`` on resuming), so plans with and without groups resume each other.
-``plan launch`` runs the blocks of such plans eager: ``torch.compile`` of a block with these
-functions has not been measured, so it is not turned on for them.
+The all-reduces are torch's functional collectives, so ``plan launch --compile`` compiles a split
+block into one graph, all-reduces included. Eager, a member's block at degree 4 is a quarter of the
+GPU work under the same number of kernel launches: on 4x H200 the eager GPT-3 XL run at
+micro-batch 2 spent 1.46 s of CPU per 1.06 s of GPU time per iteration (``plan launch --profile``),
+the all-reduce kernels waiting on the slowest member's launches.
 """
 
 import functools
@@ -51,29 +54,33 @@ _COLUMN = ("fc1", "gate")  # split by output rows (weight and bias)
 _ROW = ("proj", "fc2")  # split by input columns (bias whole, added after the all-reduce)
 
 
+def _all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """The sum of ``x`` over the group, as a new tensor: torch's functional collective (the
+    ``_c10d_functional`` ops), which ``torch.compile`` traces into the block's graph instead of
+    breaking it, and which leaves ``x`` as it was (no defensive clone)."""
+    return torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(x.contiguous(), "sum",
+                                                                                          group_name))
+
+
 class _CopyToGroup(torch.autograd.Function):
     """Megatron's ``f``: identity in forward, all-reduce of the gradient in backward."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
+    def forward(ctx, x, group_name):
+        ctx.group_name = group_name
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
+        return _all_reduce(grad, ctx.group_name), None
 
 
 class _ReduceFromGroup(torch.autograd.Function):
     """Megatron's ``g``: all-reduce in forward, identity in backward."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        x = x.contiguous().clone()
-        dist.all_reduce(x, group=group)
-        return x
+    def forward(ctx, x, group_name):
+        return _all_reduce(x, group_name)
 
     @staticmethod
     def backward(ctx, grad):
@@ -81,11 +88,11 @@ class _ReduceFromGroup(torch.autograd.Function):
 
 
 def copy_to_group(x: torch.Tensor, group) -> torch.Tensor:
-    return _CopyToGroup.apply(x, group)
+    return _CopyToGroup.apply(x, group.group_name)
 
 
 def reduce_from_group(x: torch.Tensor, group) -> torch.Tensor:
-    return _ReduceFromGroup.apply(x, group)
+    return _ReduceFromGroup.apply(x, group.group_name)
 
 
 class RowParallelLinear(nn.Module):
