@@ -111,3 +111,76 @@ def test_each_algorithm_trains_like_one_process_and_sends_the_predicted_bytes(tm
                                "schedule": "1f1b", "shard_optimizer": False, "sync": str(sync)})
     predicted = communication_bytes(plan, model_preset("tiny"), training)["data_parallel_bytes_per_iteration"]
     assert results["run"]["data_parallel_bytes_per_iteration"] == [pytest.approx(predicted)] * 2
+
+
+def test_plan_file_servers_round_trip_and_mistakes_are_one_line(tmp_path, capsys):
+    from planner.io import read_yaml
+    from planner.plan.document import plan_from_document, read_plan
+    from planner.plan.plan import validate_plan
+    from planner.inputs.job import load_topology
+    from planner.inputs.model import model_preset, parse_training
+    from tests.runtime_helpers import cpu_topology, run_cli, write_test_plan
+
+    topology_path = cpu_topology(tmp_path / "topology.yaml")
+    path = write_test_plan(tmp_path, topology_path, **FOUR_REPLICAS, shard_optimizer=False, sync="parameter-server")
+    plan, document = read_plan(path)
+    assert [entry["server"] for entry in document["stages"]] == [plan.server(0)]
+    topology, model = load_topology(topology_path), model_preset("tiny")
+    training = parse_training({**document["training"], "sync": "parameter-server"})
+    validate_plan(plan, topology, model, training)
+    with pytest.raises(InputError, match="training.sync is ring"):
+        validate_plan(plan, topology, model, parse_training({**document["training"], "sync": "ring"}))
+    wrong = {**document, "stages": [{**document["stages"][0], "server": "a2"}]}
+    with pytest.raises(InputError, match=r"stages\[0\].server.*not a device of this stage"):
+        plan_from_document(wrong)
+    missing = {**document, "stages": [{k: v for k, v in document["stages"][0].items() if k != "server"}]}
+    with pytest.raises(InputError, match="stages.server.*needs each stage's server"):
+        validate_plan(plan_from_document(missing), topology, model, training)
+    # The CLI: an unknown algorithm, and one the job cannot run with, each one line and exit 2.
+    for argv in (["--sync", "star"], ["--sync", "parameter-server", "--sync-every", "4"]):
+        code, out, err = run_cli([topology_path, "--model", "tiny", "--global-batch", "8", "--time-limit", "1",
+                                  *argv], capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "sync" in err and "Traceback" not in err
+    assert read_yaml(path)["sync"] == "parameter-server"
+
+
+def test_auto_picks_the_fastest_algorithm_by_the_simulator(tmp_path, capsys):
+    from tests.runtime_helpers import cpu_topology, run_cli
+
+    topology_path = cpu_topology(tmp_path / "topology.yaml", cross_host="50Mbps")
+    out = tmp_path / "plan.json"
+    code, text, err = run_cli([topology_path, "--model", "tiny", "--global-batch", "8", "--time-limit", "2",
+                               "--sync", "auto", "--replicas", "4", "--stages", "1", "-o", out], capsys)
+    assert code == 0, err
+    import json
+
+    document = json.loads(out.read_text())
+    tried = document["search"]["sync_tried"]
+    assert set(tried) == {str(s) for s in Sync}
+    assert document["sync"] == min(tried, key=tried.get)
+    assert document["prediction"]["iteration_s"] == pytest.approx(min(tried.values()))
+    assert "chosen by the search" in text
+
+
+@pytest.mark.runtime
+@pytest.mark.slow
+def test_emulated_parameter_server_follows_the_simulator_on_a_slow_link(tmp_path):
+    from planner.runtime.launch import LaunchOptions, launch
+    from tests.runtime_helpers import cpu_topology, write_test_plan
+
+    seconds = {}
+    for sync in (Sync.RING, Sync.PARAMETER_SERVER):
+        folder = tmp_path / str(sync)
+        folder.mkdir()
+        topology = cpu_topology(folder / "topology.yaml", cross_host="20Mbps")
+        plan = write_test_plan(folder, topology, assignment=[["a0"], ["a1"], ["b0"]], layer_bounds=[0, 4],
+                               micro_batches=[2, 2, 2], micro_batch_size=2, schedule="1f1b", shard_optimizer=False,
+                               sync=str(sync))
+        results = launch(plan, LaunchOptions(backend="gloo", iterations=3, warmup=1, out_dir=str(folder / "run"),
+                                             emulate=True, time_scale=2.0), log=lambda line: None)
+        seconds[sync] = (results["comparison"]["measured_s"], results["comparison"]["predicted_s"])
+    for measured, predicted in seconds.values():
+        assert measured == pytest.approx(predicted, rel=0.25)
+    ring, server = seconds[Sync.RING], seconds[Sync.PARAMETER_SERVER]
+    assert server[1] != pytest.approx(ring[1], rel=0.05)  # the algorithms differ here, and the run says so
+    assert server[0] / ring[0] == pytest.approx(server[1] / ring[1], rel=0.25)
