@@ -37,7 +37,8 @@ class SearchContext:
     ring_nics: dict  # sorted member tuple -> its ring's shared NICs and their seconds per byte (Network.ring_nic_rates)
     groups: object = None  # planner.plan.tensor.TensorGroups: the real topology and its tensor groups
     tensor: np.ndarray = None  # per device: its tensor degree
-    # (sync, sorted member tuple) -> (ring order, parameter server) of a stage's sync (``sync_route``)
+    # (sync, sorted member tuple) -> (ring order, parameter server) of a stage's sync (``sync_route``);
+    # also a non-ring sync's seconds and NIC holds per member set and bytes
     routes: dict = field(default_factory=dict)
 
     def tensor_layer_s(self, costs, assign) -> np.ndarray:
@@ -224,8 +225,11 @@ def _sync_s(ctx, sync: Sync, members, message_bytes: float) -> float:
     simulator's; the ring by its memoised per-byte cost)."""
     if sync == Sync.RING:
         return message_bytes * _ring_seconds_per_byte(ctx, members) + _ring_latency(ctx, members)
-    order, server = sync_route(ctx, sync, members)
-    return ctx.network.sync_s(sync, message_bytes, order, server)
+    memo = (sync, tuple(sorted(int(m) for m in members)), float(message_bytes))
+    if memo not in ctx.routes:  # a stage's bytes take few values (its layer count), so this hits
+        order, server = sync_route(ctx, sync, members)
+        ctx.routes[memo] = ctx.network.sync_s(sync, message_bytes, order, server)
+    return ctx.routes[memo]
 
 
 def _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck) -> float:
@@ -272,9 +276,12 @@ def _queued_sync_starts(ctx, assign, finish, sync, grads, algorithm: Sync = Sync
     for s in np.argsort(finish, kind="stable"):
         key = tuple(sorted(assign[:, s].tolist()))
         if algorithm != Sync.RING:
-            order, server = sync_route(ctx, algorithm, key)
-            holds = [(k, busy) for k, busy in ctx.network.sync_holds(algorithm, order, float(grads[s]), float(sync[s]),
-                                                                    server) if k[0] != "link"]
+            memo = ("holds", algorithm, key, float(grads[s]), float(sync[s]))
+            if memo not in ctx.routes:
+                order, server = sync_route(ctx, algorithm, key)
+                ctx.routes[memo] = [(k, busy) for k, busy in ctx.network.sync_holds(
+                    algorithm, order, float(grads[s]), float(sync[s]), server) if k[0] != "link"]
+            holds = ctx.routes[memo]
         else:
             if key not in ctx.ring_nics:
                 ctx.ring_nics[key] = ctx.network.ring_nic_rates(key)
