@@ -184,3 +184,38 @@ def test_emulated_parameter_server_follows_the_simulator_on_a_slow_link(tmp_path
     ring, server = seconds[Sync.RING], seconds[Sync.PARAMETER_SERVER]
     assert server[1] != pytest.approx(ring[1], rel=0.05)  # the algorithms differ here, and the run says so
     assert server[0] / ring[0] == pytest.approx(server[1] / ring[1], rel=0.25)
+
+
+@pytest.mark.parametrize("sync", list(Sync))
+def test_search_estimate_charges_each_algorithm_as_the_simulator_does(tmp_path, sync):
+    """One stage on four replicas, two per host, hosts behind 1 Gbit/s NICs: the search's estimate
+    and the simulator agree for each algorithm, and the algorithms differ."""
+    from planner.plan.plan import Plan
+    from planner.prediction.predict import predict
+    from planner.search.evaluate import make_context, score_split
+    from planner.search.sync_choice import plan_with_sync
+    from tests.test_network import _two_rings_topology
+
+    from planner.inputs.model import model_preset
+
+    model = model_preset("gpt3-xl")
+    training = parse_training_for(sync)
+    topology = _two_rings_topology(tmp_path / "t.yaml", "1Gbps", "100Gbps")
+    plan = Plan(layer_bounds=(0, model.layers), assignment=(("a-0",), ("b-0",), ("a-1",), ("b-1",)),
+                micro_batches=(2, 2, 2, 2), micro_batch_size=1, schedule="1f1b",
+                ring_orders=(tuple(topology.network.ring_order([0, 2, 1, 3])),))  # as the search writes it
+    plan = plan_with_sync(plan, topology, sync)
+    simulated = predict(plan, topology, model, training)[0].iteration_s
+    assign = np.array([[topology.index(d) for d in row] for row in plan.assignment])
+    estimate = score_split(make_context(topology, model, training), assign, (model.layers,), (2, 2, 2, 2), 1, "1f1b")
+    assert estimate == pytest.approx(simulated, rel=0.05)
+    ring = predict(plan_with_sync(plan, topology, Sync.RING), topology, model,
+                   parse_training_for(Sync.RING))[0].iteration_s
+    assert sync == Sync.RING or simulated != pytest.approx(ring, rel=1e-3)
+
+
+def parse_training_for(sync):
+    from planner.inputs.model import parse_training
+
+    return parse_training({"global_batch": 8, "micro_batch_size": 1, "precision": "bf16", "optimizer": "adam",
+                           "schedule": "1f1b", "shard_optimizer": False, "sync": str(sync)})
