@@ -339,8 +339,7 @@ class StageExecutor:
             end_s = float(end[0])
         sharded = getattr(self.optimizer, "sharded", None)
         if sharded is not None:
-            self.sync_bytes += sum(p.numel() * p.element_size() for p in self.stage_parameters)
-            sharded.reduce_scatter()  # ZeRO stage 1: each replica gets its own shard's sum
+            self.sync_bytes += sharded.reduce_scatter()  # ZeRO stage 1: each replica gets its own shard's sum
         elif self.powersgd is not None and self.local_steps is None:
             self.sync_bytes += self.powersgd.reduce(self.loss_scale)
             self.sync_bytes += _all_reduce_sum(self.powersgd.whole, self.groups.stage)

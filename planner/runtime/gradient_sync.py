@@ -15,6 +15,10 @@ model charges):
 - sharded: DTFM's all-to-all: chunk ``j`` goes to replica ``j``, which sums it and sends the sum to
   every other replica (Yuan et al. 2022, sec. 3.2).
 
+Under ZeRO stage 1 (``planner.runtime.sharded``) a ring or sharded sync runs as its two halves:
+the reduce-scatter leaves each replica its own shard's sum (``reduce_scatter_over_route``), and
+after the step the all-gather sends each replica's shard to the others (``all_gather_over_route``).
+
 Sums run in a fixed order (ring order), so every replica ends with the same bits.
 """
 
@@ -25,7 +29,7 @@ import torch.distributed as dist
 
 from cost_models.network import Sync
 
-__all__ = ["SyncRoute", "sync_route", "sum_over_route"]
+__all__ = ["SyncRoute", "sync_route", "sum_over_route", "reduce_scatter_over_route", "all_gather_over_route"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +42,7 @@ class SyncRoute:
     hosts: tuple
     me: int
     server: int | None = None
+    replicas: tuple = ()  # each rank's replica index (its shard under ZeRO stage 1), in ``ranks``' order
 
     def __post_init__(self):
         if self.me not in self.ranks or len(self.hosts) != len(self.ranks):
@@ -54,7 +59,7 @@ def sync_route(plan, topology, layout, stage: int, member: int, me: int) -> Sync
     hosts = tuple(topology.devices[topology.index(plan.members(plan.assignment[r][stage])[member])].host
                   for r in order)
     server = layout.rank(plan.sync_servers[stage], stage, member) if plan.sync_servers else None
-    return SyncRoute(sync=Sync(plan.sync), ranks=ranks, hosts=hosts, me=me, server=server)
+    return SyncRoute(sync=Sync(plan.sync), ranks=ranks, hosts=hosts, me=me, server=server, replicas=tuple(order))
 
 
 def sum_over_route(flat: torch.Tensor, route: SyncRoute) -> int:
@@ -86,23 +91,68 @@ def _exchange(sends: list, receives: list) -> None:
 def _ring(flat: torch.Tensor, ranks: list, me: int) -> int:
     """Ring all-reduce over ``ranks`` in order: ``k - 1`` reduce-scatter steps, then ``k - 1``
     all-gather steps, one chunk to the next rank and one from the previous each step."""
+    chunks = list(torch.tensor_split(flat, len(ranks)))
+    return _ring_phase(chunks, ranks, me, reduce=True) + _ring_phase(chunks, ranks, me, reduce=False)
+
+
+def _ring_phase(chunks: list, ranks: list, me: int, *, reduce: bool) -> int:
+    """One half of a ring all-reduce over ``chunks`` (slot ``j`` of ``k``): the reduce-scatter,
+    after which position ``i`` holds slot ``(i + 1) % k`` summed over every rank, or the
+    all-gather, which sends each position's slot around; the bytes this rank sent."""
     k, i = len(ranks), ranks.index(me)
     nxt, prev = ranks[(i + 1) % k], ranks[(i - 1) % k]
-    chunks = list(torch.tensor_split(flat, k))
     sent = 0
-    for t in range(k - 1):  # after these, chunk (i + 1) % k here holds the sum over every rank
-        out, into = chunks[(i - t) % k], chunks[(i - t - 1) % k]
-        incoming = torch.empty_like(into)
-        _exchange([(out, nxt)], [(incoming, prev)])
-        into.add_(incoming)
-        sent += _bytes(out)
     for t in range(k - 1):
-        out, into = chunks[(i + 1 - t) % k], chunks[(i - t) % k]
+        out, into = (chunks[(i - t) % k], chunks[(i - t - 1) % k]) if reduce else \
+            (chunks[(i + 1 - t) % k], chunks[(i - t) % k])
         incoming = torch.empty_like(into)
         _exchange([(out, nxt)], [(incoming, prev)])
-        into.copy_(incoming)
+        if reduce:
+            into.add_(incoming)
+        else:
+            into.copy_(incoming)
         sent += _bytes(out)
     return sent
+
+
+def _shard_slots(shards: list, route: SyncRoute) -> list:
+    """``shards`` (shard ``r`` belongs to replica ``r``) in ring slot order: the reduce-scatter
+    leaves slot ``(i + 1) % k`` at position ``i``, so that slot is position ``i``'s replica's shard."""
+    k = len(route.ranks)
+    return [shards[route.replicas[(j - 1) % k]] for j in range(k)]
+
+
+def reduce_scatter_over_route(flat: torch.Tensor, route: SyncRoute) -> int:
+    """ZeRO stage 1's gradient sync by the plan's algorithm (ring or sharded): ``flat`` in as many
+    equal shards as replicas; afterwards this rank's replica's shard holds its sum over every rank.
+    Returns the bytes this rank sent."""
+    shards = list(flat.chunk(len(route.ranks)))
+    if route.sync == Sync.RING:
+        return _ring_phase(_shard_slots(shards, route), list(route.ranks), route.me, reduce=True)
+    assert route.sync == Sync.SHARDED, route.sync
+    ranks, i = list(route.ranks), route.ranks.index(route.me)
+    mine = shards[route.replicas[i]]
+    others = [j for j in range(len(ranks)) if j != i]
+    incoming = {j: torch.empty_like(mine) for j in others}
+    _exchange([(shards[route.replicas[j]], ranks[j]) for j in others], [(incoming[j], ranks[j]) for j in others])
+    total = torch.zeros_like(mine)
+    for j in range(len(ranks)):  # in ring order, the same on every rank
+        total.add_(mine if j == i else incoming[j])
+    mine.copy_(total)
+    return sum(_bytes(shards[route.replicas[j]]) for j in others)
+
+
+def all_gather_over_route(flat: torch.Tensor, route: SyncRoute) -> int:
+    """ZeRO stage 1's all-gather by the plan's algorithm: every replica's shard of ``flat`` (its
+    own, just stepped) to every rank. Returns the bytes this rank sent."""
+    shards = list(flat.chunk(len(route.ranks)))
+    if route.sync == Sync.RING:
+        return _ring_phase(_shard_slots(shards, route), list(route.ranks), route.me, reduce=False)
+    ranks, i = list(route.ranks), route.ranks.index(route.me)
+    others = [j for j in range(len(ranks)) if j != i]
+    _exchange([(shards[route.replicas[i]], ranks[j]) for j in others],
+              [(shards[route.replicas[j]], ranks[j]) for j in others])
+    return len(others) * _bytes(shards[route.replicas[i]])
 
 
 def _sharded(flat: torch.Tensor, ranks: list, me: int) -> int:

@@ -170,6 +170,8 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     executor.local_steps = local_steps
     if layout.replicas > 1:  # the stage's gradient sum by the plan's algorithm, over the plan's route
         executor.sync_route = sync_route(plan, inputs.topology, layout, stage, member, rank)
+        if shard:  # ZeRO stage 1's reduce-scatter and all-gather over the same route
+            optimizer.sharded.route = executor.sync_route
     times, losses, traces, checkpoints, sync_bytes, message_bytes = [], [], [], [], [], []
     for iteration in range(first, first + total):
         tokens = executor.batch(iteration)  # the input pipeline's work, outside the timed iteration
