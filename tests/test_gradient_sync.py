@@ -127,6 +127,13 @@ def test_plan_file_servers_round_trip_and_mistakes_are_one_line(tmp_path, capsys
     path = write_test_plan(tmp_path, topology_path, **FOUR_REPLICAS, shard_optimizer=False, sync="parameter-server")
     plan, document = read_plan(path)
     assert [entry["server"] for entry in document["stages"]] == [plan.server(0)]
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    schema = json.loads((Path(__file__).resolve().parent.parent / "planner" / "schema" / "plan.schema.json").read_text())
+    jsonschema.validate(document, schema)
     topology, model = load_topology(topology_path), model_preset("tiny")
     training = parse_training({**document["training"], "sync": "parameter-server"})
     validate_plan(plan, topology, model, training)
