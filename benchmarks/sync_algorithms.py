@@ -67,8 +67,9 @@ def main() -> None:
         rows.append(row)
         print(_line(row), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"command": " ".join(["python", "benchmarks/sync_algorithms.py"] + sys.argv[1:]),
-                                          "time_limit_s": args.time_limit, "seed": args.seed, "rows": rows}, indent=1))
+    command = " ".join(["python", "benchmarks/sync_algorithms.py"] + sys.argv[1:])
+    Path(args.out).write_text(json.dumps({"command": command, "time_limit_s": args.time_limit, "seed": args.seed,
+                                          "rows": rows}, indent=1))
 
 
 def _line(row) -> str:

@@ -46,7 +46,8 @@ def test_parameter_server_prefers_the_member_with_the_fastest_links():
     faster = net.link_bandwidth_bytes_per_s.copy()
     faster[3, :] = faster[:, 3] = 10e9  # device 3 has 10x links
     net = Network(link_latency_s=net.link_latency_s, link_bandwidth_bytes_per_s=faster, host=net.host,
-                  nic_egress_bytes_per_s=net.nic_egress_bytes_per_s, nic_ingress_bytes_per_s=net.nic_ingress_bytes_per_s)
+                  nic_egress_bytes_per_s=net.nic_egress_bytes_per_s,
+                  nic_ingress_bytes_per_s=net.nic_ingress_bytes_per_s)
     assert net.parameter_server_of([0, 1, 2, 3]) == 3
 
 
@@ -111,7 +112,8 @@ def test_each_algorithm_trains_like_one_process_and_sends_the_predicted_bytes(tm
                                "schedule": "1f1b", "shard_optimizer": shard, "sync": str(sync)})
     predicted = communication_bytes(plan, model_preset("tiny"), training)["data_parallel_bytes_per_iteration"]
     # ZeRO stage 1 pads the flat gradient to equal shards (at most k - 1 values more)
-    assert results["run"]["data_parallel_bytes_per_iteration"] == [pytest.approx(predicted, rel=1e-4 if shard else 0)] * 2
+    sent = results["run"]["data_parallel_bytes_per_iteration"]
+    assert sent == [pytest.approx(predicted, rel=1e-4 if shard else 0)] * 2
     assert results["run"]["optimizer_shards"] == (4 if shard else 1)
 
 
@@ -132,7 +134,8 @@ def test_plan_file_servers_round_trip_and_mistakes_are_one_line(tmp_path, capsys
 
     import jsonschema
 
-    schema = json.loads((Path(__file__).resolve().parent.parent / "planner" / "schema" / "plan.schema.json").read_text())
+    root = Path(__file__).resolve().parent.parent
+    schema = json.loads((root / "planner" / "schema" / "plan.schema.json").read_text())
     jsonschema.validate(document, schema)
     topology, model = load_topology(topology_path), model_preset("tiny")
     training = parse_training({**document["training"], "sync": "parameter-server"})

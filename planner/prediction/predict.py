@@ -14,7 +14,8 @@ from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_
                                             optimizer_time_s, stage_compress_flops, stage_memory_bytes,
                                             stage_parameters, stage_profile, stage_step_bytes)
 
-__all__ = ["sync_time_s", "sync_members", "build_pipeline_job", "predict", "model_flops_per_iteration", "communication_bytes"]
+__all__ = ["sync_time_s", "sync_members", "build_pipeline_job", "predict", "model_flops_per_iteration",
+           "communication_bytes"]
 
 
 def sync_time_s(topology, plan: Plan, profile: StageProfile, stage: int) -> float:
@@ -86,7 +87,8 @@ def communication_bytes(plan: Plan, model, training) -> dict:
     the data-parallel sync, ``2 (k - 1)`` times a stage's gradient bytes among its ``k`` replicas
     whatever the algorithm (``Network.sync_flows``: a ring's ``k`` hops of ``2 (k - 1) / k`` of the
     message, Patarasuk & Yuan 2009; a parameter server's ``k - 1`` messages each way; a
-    hierarchical all-reduce's, and DTFM's sharded exchange's, the same total), per iteration: with local steps the parameter deltas, ``sync_every`` times fewer.
+    hierarchical all-reduce's, and DTFM's sharded exchange's, the same total), per iteration: with local
+    steps the parameter deltas, ``sync_every`` times fewer.
     A tensor group's all-reduces inside its host are not counted."""
     costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
     profile = stage_profile(costs, plan.layer_bounds, plan.compression.message_mask(plan.stages))

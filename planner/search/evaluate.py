@@ -2,7 +2,8 @@
 
 The estimate is the flow-shop makespan of each pipeline (``fill + (M - 1) * bottleneck`` with
 links as extra machines; formulas.md, Pipeline schedules) plus each stage's gradient sync after its
-last backward, by the plan's algorithm on the simulator's network (``Network.sync_s``). It ranks candidates in the search; the event simulator gives the final prediction.
+last backward, by the plan's algorithm on the simulator's network (``Network.sync_s``). It ranks
+candidates in the search; the event simulator gives the final prediction.
 """
 
 from dataclasses import dataclass, field
