@@ -231,3 +231,40 @@ def parse_training_for(sync):
 
     return parse_training({"global_batch": 8, "micro_batch_size": 1, "precision": "bf16", "optimizer": "adam",
                            "schedule": "1f1b", "shard_optimizer": False, "sync": str(sync)})
+
+
+def test_a_parameter_server_can_beat_the_ring_and_the_bound_stays_below_both():
+    """Three devices, the third one sending at 1 Gbit/s and receiving at 100: with a parameter server
+    it sends n once over its slow links (as a client, or as the server to each), where a ring sends
+    2 (k - 1) / k n over one, so ``lower_bound_s`` counts n, not the ring's bytes, when the job may
+    use a server."""
+    from planner.inputs.model import model_preset, parse_training
+    from planner.inputs.topology import parse_topology
+    from planner.plan.plan import Plan
+    from planner.prediction.predict import predict
+    from planner.search.bounds import lower_bound_s
+    from planner.search.sync_choice import plan_with_sync
+
+    topology = parse_topology({"name": "three", "devices": [
+        {"name": "a", "count": 2, "type": "A100-80GB", "host": "ha", "region": "r1"},
+        {"name": "c", "count": 1, "type": "A100-80GB", "host": "hc", "region": "r2"}],
+        "network": {"host": {"latency": "0.01ms", "bandwidth": "2400Gbps"},
+                    "region": {"latency": "0.1ms", "bandwidth": "100Gbps"},
+                    "global": {"latency": "1ms", "bandwidth": "100Gbps"},
+                    "region_pairs": [{"from": "r2", "to": "r1", "latency": "1ms", "bandwidth": "1Gbps",
+                                      "symmetric": False}]}})
+    model = model_preset("gpt3-xl")
+
+    def training(sync):
+        return parse_training({"global_batch": 3, "micro_batch_size": 1, "precision": "bf16", "optimizer": "adam",
+                               "schedule": "1f1b", "shard_optimizer": False, "sync": sync})
+
+    plan = Plan(layer_bounds=(0, model.layers), assignment=(("a-0",), ("a-1",), ("c",)), micro_batches=(1, 1, 1),
+                micro_batch_size=1, schedule="1f1b")
+    server = plan_with_sync(plan, topology, Sync.PARAMETER_SERVER)
+    served = predict(server, topology, model, training("parameter-server"))[0].iteration_s
+    ring = predict(plan, topology, model, training("ring"))[0].iteration_s
+    assert served < ring
+    assert lower_bound_s(topology, model, training("ring")) <= ring
+    assert lower_bound_s(topology, model, training("parameter-server")) <= served
+    assert lower_bound_s(topology, model, training("auto")) <= served
