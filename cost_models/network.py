@@ -24,9 +24,12 @@ __all__ = ["Network", "Sync"]
 
 
 class Sync(StrEnum):
-    """How a stage's replicas exchange gradients (the values plan files write)."""
+    """How a stage's replicas exchange gradients (the values plan files write); each is timed by
+    ``Network.sync_s``, occupies what ``Network.sync_holds`` says and sends ``Network.sync_flows``."""
 
     RING = "ring"  # ring all-reduce in the plan's ring order (``Network.ring_allreduce_s``)
+    HIERARCHICAL = "hierarchical"  # reduce in each host, ring among host leads, broadcast back
+    PARAMETER_SERVER = "parameter-server"  # reduce to the stage's server replica, broadcast back
     SHARDED = "sharded"  # DTFM's sharded all-to-all (``Network.sharded_exchange_s``)
 
 
@@ -229,46 +232,129 @@ class Network:
 
     def parameter_server_s(self, message_bytes: float, members, server: int) -> float:
         """Central parameter server: every other member sends its ``n`` bytes of gradients to
-        ``server``, which sends ``n`` bytes of parameters back (Li et al., OSDI'14, sec. 3; one server).
+        ``server``, which sends the ``n`` summed bytes back (Li et al., OSDI'14, sec. 3, one server
+        node; DTFM's runs: reduce to one rank, then broadcast, dtfm.md sec. 3).
 
-        The senders' messages share the server host's ingress NIC (and the replies its egress), so
-        each phase lasts the slowest member's ``latency + n / bandwidth`` with the NIC's bandwidth
-        split among the members on other hosts.
+        Each phase lasts its slowest member's ``latency + n / bandwidth``; the messages run at once,
+        so a shared NIC is split among those of them that cross it: the server host's ingress (then
+        egress) among the members on other hosts, and each other host's egress (then ingress) among
+        its members.
         """
         others = np.array([int(m) for m in members if int(m) != int(server)], dtype=np.int64)
         if others.size == 0:
             return 0.0
-        sh = int(self.host[server])
-        remote = self.host[others] != sh
+        server = int(server)
         phases = 0.0
-        for to_server, nic, has_nic in ((True, self.nic_ingress_bytes_per_s, self._nic_ingress),
-                                        (False, self.nic_egress_bytes_per_s, self._nic_egress)):
-            a, b = (others, server) if to_server else (server, others)
-            bandwidth = self.bandwidth_bytes_per_s[a, b].astype(float)
-            if has_nic[sh] and remote.any():
-                bandwidth = np.where(remote, np.minimum(bandwidth, nic[sh] / remote.sum()), bandwidth)
-            phases += float(np.max(comm.p2p_time_s(message_bytes, self.latency_s[a, b], bandwidth)))
+        for to_server in (True, False):
+            a, b = (others, np.full_like(others, server)) if to_server else (np.full_like(others, server), others)
+            phases += float(np.max(comm.p2p_time_s(message_bytes, self.latency_s[a, b], self._shared_bandwidth(a, b))))
         return phases
 
-    def hierarchical_allreduce_s(self, message_bytes: float, members) -> float:
-        """Two-level all-reduce (Jia et al. 2018, sec. 4.2; Horovod's hierarchical all-reduce): a
-        ring all-reduce inside each host, a ring all-reduce among one leader per host, then a
-        broadcast inside each host (a pipelined chain: ``n / min bandwidth + (g - 1) * latency``)."""
+    def _shared_bandwidth(self, senders: np.ndarray, receivers: np.ndarray) -> np.ndarray:
+        """Bandwidth of each of the messages ``senders[k] -> receivers[k]`` sent at once: its link's,
+        capped by each shared NIC it crosses split evenly among the messages crossing that NIC."""
+        hs, hr = self.host[senders], self.host[receivers]
+        between = hs != hr
+        out_count = np.bincount(hs[between], minlength=self.hosts)
+        in_count = np.bincount(hr[between], minlength=self.hosts)
+        bandwidth = self.bandwidth_bytes_per_s[senders, receivers].astype(float)
+        with np.errstate(divide="ignore"):
+            egress = np.where(between & self._nic_egress[hs],
+                              self.nic_egress_bytes_per_s[hs] / np.maximum(out_count[hs], 1), np.inf)
+            ingress = np.where(between & self._nic_ingress[hr],
+                               self.nic_ingress_bytes_per_s[hr] / np.maximum(in_count[hr], 1), np.inf)
+        return np.minimum(bandwidth, np.minimum(egress, ingress))
+
+    def parameter_server_of(self, members) -> int:
+        """The member (a device index) that serves ``members`` fastest as their parameter server
+        (``parameter_server_s`` of 1 GB; ties: the first listed)."""
         members = [int(m) for m in members]
+        return min(members, key=lambda m: (self.parameter_server_s(1e9, members, m), members.index(m)))
+
+    def host_groups(self, order) -> list:
+        """``order``'s members by host, hosts in order of first appearance, each host's members in
+        ``order``'s order (the first, the host's lead, in a hierarchical all-reduce)."""
         by_host = {}
-        for m in members:
-            by_host.setdefault(int(self.host[m]), []).append(m)
-        groups = list(by_host.values())
-        inside = max(self.ring_allreduce_s(message_bytes, g) for g in groups)
-        leaders = [g[0] for g in groups]
-        between = self.ring_allreduce_s(message_bytes, self.ring_order_of(leaders))
-        broadcast = 0.0
-        for g in groups:
-            if len(g) > 1:
-                a, b = np.array(g[:-1]), np.array(g[1:])
-                broadcast = max(broadcast, float(message_bytes / self.bandwidth_bytes_per_s[a, b].min()
-                                                 + self.latency_s[a, b].sum()))
-        return inside + between + broadcast
+        for m in order:
+            by_host.setdefault(int(self.host[int(m)]), []).append(int(m))
+        return list(by_host.values())
+
+    def _star_s(self, message_bytes: float, lead: int, group: list, to_lead: bool) -> float:
+        """Every member of ``group`` but ``lead`` sends ``n`` bytes to ``lead`` at once (or ``lead``
+        to each of them): the slowest message's ``latency + n / bandwidth``."""
+        others = np.array([m for m in group if m != lead], dtype=np.int64)
+        if others.size == 0:
+            return 0.0
+        leads = np.full_like(others, lead)
+        a, b = (others, leads) if to_lead else (leads, others)
+        return float(np.max(comm.p2p_time_s(message_bytes, self.latency_s[a, b], self._shared_bandwidth(a, b))))
+
+    def hierarchical_allreduce_s(self, message_bytes: float, order) -> float:
+        """Two-level all-reduce (Jia et al. 2018, arXiv 1807.11205, sec. 4.2): each host's members
+        send their ``n`` bytes to the host's lead (its first member in ``order``), the leads run a
+        ring all-reduce in ``order``'s order (Patarasuk & Yuan 2009), then each lead sends the sum
+        back to its host's members. Inside a host the messages run at once (the slowest one's
+        ``latency + n / bandwidth``); each phase waits for the slowest host."""
+        groups = self.host_groups(order)
+        inside = max(self._star_s(message_bytes, g[0], g, True) + self._star_s(message_bytes, g[0], g, False)
+                     for g in groups)
+        return inside + self.ring_allreduce_s(message_bytes, [g[0] for g in groups])
+
+    def sync_s(self, sync: Sync, message_bytes: float, order, server: int | None = None) -> float:
+        """Seconds of one gradient sync of ``message_bytes`` among the devices ``order`` (the plan's
+        ring order) by ``sync``; ``server``: the parameter server's device index."""
+        if len(order) <= 1:
+            return 0.0
+        if sync == Sync.RING:
+            return self.ring_allreduce_s(message_bytes, order)
+        if sync == Sync.SHARDED:
+            return self.sharded_exchange_s(message_bytes, order)
+        if sync == Sync.HIERARCHICAL:
+            return self.hierarchical_allreduce_s(message_bytes, order)
+        return self.parameter_server_s(message_bytes, order, order[0] if server is None else server)
+
+    def sync_flows(self, sync: Sync, order, message_bytes: float, server: int | None = None) -> tuple:
+        """The directed messages of one gradient sync by ``sync``: (senders, receivers, bytes) arrays.
+
+        Ring: ``2 (k - 1) / k * n`` over each hop of ``order`` (Patarasuk & Yuan 2009); sharded:
+        ``2 n / k`` between every ordered pair (Yuan et al. 2022, sec. 3.2); parameter server: ``n``
+        from every member to the server and back; hierarchical: ``n`` from each host member to its
+        lead and back, and the ring's bytes among the leads. Every algorithm sends ``2 (k - 1) n`` in
+        all; they differ in which links and NICs carry it."""
+        order = [int(m) for m in order]
+        k, n = len(order), float(message_bytes)
+        pairs = []
+        if k > 1 and sync == Sync.RING:
+            pairs = [(a, b, 2.0 * (k - 1) / k * n) for a, b in zip(order, order[1:] + order[:1])]
+        elif k > 1 and sync == Sync.SHARDED:
+            pairs = [(a, b, 2.0 * n / k) for a in order for b in order if a != b]
+        elif k > 1 and sync == Sync.PARAMETER_SERVER:
+            server = order[0] if server is None else int(server)
+            pairs = [p for m in order if m != server for p in ((m, server, n), (server, m, n))]
+        elif k > 1:
+            groups = self.host_groups(order)
+            pairs = [p for g in groups for m in g[1:] for p in ((m, g[0], n), (g[0], m, n))]
+            leads = [g[0] for g in groups]
+            h = len(leads)
+            if h > 1:
+                pairs += [(a, b, 2.0 * (h - 1) / h * n) for a, b in zip(leads, leads[1:] + leads[:1])]
+        senders = np.array([p[0] for p in pairs], dtype=np.int64)
+        receivers = np.array([p[1] for p in pairs], dtype=np.int64)
+        return senders, receivers, np.array([p[2] for p in pairs], dtype=float)
+
+    def sync_holds(self, sync: Sync, order, message_bytes: float, sync_s: float, server: int | None = None) -> list:
+        """(resource, seconds held) of one gradient sync by ``sync`` lasting ``sync_s``: every link
+        its messages use for the whole sync, and each shared NIC they cross for their bytes through
+        it at the NIC's rate, at most ``sync_s`` (the ring: ``ring_nic_holds``)."""
+        senders, receivers, sizes = self.sync_flows(sync, order, message_bytes, server)
+        holds = {("link", int(a), int(b)): float(sync_s) for a, b in zip(senders, receivers)}
+        if sync == Sync.RING:
+            holds.update(dict(self.ring_nic_holds(order, message_bytes, sync_s)))
+            return list(holds.items())
+        egress, ingress = self.nic_busy_s(senders, receivers, sizes) if sizes.size else ((), ())
+        holds.update({("egress", h): min(float(t), sync_s) for h, t in enumerate(egress) if t > 0})
+        holds.update({("ingress", h): min(float(t), sync_s) for h, t in enumerate(ingress) if t > 0})
+        return list(holds.items())
 
     def ring_order_of(self, members) -> list:
         """``members`` (device indices) in the order ``ring_order`` chooses."""

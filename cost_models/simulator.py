@@ -44,6 +44,9 @@ class PipelineJob:
     sync_links: tuple = ()
     optimizer_s: np.ndarray = None
     sync_bytes: np.ndarray = None  # per stage, the bytes its all-reduce reduces (None: NICs held for the whole sync)
+    # Per stage, what its sync holds as (resource, seconds) (``Network.sync_holds`` of the plan's
+    # algorithm); empty: a ring over ``sync_links``.
+    sync_holds: tuple = ()
     micro_batches_per_round: int = 0  # accumulation rounds (``cost_models.schedule.stage_ops``; 0: one round)
     # The weight gradients' share of each worker's backward (R, S), for schedules that split it into
     # ``bwd_input`` and ``bwd_weight`` (``cost_models.flops.weight_gradient_share``).
@@ -86,7 +89,10 @@ class _Resources:
 def sync_resources(job: PipelineJob, stage: int) -> list:
     """What ``stage``'s gradient all-reduce holds, as ``(resource, seconds)``: its ring's links for
     the whole all-reduce, and each shared NIC it crosses for the ring's bytes through it
-    (``Network.ring_nic_holds``; the whole all-reduce when the job has no ``sync_bytes``)."""
+    (``Network.ring_nic_holds``; the whole all-reduce when the job has no ``sync_bytes``), or what
+    the job's ``sync_holds`` says for the plan's algorithm (``Network.sync_holds``)."""
+    if job.sync_holds:
+        return list(job.sync_holds[stage])
     links = job.sync_links[stage] if job.sync_links else ()
     seconds = float(job.sync_s[stage])
     holds = {("link", int(a), int(b)): seconds for a, b in links}

@@ -41,6 +41,11 @@ def _plan_parser(sub) -> None:
                         "faster (default: the file's training.compress_gradients, else off)")
     p.add_argument("--powersgd-rank", type=int, metavar="R",
                    help="PowerSGD's rank (default: the file's training.powersgd_rank, else 4)")
+    p.add_argument("--sync", metavar="ring|hierarchical|parameter-server|sharded|auto",
+                   help="data-parallel gradient sync: ring all-reduce in the plan's ring order, hierarchical (reduce "
+                        "in each host, ring among hosts, broadcast back), parameter-server (reduce to one device per "
+                        "stage, broadcast back), sharded (DTFM's all-to-all of shards), or auto: the fastest for the "
+                        "plan (default: the file's training.sync, else ring)")
     p.add_argument("--stages", type=int, help="pin the number of pipeline stages")
     p.add_argument("--replicas", type=int, help="pin the number of data-parallel replicas")
     p.add_argument("--calibration", help="calibration file from 'plan calibrate' (measured efficiency, links)")
@@ -210,8 +215,12 @@ def _compression_overrides(args) -> dict:
             raise InputError(f"{value!r} is not one of {', '.join(kind)}, auto", field=flag)
     if args.powersgd_rank is not None and not 1 <= args.powersgd_rank <= MAX_POWERSGD_RANK:
         raise InputError(f"must be from 1 to {MAX_POWERSGD_RANK}, got {args.powersgd_rank}", field="--powersgd-rank")
+    from planner.plan.sync import SYNC_CHOICES
+
+    if args.sync is not None and args.sync not in SYNC_CHOICES:
+        raise InputError(f"{args.sync!r} is not one of {', '.join(SYNC_CHOICES)}", field="--sync")
     return {"compress_messages": args.compress_messages, "compress_gradients": args.compress_gradients,
-            "powersgd_rank": args.powersgd_rank}
+            "powersgd_rank": args.powersgd_rank, "sync": args.sync}
 
 
 def _non_negative_or_none(name: str, value):
@@ -416,7 +425,8 @@ def _replan(args) -> int:
                         ("--sync-every", args.sync_every),
                         ("--micro-batches-per-round", args.micro_batches_per_round),
                         ("--compress-messages", args.compress_messages),
-                        ("--compress-gradients", args.compress_gradients), ("--powersgd-rank", args.powersgd_rank)):
+                        ("--compress-gradients", args.compress_gradients), ("--powersgd-rank", args.powersgd_rank),
+                        ("--sync", args.sync)):
         if value is not None:
             raise InputError("a re-plan keeps the old plan's model and training: drop it", field=flag)
     if args.objective != "time":

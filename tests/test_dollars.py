@@ -14,7 +14,7 @@ from planner.inputs.topology import parse_topology
 from planner.plan.document import plan_from_document
 from planner.plan.plan import Plan
 from planner.prediction.predict import predict
-from planner.search.dollars import egress_bytes, plan_dollars, sync_bytes_per_hop, usd_per_iteration
+from planner.search.dollars import egress_bytes, plan_dollars, usd_per_iteration
 from planner.search.front import SearchOptions, search
 from planner.search.objective import DollarCost, TimeUnderBudget, make_objective
 from planner.search.pareto import pareto_front, top_plans
@@ -72,9 +72,6 @@ def test_bad_prices_are_one_line_naming_the_field(devices_price, egress, field, 
 def test_price_of_an_iteration_by_hand():
     assert usd_per_iteration(10.0, 3.6, np.array([[0, 2e9], [0, 0]]), np.array([[0, 0.05], [0, 0]])) \
         == pytest.approx(10 * 3.6 / 3600 + 2 * 0.05)  # $0.01 of device time + $0.10 of egress
-    assert sync_bytes_per_hop(100.0, 4, "ring") == 150.0  # 2 (k - 1) / k * n
-    assert sync_bytes_per_hop(100.0, 4, "sharded") == 50.0  # 2 n / k to each peer
-    assert sync_bytes_per_hop(100.0, 1, "ring") == 0.0
     topology, model, training = load_job_from(PRICED)
     # Two stages across the regions, one replica of 16 micro-batches of one sequence: each crosses
     # east -> west as activations (sequence 32 x hidden 64 x 2 bytes = 4,096 B) and back as gradients.

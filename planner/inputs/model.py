@@ -7,9 +7,12 @@ from importlib import resources
 import yaml
 
 from cost_models.compression import MAX_POWERSGD_RANK, GradientCompression, MessageCompression
+from cost_models.network import Sync
 from cost_models.schedule import Schedule
 from planner.errors import InputError
 from planner.fields import Fields
+from planner.plan.sync import SYNC_CHOICES
+from planner.plan.sync import _conflict as _sync_conflict
 
 __all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "HEADS", "MAX_GLOBAL_BATCH", "MAX_SYNC_EVERY", "MODEL_LIMITS",
            "parse_model", "parse_training", "model_preset", "preset_names"]
@@ -104,6 +107,9 @@ class TrainingSpec:
     compress_messages: str = "off"
     compress_gradients: str = "off"
     powersgd_rank: int = 4
+    # The data-parallel gradient sync (``cost_models.network.Sync``): ring, hierarchical,
+    # parameter-server, sharded, or "auto": the search picks the fastest for each plan.
+    sync: str = "ring"
 
     def __post_init__(self):
         if self.global_batch < 1:
@@ -151,6 +157,12 @@ class TrainingSpec:
             raise InputError(f"is true, but compress_gradients {self.compress_gradients} all-reduces whole "
                              "(compressed) gradients: set shard_optimizer to auto or false",
                              field="training.shard_optimizer")
+        if self.sync not in SYNC_CHOICES:
+            raise InputError(f"{self.sync!r} is not one of {', '.join(SYNC_CHOICES)}", field="training.sync")
+        if self.sync != "auto":
+            conflict = _sync_conflict(Sync(self.sync), self, 2)
+            if conflict:
+                raise InputError(conflict[1], field="training.sync")
         if not 0.0 < self.outer_learning_rate <= 10.0:
             raise InputError(f"{self.outer_learning_rate!r} is not in (0, 10]", field="training.outer_learning_rate")
         if isinstance(self.outer_momentum, bool) or not isinstance(self.outer_momentum, (int, float)) \
@@ -218,6 +230,7 @@ def parse_training(document, *, where: str = "training") -> TrainingSpec:
         compress_messages=_switch(f, "compress_messages", MessageCompression),
         compress_gradients=_switch(f, "compress_gradients", GradientCompression),
         powersgd_rank=f.raw("powersgd_rank", 4),
+        sync=f.str("sync", "ring", choices=SYNC_CHOICES),
     )
     f.finish()
     return result

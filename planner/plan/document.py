@@ -34,7 +34,8 @@ def plan_to_document(plan: Plan, *, model=None, training=None, topology_source: 
         "global_batch": plan.global_batch,
         "sync": plan.sync,
         "stages": [{"index": s, "layers": [plan.layer_bounds[s], plan.layer_bounds[s + 1]],
-                    "devices": plan.stage_devices(s), "ring": plan.ring(s)} for s in range(S)],
+                    "devices": plan.stage_devices(s), "ring": plan.ring(s),
+                    **({"server": plan.server(s)} if plan.sync_servers else {})} for s in range(S)],
         "replicas": [{"index": r, "micro_batches": plan.micro_batches[r], "devices": list(plan.assignment[r])}
                      for r in range(plan.replicas)],
         "idle": list(plan.idle),
@@ -84,7 +85,7 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
                              "plan again (the launch checks the topology by it)", field="topology.sha256")
         stages = f.list("stages")
         replicas = f.list("replicas")
-        bounds, rings, stage_devices = [], [], []
+        bounds, rings, stage_devices, servers = [], [], [], []
         for k, entry in enumerate(stages):
             e = Fields(entry, f"stages[{k}]")
             layers = e.list("layers")
@@ -96,6 +97,7 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
             bounds.append(layers[1])
             stage_devices.append(e.list("devices"))
             rings.append(e.list("ring", []))
+            servers.append(e.raw("server", None))
             _check_index(e, k)
             e.finish()
         assignment, micro_batches = [], []
@@ -118,10 +120,12 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
             if any((s, name) not in position for name in ring):
                 raise InputError("names a device that is not in this stage", field=f"stages[{s}].ring")
             ring_orders.append(tuple(position[(s, name)] for name in ring))
+        sync_servers = _servers(servers, position)
         plan = Plan(
             layer_bounds=tuple(bounds), assignment=tuple(assignment), micro_batches=tuple(micro_batches),
             micro_batch_size=f.int("micro_batch_size"), schedule=Schedule(f.str("schedule", choices=SCHEDULES)),
             ring_orders=tuple(ring_orders), sync=Sync(f.str("sync", "ring", choices=tuple(Sync))),
+            sync_servers=sync_servers,
             topology_name=str(topo.raw("name", "")), topology_sha256=str(topo.raw("sha256", "")),
             idle=tuple(f.list("idle", [])), search=f.raw("search", {}), calibration=_calibration(f),
             tensor_groups=_tensor_groups(f, assignment), sync_every=f.int("sync_every", 1),
@@ -137,6 +141,20 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
         return plan
     except InputError as error:
         raise error.located(source=source) from None
+
+def _servers(servers: list, position: dict) -> tuple:
+    """Each stage's parameter server (a device name in the file) as its replica index; () if none names one."""
+    if all(name is None for name in servers):
+        return ()
+    result = []
+    for s, name in enumerate(servers):
+        if name is None or (s, name) not in position:
+            raise InputError(f"{'is missing' if name is None else f'names {name!r}, not a device of this stage'}: "
+                             "a parameter-server sync needs one of each stage's devices as its server",
+                             field=f"stages[{s}].server")
+        result.append(position[(s, name)])
+    return tuple(result)
+
 
 def _compression(f: Fields) -> Compression:
     """The plan's ``compression`` mapping (absent: nothing compressed)."""

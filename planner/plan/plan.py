@@ -7,6 +7,7 @@ from planner.errors import InputError
 from planner.inputs.model import SCHEDULES
 from planner.plan.dims import Compression, Degrees, Schedule, Sync
 from planner.plan.precision import plan_precision_problem
+from planner.plan.sync import sync_problem
 from planner.plan.tensor import tensor_degree_problem
 
 __all__ = ["Plan", "Prediction", "validate_plan"]
@@ -43,6 +44,8 @@ class Plan:
     schedule: Schedule
     ring_orders: tuple = ()
     sync: Sync = Sync.RING
+    # With a parameter-server sync, stage s's server is replica ``sync_servers[s]`` (empty otherwise).
+    sync_servers: tuple = ()
     topology_name: str = ""
     topology_sha256: str = ""
     idle: tuple = ()
@@ -97,6 +100,10 @@ class Plan:
         order = self.ring_orders[stage] if self.ring_orders else range(self.replicas)
         return [self.assignment[r][stage] for r in order]
 
+    def server(self, stage: int) -> str | None:
+        """The device serving ``stage``'s gradients with a parameter-server sync (None otherwise)."""
+        return self.assignment[self.sync_servers[stage]][stage] if self.sync_servers else None
+
     def with_prediction(self, prediction: Prediction) -> "Plan":
         return replace(self, prediction=prediction)
 
@@ -148,6 +155,9 @@ def validate_plan(plan: Plan, topology, model, training) -> None:
     if plan.ring_orders and (len(plan.ring_orders) != S or
                              any(sorted(order) != list(range(R)) for order in plan.ring_orders)):
         raise InputError("each stage's ring must list each of its replicas once", field="stages.ring")
+    problem = sync_problem(plan, training)
+    if problem:
+        raise InputError(problem[1], field=problem[0])
     if plan.sync_every != getattr(training, "sync_every", 1):
         raise InputError(f"is {plan.sync_every} but training.sync_every is {training.sync_every}: make both agree "
                          "or plan again", field="sync_every")

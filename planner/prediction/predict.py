@@ -7,7 +7,6 @@ and collectives from the network model (``cost_models.network``).
 import numpy as np
 
 from cost_models import memory
-from cost_models.network import Sync
 from cost_models.simulator import PipelineJob, Timeline, simulate
 from planner.plan.plan import Plan, Prediction
 from planner.plan.tensor import groups_of_plan
@@ -15,7 +14,8 @@ from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_
                                             optimizer_time_s, stage_compress_flops, stage_memory_bytes,
                                             stage_parameters, stage_profile, stage_step_bytes)
 
-__all__ = ["sync_time_s", "build_pipeline_job", "predict", "model_flops_per_iteration", "communication_bytes"]
+__all__ = ["sync_time_s", "sync_members", "build_pipeline_job", "predict", "model_flops_per_iteration",
+           "communication_bytes"]
 
 
 def sync_time_s(topology, plan: Plan, profile: StageProfile, stage: int) -> float:
@@ -23,11 +23,17 @@ def sync_time_s(topology, plan: Plan, profile: StageProfile, stage: int) -> floa
     (``topology``: the plan's grouped view, ``planner.plan.tensor``, when it has tensor groups),
     per iteration: with local steps the whole sync (``profile.gradient_bytes`` x ``sync_every``
     bytes, latency included) happens once every ``sync_every`` iterations."""
-    ring = [topology.index(d) for d in plan.ring(stage)]
+    ring, server = sync_members(topology, plan, stage)
     H = plan.sync_every
-    if plan.sync == Sync.SHARDED:
-        return topology.network.sharded_exchange_s(profile.gradient_bytes[stage] * H, ring) / H
-    return topology.network.ring_allreduce_s(profile.gradient_bytes[stage] * H, ring) / H
+    return topology.network.sync_s(plan.sync, profile.gradient_bytes[stage] * H, ring, server) / H
+
+
+def sync_members(topology, plan: Plan, stage: int) -> tuple:
+    """``stage``'s replicas as device indices of ``topology`` in the plan's ring order, and its
+    parameter server's index (None unless the plan's sync is parameter-server)."""
+    ring = [topology.index(d) for d in plan.ring(stage)]
+    server = plan.server(stage)
+    return ring, (topology.index(server) if server is not None else None)
 
 
 def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts | None = None) -> PipelineJob:
@@ -58,17 +64,18 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     # compressed messages' encode and decode
     codec_forward, codec_backward = message_codec_s(costs, mem_bw, plan.compression.message_mask(S))
     sync = np.array([sync_time_s(topology, plan, profile, s) for s in range(S)])
-    links = []
+    links, holds = [], []
     for s in range(S):
-        ring = [topology.index(d) for d in plan.ring(s)]
+        ring, server = sync_members(topology, plan, s)
         links.append(tuple(zip(ring, ring[1:] + ring[:1])) if len(ring) > 1 else ())
+        holds.append(tuple(topology.network.sync_holds(plan.sync, ring, float(profile.gradient_bytes[s]),
+                                                       float(sync[s]), server)) if len(ring) > 1 else ())
     return PipelineJob(schedule=plan.schedule, device=device, micro_batches=np.array(plan.micro_batches),
                        forward_s=(profile.forward_flops[None, :] + extra_head) / speed + tensor_forward + codec_forward,
                        backward_s=(profile.backward_flops[None, :] + 2.0 * extra_head) / speed + tensor_backward
                        + codec_backward,
                        boundary_bytes=profile.boundary_bytes, network=topology.network, sync_s=sync,
-                       sync_links=tuple(links),
-                       sync_bytes=profile.gradient_bytes if plan.sync == Sync.RING else None,
+                       sync_links=tuple(links), sync_holds=tuple(holds), sync_bytes=profile.gradient_bytes,
                        micro_batches_per_round=plan.micro_batches_per_round,
                        weight_gradient_share=np.repeat(profile.weight_gradient_share[None, :], plan.replicas, axis=0),
                        optimizer_s=optimizer)
@@ -77,9 +84,11 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
 def communication_bytes(plan: Plan, model, training) -> dict:
     """Bytes every worker sends per iteration, and per token trained, between workers: the pipeline's
     activations forward and gradients backward (each micro-batch across each stage boundary), and
-    the data-parallel sync, a ring all-reduce where each of a stage's ``k`` replicas sends
-    ``2 (k - 1) / k`` of the message (Patarasuk & Yuan 2009; DTFM's sharded exchange sends the same
-    total), per iteration: with local steps the parameter deltas, ``sync_every`` times fewer.
+    the data-parallel sync, ``2 (k - 1)`` times a stage's gradient bytes among its ``k`` replicas
+    whatever the algorithm (``Network.sync_flows``: a ring's ``k`` hops of ``2 (k - 1) / k`` of the
+    message, Patarasuk & Yuan 2009; a parameter server's ``k - 1`` messages each way; a
+    hierarchical all-reduce's, and DTFM's sharded exchange's, the same total), per iteration: with local
+    steps the parameter deltas, ``sync_every`` times fewer.
     A tensor group's all-reduces inside its host are not counted."""
     costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
     profile = stage_profile(costs, plan.layer_bounds, plan.compression.message_mask(plan.stages))

@@ -15,6 +15,7 @@ from cost_models.compression import (INT8_CODEC_BANDWIDTH_SHARE, POWERSGD_BANDWI
                                      POWERSGD_PASS_BYTES_PER_PARAMETER, POWERSGD_STATE_BYTES_PER_PARAMETER,
                                      GradientCompression, MessageCompression, block_matrix_shapes, int8_decode_bytes,
                                      int8_encode_bytes, int8_message_bytes, powersgd_sync)
+from cost_models.network import Sync
 
 __all__ = ["OPTIMIZER_BYTES_PER_PARAMETER", "OUTER_STATE_BYTES_PER_PARAMETER", "OUTER_STEP_BYTES_PER_PARAMETER",
            "LayerCosts", "layer_costs", "StageProfile", "stage_profile",
@@ -117,8 +118,11 @@ def optimizer_shards(training, replicas: int) -> int:
     """Replicas each stage's optimizer state is split over: all of them under ZeRO stage 1
     (``training.shard_optimizer`` true or auto), else 1; 1 with local steps (``training.sync_every``
     above 1), whose replicas each step their whole state between syncs, and with PowerSGD, which
-    all-reduces whole (compressed) gradients."""
+    all-reduces whole (compressed) gradients, and with a hierarchical or parameter-server sync,
+    which sums whole gradients (``planner.plan.sync``)."""
     if training.sync_every > 1 or training.compress_gradients == GradientCompression.POWERSGD:
+        return 1
+    if getattr(training, "sync", "ring") in (Sync.HIERARCHICAL, Sync.PARAMETER_SERVER):
         return 1
     return replicas if training.shard_optimizer is not False and replicas > 1 else 1
 

@@ -86,6 +86,10 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
            + (f", in accumulation rounds of {plan.micro_batches_per_round} micro-batches (each its own fill and "
               f"drain)" if plan.micro_batches_per_round else "")
            + f", gradient sync: {plan.sync}"
+           + (f" (servers: {', '.join(plan.server(s) for s in range(S))})" if plan.sync_servers else "")
+           + (" (chosen by the search: fastest of " + ", ".join(f"{k} {v:.4g} s" for k, v in
+                                                                  plan.search["sync_tried"].items()) + ")"
+              if plan.search.get("sync_tried") else "")
            + (f" of parameter deltas every {plan.sync_every} iterations" if plan.sync_every > 1 else ""),
            *_local_steps_lines(plan, training),
            *_compression_lines(plan),

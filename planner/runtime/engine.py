@@ -19,6 +19,7 @@ from planner.runtime.compression import decode_int8, encode_int8, int8_wire_shap
 from planner.runtime.data import global_batch_tokens, micro_batch_rows, training_inputs, training_targets
 from planner.runtime.emulation import Emulator, now_s, sleep_until
 from planner.runtime.gpt import lm_loss
+from planner.runtime.gradient_sync import SyncRoute, sum_over_route
 from planner.runtime.powersgd import PowerSGD
 from planner.runtime.split_backward import defer_weight_gradients
 from planner.runtime.tensor_parallel import broadcast_whole
@@ -338,13 +339,14 @@ class StageExecutor:
             end_s = float(end[0])
         sharded = getattr(self.optimizer, "sharded", None)
         if sharded is not None:
-            self.sync_bytes += sum(p.numel() * p.element_size() for p in self.stage_parameters)
-            sharded.reduce_scatter()  # ZeRO stage 1: each replica gets its own shard's sum
+            self.sync_bytes += sharded.reduce_scatter()  # ZeRO stage 1: each replica gets its own shard's sum
         elif self.powersgd is not None and self.local_steps is None:
             self.sync_bytes += self.powersgd.reduce(self.loss_scale)
             self.sync_bytes += _all_reduce_sum(self.powersgd.whole, self.groups.stage)
         elif self.layout.replicas > 1 and self.local_steps is None:
-            self.sync_bytes += _all_reduce_sum(self.stage_parameters, self.groups.stage)
+            # by the plan's algorithm and route (``planner.runtime.gradient_sync``) where the worker gave one
+            self.sync_bytes += _all_reduce_sum(self.stage_parameters, self.groups.stage,
+                                               getattr(self, "sync_route", None))
         if self.groups.embedding is not None and self.embedding_parameters:
             local = self.local_steps is not None and self.groups.replica_embedding is not None
             group = self.groups.replica_embedding if local else self.groups.embedding
@@ -357,9 +359,10 @@ class StageExecutor:
             sleep_until(end_s)
 
 
-def _all_reduce_sum(parameters: list, group) -> int:
+def _all_reduce_sum(parameters: list, group, route: SyncRoute | None = None) -> int:
     """Sum the gradients of ``parameters`` over ``group`` in buckets of at most ``BUCKET_BYTES``;
-    returns the bytes handed to the all-reduce."""
+    returns the bytes handed to the all-reduce, or with ``route`` (the plan's sync algorithm over
+    the group's ranks, ``planner.runtime.gradient_sync``) the bytes this rank sent."""
     bucket, size, total = [], 0, 0
     for p in parameters:
         if p.grad is None:
@@ -367,15 +370,21 @@ def _all_reduce_sum(parameters: list, group) -> int:
         bucket.append(p.grad)
         size += p.grad.numel() * p.grad.element_size()
         if size >= BUCKET_BYTES:
-            _reduce_bucket(bucket, group)
-            bucket, size, total = [], 0, total + size
+            total += _reduce_bucket(bucket, group, route)
+            bucket, size = [], 0
     if bucket:
-        _reduce_bucket(bucket, group)
-    return total + size
+        total += _reduce_bucket(bucket, group, route)
+    return total
 
 
-def _reduce_bucket(grads: list, group) -> None:
+def _reduce_bucket(grads: list, group, route: SyncRoute | None = None) -> int:
+    """Sum one bucket over ``group`` (by ``route`` if given); the bytes handed over, or sent by ``route``."""
     flat = _flatten_dense_tensors(grads)
-    dist.all_reduce(flat, group=group)
+    if route is not None:
+        sent = sum_over_route(flat, route)
+    else:
+        dist.all_reduce(flat, group=group)
+        sent = flat.numel() * flat.element_size()
     for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
         grad.copy_(reduced)
+    return sent

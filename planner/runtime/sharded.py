@@ -19,6 +19,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from planner.runtime.gradient_sync import all_gather_over_route, reduce_scatter_over_route
 from planner.runtime.precision import CHUNK_BYTES, plain_optimizer
 
 __all__ = ["ShardedOptimizer"]
@@ -66,14 +67,22 @@ class ShardedOptimizer:
         # fp32 weights are their own master; 16-bit ones get an fp32 master of this shard only.
         self.masters = [own[c] if self.dtype == torch.float32 else own[c].float() for c in self.chunks]
         self.optimizers = [plain_optimizer([m], name, learning_rate, fused) for m in self.masters]
+        self.route = None  # the plan's sync route (``planner.runtime.gradient_sync``), set by the worker
 
-    def reduce_scatter(self) -> None:
-        """The gradient sync: this rank's shard of the flat gradient becomes its sum over the group."""
+    def reduce_scatter(self) -> int:
+        """The gradient sync: this rank's shard of the flat gradient becomes its sum over the group;
+        by the plan's ring or sharded exchange when the worker set ``route``
+        (``planner.runtime.gradient_sync``: the bytes this rank sent, and will send in the
+        all-gather, are returned), else by torch's collective (the bytes handed to it)."""
+        if self.route is not None:
+            sent = reduce_scatter_over_route(self.flat_grad, self.route)
+            return 2 * sent  # the all-gather after the step sends as much
         own = self.flat_grad[self.own]
         output = own if self.in_place else torch.empty_like(own)
         _collective("reduce_scatter_single", "reduce_scatter_tensor")(output, self.flat_grad, group=self.group)
         if not self.in_place:
             own.copy_(output)
+        return sum(p.numel() * p.element_size() for p in self.parameters)
 
     def grads(self) -> list:
         return [self.flat_grad[self.own]]
@@ -87,6 +96,9 @@ class ShardedOptimizer:
             master.grad = None
             if self.dtype != torch.float32:
                 own[chunk].copy_(master)
+        if self.route is not None:
+            all_gather_over_route(self.flat, self.route)
+            return
         _collective("all_gather_single", "all_gather_into_tensor")(self.flat, own if self.in_place else own.clone(),
                                                                    group=self.group)
 

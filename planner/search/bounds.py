@@ -4,6 +4,8 @@ import math
 
 import numpy as np
 
+from cost_models.network import Sync
+from planner.plan.sync import syncs_for
 from planner.prediction.stage_model import iteration_flops, layer_costs, least_gradient_bytes_per_param
 
 __all__ = ["lower_bound_s", "work_bound_s", "work_flops"]
@@ -16,14 +18,18 @@ def work_bound_s(topology, model, training) -> float:
 
 
 def lower_bound_s(topology, model, training) -> float:
-    """A bound on the iteration time of every plan the search can return (ring gradient sync).
+    """A bound on the iteration time of every plan the search can return.
 
     For each degree pair (S stages x D replicas) a plan could use, the larger of
     - the work bound over the ``S * D`` fastest devices (each device computes at most at its speed);
     - the gradient sync of the largest stage (at least ``params / S``): a ring all-reduce moves
       ``2 (D - 1) / D * n`` bytes over its slowest hop (Patarasuk & Yuan 2009), and that hop is no
       faster than the D-th best device's fastest outgoing link (NIC-capped), since the ring's D
-      members cannot all be among the D - 1 best;
+      members cannot all be among the D - 1 best; DTFM's sharded exchange sends as much from each
+      member over its own links. A parameter server or a hierarchical all-reduce (where
+      ``training.sync`` allows them) still sends ``n`` out of that slowest member, or ``n`` in
+      the leads' ring where it leads a host (``cost_models.network.Sync``), so ``n`` replaces
+      ``2 (D - 1) / D * n`` then;
     - with two stages or more, the activations of the busiest replica (at least ``B / D`` of the
       global batch's ``B`` sequences) crossing one directed link, no faster than the fastest link;
     - the stage with the most layers (at least ``ceil(L / S)``) computed then synchronised: its
@@ -48,13 +54,17 @@ def lower_bound_s(topology, model, training) -> float:
     np.fill_diagonal(bandwidth, 0.0)
     best_out = np.sort(bandwidth.max(axis=1))[::-1]  # each device's fastest outgoing link, best first
     n = topology.size
+    whole_message_syncs = any(s in (Sync.HIERARCHICAL, Sync.PARAMETER_SERVER) for s in syncs_for(training, 2))
     best = np.inf
     for stages in range(fewest_stages, min(model.layers, n) + 1):
         replicas = np.arange(1, min(n // stages, training.global_batch) + 1)
         if replicas.size == 0:
             break
         compute = work / fastest[stages * replicas - 1]
-        ring = 2.0 * (replicas - 1) / replicas / np.where(replicas > 1, best_out[replicas - 1], 1.0)  # s/byte
+        share = 2.0 * (replicas - 1) / replicas
+        if whole_message_syncs:
+            share = np.minimum(share, 1.0)
+        ring = share / np.where(replicas > 1, best_out[replicas - 1], 1.0)  # s/byte
         sync = params / stages * gradient_bytes * ring
         pipe = 0.0
         if stages > 1:

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models.network import Sync
 from planner.errors import InputError
+from planner.prediction.predict import sync_members
 from planner.prediction.stage_model import layer_costs, stage_profile
 
-__all__ = ["Dollars", "usd_per_iteration", "sync_bytes_per_hop", "egress_bytes", "price_per_hour_usd",
+__all__ = ["Dollars", "usd_per_iteration", "egress_bytes", "price_per_hour_usd",
            "plan_dollars", "BYTES_PER_GB", "SECONDS_PER_HOUR"]
 
 BYTES_PER_GB = 1e9  # cloud data transfer is billed per GB
@@ -46,19 +46,6 @@ def usd_per_iteration(iteration_s: float, usd_per_hour: float, egress_bytes, egr
     return iteration_s * usd_per_hour / SECONDS_PER_HOUR + egress / BYTES_PER_GB
 
 
-def sync_bytes_per_hop(message_bytes: float, members: int, sync: str) -> float:
-    """Bytes one member sends to one peer in a stage's gradient sync of ``message_bytes``.
-
-    Ring all-reduce: ``2 (k - 1) / k * n`` to its successor (Patarasuk & Yuan 2009, sec. 3);
-    DTFM's sharded exchange: ``2 n / k`` to every other member (reduce-scatter plus all-gather of
-    ``n / k`` shards, Yuan et al. 2022, sec. 3.2). One member sends nothing."""
-    if members <= 1:
-        return 0.0
-    if sync == Sync.SHARDED:
-        return 2.0 * message_bytes / members
-    return 2.0 * (members - 1) / members * message_bytes
-
-
 def egress_bytes(plan, topology, model, training) -> np.ndarray:
     """``R x R`` bytes sent from region i to region j in one iteration of ``plan`` (regions in
     ``topology.regions`` order; the diagonal holds the traffic that stays inside a region)."""
@@ -74,16 +61,10 @@ def egress_bytes(plan, topology, model, training) -> np.ndarray:
             table[a, b] += message  # activations forward
             table[b, a] += message  # their gradients backward
     for s in range(plan.stages):
-        ring = [region[topology.index(d)] for d in plan.ring(s)]
-        per_hop = sync_bytes_per_hop(float(profile.gradient_bytes[s]), len(ring), plan.sync)
-        if plan.sync == Sync.SHARDED:
-            for i, a in enumerate(ring):
-                for j, b in enumerate(ring):
-                    if i != j:
-                        table[a, b] += per_hop
-        elif len(ring) > 1:
-            for a, b in zip(ring, ring[1:] + ring[:1]):
-                table[a, b] += per_hop
+        ring, server = sync_members(topology, plan, s)
+        senders, receivers, sizes = topology.network.sync_flows(plan.sync, ring, float(profile.gradient_bytes[s]),
+                                                                server)
+        np.add.at(table, (region[senders], region[receivers]), sizes)  # the plan's algorithm's messages
     return table
 
 

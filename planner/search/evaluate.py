@@ -1,15 +1,18 @@
 """Score a placement fast: balance layers and batch exactly, then estimate the iteration time.
 
 The estimate is the flow-shop makespan of each pipeline (``fill + (M - 1) * bottleneck`` with
-links as extra machines; formulas.md, Pipeline schedules) plus each stage's all-reduce after its
-last backward. It ranks candidates in the search; the event simulator gives the final prediction.
+links as extra machines; formulas.md, Pipeline schedules) plus each stage's gradient sync after its
+last backward, by the plan's algorithm on the simulator's network (``Network.sync_s``). It ranks
+candidates in the search; the event simulator gives the final prediction.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from cost_models.network import Sync
 from cost_models.schedule import Schedule
+from planner.plan.sync import syncs_for
 from planner.plan.tensor import group_devices
 from planner.prediction.stage_model import (in_flight_table, layer_costs, message_codec_s, optimizer_time_s,
                                             stage_compress_flops, stage_gradient_bytes, stage_memory_bytes,
@@ -17,7 +20,7 @@ from planner.prediction.stage_model import (in_flight_table, layer_costs, messag
 from planner.search.balance import split_batch, split_layers
 
 __all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "score_split", "fits", "stage_costs",
-           "ring_cost", "gradient_bytes", "step_seconds", "backward_share"]
+           "ring_cost", "sync_route", "gradient_bytes", "step_seconds", "backward_share"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -35,6 +38,9 @@ class SearchContext:
     ring_nics: dict  # sorted member tuple -> its ring's shared NICs and their seconds per byte (Network.ring_nic_rates)
     groups: object = None  # planner.plan.tensor.TensorGroups: the real topology and its tensor groups
     tensor: np.ndarray = None  # per device: its tensor degree
+    # (sync, sorted member tuple) -> (ring order, parameter server) of a stage's sync (``sync_route``);
+    # also a non-ring sync's seconds and NIC holds per member set and bytes
+    routes: dict = field(default_factory=dict)
 
     def tensor_layer_s(self, costs, assign) -> np.ndarray:
         """Seconds of each placed group's tensor all-reduces per block and micro-batch (0 for one device)."""
@@ -203,26 +209,53 @@ def backward_share(training) -> float:
     return 0.75 if training.recompute else 2.0 / 3.0
 
 
+def sync_route(ctx, sync: Sync, members) -> tuple:
+    """(order, server) of a sync by ``sync`` among ``members`` (device indices): the ring order the
+    plan will use (``ring_cost``'s) and, for a parameter server, the member that serves fastest
+    (``Network.parameter_server_of``; None otherwise); memoised per member set."""
+    key = tuple(sorted(int(m) for m in members))
+    if (sync, key) not in ctx.routes:
+        order = [key[i] for i in ctx.network.ring_order(key, improve=False)]
+        server = ctx.network.parameter_server_of(order) if sync == Sync.PARAMETER_SERVER else None
+        ctx.routes[(sync, key)] = (order, server)
+    return ctx.routes[(sync, key)]
+
+
+def _sync_s(ctx, sync: Sync, members, message_bytes: float) -> float:
+    """One stage's sync of ``message_bytes`` among ``members`` by ``sync`` (``Network.sync_s``, the
+    simulator's; the ring by its memoised per-byte cost)."""
+    if sync == Sync.RING:
+        return message_bytes * _ring_seconds_per_byte(ctx, members) + _ring_latency(ctx, members)
+    memo = (sync, tuple(sorted(int(m) for m in members)), float(message_bytes))
+    if memo not in ctx.routes:  # a stage's bytes take few values (its layer count), so this hits
+        order, server = sync_route(ctx, sync, members)
+        ctx.routes[memo] = ctx.network.sync_s(sync, message_bytes, order, server)
+    return ctx.routes[memo]
+
+
 def _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck) -> float:
-    """Each replica's makespan ``fill + (M - 1) * bottleneck``, then each stage's gradient all-reduce
+    """Each replica's makespan ``fill + (M - 1) * bottleneck``, then each stage's gradient sync
     after its last backward (queued behind earlier ones on a shared NIC), then its optimizer step;
-    the slowest stage's end."""
+    the slowest stage's end. With ``training.sync`` auto, the fastest of the algorithms the job allows
+    (``planner.plan.sync.syncs_for``)."""
     R, S = assign.shape
     pipeline = _rounds_makespan(np.asarray(micro_batches), costs.micro_batches_per_round, fill, bottleneck)  # (R,)
     # Stage s finishes its last backward before the stages upstream of it do theirs.
     upstream = np.concatenate([np.zeros((R, 1)), np.cumsum(tau[:, :-1] * backward_share(ctx.training), axis=1)],
                               axis=1)
     finish = (pipeline[:, None] - upstream).max(axis=0)  # (S,)
-    sync = np.zeros(S)
-    start = finish
-    if R > 1:
-        grads = gradient_bytes(costs, counts)
-        H = costs.sync_every  # local steps: the whole sync, latency included, once every H iterations
-        sync = np.array([(grads[s] * H * _ring_seconds_per_byte(ctx, assign[:, s]) + _ring_latency(ctx, assign[:, s]))
-                         / H for s in range(S)])
-        if ctx.network.has_shared_nics:
-            start = _queued_sync_starts(ctx, assign, finish, sync, grads)
-    return float((start + sync + _step(ctx, assign, costs, counts).max(axis=0)).max())
+    step = _step(ctx, assign, costs, counts).max(axis=0)
+    if R == 1:
+        return float((finish + step).max())
+    grads = gradient_bytes(costs, counts)
+    H = costs.sync_every  # local steps: the whole sync, latency included, once every H iterations
+    best = np.inf
+    for algorithm in syncs_for(ctx.training, R):
+        sync = np.array([_sync_s(ctx, algorithm, assign[:, s], grads[s] * H) / H for s in range(S)])
+        start = _queued_sync_starts(ctx, assign, finish, sync, grads, algorithm) if ctx.network.has_shared_nics \
+            else finish
+        best = min(best, float((start + sync + step).max()))
+    return best
 
 
 def _rounds_makespan(micro_batches: np.ndarray, per_round: int, fill, bottleneck) -> np.ndarray:
@@ -235,19 +268,27 @@ def _rounds_makespan(micro_batches: np.ndarray, per_round: int, fill, bottleneck
     return rounds + np.where(rest > 0, fill + (rest - 1) * bottleneck, 0.0)
 
 
-def _queued_sync_starts(ctx, assign, finish, sync, grads) -> np.ndarray:
-    """Start of each stage's all-reduce when rings that cross the same shared NIC queue for it in
-    the order they become ready, each holding a NIC for its bytes through it at the NIC's rate (the
-    simulator's rule, ``Network.ring_nic_holds``; the ring taken in device order, one crossing per
+def _queued_sync_starts(ctx, assign, finish, sync, grads, algorithm: Sync = Sync.RING) -> np.ndarray:
+    """Start of each stage's sync when syncs that cross the same shared NIC queue for it in the
+    order they become ready, each holding a NIC for its bytes through it at the NIC's rate (the
+    simulator's rule, ``Network.sync_holds``; a ring taken in device order, one crossing per
     host)."""
     free_at, start = {}, finish.astype(float).copy()
     for s in np.argsort(finish, kind="stable"):
         key = tuple(sorted(assign[:, s].tolist()))
-        if key not in ctx.ring_nics:
-            ctx.ring_nics[key] = ctx.network.ring_nic_rates(key)
-        if not ctx.ring_nics[key]:
-            continue
-        holds = ctx.network.ring_nic_holds(key, float(grads[s]), float(sync[s]), ctx.ring_nics[key])
+        if algorithm != Sync.RING:
+            memo = ("holds", algorithm, key, float(grads[s]), float(sync[s]))
+            if memo not in ctx.routes:
+                order, server = sync_route(ctx, algorithm, key)
+                ctx.routes[memo] = [(k, busy) for k, busy in ctx.network.sync_holds(
+                    algorithm, order, float(grads[s]), float(sync[s]), server) if k[0] != "link"]
+            holds = ctx.routes[memo]
+        else:
+            if key not in ctx.ring_nics:
+                ctx.ring_nics[key] = ctx.network.ring_nic_rates(key)
+            if not ctx.ring_nics[key]:
+                continue
+            holds = ctx.network.ring_nic_holds(key, float(grads[s]), float(sync[s]), ctx.ring_nics[key])
         start[s] = max([finish[s]] + [free_at.get(k, 0.0) for k, _ in holds])
         for k, busy in holds:
             free_at[k] = start[s] + busy

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from cost_models.network import Sync
 from cost_models.schedule import AUTO_SCHEDULES, Schedule
 
 from planner.prediction.predict import predict
@@ -27,6 +28,7 @@ from planner.errors import InputError
 from planner.plan.dims import Compression, GradientCompression, MessageCompression
 from planner.plan.plan import Plan, validate_plan
 from planner.plan.precision import resolve_precision
+from planner.plan.sync import syncs_for
 from planner.plan.tensor import TENSOR_DEGREES, grouping_groups, groupings
 from planner.search.bounds import work_flops
 from planner.search.construct import layouts
@@ -39,6 +41,7 @@ from planner.search.genetic import POPULATION, genetic_search
 from planner.search.local import iterated_local_search
 from planner.search.objective import IterationTime, Objective
 from planner.search.plans import candidate_to_plan
+from planner.search.sync_choice import choose_sync
 from planner.search.no_plan import network_error, no_degrees_error, no_fit_error, too_few_micro_batches_error
 from planner.search.refine import REFINE_EVALUATIONS, refine_split
 
@@ -150,11 +153,14 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     history, pool = record.pop("history", []), record.pop("pool", [])
     bound = objective.lower_bound(topology, model, training)  # over every device, at the asked precision
     bound = max(bound, record.pop("engine_bound_s", 0.0))  # an engine's proof over the same plans, if tighter
+    plan, training, sync_tried = choose_sync(plan, topology, model, training)
     training, plan = _resolved_training(plan, topology, model, training)
     validate_plan(plan, topology, model, training)
     score = objective.score(plan, topology, model, training)
     wall = time.perf_counter() - started
     gap = max(0.0, (score - bound) / score) if score > 0 else 0.0
+    if sync_tried:
+        record = {**record, "sync_tried": sync_tried}
     plan = replace(plan, search={**record, "objective": objective.name, "objective_s": score, "seed": options.seed,
                                  "wall_s": round(wall, 3), "lower_bound_s": bound, "gap": gap})
     return SearchResult(plan=plan, predicted_s=plan.prediction.iteration_s, objective=objective.name,
@@ -608,9 +614,14 @@ def _solve_exactly(ctx, hint: Candidate, work_limit: float, seconds: float) -> t
         return None, None  # the CP-SAT model knows GPipe's and 1F1B's timing, not split backwards
     result = exact_placement(ctx, S, R, hint.micro_batch_size, hint.schedule, hint=hint, work_limit=work_limit,
                              time_limit_s=seconds / 2)
+    # The model times each stage's sync as a ring all-reduce: with other algorithms its candidate
+    # is still scored by the estimate, but its optimum and bound are the ring's, no proof.
+    ring_only = R == 1 or syncs_for(ctx.training, R) == (Sync.RING,)
+    status = result.status if ring_only else f"{result.status} for a ring sync (candidate scored with the plan's)"
     return {"stages": S, "replicas": R, "micro_batch_size": hint.micro_batch_size, "schedule": hint.schedule,
-            "status": result.status, "estimate_s": _finite(result.objective_s), "bound_s": _finite(result.bound_s),
-            "wall_s": round(result.wall_s, 3)}, result.candidate
+            "status": status, "estimate_s": _finite(result.objective_s),
+            "bound_s": _finite(result.bound_s) if ring_only else None, "wall_s": round(result.wall_s, 3)}, \
+        result.candidate
 
 
 def _finite(value: float) -> float | None:

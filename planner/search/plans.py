@@ -2,9 +2,11 @@
 
 import numpy as np
 
-from planner.plan.dims import Compression
+from planner.plan.dims import Compression, Sync
 from planner.plan.plan import Plan
+from planner.plan.sync import AUTO
 from planner.search.evaluate import Candidate
+from planner.search.sync_choice import plan_with_sync
 
 __all__ = ["candidate_to_plan"]
 
@@ -22,7 +24,7 @@ def candidate_to_plan(ctx, candidate: Candidate) -> Plan:
     members = ctx.groups.members if ctx.groups is not None else tuple((name,) for name in names)
     working = {name for d in used for name in members[d]}
     real = ctx.groups.topology if ctx.groups is not None else topo
-    return Plan(layer_bounds=tuple(bounds), assignment=assignment, micro_batches=candidate.micro_batches,
+    plan = Plan(layer_bounds=tuple(bounds), assignment=assignment, micro_batches=candidate.micro_batches,
                 micro_batch_size=candidate.micro_batch_size, schedule=candidate.schedule, ring_orders=rings,
                 topology_name=topo.name, topology_sha256=topo.sha256,
                 idle=tuple(name for name in real.names if name not in working),
@@ -30,3 +32,6 @@ def candidate_to_plan(ctx, candidate: Candidate) -> Plan:
                 sync_every=ctx.training.sync_every,
                 micro_batches_per_round=ctx.training.micro_batches_per_round,
                 compression=Compression.of_training(ctx.training))
+    if ctx.training.sync not in (AUTO, Sync.RING):  # auto: resolved on the final plan (``choose_sync``)
+        plan = plan_with_sync(plan, real, Sync(ctx.training.sync))
+    return plan

@@ -1,0 +1,86 @@
+"""Gradient sync algorithms on the shipped topologies: predicted iteration per algorithm, and what
+``training.sync: auto`` gains over the ring.
+
+    python benchmarks/sync_algorithms.py [--time-limit 4] [--seed 0]
+
+For each topology: the plan searched with the ring, predicted again with each algorithm (the same
+placement; ``shard_optimizer`` off where the algorithm sums whole gradients, so the step and memory
+change with it: "no fit" where it no longer fits), and the plan searched with ``sync: auto`` (the
+placement may follow the algorithm), with the one it chose. Gain: ring-searched iteration over
+auto-searched iteration. Prints a table and writes ``benchmarks/results/sync_algorithms.json``.
+"""
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cost_models.network import Sync  # noqa: E402
+from planner.errors import InputError  # noqa: E402
+from planner.inputs.job import load_job  # noqa: E402
+from planner.prediction.predict import predict  # noqa: E402
+from planner.search.front import SearchOptions, search  # noqa: E402
+from planner.search.sync_choice import choose_sync  # noqa: E402
+
+TOPOLOGIES = tuple(sorted(str(p.relative_to(ROOT)) for p in (ROOT / "topologies" / "dtfm").glob("*.yaml"))) + \
+    tuple(sorted(str(p.relative_to(ROOT)) for p in (ROOT / "topologies" / "hetero").glob("*.yaml")))
+
+
+def _per_algorithm(plan, topology, model, training) -> dict:
+    """Each algorithm's predicted iteration of ``plan`` (None where it does not fit)."""
+    out = {}
+    for sync in Sync:
+        asked = dataclasses.replace(training, sync=str(sync), shard_optimizer="auto")
+        try:
+            fixed, resolved, _ = choose_sync(plan, topology, model, asked)
+        except InputError:
+            out[str(sync)] = None
+            continue
+        prediction = predict(fixed, topology, model, resolved)[0] if fixed.prediction is None else fixed.prediction
+        out[str(sync)] = prediction.iteration_s if prediction.fits else None
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--time-limit", type=float, default=4.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sync_algorithms.json"))
+    args = parser.parse_args()
+    options = SearchOptions(time_limit_s=args.time_limit, seed=args.seed)
+    rows = []
+    for path in TOPOLOGIES:
+        job = load_job(ROOT / path)
+        started = time.perf_counter()
+        ring = search(job.topology, job.model, dataclasses.replace(job.training, sync="ring"), options)
+        auto = search(job.topology, job.model, dataclasses.replace(job.training, sync="auto"), options)
+        row = {"topology": path, "degrees": [ring.plan.stages, ring.plan.replicas],
+               "same_placement_s": _per_algorithm(ring.plan, job.topology, job.model, ring.training),
+               "ring_searched_s": ring.predicted_s, "auto_searched_s": auto.predicted_s,
+               "auto_chose": str(auto.plan.sync), "auto_tried_s": auto.plan.search.get("sync_tried", {}),
+               "gain": ring.predicted_s / auto.predicted_s, "wall_s": time.perf_counter() - started}
+        rows.append(row)
+        print(_line(row), flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["python", "benchmarks/sync_algorithms.py"] + sys.argv[1:])
+    Path(args.out).write_text(json.dumps({"command": command, "time_limit_s": args.time_limit, "seed": args.seed,
+                                          "rows": rows}, indent=1))
+
+
+def _line(row) -> str:
+    cells = " ".join(f"{row['same_placement_s'][str(s)]:9.3f}" if row["same_placement_s"][str(s)] is not None
+                     else f"{'no fit':>9}" for s in Sync)
+    return (f"{Path(row['topology']).stem[:30]:30} {row['degrees'][0]:>2}x{row['degrees'][1]:<2} {cells} | "
+            f"ring {row['ring_searched_s']:9.3f} auto {row['auto_searched_s']:9.3f} ({row['auto_chose']}) "
+            f"gain {row['gain']:.3f}")
+
+
+if __name__ == "__main__":
+    print(f"{'topology':30} {'SxR':5} " + " ".join(f"{str(s)[:9]:>9}" for s in Sync)
+          + " | searched: ring vs auto (seconds per iteration)")
+    main()

@@ -1,0 +1,64 @@
+"""The plan's gradient sync algorithm: a plan with a given one (and its parameter servers), and
+``training.sync: auto`` resolved per plan by the simulator.
+
+A stage's parameter server is the replica whose device serves the stage fastest
+(``Network.parameter_server_of``: the best links to the others, the least shared NIC).
+"""
+
+from dataclasses import replace
+
+from cost_models.network import Sync
+from planner.plan.sync import AUTO, syncs_for
+from planner.plan.tensor import groups_of_plan
+from planner.prediction.predict import predict
+from planner.prediction.stage_model import optimizer_shards
+
+__all__ = ["plan_with_sync", "choose_sync"]
+
+
+def plan_with_sync(plan, topology, sync: Sync):
+    """``plan`` syncing by ``sync`` (its prediction dropped); with a parameter server, each stage's
+    server is its fastest-serving replica."""
+    sync = Sync(sync)
+    if sync != Sync.PARAMETER_SERVER:
+        return replace(plan, sync=sync, sync_servers=(), prediction=None)
+    network = groups_of_plan(topology, plan).virtual
+    servers = []
+    for s in range(plan.stages):
+        order = list(plan.ring_orders[s]) if plan.ring_orders else list(range(plan.replicas))
+        ring = [network.index(plan.assignment[r][s]) for r in order]
+        servers.append(order[ring.index(network.network.parameter_server_of(ring))])
+    return replace(plan, sync=sync, sync_servers=tuple(servers), prediction=None)
+
+
+def _with_sync_training(training, sync: Sync, replicas: int):
+    """``training`` with ``sync`` named and ``shard_optimizer`` as this sync allows it."""
+    chosen = replace(training, sync=str(sync))
+    if training.shard_optimizer == "auto" and optimizer_shards(chosen, replicas) == 1:
+        chosen = replace(chosen, shard_optimizer=False)
+    return chosen
+
+
+def choose_sync(plan, topology, model, training) -> tuple:
+    """(plan, training, tried): ``plan`` with the sync ``training`` asks for, or with ``auto`` the
+    one of ``syncs_for`` whose simulated iteration is shortest among those that fit (ties: the
+    first of ``Sync``'s order, ring first); ``tried`` maps each algorithm to its iteration seconds
+    (empty unless auto). The returned ``training`` names the chosen sync."""
+    if training.sync != AUTO:
+        sync = Sync(training.sync)
+        if plan.sync != sync or (sync == Sync.PARAMETER_SERVER and not plan.sync_servers):
+            plan = plan_with_sync(plan, topology, sync)
+            plan = plan.with_prediction(predict(plan, topology, model, training)[0])
+        return plan, training, {}
+    best, tried = None, {}
+    for sync in syncs_for(training, plan.replicas):
+        chosen = _with_sync_training(training, sync, plan.replicas)
+        candidate = plan_with_sync(plan, topology, sync)
+        candidate = candidate.with_prediction(predict(candidate, topology, model, chosen)[0])
+        tried[str(sync)] = candidate.prediction.iteration_s
+        if candidate.prediction.fits and (best is None or candidate.prediction.iteration_s
+                                          < best[0].prediction.iteration_s):
+            best = (candidate, chosen)
+    if best is None:  # nothing fits: the ring, as the search planned it
+        return plan, _with_sync_training(training, Sync.RING, plan.replicas), tried
+    return best[0], best[1], tried
