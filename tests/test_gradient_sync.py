@@ -87,10 +87,37 @@ FOUR_REPLICAS = dict(assignment=[["a0"], ["a1"], ["b0"], ["b1"]], layer_bounds=[
                      micro_batch_size=1, schedule="1f1b", ring_orders=[[0, 2, 1, 3]])
 
 
+# Three replicas on host a's equal links: a ring there runs as torch's collective (``route_matters``).
+ONE_HOST = dict(assignment=[["a0"], ["a1"], ["a2"]], layer_bounds=[0, 4], micro_batches=[2, 2, 2],
+                micro_batch_size=1, schedule="1f1b", ring_orders=[[0, 2, 1]])
+
+
+def test_only_a_ring_over_equal_links_of_one_host_is_left_to_the_collective(tmp_path):
+    from planner.plan.document import read_plan
+    from planner.inputs.topology import parse_topology
+    from planner.io import read_yaml
+    from planner.runtime.engine import Layout
+    from planner.runtime.gradient_sync import route_matters, sync_route
+    from tests.runtime_helpers import cpu_topology, write_test_plan
+
+    topology_path = cpu_topology(tmp_path / "topology.yaml")
+    topology = parse_topology(read_yaml(topology_path), name="cpu-six")
+    for cells, sync, matters in ((ONE_HOST, Sync.RING, False), (ONE_HOST, Sync.PARAMETER_SERVER, True),
+                                 (FOUR_REPLICAS, Sync.RING, True), (FOUR_REPLICAS, Sync.SHARDED, True)):
+        folder = tmp_path / f"{len(cells['assignment'])}-{sync}"
+        folder.mkdir()
+        plan, _ = read_plan(write_test_plan(folder, topology_path, **cells, shard_optimizer=False, sync=str(sync)))
+        layout = Layout.of_plan(plan)
+        route = sync_route(plan, topology, layout, 0, 0, layout.rank(0, 0))
+        assert route_matters(route) is matters, (cells["assignment"], sync)
+
+
 @pytest.mark.runtime
 @pytest.mark.slow
-@pytest.mark.parametrize("sync, shard", [(s, False) for s in Sync] + [(Sync.RING, True), (Sync.SHARDED, True)])
-def test_each_algorithm_trains_like_one_process_and_sends_the_predicted_bytes(tmp_path, sync, shard):
+@pytest.mark.parametrize("sync, shard, cells", [(s, False, FOUR_REPLICAS) for s in Sync] + [
+    (Sync.RING, True, FOUR_REPLICAS), (Sync.SHARDED, True, FOUR_REPLICAS), (Sync.RING, False, ONE_HOST),
+    (Sync.RING, True, ONE_HOST)])
+def test_each_algorithm_trains_like_one_process_and_sends_the_predicted_bytes(tmp_path, sync, shard, cells):
     from planner.plan.document import read_plan
     from planner.prediction.predict import communication_bytes
     from planner.runtime.launch import LaunchOptions, launch
@@ -98,23 +125,24 @@ def test_each_algorithm_trains_like_one_process_and_sends_the_predicted_bytes(tm
     from tests.test_runtime import _assert_matches_single_process
 
     topology = cpu_topology(tmp_path / "topology.yaml")
-    path = write_test_plan(tmp_path, topology, **FOUR_REPLICAS, shard_optimizer=shard, sync=str(sync))
+    path = write_test_plan(tmp_path, topology, **cells, shard_optimizer=shard, sync=str(sync))
     plan, _ = read_plan(path)
     assert plan.sync == sync and (plan.sync_servers != ()) == (sync == Sync.PARAMETER_SERVER)
     out = tmp_path / "run"
     results = launch(path, LaunchOptions(backend="gloo", iterations=2, warmup=0, out_dir=str(out), learning_rate=0.05,
                                          save_state=True), log=lambda line: None)
-    kwargs = {k: v for k, v in FOUR_REPLICAS.items() if k != "ring_orders"}
+    kwargs = {k: v for k, v in cells.items() if k != "ring_orders"}
     _assert_matches_single_process(results, out, kwargs, iterations=2, lr=0.05)
     from planner.inputs.model import model_preset, parse_training
 
     training = parse_training({"global_batch": 6, "micro_batch_size": 1, "precision": "fp32", "optimizer": "sgd",
                                "schedule": "1f1b", "shard_optimizer": shard, "sync": str(sync)})
     predicted = communication_bytes(plan, model_preset("tiny"), training)["data_parallel_bytes_per_iteration"]
-    # ZeRO stage 1 pads the flat gradient to equal shards (at most k - 1 values more)
+    # ZeRO stage 1 pads the flat gradient to equal shards (at most k - 1 values more); torch's
+    # collective counts a ring member's 2 (k - 1) / k of each bucket, rounded down
     sent = results["run"]["data_parallel_bytes_per_iteration"]
-    assert sent == [pytest.approx(predicted, rel=1e-4 if shard else 0)] * 2
-    assert results["run"]["optimizer_shards"] == (4 if shard else 1)
+    assert sent == [pytest.approx(predicted, rel=1e-4 if shard or cells is ONE_HOST else 0)] * 2
+    assert results["run"]["optimizer_shards"] == (len(cells["assignment"]) if shard else 1)
 
 
 def test_plan_file_servers_round_trip_and_mistakes_are_one_line(tmp_path, capsys):

@@ -176,6 +176,7 @@ class StageExecutor:
         # Local steps (``planner.runtime.local_steps``): no data-parallel all-reduce; each replica's
         # gradient is the mean over its own micro-batches, as if it trained alone.
         self.local_steps = local_steps
+        self.sync_route = None  # the plan's sync route where its order matters (``gradient_sync.route_matters``)
         self.sync_bytes = 0  # message bytes handed to the data-parallel gradient sync, all iterations
         # Tensor groups: every member runs every op; only the lead (member 0) sends and receives
         # pipeline messages (between leads, as the cost model times them) and counts the loss.
@@ -345,8 +346,7 @@ class StageExecutor:
             self.sync_bytes += _all_reduce_sum(self.powersgd.whole, self.groups.stage)
         elif self.layout.replicas > 1 and self.local_steps is None:
             # by the plan's algorithm and route (``planner.runtime.gradient_sync``) where the worker gave one
-            self.sync_bytes += _all_reduce_sum(self.stage_parameters, self.groups.stage,
-                                               getattr(self, "sync_route", None))
+            self.sync_bytes += _all_reduce_sum(self.stage_parameters, self.groups.stage, self.sync_route)
         if self.groups.embedding is not None and self.embedding_parameters:
             local = self.local_steps is not None and self.groups.replica_embedding is not None
             group = self.groups.replica_embedding if local else self.groups.embedding
@@ -378,13 +378,15 @@ def _all_reduce_sum(parameters: list, group, route: SyncRoute | None = None) -> 
 
 
 def _reduce_bucket(grads: list, group, route: SyncRoute | None = None) -> int:
-    """Sum one bucket over ``group`` (by ``route`` if given); the bytes handed over, or sent by ``route``."""
+    """Sum one bucket over ``group`` (by ``route`` if given); the bytes this rank sent: by ``route``
+    as counted, by torch's all-reduce as a ring member sends them, ``2 (k - 1) / k`` of the bucket."""
     flat = _flatten_dense_tensors(grads)
     if route is not None:
         sent = sum_over_route(flat, route)
     else:
         dist.all_reduce(flat, group=group)
-        sent = flat.numel() * flat.element_size()
+        k = dist.get_world_size(group)
+        sent = 2 * (k - 1) * flat.numel() * flat.element_size() // k
     for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
         grad.copy_(reduced)
     return sent

@@ -29,7 +29,8 @@ import torch.distributed as dist
 
 from cost_models.network import Sync
 
-__all__ = ["SyncRoute", "sync_route", "sum_over_route", "reduce_scatter_over_route", "all_gather_over_route"]
+__all__ = ["SyncRoute", "sync_route", "route_matters", "sum_over_route", "reduce_scatter_over_route",
+           "all_gather_over_route"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +44,7 @@ class SyncRoute:
     me: int
     server: int | None = None
     replicas: tuple = ()  # each rank's replica index (its shard under ZeRO stage 1), in ``ranks``' order
+    uniform: bool = False  # one host, and the same latency and bandwidth between every two members
 
     def __post_init__(self):
         if self.me not in self.ranks or len(self.hosts) != len(self.ranks):
@@ -59,7 +61,19 @@ def sync_route(plan, topology, layout, stage: int, member: int, me: int) -> Sync
     hosts = tuple(topology.devices[topology.index(plan.members(plan.assignment[r][stage])[member])].host
                   for r in order)
     server = layout.rank(plan.sync_servers[stage], stage, member) if plan.sync_servers else None
-    return SyncRoute(sync=Sync(plan.sync), ranks=ranks, hosts=hosts, me=me, server=server, replicas=tuple(order))
+    devices = [topology.index(plan.members(plan.assignment[r][stage])[member]) for r in order]
+    pairs = [(a, b) for a in devices for b in devices if a != b]
+    uniform = len(set(hosts)) == 1 and len({(float(topology.latency_s[a, b]),
+                                             float(topology.bandwidth_bytes_per_s[a, b])) for a, b in pairs}) <= 1
+    return SyncRoute(sync=Sync(plan.sync), ranks=ranks, hosts=hosts, me=me, server=server, replicas=tuple(order),
+                     uniform=uniform)
+
+
+def route_matters(route: SyncRoute) -> bool:
+    """Whether the sync must follow ``route`` message by message: not for a ring over members of one
+    host joined by equal links, where no order is faster than another and torch's collective
+    (NCCL's own ring or tree on GPUs) moves the same bytes per link without a Python step per chunk."""
+    return len(route.ranks) > 1 and not (route.sync == Sync.RING and route.uniform)
 
 
 def sum_over_route(flat: torch.Tensor, route: SyncRoute) -> int:

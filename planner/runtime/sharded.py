@@ -82,7 +82,8 @@ class ShardedOptimizer:
         _collective("reduce_scatter_single", "reduce_scatter_tensor")(output, self.flat_grad, group=self.group)
         if not self.in_place:
             own.copy_(output)
-        return sum(p.numel() * p.element_size() for p in self.parameters)
+        k = dist.get_world_size(self.group)  # a ring member's bytes: reduce-scatter and all-gather
+        return 2 * (k - 1) * sum(p.numel() * p.element_size() for p in self.parameters) // k
 
     def grads(self) -> list:
         return [self.flat_grad[self.own]]

@@ -30,7 +30,7 @@ from planner.runtime.emulation import Emulator, SharedResources, now_s, slowed_j
 from planner.runtime.engine import Layout, StageExecutor, make_groups, split_parameters
 from planner.runtime.gpt import build_stage, compile_between_linears, compile_stage, lm_loss
 from planner.runtime.inputs import RunInputs, emulated_model, load_run_inputs
-from planner.runtime.gradient_sync import sync_route
+from planner.runtime.gradient_sync import route_matters, sync_route
 from planner.runtime.local_steps import LocalSteps, master_copies
 from planner.runtime.optimizer import make_optimizer
 from planner.runtime.precision import runtime_dtype
@@ -171,10 +171,11 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         torch.cuda.reset_peak_memory_stats(device)
     total = config.warmup + config.iterations
     executor.local_steps = local_steps
-    if layout.replicas > 1:  # the stage's gradient sum by the plan's algorithm, over the plan's route
-        executor.sync_route = sync_route(plan, inputs.topology, layout, stage, member, rank)
+    route = sync_route(plan, inputs.topology, layout, stage, member, rank) if layout.replicas > 1 else None
+    if route is not None and route_matters(route):  # the stage's gradient sum by the plan's algorithm and route
+        executor.sync_route = route
         if shard:  # ZeRO stage 1's reduce-scatter and all-gather over the same route
-            optimizer.sharded.route = executor.sync_route
+            optimizer.sharded.route = route
     times, losses, traces, checkpoints, sync_bytes, message_bytes = [], [], [], [], [], []
     for iteration in range(first, first + total):
         tokens = executor.batch(iteration)  # the input pipeline's work, outside the timed iteration
