@@ -79,6 +79,197 @@ def test_int8_keeps_an_overflow_visible():
 
 
 # -- inputs and the plan --------------------------------------------------------------------------
+def _old_encode_int8(tensor, block_values=BLOCK_VALUES):
+    """The codec as it was before it stopped padding whole-block messages (the bits to keep)."""
+    import torch
+    import torch.nn.functional as F
+
+    flat = tensor.detach().reshape(-1)
+    n, blocks = flat.numel(), -(-flat.numel() // block_values)
+    padded = F.pad(flat.float(), (0, blocks * block_values - n)).view(blocks, block_values)
+    scales = padded.abs().amax(dim=1) / 127.0
+    divisor = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = torch.round(padded / divisor[:, None]).clamp_(-127, 127).to(torch.int8)
+    return codes.reshape(-1)[:n].contiguous(), scales.contiguous()
+
+
+def _old_decode_int8(codes, scales, shape, dtype, block_values=BLOCK_VALUES):
+    import torch.nn.functional as F
+
+    n, blocks = codes.numel(), scales.numel()
+    padded = F.pad(codes.float(), (0, blocks * block_values - n)).view(blocks, block_values) * scales[:, None]
+    return padded.reshape(-1)[:n].view(shape).to(dtype)
+
+
+@pytest.mark.parametrize("shape", [(4, 2 * BLOCK_VALUES), (3, 100, 7)])  # whole blocks; a padded last block
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_int8_codec_gives_the_bits_of_the_padding_codec(shape, dtype):
+    torch = pytest.importorskip("torch")
+    from planner.runtime.compression import decode_int8, encode_int8
+
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(1)) * 3).to(getattr(torch, dtype))
+    x.view(-1)[:BLOCK_VALUES] = 0.0  # an all-zero block
+    x.view(-1)[BLOCK_VALUES + 5] = -50.0  # a block whose absmax is a negative value
+    codes, scales = encode_int8(x)
+    old_codes, old_scales = _old_encode_int8(x)
+    assert torch.equal(codes, old_codes) and torch.equal(scales, old_scales)
+    assert codes.is_contiguous() and codes.numel() == x.numel()
+    got, old = decode_int8(codes, scales, x.shape, x.dtype), _old_decode_int8(codes, scales, x.shape, x.dtype)
+    assert got.dtype == old.dtype and torch.equal(got, old)
+    x.view(-1)[-1] = float("nan")
+    assert torch.isnan(encode_int8(x)[1][-1]) and torch.isnan(_old_encode_int8(x)[1][-1])
+
+
+# -- PowerSGD's state, in a process group of one (its all-reduces are the identity) ---------------
+@pytest.fixture(scope="module")
+def one_process_group():
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def _spectrum_matrix(torch, n=48, m=32, seed=0, decay=0.7):
+    """A full-rank n x m matrix whose singular values fall by ``decay`` each (a rank-r approximation
+    leaves a known remainder)."""
+    g = torch.Generator().manual_seed(seed)
+    u, _ = torch.linalg.qr(torch.randn(n, m, generator=g))
+    v, _ = torch.linalg.qr(torch.randn(m, m, generator=g))
+    return (u * decay ** torch.arange(m, dtype=torch.float32)) @ v.t()
+
+
+def test_powersgd_error_feedback_keeps_the_sum_of_updates_on_the_sum_of_gradients(one_process_group):
+    """Over many steps the compressed updates sum to the true gradients' sum minus the last error
+    memory (bounded); without error feedback the lost part of every step adds up."""
+    torch = pytest.importorskip("torch")
+    from planner.runtime.powersgd import PowerSGD
+
+    weight = torch.nn.Parameter(torch.zeros(48, 32))
+    state = PowerSGD([weight], rank=2, group=one_process_group, device=torch.device("cpu"))
+    assert state.matrices == [weight]
+    g = torch.Generator().manual_seed(3)
+    true_sum, sent_sum, residuals = torch.zeros(48, 32), torch.zeros(48, 32), []
+    for _ in range(120):
+        grad = _spectrum_matrix(torch) + 0.05 * torch.randn(48, 32, generator=g)
+        weight.grad = grad.clone()
+        state.reduce()
+        true_sum += grad
+        sent_sum += weight.grad
+        residuals.append(float((true_sum - sent_sum).norm()))
+    # the identity of error feedback: what was sent plus what is remembered is what was computed
+    assert torch.allclose(sent_sum + state.errors[0], true_sum, atol=1e-3)
+    # bounded: as far off after 120 steps as after 40 (without the memory, 3 times as far), and small
+    assert residuals[-1] < 1.2 * residuals[39]
+    assert residuals[-1] < 0.05 * float(true_sum.norm())
+
+
+def test_powersgd_warm_start_converges_on_a_fixed_matrix(one_process_group):
+    """With the error memory cleared each step, the approximation of one fixed matrix is a power
+    iteration on it across steps: its error falls to the best rank-r error (Eckart-Young), which a
+    Q drawn afresh each step does not reach."""
+    torch = pytest.importorskip("torch")
+    from planner.runtime.powersgd import PowerSGD
+
+    matrix = _spectrum_matrix(torch)
+    weight = torch.nn.Parameter(torch.zeros_like(matrix))
+    state = PowerSGD([weight], rank=2, group=one_process_group, device=torch.device("cpu"))
+    best = torch.linalg.svdvals(matrix)[2:].norm()  # the rank-2 remainder
+    errors = []
+    for _ in range(12):
+        state.errors[0].zero_()
+        weight.grad = matrix.clone()
+        state.reduce()
+        errors.append(float((weight.grad - matrix).norm()))
+    assert errors[0] > 1.05 * best  # one power iteration from a random Q is not yet there
+    assert errors[-1] < 1.001 * best and errors[-1] < 0.95 * errors[0]
+
+
+def test_powersgd_sends_an_overflowed_gradient_whole_and_keeps_its_state(one_process_group):
+    """An inf in one replica's gradient makes the summed P non-finite: the gradients go whole (the
+    inf reaches the loss scaler), the error memory and Q are left as they were, the fallback counted."""
+    torch = pytest.importorskip("torch")
+    from planner.runtime.powersgd import PowerSGD
+
+    weight = torch.nn.Parameter(torch.zeros(48, 32))
+    state = PowerSGD([weight], rank=2, group=one_process_group, device=torch.device("cpu"))
+    weight.grad = _spectrum_matrix(torch)
+    state.reduce(loss_scale=8.0)
+    errors, qs = [e.clone() for e in state.errors], [q.clone() for q in state.qs]
+    assert errors[0].abs().max() > 0
+    grad = _spectrum_matrix(torch, seed=1)
+    grad[3, 4] = float("inf")
+    weight.grad = grad.clone()
+    sent = state.reduce(loss_scale=8.0)
+    assert state.fallbacks == 1
+    assert torch.equal(weight.grad, grad)  # whole (the sum over a group of one), inf and all
+    assert all(torch.equal(a, b) for a, b in zip(state.errors, errors))
+    assert all(torch.equal(a, b) for a, b in zip(state.qs, qs))
+    assert sent == (48 * 2) * 4 + 48 * 32 * 4  # P, then the whole gradient
+
+
+def _allocating_reduce(state, loss_scale=1.0):
+    """PowerSGD's step as it was before its buffers persisted (fresh M, P, Q each step)."""
+    import torch
+    import torch.distributed as dist
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    for p in state.matrices:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    ms = [p.grad.float() / loss_scale + e for p, e in zip(state.matrices, state.errors)]
+    ps = [m @ q for m, q in zip(ms, state.qs)]
+    flat = _flatten_dense_tensors(ps)
+    dist.all_reduce(flat, group=state.group)
+    sent = flat.numel() * 4
+    if not bool(torch.isfinite(flat).all()):
+        state.fallbacks += 1
+        for p in state.matrices:
+            dist.all_reduce(p.grad, group=state.group)
+        return sent + sum(p.grad.numel() * p.grad.element_size() for p in state.matrices)
+    ps = [torch.linalg.qr(p, mode="reduced").Q for p in _unflatten_dense_tensors(flat, ps)]
+    qs = [m.t() @ p for m, p in zip(ms, ps)]
+    for i, (m, p, q) in enumerate(zip(ms, ps, qs)):
+        state.errors[i] = m - p @ q.t()
+    flat = _flatten_dense_tensors(qs)
+    dist.all_reduce(flat, group=state.group)
+    sent += flat.numel() * 4
+    state.qs = list(_unflatten_dense_tensors(flat, qs))
+    for param, p, q in zip(state.matrices, ps, state.qs):
+        param.grad.copy_((p @ q.t()) * loss_scale)
+    return sent
+
+
+def test_powersgd_gives_the_bits_of_the_allocating_step(one_process_group):
+    """The in-place step (persistent M, P, Q and scratch buffers) gives the same gradients, error
+    memory and Q, bit for bit, as the step that allocated them, loss-scaled and not."""
+    torch = pytest.importorskip("torch")
+    from planner.runtime.powersgd import PowerSGD
+
+    shapes = [(48, 32), (32, 96), (8, 8)]  # the 8 x 8 goes whole
+    new = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    old = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    states = [PowerSGD(new, rank=3, group=one_process_group, device=torch.device("cpu"), seed=5),
+              PowerSGD(old, rank=3, group=one_process_group, device=torch.device("cpu"), seed=5)]
+    g = torch.Generator().manual_seed(7)
+    for step, scale in enumerate([1.0, 1.0, 1024.0, 1.0]):
+        grads = [torch.randn(s, generator=g) * scale for s in shapes]
+        for params in (new, old):
+            for p, grad in zip(params, grads):
+                p.grad = grad.clone()
+        assert states[0].reduce(scale) == _allocating_reduce(states[1], scale)
+        for a, b in zip(new, old):
+            assert torch.equal(a.grad, b.grad), step
+        for a, b in zip(states[0].errors + states[0].qs, states[1].errors + states[1].qs):
+            assert torch.equal(a, b), step
+
+
 def test_training_reads_compression_and_yaml_off():
     t = parse_training({"global_batch": 8, "compress_messages": "int8", "compress_gradients": False,
                         "powersgd_rank": 2})
