@@ -4,6 +4,8 @@ dimension, the search's choice, the command line, the runtime's counted bytes an
 the uncompressed run)."""
 
 import dataclasses
+import json
+import shutil
 
 import numpy as np
 import pytest
@@ -553,9 +555,10 @@ def test_cli_refuses_bad_compression_options_in_one_line(write_yaml, capsys, arg
 
 
 # -- runtime (CPU, gloo, fp32) --------------------------------------------------------------------
-def _runtime_plan(folder, messages: str, gradients: str = "off", model=None, boundaries=None):
+def _runtime_plan(folder, messages: str, gradients: str = "off", model=None, boundaries=None, layout=None):
     """2 replicas x 2 stages of the tiny model on CPU devices (a0 b0 / a1 b1), 1F1B, SGD, fp32; with
-    ``boundaries``, one replica of 3 stages (a0 a1 b0) compressing those boundaries' messages only."""
+    ``boundaries``, one replica of 3 stages (a0 a1 b0) compressing those boundaries' messages only;
+    ``layout``: (layer bounds, assignment, micro-batches) of another plan."""
     from planner.inputs.topology import parse_topology
     from planner.io import read_yaml
     from planner.plan.document import write_plan
@@ -569,6 +572,7 @@ def _runtime_plan(folder, messages: str, gradients: str = "off", model=None, bou
                                "compress_gradients": gradients})
     bounds, assignment, micro_batches = ((0, 2, 4), (("a0", "b0"), ("a1", "b1")), (3, 1)) if boundaries is None \
         else ((0, 1, 2, 4), (("a0", "a1", "b0"),), (4,))
+    bounds, assignment, micro_batches = layout or (bounds, assignment, micro_batches)
     used = {d for row in assignment for d in row}
     plan = Plan(layer_bounds=bounds, assignment=assignment, micro_batches=micro_batches,
                 micro_batch_size=1, schedule=Schedule.ONE_F_ONE_B, topology_name=topology.name,
@@ -644,14 +648,45 @@ def test_runtime_powersgd_counts_the_predicted_bytes_and_trains_close_to_uncompr
 
 
 
-def test_launch_refuses_checkpoints_of_a_powersgd_plan_in_one_line(tmp_path, capsys):
-    from planner.cli import main
+@pytest.mark.runtime
+@pytest.mark.slow
+def test_powersgd_state_resumes_from_a_checkpoint_and_restarts_under_other_replicas(tmp_path, capfd):
+    """2 x 2 with PowerSGD (the tied embedding's copies compressed too), 4 iterations, against 2,
+    a checkpoint, and 2 resumed under the same plan: the same losses (each replica's error memory
+    and Q came back). Resumed under 4 replicas instead, the state restarts, said in one line."""
+    from planner.runtime.launch import LaunchOptions, launch
 
-    path, _, _ = _runtime_plan(tmp_path, "off", "powersgd")
-    assert main(["launch", str(path), "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "ck"),
-                 "--out", str(tmp_path / "run")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert str(path) in err and "compression.gradients" in err and len(err.splitlines()) == 1
+    path, plan, _ = _runtime_plan(tmp_path, "off", "powersgd")
+    run = lambda out, n, **more: launch(path if "plan" not in more else more.pop("plan"), LaunchOptions(
+        backend="gloo", iterations=n, warmup=0, out_dir=str(tmp_path / out), learning_rate=LR, **more),
+        log=lambda line: None)["measured"]["loss"]
+    whole = run("whole", 4)
+    checkpoints = tmp_path / "checkpoints"
+    before = run("before", 2, checkpoint_every=2, checkpoint_dir=str(checkpoints))
+    saved = sorted(p.name for p in (checkpoints / "iteration-00000002").glob("powersgd-*.pt"))
+    assert saved == [f"powersgd-replica{r}-stage{s}.pt" for r in range(2) for s in range(2)]
+    capfd.readouterr()
+    after = run("after", 2, resume=str(checkpoints))
+    assert "PowerSGD" not in capfd.readouterr().out  # continued, nothing to say
+    assert before + after == pytest.approx(whole, rel=1e-5, abs=0)
+    # the same plan without the state (error memory zero, Q from the seed) would not give them
+    fresh = tmp_path / "fresh"
+    shutil.copytree(checkpoints / "iteration-00000002", fresh)
+    for stale in fresh.glob("powersgd-*.pt"):
+        stale.unlink()
+    document = json.loads((fresh / "checkpoint.json").read_text())
+    (fresh / "checkpoint.json").write_text(json.dumps({**document, "powersgd": None}))
+    restarted = run("restarted", 2, resume=str(fresh))
+    assert "PowerSGD starts afresh" in capfd.readouterr().out
+    assert restarted[1] != pytest.approx(whole[3], rel=1e-5, abs=0)
+    four = tmp_path / "four"
+    four.mkdir()
+    other, _, _ = _runtime_plan(four, "off", "powersgd", layout=((0, 4), (("a0",), ("a1",), ("b0",), ("b1",)),
+                                                                   (1, 1, 1, 1)))
+    capfd.readouterr()
+    run("four-replicas", 1, resume=str(checkpoints), plan=other)
+    said = [line for line in capfd.readouterr().out.splitlines() if "PowerSGD" in line]
+    assert len(said) == 1 and "2 replicas, this plan has 4" in said[0]
 
 
 def test_plot_loss_labels_what_a_run_changes(tmp_path):
