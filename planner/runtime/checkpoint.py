@@ -358,7 +358,7 @@ def load_powersgd(folder, document: dict, *, module, powersgd: dict, replica: in
             for section, entries in torch.load(path, map_location="cpu", weights_only=True).items():
                 found[section].update(entries)
         names = {id(p): name for name, p in module.named_parameters()}
-        why, lost = "", 0
+        lost = 0
         for section, state in states.items():
             wanted = [names[id(p)] for p in state.matrices]
             entries = found[section]
@@ -369,10 +369,8 @@ def load_powersgd(folder, document: dict, *, module, powersgd: dict, replica: in
             for name, e, q in zip(wanted, state.errors, state.qs):
                 e.copy_(entries[name]["error"])
                 q.copy_(entries[name]["q"])
-        if lost:
-            why = ("the tied embedding's copies are synced otherwise under this plan's stages, so its syncs "
-                   "that moved start afresh")
-        return f"PowerSGD state: {why}" if why else ""
+        return ("" if not lost else "PowerSGD's syncs whose matrices moved between the stage's and the tied "
+                "embedding's sync (one stage against several) start afresh (zero error memory, Q from the seed)")
     for state in states.values():
         state.reset()
     return f"PowerSGD starts afresh (zero error memory, Q from the seed): {why}"
