@@ -477,10 +477,6 @@ def _refuse_checkpoints_with_local_steps(args) -> None:
     if plan.sync_every > 1:
         raise InputError(f"is {plan.sync_every} (local steps), whose outer snapshot and momentum checkpoints do not "
                          f"hold yet: drop {flag} or plan with --sync-every 1", source=args.plan, field="sync_every")
-    if plan.compression.gradients != "off":
-        raise InputError(f"is {plan.compression.gradients}, whose error memory and warm start checkpoints do not hold "
-                         f"yet: drop {flag} or plan with --compress-gradients off", source=args.plan,
-                         field="compression.gradients")
 
 
 def _launch(args) -> int:

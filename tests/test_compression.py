@@ -4,6 +4,8 @@ dimension, the search's choice, the command line, the runtime's counted bytes an
 the uncompressed run)."""
 
 import dataclasses
+import json
+import shutil
 
 import numpy as np
 import pytest
@@ -79,6 +81,197 @@ def test_int8_keeps_an_overflow_visible():
 
 
 # -- inputs and the plan --------------------------------------------------------------------------
+def _old_encode_int8(tensor, block_values=BLOCK_VALUES):
+    """The codec as it was before it stopped padding whole-block messages (the bits to keep)."""
+    import torch
+    import torch.nn.functional as F
+
+    flat = tensor.detach().reshape(-1)
+    n, blocks = flat.numel(), -(-flat.numel() // block_values)
+    padded = F.pad(flat.float(), (0, blocks * block_values - n)).view(blocks, block_values)
+    scales = padded.abs().amax(dim=1) / 127.0
+    divisor = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = torch.round(padded / divisor[:, None]).clamp_(-127, 127).to(torch.int8)
+    return codes.reshape(-1)[:n].contiguous(), scales.contiguous()
+
+
+def _old_decode_int8(codes, scales, shape, dtype, block_values=BLOCK_VALUES):
+    import torch.nn.functional as F
+
+    n, blocks = codes.numel(), scales.numel()
+    padded = F.pad(codes.float(), (0, blocks * block_values - n)).view(blocks, block_values) * scales[:, None]
+    return padded.reshape(-1)[:n].view(shape).to(dtype)
+
+
+@pytest.mark.parametrize("shape", [(4, 2 * BLOCK_VALUES), (3, 100, 7)])  # whole blocks; a padded last block
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_int8_codec_gives_the_bits_of_the_padding_codec(shape, dtype):
+    torch = pytest.importorskip("torch")
+    from planner.runtime.compression import decode_int8, encode_int8
+
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(1)) * 3).to(getattr(torch, dtype))
+    x.view(-1)[:BLOCK_VALUES] = 0.0  # an all-zero block
+    x.view(-1)[BLOCK_VALUES + 5] = -50.0  # a block whose absmax is a negative value
+    codes, scales = encode_int8(x)
+    old_codes, old_scales = _old_encode_int8(x)
+    assert torch.equal(codes, old_codes) and torch.equal(scales, old_scales)
+    assert codes.is_contiguous() and codes.numel() == x.numel()
+    got, old = decode_int8(codes, scales, x.shape, x.dtype), _old_decode_int8(codes, scales, x.shape, x.dtype)
+    assert got.dtype == old.dtype and torch.equal(got, old)
+    x.view(-1)[-1] = float("nan")
+    assert torch.isnan(encode_int8(x)[1][-1]) and torch.isnan(_old_encode_int8(x)[1][-1])
+
+
+# -- PowerSGD's state, in a process group of one (its all-reduces are the identity) ---------------
+@pytest.fixture(scope="module")
+def one_process_group():
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def _spectrum_matrix(torch, n=48, m=32, seed=0, decay=0.7):
+    """A full-rank n x m matrix whose singular values fall by ``decay`` each (a rank-r approximation
+    leaves a known remainder)."""
+    g = torch.Generator().manual_seed(seed)
+    u, _ = torch.linalg.qr(torch.randn(n, m, generator=g))
+    v, _ = torch.linalg.qr(torch.randn(m, m, generator=g))
+    return (u * decay ** torch.arange(m, dtype=torch.float32)) @ v.t()
+
+
+def test_powersgd_error_feedback_keeps_the_sum_of_updates_on_the_sum_of_gradients(one_process_group):
+    """Over many steps the compressed updates sum to the true gradients' sum minus the last error
+    memory (bounded); without error feedback the lost part of every step adds up."""
+    torch = pytest.importorskip("torch")
+    from planner.runtime.powersgd import PowerSGD
+
+    weight = torch.nn.Parameter(torch.zeros(48, 32))
+    state = PowerSGD([weight], rank=2, group=one_process_group, device=torch.device("cpu"))
+    assert state.matrices == [weight]
+    g = torch.Generator().manual_seed(3)
+    true_sum, sent_sum, residuals = torch.zeros(48, 32), torch.zeros(48, 32), []
+    for _ in range(120):
+        grad = _spectrum_matrix(torch) + 0.05 * torch.randn(48, 32, generator=g)
+        weight.grad = grad.clone()
+        state.reduce()
+        true_sum += grad
+        sent_sum += weight.grad
+        residuals.append(float((true_sum - sent_sum).norm()))
+    # the identity of error feedback: what was sent plus what is remembered is what was computed
+    assert torch.allclose(sent_sum + state.errors[0], true_sum, atol=1e-3)
+    # bounded: as far off after 120 steps as after 40 (without the memory, 3 times as far), and small
+    assert residuals[-1] < 1.2 * residuals[39]
+    assert residuals[-1] < 0.05 * float(true_sum.norm())
+
+
+def test_powersgd_warm_start_converges_on_a_fixed_matrix(one_process_group):
+    """With the error memory cleared each step, the approximation of one fixed matrix is a power
+    iteration on it across steps: its error falls to the best rank-r error (Eckart-Young), which a
+    Q drawn afresh each step does not reach."""
+    torch = pytest.importorskip("torch")
+    from planner.runtime.powersgd import PowerSGD
+
+    matrix = _spectrum_matrix(torch)
+    weight = torch.nn.Parameter(torch.zeros_like(matrix))
+    state = PowerSGD([weight], rank=2, group=one_process_group, device=torch.device("cpu"))
+    best = torch.linalg.svdvals(matrix)[2:].norm()  # the rank-2 remainder
+    errors = []
+    for _ in range(12):
+        state.errors[0].zero_()
+        weight.grad = matrix.clone()
+        state.reduce()
+        errors.append(float((weight.grad - matrix).norm()))
+    assert errors[0] > 1.05 * best  # one power iteration from a random Q is not yet there
+    assert errors[-1] < 1.001 * best and errors[-1] < 0.95 * errors[0]
+
+
+def test_powersgd_sends_an_overflowed_gradient_whole_and_keeps_its_state(one_process_group):
+    """An inf in one replica's gradient makes the summed P non-finite: the gradients go whole (the
+    inf reaches the loss scaler), the error memory and Q are left as they were, the fallback counted."""
+    torch = pytest.importorskip("torch")
+    from planner.runtime.powersgd import PowerSGD
+
+    weight = torch.nn.Parameter(torch.zeros(48, 32))
+    state = PowerSGD([weight], rank=2, group=one_process_group, device=torch.device("cpu"))
+    weight.grad = _spectrum_matrix(torch)
+    state.reduce(loss_scale=8.0)
+    errors, qs = [e.clone() for e in state.errors], [q.clone() for q in state.qs]
+    assert errors[0].abs().max() > 0
+    grad = _spectrum_matrix(torch, seed=1)
+    grad[3, 4] = float("inf")
+    weight.grad = grad.clone()
+    sent = state.reduce(loss_scale=8.0)
+    assert state.fallbacks == 1
+    assert torch.equal(weight.grad, grad)  # whole (the sum over a group of one), inf and all
+    assert all(torch.equal(a, b) for a, b in zip(state.errors, errors))
+    assert all(torch.equal(a, b) for a, b in zip(state.qs, qs))
+    assert sent == (48 * 2) * 4 + 48 * 32 * 4  # P, then the whole gradient
+
+
+def _allocating_reduce(state, loss_scale=1.0):
+    """PowerSGD's step as it was before its buffers persisted (fresh M, P, Q each step)."""
+    import torch
+    import torch.distributed as dist
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    for p in state.matrices:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    ms = [p.grad.float() / loss_scale + e for p, e in zip(state.matrices, state.errors)]
+    ps = [m @ q for m, q in zip(ms, state.qs)]
+    flat = _flatten_dense_tensors(ps)
+    dist.all_reduce(flat, group=state.group)
+    sent = flat.numel() * 4
+    if not bool(torch.isfinite(flat).all()):
+        state.fallbacks += 1
+        for p in state.matrices:
+            dist.all_reduce(p.grad, group=state.group)
+        return sent + sum(p.grad.numel() * p.grad.element_size() for p in state.matrices)
+    ps = [torch.linalg.qr(p, mode="reduced").Q for p in _unflatten_dense_tensors(flat, ps)]
+    qs = [m.t() @ p for m, p in zip(ms, ps)]
+    for i, (m, p, q) in enumerate(zip(ms, ps, qs)):
+        state.errors[i] = m - p @ q.t()
+    flat = _flatten_dense_tensors(qs)
+    dist.all_reduce(flat, group=state.group)
+    sent += flat.numel() * 4
+    state.qs = list(_unflatten_dense_tensors(flat, qs))
+    for param, p, q in zip(state.matrices, ps, state.qs):
+        param.grad.copy_((p @ q.t()) * loss_scale)
+    return sent
+
+
+def test_powersgd_gives_the_bits_of_the_allocating_step(one_process_group):
+    """The in-place step (persistent M, P, Q and scratch buffers) gives the same gradients, error
+    memory and Q, bit for bit, as the step that allocated them, loss-scaled and not."""
+    torch = pytest.importorskip("torch")
+    from planner.runtime.powersgd import PowerSGD
+
+    shapes = [(48, 32), (32, 96), (8, 8)]  # the 8 x 8 goes whole
+    new = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    old = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    states = [PowerSGD(new, rank=3, group=one_process_group, device=torch.device("cpu"), seed=5),
+              PowerSGD(old, rank=3, group=one_process_group, device=torch.device("cpu"), seed=5)]
+    g = torch.Generator().manual_seed(7)
+    for step, scale in enumerate([1.0, 1.0, 1024.0, 1.0]):
+        grads = [torch.randn(s, generator=g) * scale for s in shapes]
+        for params in (new, old):
+            for p, grad in zip(params, grads):
+                p.grad = grad.clone()
+        assert states[0].reduce(scale) == _allocating_reduce(states[1], scale)
+        for a, b in zip(new, old):
+            assert torch.equal(a.grad, b.grad), step
+        for a, b in zip(states[0].errors + states[0].qs, states[1].errors + states[1].qs):
+            assert torch.equal(a, b), step
+
+
 def test_training_reads_compression_and_yaml_off():
     t = parse_training({"global_batch": 8, "compress_messages": "int8", "compress_gradients": False,
                         "powersgd_rank": 2})
@@ -362,9 +555,10 @@ def test_cli_refuses_bad_compression_options_in_one_line(write_yaml, capsys, arg
 
 
 # -- runtime (CPU, gloo, fp32) --------------------------------------------------------------------
-def _runtime_plan(folder, messages: str, gradients: str = "off", model=None, boundaries=None):
+def _runtime_plan(folder, messages: str, gradients: str = "off", model=None, boundaries=None, layout=None):
     """2 replicas x 2 stages of the tiny model on CPU devices (a0 b0 / a1 b1), 1F1B, SGD, fp32; with
-    ``boundaries``, one replica of 3 stages (a0 a1 b0) compressing those boundaries' messages only."""
+    ``boundaries``, one replica of 3 stages (a0 a1 b0) compressing those boundaries' messages only;
+    ``layout``: (layer bounds, assignment, micro-batches) of another plan."""
     from planner.inputs.topology import parse_topology
     from planner.io import read_yaml
     from planner.plan.document import write_plan
@@ -378,6 +572,7 @@ def _runtime_plan(folder, messages: str, gradients: str = "off", model=None, bou
                                "compress_gradients": gradients})
     bounds, assignment, micro_batches = ((0, 2, 4), (("a0", "b0"), ("a1", "b1")), (3, 1)) if boundaries is None \
         else ((0, 1, 2, 4), (("a0", "a1", "b0"),), (4,))
+    bounds, assignment, micro_batches = layout or (bounds, assignment, micro_batches)
     used = {d for row in assignment for d in row}
     plan = Plan(layer_bounds=bounds, assignment=assignment, micro_batches=micro_batches,
                 micro_batch_size=1, schedule=Schedule.ONE_F_ONE_B, topology_name=topology.name,
@@ -453,14 +648,45 @@ def test_runtime_powersgd_counts_the_predicted_bytes_and_trains_close_to_uncompr
 
 
 
-def test_launch_refuses_checkpoints_of_a_powersgd_plan_in_one_line(tmp_path, capsys):
-    from planner.cli import main
+@pytest.mark.runtime
+@pytest.mark.slow
+def test_powersgd_state_resumes_from_a_checkpoint_and_restarts_under_other_replicas(tmp_path, capfd):
+    """2 x 2 with PowerSGD (the tied embedding's copies compressed too), 4 iterations, against 2,
+    a checkpoint, and 2 resumed under the same plan: the same losses (each replica's error memory
+    and Q came back). Resumed under 4 replicas instead, the state restarts, said in one line."""
+    from planner.runtime.launch import LaunchOptions, launch
 
-    path, _, _ = _runtime_plan(tmp_path, "off", "powersgd")
-    assert main(["launch", str(path), "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "ck"),
-                 "--out", str(tmp_path / "run")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert str(path) in err and "compression.gradients" in err and len(err.splitlines()) == 1
+    path, plan, _ = _runtime_plan(tmp_path, "off", "powersgd")
+    run = lambda out, n, **more: launch(path if "plan" not in more else more.pop("plan"), LaunchOptions(
+        backend="gloo", iterations=n, warmup=0, out_dir=str(tmp_path / out), learning_rate=LR, **more),
+        log=lambda line: None)["measured"]["loss"]
+    whole = run("whole", 4)
+    checkpoints = tmp_path / "checkpoints"
+    before = run("before", 2, checkpoint_every=2, checkpoint_dir=str(checkpoints))
+    saved = sorted(p.name for p in (checkpoints / "iteration-00000002").glob("powersgd-*.pt"))
+    assert saved == [f"powersgd-replica{r}-stage{s}.pt" for r in range(2) for s in range(2)]
+    capfd.readouterr()
+    after = run("after", 2, resume=str(checkpoints))
+    assert "PowerSGD" not in capfd.readouterr().out  # continued, nothing to say
+    assert before + after == pytest.approx(whole, rel=1e-5, abs=0)
+    # the same plan without the state (error memory zero, Q from the seed) would not give them
+    fresh = tmp_path / "fresh"
+    shutil.copytree(checkpoints / "iteration-00000002", fresh)
+    for stale in fresh.glob("powersgd-*.pt"):
+        stale.unlink()
+    document = json.loads((fresh / "checkpoint.json").read_text())
+    (fresh / "checkpoint.json").write_text(json.dumps({**document, "powersgd": None}))
+    restarted = run("restarted", 2, resume=str(fresh))
+    assert "PowerSGD starts afresh" in capfd.readouterr().out
+    assert restarted[1] != pytest.approx(whole[3], rel=1e-5, abs=0)
+    four = tmp_path / "four"
+    four.mkdir()
+    other, _, _ = _runtime_plan(four, "off", "powersgd", layout=((0, 4), (("a0",), ("a1",), ("b0",), ("b1",)),
+                                                                   (1, 1, 1, 1)))
+    capfd.readouterr()
+    run("four-replicas", 1, resume=str(checkpoints), plan=other)
+    said = [line for line in capfd.readouterr().out.splitlines() if "PowerSGD" in line]
+    assert len(said) == 1 and "2 replicas, this plan has 4" in said[0]
 
 
 def test_plot_loss_labels_what_a_run_changes(tmp_path):

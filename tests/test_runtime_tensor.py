@@ -112,6 +112,62 @@ def test_shards_join_back_into_the_whole_stage(spec, degree):
     assert torch.equal(block.qkv.weight[h // degree:2 * h // degree], whole.blocks["0"].qkv.weight[h:h + h // degree])
 
 
+@pytest.fixture
+def group_of_one():
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def test_followers_take_no_gradient_of_whole_parameters_and_receive_them_in_place(group_of_one):
+    """A follower's whole parameters take no gradient but the first stage's embeddings (whose output
+    must require one for the first block's f); the broadcast goes from and into one flat buffer
+    the parameters are views of, kept from call to call; a parameter already inside another buffer
+    (ZeRO-1's) stays there and is copied."""
+    from planner.runtime.tensor_parallel import broadcast_whole, follow_lead, reduce_from_group, whole_parameters
+
+    spec = dataclasses.replace(model_preset("tiny"), learned_positions=True)
+    module = shard_stage(build_stage(spec, 0, spec.layers), group_of_one, 1, 2)
+    follow_lead(module)
+    taking = {name for name, p in module.named_parameters() if p.requires_grad}
+    assert {n for n in taking if not _is_split(n)} == {"embed.weight", "positions.weight"}
+    assert all(_is_split(n) for n in taking - {"embed.weight", "positions.weight"})
+    whole = whole_parameters(module)
+    elsewhere = torch.zeros(whole[-1].numel() + 8)  # as ZeRO-1 keeps a parameter: a view of its flat
+    elsewhere[8:].copy_(whole[-1].detach().flatten())
+    whole[-1].data = elsewhere[8:].view_as(whole[-1])
+    before = [p.detach().clone() for p in whole]
+    broadcast_whole(module, group_of_one, 0)  # rank 0 is the lead of a group of one
+    flat = module._whole_buffer.flat
+    start, end = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
+    assert all(start <= p.data_ptr() < end for p in whole[:-1])
+    assert elsewhere.data_ptr() < whole[-1].data_ptr() < elsewhere.data_ptr() + elsewhere.numel() * 4
+    with torch.no_grad():
+        whole[0].add_(1.0)
+        whole[-1].add_(1.0)
+    broadcast_whole(module, group_of_one, 0)
+    assert module._whole_buffer.flat is flat
+    assert torch.equal(flat[:whole[0].numel()], (before[0] + 1).flatten())  # the lead's value, sent
+    assert torch.equal(flat[-whole[-1].numel():], (before[-1] + 1).flatten())  # copied in before sending
+    assert all(torch.equal(p, b + (1 if i in (0, len(whole) - 1) else 0)) for i, (p, b) in enumerate(zip(whole, before)))
+    # g sums through torch's functional collective (traceable by torch.compile): a new tensor, the
+    # product left as it was, the gradient passed through unchanged
+    leaf = torch.randn(2, 3, 4, requires_grad=True)
+    product = leaf * 2.0
+    kept = product.detach().clone()
+    summed = reduce_from_group(product, group_of_one)
+    assert torch.equal(summed, kept) and torch.equal(product, kept)
+    summed.sum().backward()
+    assert torch.equal(leaf.grad, torch.full_like(leaf, 2.0))
+
+
 def _group_plan(tmp_path, **kwargs):
     topology = cpu_topology(tmp_path / "topology.yaml")
     base = dict(assignment=[["a0", "b0"]], tensor_groups=[["a0", "a1"]], layer_bounds=[0, 2, 4], micro_batches=[2],

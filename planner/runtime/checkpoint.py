@@ -14,6 +14,17 @@ iteration, seed, the executed model's shape, the global batch and optimizer, the
 the plan). The folder is written as ``.iteration-00000012.partial`` and renamed once every rank has
 written, so a run killed mid-save leaves the previous checkpoint as the latest. The last ``KEEP``
 checkpoints are kept.
+
+With PowerSGD gradient sync every rank also writes its compressor state,
+``powersgd-replica{r}-stage{s}.pt``: per matrix, under its global name (the module's own: the tied
+copy is ``head.weight``), this replica's error memory and the warm-started ``Q`` (the same on every
+replica), in two sections, the stage's sync and the tied embedding's. A run of the same replica
+count and PowerSGD rank continues it (each replica its own error memory, found by name in any
+stage's file of that replica, so another layer split keeps it); otherwise, or where a sync's
+matrices are not all found under its section (the embedding's copies move between the sections
+when a plan goes from one stage to several), the state restarts (zero error memory, ``Q`` from the
+seed), said in one line (``load_powersgd``): the error memory is one replica's share of the sum, so
+it has no meaning under other replicas.
 """
 
 import json
@@ -31,12 +42,15 @@ from planner.runtime.precision import MasterWeightOptimizer, PlainOptimizer
 from planner.runtime.sharded import ShardedOptimizer
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_FILE", "KEEP", "checkpoint_due", "save_checkpoint", "load_checkpoint",
-           "read_checkpoint", "check_resumable", "latest_checkpoint", "checkpoint_meta"]
+           "read_checkpoint", "check_resumable", "latest_checkpoint", "checkpoint_meta", "load_powersgd",
+           "POWERSGD_SECTIONS"]
 
 CHECKPOINT_FORMAT = "hetplan-checkpoint/1"
 CHECKPOINT_FILE = "checkpoint.json"
 KEEP = 2  # checkpoints kept in the folder (older ones are removed after a new one is complete)
 _PREFIX = "iteration-"
+_POWERSGD_FILE = "powersgd-replica{replica}-stage{stage}.pt"
+POWERSGD_SECTIONS = ("stage", "embedding")  # the stage's sync, the tied embedding's copies' sync
 _EMBEDDING = "embed.weight"
 _TIED_COPY = "head.weight"
 # Model fields that fix the tensors' shapes and meaning (the name may differ: an emulated run's does).
@@ -120,12 +134,21 @@ def _entries(module, optimizer) -> dict:
     return entries
 
 
+def _powersgd_entries(module, powersgd: dict) -> dict:
+    """section -> name -> {"error", "q"} (CPU, fp32) of this rank's PowerSGD states."""
+    names = {id(p): name for name, p in module.named_parameters()}
+    return {section: {names[id(p)]: {"error": e.detach().float().cpu().clone(), "q": q.detach().float().cpu().clone()}
+                      for p, e, q in zip(state.matrices, state.errors, state.qs)}
+            for section, state in powersgd.items() if state is not None}
+
+
 def save_checkpoint(folder, *, iteration: int, module, optimizer, rank: int, replica: int, stage: int,
-                    meta: dict, tensor=None) -> Path | None:
+                    meta: dict, tensor=None, powersgd: dict | None = None) -> Path | None:
     """Write the checkpoint before iteration ``iteration`` (every rank calls this: the sharded state
     is gathered and all ranks wait for the files). Rank 0 returns the folder it completed. With
     ``tensor`` (group, degree, lead rank, member) the group's shares are joined whole on its lead,
-    which writes them (``planner.runtime.tensor_parallel.join_entries``)."""
+    which writes them (``planner.runtime.tensor_parallel.join_entries``). ``powersgd`` (section ->
+    ``PowerSGD`` or None, ``POWERSGD_SECTIONS``): this rank's compressor state, written by every replica."""
     root = Path(folder)
     partial = root / f".{_folder_name(iteration)}.partial"
     if rank == 0:
@@ -141,6 +164,8 @@ def save_checkpoint(folder, *, iteration: int, module, optimizer, rank: int, rep
         if module.tied_copy:
             entries.pop(_EMBEDDING, None)  # stage 0 writes it
         torch.save(entries, partial / f"stage{stage}.pt")
+    if powersgd and any(state is not None for state in powersgd.values()):  # ``powersgd``: section -> PowerSGD
+        torch.save(_powersgd_entries(module, powersgd), partial / _POWERSGD_FILE.format(replica=replica, stage=stage))
     dist.barrier()
     if rank != 0:
         return None
@@ -160,9 +185,11 @@ def save_checkpoint(folder, *, iteration: int, module, optimizer, rank: int, rep
 
 def checkpoint_meta(*, seed: int, model, training, plan) -> dict:
     """What ``checkpoint.json`` records besides the iteration: enough to refuse a wrong resume."""
+    powersgd = plan.compression.gradients == "powersgd" and plan.replicas > 1  # as the engine builds it
     return {"seed": seed, "model": asdict(model),
             "training": {"global_batch": training.global_batch, "optimizer": training.optimizer},
-            "plan": {"layer_bounds": list(plan.layer_bounds), "assignment": [list(r) for r in plan.assignment]}}
+            "plan": {"layer_bounds": list(plan.layer_bounds), "assignment": [list(r) for r in plan.assignment]},
+            "powersgd": {"replicas": plan.replicas, "rank": plan.compression.rank} if powersgd else None}
 
 
 def latest_checkpoint(folder) -> Path | None:
@@ -304,3 +331,46 @@ def _load_sharded(part: ShardedOptimizer, names: dict, entries: dict) -> None:
     for chunk, master, optimizer in zip(part.chunks, part.masters, part.optimizers):
         master.copy_(weight[part.own][chunk])
         _load_state(optimizer, master, {**scalars, **{k: v[part.own][chunk] for k, v in state.items()}})
+
+
+@torch.no_grad()
+def load_powersgd(folder, document: dict, *, module, powersgd: dict, replica: int, plan) -> str:
+    """Continue this rank's PowerSGD states (section -> ``PowerSGD`` or None) from checkpoint
+    ``folder``: its replica's error memory and the ``Q`` of each matrix, found by name. Returns ""
+    when every state continued, else why the checkpoint's state is not used (the states that could
+    not continue are reset). Every rank decides alike from ``document`` and the plans."""
+    states = {section: state for section, state in powersgd.items() if state is not None and state.matrices}
+    saved = document.get("powersgd")
+    replicas = plan.replicas if plan.compression.gradients == "powersgd" else None
+    if (replicas or 0) < 2:
+        return "" if saved is None else "the checkpoint's PowerSGD state is not used: this plan has no replica sync to compress"
+    if saved is None:
+        why = "the checkpoint holds no PowerSGD state (written without PowerSGD or by one replica)"
+    elif saved["replicas"] != replicas:
+        why = (f"the checkpoint's error memory is that of {saved['replicas']} replicas, this plan has {replicas} "
+               "(each replica's memory is its share of the sum)")
+    elif saved["rank"] != plan.compression.rank:
+        why = f"the checkpoint's PowerSGD rank is {saved['rank']}, this plan's {plan.compression.rank}"
+    else:
+        files = sorted(Path(folder).glob(_POWERSGD_FILE.format(replica=replica, stage="*")))
+        found = {section: {} for section in POWERSGD_SECTIONS}
+        for path in files:
+            for section, entries in torch.load(path, map_location="cpu", weights_only=True).items():
+                found[section].update(entries)
+        names = {id(p): name for name, p in module.named_parameters()}
+        lost = 0
+        for section, state in states.items():
+            wanted = [names[id(p)] for p in state.matrices]
+            entries = found[section]
+            if not all(name in entries and entries[name]["q"].shape == q.shape for name, q in zip(wanted, state.qs)):
+                state.reset()
+                lost += 1
+                continue
+            for name, e, q in zip(wanted, state.errors, state.qs):
+                e.copy_(entries[name]["error"])
+                q.copy_(entries[name]["q"])
+        return ("" if not lost else "PowerSGD's syncs whose matrices moved between the stage's and the tied "
+                "embedding's sync (one stage against several) start afresh (zero error memory, Q from the seed)")
+    for state in states.values():
+        state.reset()
+    return f"PowerSGD starts afresh (zero error memory, Q from the seed): {why}"

@@ -22,19 +22,26 @@ def int8_wire_shapes(values: int, block_values: int = BLOCK_VALUES) -> tuple:
 
 
 def encode_int8(tensor: torch.Tensor, block_values: int = BLOCK_VALUES) -> tuple:
-    """(int8 codes of every value, fp32 scale of every block) of ``tensor``, flattened."""
-    flat = tensor.detach().reshape(-1)
+    """(int8 codes of every value, fp32 scale of every block) of ``tensor``, flattened. A message
+    of whole blocks is viewed as blocks as it is (no padded copy); fp32 input is not copied."""
+    flat = tensor.detach().reshape(-1).float()
     n, blocks = int8_wire_shapes(flat.numel(), block_values)
-    padded = F.pad(flat.float(), (0, blocks * block_values - n)).view(blocks, block_values)
-    scales = padded.abs().amax(dim=1) / 127.0
+    if blocks * block_values != n:
+        flat = F.pad(flat, (0, blocks * block_values - n))
+    padded = flat.view(blocks, block_values)
+    # absmax as the larger of max and -min: the same value (and NaN) as abs().amax, without an |x| copy
+    scales = torch.maximum(padded.amax(dim=1), padded.amin(dim=1).neg_()).div_(127.0)
     divisor = torch.where(scales > 0, scales, torch.ones_like(scales))  # an all-zero block stays zero
-    codes = torch.round(padded / divisor[:, None]).clamp_(-127, 127).to(torch.int8)
-    return codes.reshape(-1)[:n].contiguous(), scales.contiguous()
+    codes = (padded / divisor[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+    return codes.view(-1)[:n], scales
 
 
 def decode_int8(codes: torch.Tensor, scales: torch.Tensor, shape, dtype: torch.dtype,
                 block_values: int = BLOCK_VALUES) -> torch.Tensor:
     """The values of ``encode_int8``'s (codes, scales), as a ``shape`` tensor of ``dtype``."""
     n, blocks = codes.numel(), scales.numel()
-    padded = F.pad(codes.float(), (0, blocks * block_values - n)).view(blocks, block_values) * scales[:, None]
-    return padded.reshape(-1)[:n].view(shape).to(dtype)
+    values = codes.to(torch.float32)
+    if blocks * block_values != n:
+        values = F.pad(values, (0, blocks * block_values - n))
+    values = values.view(blocks, block_values).mul_(scales[:, None])
+    return values.view(-1)[:n].view(shape).to(dtype)

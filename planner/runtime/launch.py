@@ -264,7 +264,8 @@ def _check_resume(inputs: RunInputs, options: LaunchOptions) -> str:
 
 
 def _checkpoint_bytes(inputs: RunInputs, executed) -> int:
-    """Space one checkpoint takes: fp32 weights and optimizer state of the model the run executes."""
+    """Space one checkpoint takes: fp32 weights and optimizer state of the model the run executes,
+    and with PowerSGD each replica's fp32 error memory (at most one value per parameter)."""
     from planner.prediction.stage_model import layer_costs, stage_parameters
     import numpy as np
 
@@ -273,6 +274,8 @@ def _checkpoint_bytes(inputs: RunInputs, executed) -> int:
     counts = np.diff(plan.layer_bounds)
     parameters = sum(float(stage_parameters(costs, counts[s], s)) for s in range(plan.stages))
     per_parameter = 4 * (1 + (2 if inputs.training.optimizer == "adam" else 1))
+    if plan.compression.gradients == "powersgd" and plan.replicas > 1:
+        per_parameter += 4 * plan.replicas
     return int(parameters * per_parameter)
 
 

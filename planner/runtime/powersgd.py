@@ -21,7 +21,6 @@ the state is not touched.
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from cost_models.compression import POWERSGD_VALUE_BYTES, powersgd_compresses
 
@@ -33,15 +32,30 @@ class PowerSGD:
     compressed by ``reduce``; ``whole`` are left to the caller's plain all-reduce."""
 
     def __init__(self, parameters, *, rank: int, group, device, seed: int = 0):
-        self.rank, self.group = rank, group
+        self.rank, self.group, self.seed = rank, group, seed
         parameters = list(parameters)
         self.matrices = [p for p in parameters if p.dim() == 2 and powersgd_compresses(p.shape[0], p.shape[1], rank)]
         chosen = {id(p) for p in self.matrices}
         self.whole = [p for p in parameters if id(p) not in chosen]
-        generator = torch.Generator().manual_seed(seed)  # the same Q on every replica
-        self.qs = [torch.randn(p.shape[1], rank, generator=generator).to(device) for p in self.matrices]
+        # Persistent buffers, written in place each step: M = G + E, the flat P and Q messages (the
+        # warm-started Q are views of the flat Q, which each step's sum overwrites), one n x m scratch.
+        self._ms = [torch.empty(p.shape, dtype=torch.float32, device=device) for p in self.matrices]
+        self._flat_p = torch.empty(sum(p.shape[0] * rank for p in self.matrices), device=device)
+        self._flat_q = torch.empty(sum(p.shape[1] * rank for p in self.matrices), device=device)
+        self._ps = _views(self._flat_p, [(p.shape[0], rank) for p in self.matrices])
+        self.qs = _views(self._flat_q, [(p.shape[1], rank) for p in self.matrices])
+        self._scratch = torch.empty(max((p.numel() for p in self.matrices), default=0), device=device)
         self.errors = [torch.zeros(p.shape, dtype=torch.float32, device=device) for p in self.matrices]
+        self.reset()
         self.fallbacks = 0  # steps sent whole because P was not finite
+
+    def reset(self) -> None:
+        """The state of step 0: no error memory, ``Q`` drawn from ``seed`` (the same on every replica)."""
+        generator = torch.Generator().manual_seed(self.seed)
+        for q, p in zip(self.qs, self.matrices):
+            q.copy_(torch.randn(p.shape[1], self.rank, generator=generator))
+        for e in self.errors:
+            e.zero_()
 
     def reduce(self, loss_scale: float = 1.0) -> int:
         """Sum the matrices' gradients over the group, compressed; returns the bytes handed to the
@@ -51,9 +65,10 @@ class PowerSGD:
         for p in self.matrices:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        ms = [p.grad.float() / loss_scale + e for p, e in zip(self.matrices, self.errors)]
-        ps = [m @ q for m, q in zip(ms, self.qs)]
-        flat = _flatten_dense_tensors(ps)
+        for p, e, m, q, out in zip(self.matrices, self.errors, self._ms, self.qs, self._ps):
+            torch.add(p.grad.float() / loss_scale if loss_scale != 1.0 else p.grad, e, out=m)  # x / 1 == x
+            torch.matmul(m, q, out=out)
+        flat = self._flat_p
         dist.all_reduce(flat, group=self.group)
         sent = flat.numel() * POWERSGD_VALUE_BYTES
         if not bool(torch.isfinite(flat).all()):  # the same decision on every replica: flat is their sum
@@ -61,14 +76,26 @@ class PowerSGD:
             for p in self.matrices:
                 dist.all_reduce(p.grad, group=self.group)
             return sent + sum(p.grad.numel() * p.grad.element_size() for p in self.matrices)
-        ps = [torch.linalg.qr(p, mode="reduced").Q for p in _unflatten_dense_tensors(flat, ps)]
-        qs = [m.t() @ p for m, p in zip(ms, ps)]
-        for i, (m, p, q) in enumerate(zip(ms, ps, qs)):
-            self.errors[i] = m - p @ q.t()  # what this replica's share lost
-        flat = _flatten_dense_tensors(qs)
+        ps = [torch.linalg.qr(p, mode="reduced").Q for p in self._ps]
+        for m, p, q, e in zip(self._ms, ps, self.qs, self.errors):
+            torch.matmul(m.t(), p, out=q)  # this replica's Q, overwriting the last step's sum (used above)
+            approximation = self._scratch[:m.numel()].view_as(m)
+            torch.matmul(p, q.t(), out=approximation)
+            torch.sub(m, approximation, out=e)  # what this replica's share lost
+        flat = self._flat_q
         dist.all_reduce(flat, group=self.group)
         sent += flat.numel() * POWERSGD_VALUE_BYTES
-        self.qs = list(_unflatten_dense_tensors(flat, qs))
         for param, p, q in zip(self.matrices, ps, self.qs):
-            param.grad.copy_((p @ q.t()) * loss_scale)
+            approximation = self._scratch[:param.numel()].view(param.shape)
+            torch.matmul(p, q.t(), out=approximation)
+            param.grad.copy_(approximation.mul_(loss_scale) if loss_scale != 1.0 else approximation)
         return sent
+
+
+def _views(flat: torch.Tensor, shapes: list) -> list:
+    """Consecutive views of ``flat`` with ``shapes``."""
+    views, offset = [], 0
+    for n, m in shapes:
+        views.append(flat[offset:offset + n * m].view(n, m))
+        offset += n * m
+    return views

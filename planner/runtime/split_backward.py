@@ -68,6 +68,8 @@ class _SplitLinear(torch.autograd.Function):
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         grad_x = grad @ weight
+        if not ctx.needs_input_grad[1]:  # a weight that takes no gradient (a tensor group's follower's head)
+            return grad_x, None, None, None
         if ctx.store.deferring:
             ctx.store.pending.append((ctx.weight, ctx.bias, x, grad))
             return grad_x, None, None, None

@@ -15,9 +15,12 @@ before their biases: 2 all-reduces of the ``(b, s, h)`` activation in forward an
 Every member ends a block with the same activation, so the whole-on-every-member parameters would
 get the same gradient on every member: only the lead (member 0) trains them (``follow_lead``: the
 other members sync and step nothing of them and receive them from the lead after each step, inside
-the host; they still take their gradients, so that every member runs the same backward and the
-same all-reduces, and drop them), so a stage's data-parallel sync moves its split part once
-per member and its whole part once, the whole stage as the cost model times it. Pipeline messages
+the host, into a flat buffer their copies are views of; they take no gradient of them, except the
+first stage's embeddings, whose output must require one so that every member runs the same
+backward and the same all-reduces), so a stage's data-parallel sync moves its split part once
+per member and its whole part once, the whole stage as the cost model times it. ``f`` sums the
+incoming gradient and ``g`` the row-parallel product in place (as Megatron-LM's ``_reduce``): autograd
+reads neither again. Pipeline messages
 go between leads (``planner.runtime.engine``).
 
 The two operators are written here (as Megatron-LM's ``copy_to_tensor_model_parallel_region`` and
@@ -31,7 +34,7 @@ checkpoint saves tensors by name. Each would need a ``to_local`` adapter or priv
 access; with local shards as ordinary ``nn.Linear`` parameters they run unchanged. The fused QKV
 weight would also need its rows permuted before ``Shard(0)`` to keep a head's q, k and v together.
 Parameter names and ``state_dict`` keys are the unsplit model's; ``full_state`` gathers the whole
-weights back (every member takes part), and a checkpoint holds whole tensors (``join_entries`` on
+weights back on the lead (every member takes part), and a checkpoint holds whole tensors (``join_entries`` on
 saving, ``split_entries`` on resuming), so plans with and without groups resume each other.
 The all-reduces are torch's functional collectives, so ``plan launch --compile`` compiles a split
 block into one graph, all-reduces included. Eager, a member's block at degree 4 is a quarter of the
@@ -52,6 +55,7 @@ __all__ = ["shard_stage", "full_state", "whole_parameters", "follow_lead", "broa
 
 _COLUMN = ("fc1", "gate")  # split by output rows (weight and bias)
 _ROW = ("proj", "fc2")  # split by input columns (bias whole, added after the all-reduce)
+_EMBEDDINGS = ("embed.", "positions.")  # the first stage's token and position embeddings
 
 
 def _all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
@@ -126,26 +130,32 @@ def _qkv_rows(h: int, member: int, degree: int) -> torch.Tensor:
     return torch.cat([own, own + h, own + 2 * h])
 
 
+def _share(layer: str, whole: torch.Tensor, member: int, degree: int) -> torch.Tensor:
+    """``member``'s share of a split tensor of ``layer`` (``qkv``, a column- or a row-parallel
+    layer's weight, or a column-parallel layer's bias), a view where the cut allows: the one place
+    the cuts are written (``shard_stage`` and a checkpoint's ``split_entries`` use it)."""
+    if layer == "qkv":
+        return whole[_qkv_rows(whole.shape[0] // 3, member, degree)]
+    axis = 0 if layer in _COLUMN else 1
+    width = whole.shape[axis] // degree
+    return whole.narrow(axis, member * width, width)
+
+
 def shard_stage(module, group, member: int, degree: int):
     """Split every block of ``module`` (a ``StageModule``, whole, CPU) in place to ``member``'s
     share of a tensor group ``group`` of ``degree``; returns ``module``."""
     with torch.no_grad():
         for block in module.blocks.values():
-            h = block.qkv.in_features
-            rows = _qkv_rows(h, member, degree)
-            bias = block.qkv.bias[rows] if block.qkv.bias is not None else None
-            block.qkv = _linear(block.qkv.weight[rows], bias)
-            for name in _COLUMN:
+            for name in ("qkv",) + _COLUMN:
                 if hasattr(block, name):
                     layer = getattr(block, name)
-                    part = slice(member * layer.out_features // degree, (member + 1) * layer.out_features // degree)
-                    setattr(block, name, _linear(layer.weight[part], layer.bias[part] if layer.bias is not None
-                                                 else None))
+                    bias = _share(name, layer.bias, member, degree) if layer.bias is not None else None
+                    setattr(block, name, _linear(_share(name, layer.weight, member, degree), bias))
             for name in _ROW:
                 layer = getattr(block, name)
-                part = slice(member * layer.in_features // degree, (member + 1) * layer.in_features // degree)
                 bias = layer.bias.clone() if layer.bias is not None else None
-                setattr(block, name, RowParallelLinear(layer.weight[:, part].clone(), bias, group))
+                setattr(block, name, RowParallelLinear(_share(name, layer.weight, member, degree).clone(), bias,
+                                                       group))
             block.heads //= degree
             block.enter = functools.partial(copy_to_group, group=group)
     return module
@@ -167,21 +177,57 @@ def whole_parameters(module) -> list:
 
 def follow_lead(module) -> None:
     """On a member other than the lead: mark its whole parameters ``follows_lead`` (left out of
-    the optimizer and the sync; the lead's are broadcast to it after each step, ``broadcast_whole``)."""
-    for p in whole_parameters(module):
-        p.follows_lead = True
+    the optimizer and the sync; the lead's are broadcast to it after each step, ``broadcast_whole``)
+    and take no gradient of them (the broadcast overwrites them), except the first stage's
+    embeddings: their output must require a gradient so that the first block's ``f`` runs its
+    backward all-reduce on every member, as on the lead."""
+    for name, p in module.named_parameters():
+        if not _is_split(name):
+            p.follows_lead = True
+            p.requires_grad_(name.startswith(_EMBEDDINGS) and module.is_first)
+
+
+class _WholeBuffer:
+    """A member's whole parameters as consecutive views of one flat tensor, which the lead
+    broadcasts and the others receive into, in place. A parameter that is already a view of
+    another buffer (ZeRO-1's flat weights, ``planner.runtime.sharded``) stays there and is copied
+    into the flat tensor before the broadcast (on the lead) or out of it after (elsewhere)."""
+
+    def __init__(self, parameters: list):
+        self.parameters = parameters
+        first = parameters[0]
+        assert all(p.dtype == first.dtype and p.device == first.device for p in parameters)
+        self.flat = torch.empty(sum(p.numel() for p in parameters), dtype=first.dtype, device=first.device)
+        self.copied = []
+        start = 0
+        for p in parameters:
+            view = self.flat[start:start + p.numel()].view_as(p)
+            start += p.numel()
+            view.copy_(p.detach())
+            if p.untyped_storage().nbytes() == p.numel() * p.element_size():  # its own storage: move it
+                p.data = view
+            else:
+                self.copied.append((p, view))
+
+    def holds(self, parameters: list) -> bool:
+        return len(parameters) == len(self.parameters) and all(a is b for a, b in zip(parameters, self.parameters))
 
 
 @torch.no_grad()
 def broadcast_whole(module, group, lead_rank: int) -> None:
-    """The lead's whole parameters, after its step, to every member of ``group`` (one message)."""
+    """The lead's whole parameters, after its step, to every member of ``group`` (one message of a
+    flat buffer the parameters are views of, kept on ``module`` from the first call)."""
     parameters = whole_parameters(module)
-    flat = torch.cat([p.detach().reshape(-1) for p in parameters])
-    dist.broadcast(flat, lead_rank, group=group)
-    offset = 0
+    buffer = getattr(module, "_whole_buffer", None)
+    if buffer is None or not buffer.holds(parameters):
+        buffer = module._whole_buffer = _WholeBuffer(parameters)
+    lead = dist.get_rank() == lead_rank
+    if lead and buffer.copied:
+        torch._foreach_copy_([view for _, view in buffer.copied], [p.detach() for p, _ in buffer.copied])
+    dist.broadcast(buffer.flat, lead_rank, group=group)
+    if not lead and buffer.copied:
+        torch._foreach_copy_([p.detach() for p, _ in buffer.copied], [view for _, view in buffer.copied])
     for p in parameters:
-        p.copy_(flat[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()
         if getattr(p, "follows_lead", False):
             p.grad = None
 
@@ -199,12 +245,7 @@ def _join(name: str, parts: list, degree: int) -> torch.Tensor:
 
 def _split(name: str, whole: torch.Tensor, member: int, degree: int) -> torch.Tensor:
     """``member``'s share of the whole tensor ``name`` (the inverse of ``_join``)."""
-    layer = name.split(".")[-2]
-    if layer == "qkv":
-        return whole[_qkv_rows(whole.shape[0] // 3, member, degree)]
-    axis = 0 if layer in _COLUMN else 1
-    width = whole.shape[axis] // degree
-    return whole.narrow(axis, member * width, width)
+    return _share(name.split(".")[-2], whole, member, degree)
 
 
 def _map_entry(name: str, entries: list, combine) -> dict:
@@ -236,15 +277,17 @@ def split_entries(entries: dict, member: int, degree: int) -> dict:
                    if _is_split(name) else entry) for name, entry in entries.items()}
 
 
-def full_state(module, group, degree: int) -> dict:
-    """``module``'s ``state_dict`` with the split blocks' tensors gathered whole (CPU); every member
-    of ``group`` must call it."""
+def full_state(module, group, degree: int, lead_rank: int, member: int) -> dict | None:
+    """``module``'s ``state_dict`` with the split blocks' tensors gathered whole (CPU) on the lead
+    (None on the other members, which send their shares); every member of ``group`` must call it."""
     state = {}
     for name, value in module.state_dict().items():
         value = value.detach()
         if _is_split(name):
-            parts = [torch.empty_like(value) for _ in range(degree)]
-            dist.all_gather(parts, value.contiguous(), group=group)
+            parts = [torch.empty_like(value) for _ in range(degree)] if member == 0 else None
+            dist.gather(value.contiguous(), parts, dst=lead_rank, group=group)
+            if member:
+                continue
             value = _join(name, parts, degree)
         state[name] = value.cpu()
-    return state
+    return state if member == 0 else None

@@ -176,6 +176,15 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         executor.sync_route = route
         if shard:  # ZeRO stage 1's reduce-scatter and all-gather over the same route
             optimizer.sharded.route = route
+    powersgd = {"stage": executor.powersgd, "embedding": executor.embedding_powersgd}
+    if resumed:
+        from planner.runtime.checkpoint import load_powersgd
+
+        said = load_powersgd(folder, resumed, module=module, powersgd=powersgd, replica=replica, plan=plan)
+        told = [None] * layout.world if rank == 0 else None
+        dist.gather_object(said, told, dst=0)
+        if rank == 0 and any(told):
+            print(next(line for line in told if line), flush=True)  # one line, whichever ranks reset
     times, losses, traces, checkpoints, sync_bytes, message_bytes = [], [], [], [], [], []
     for iteration in range(first, first + total):
         tokens = executor.batch(iteration)  # the input pipeline's work, outside the timed iteration
@@ -216,7 +225,7 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         if checkpoint_due(iteration, config.checkpoint_every):
             checkpoints.append(_checkpoint(config, inputs, executed, module, optimizer, rank, replica, stage,
                                            iteration + 1, tensor=(groups.tensor, degree, groups.tensor_lead, member)
-                                           if degree > 1 else None))
+                                           if degree > 1 else None, powersgd=powersgd))
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     device_name = plan.members(plan.assignment[replica][stage])[member]
     report = {"rank": rank, "replica": replica, "stage": stage, "member": member, "device": device_name,
@@ -225,7 +234,7 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     gathered = [None] * layout.world if rank == 0 else None
     dist.gather_object(report, gathered, dst=0)
     if config.save_state and replica == 0:
-        state = (full_state(module, groups.tensor, degree) if degree > 1 else
+        state = (full_state(module, groups.tensor, degree, groups.tensor_lead, member) if degree > 1 else
                  {k: v.detach().cpu() for k, v in module.state_dict().items()})
         if member == 0:
             state_dir = os.path.join(config.out_dir, "state")
@@ -250,12 +259,12 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
 
 
 def _checkpoint(config: WorkerConfig, inputs: RunInputs, executed, module, optimizer, rank, replica, stage,
-                next_iteration: int, tensor=None) -> dict:
+                next_iteration: int, tensor=None, powersgd=None) -> dict:
     """Save the state before ``next_iteration`` (every rank takes part); what it cost, for the results."""
     started = now_s()
     meta = checkpoint_meta(seed=config.seed, model=executed, training=inputs.training, plan=inputs.plan)
     folder = save_checkpoint(config.checkpoint_dir, iteration=next_iteration, module=module, optimizer=optimizer,
-                             rank=rank, replica=replica, stage=stage, meta=meta, tensor=tensor)
+                             rank=rank, replica=replica, stage=stage, meta=meta, tensor=tensor, powersgd=powersgd)
     return {"iteration": next_iteration, "path": str(folder), "seconds": now_s() - started}
 
 
