@@ -198,14 +198,16 @@ class Network:
         k = len(idx)
         if k <= 2:
             return list(range(k))
-        block = np.ix_(idx, idx)
-        score = self.link_bandwidth_bytes_per_s[block] - 1e-3 * self.link_latency_s[block]
-        order, left = [0], set(range(1, k))
-        while left:
-            here = order[-1]
-            best = max(left, key=lambda j: (score[here, j], -j))
+        members = np.asarray(idx, dtype=np.int64)
+        left = np.ones(k, dtype=bool)
+        left[0] = False
+        order = [0]
+        for _ in range(k - 1):  # one row of scores at a time: memory linear in k
+            here = members[order[-1]]
+            score = self.link_bandwidth_bytes_per_s[here, members] - 1e-3 * self.link_latency_s[here, members]
+            best = int(np.argmax(np.where(left, score, -np.inf)))  # the first of equal scores: the smallest j
             order.append(best)
-            left.remove(best)
+            left[best] = False
 
         def cost(o):
             return self.ring_allreduce_s(1e9, [idx[i] for i in o])
