@@ -16,8 +16,9 @@ What binds (the plan as it is, changed in one place and simulated again, or esti
 - the slowest link the plan uses (a pipeline hop or a ring hop), and the time with 10x its bandwidth;
 - the bubble and the gradient sync: their share of the critical device's timeline.
 
-A deadline (``time.perf_counter()`` value) caps the work: groups and links left when it passes are
-reported as not re-evaluated, so the report adds a bounded time to the search's.
+A deadline (``time.perf_counter()`` value) caps the work: a simulation starts only while the time
+left holds one as long as the search's longest (``simulation_wall_s`` of its record), and groups and
+links left are reported as not re-evaluated, so the report ends within its time.
 """
 
 import math
@@ -120,6 +121,11 @@ def _slowest_link_from(device: int, used: np.ndarray, topology) -> str:
             f"(region {peer.region})")
 
 
+def _time_for_simulation(plan, deadline: float) -> bool:
+    """Whether one simulation of ``plan`` (as long as the search's longest) ends before ``deadline``."""
+    return time.perf_counter() + plan.search.get("simulation_wall_s", 0.0) <= deadline
+
+
 def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: float = math.inf) -> list:
     """Why each idle device is idle (``IdleReason`` per group of one type and region).
 
@@ -133,8 +139,10 @@ def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: flo
     idle = [topology.index(name) for name in plan.idle]
     floor = stage_memory_floor(model, training, 1, model.layers, max(plan.replicas, 1))
     base = plan.prediction.iteration_s
-    free_network = _free_network(topology)
-    base_free = predict(plan, free_network, model, training)[0].iteration_s
+    late = not _time_for_simulation(plan, deadline)
+    if not late:
+        free_network = _free_network(topology)
+        base_free = predict(plan, free_network, model, training)[0].iteration_s
     reasons = []
     for k, names in enumerate(_groups(plan, topology)):
         device = topology.index(names[0])
@@ -144,7 +152,8 @@ def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: flo
                 f"memory: the smallest stage (1 layer, micro-batch 1) needs {format_bytes(floor)}, it has "
                 f"{format_bytes(usable)} usable")))
             continue
-        if k >= MAX_GROUPS or time.perf_counter() > deadline:
+        late = late or not _time_for_simulation(plan, deadline)
+        if k >= MAX_GROUPS or late:
             why = (f"only the first {MAX_GROUPS} groups are" if k >= MAX_GROUPS else
                    "the report's time ran out: a longer --time-limit gives it more")
             reasons.append(IdleReason(devices=tuple(names), kind="not evaluated", text=f"not re-evaluated ({why})"))
@@ -250,12 +259,16 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
             pair = (min(a, b), max(a, b))
             if pair in tried or len(tried) >= 3 or bandwidth[a, b] > 1.01 * bandwidth[slowest[0]]:
                 continue
-            if best is not None and time.perf_counter() > deadline:
+            if not _time_for_simulation(plan, deadline):
                 break
             tried.add(pair)
             faster = predict(plan, _faster_link(topology, a, b, LINK_FACTOR), model, training)[0].iteration_s
             if best is None or faster < best[0]:
                 best = (faster, a, b)
+    if links and best is None:
+        out.append(Binding(kind="link", text="link: not re-evaluated (the report's time ran out: a longer "
+                                             "--time-limit gives it more)"))
+    elif links:
         faster, a, b = best
         da, db = topology.devices[a], topology.devices[b]
         change = (faster - base) / base
@@ -276,7 +289,7 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
 
 def render_why(plan, topology, model, training, *, dollars=None, budget_s: float = math.inf) -> str:
     """The report's 'why idle' and 'what binds' lines (``dollars``: as ``idle_reasons``), in about
-    ``budget_s`` seconds (the binding constraints get a third of it, at least one link)."""
+    ``budget_s`` seconds (the binding constraints get a third of it)."""
     started = time.perf_counter()
     lines = []
     reasons = idle_reasons(plan, topology, model, training, dollars=dollars, deadline=started + budget_s * 2 / 3)
