@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from cost_models.links import LevelMatrix
 from planner.inputs.catalog import AUTO, runs
 from planner.inputs.units import format_bytes
 from planner.prediction.predict import predict
@@ -108,8 +109,10 @@ def _uses_of(device: int, assign: np.ndarray, idle: list, ctx, plan, topology) -
 
 def _free_network(topology):
     """The topology on a free network: no latency, unlimited bandwidth, no shared NICs."""
-    n = topology.size
-    return replace(topology, latency_s=np.zeros((n, n)), bandwidth_bytes_per_s=np.full((n, n), FREE_BANDWIDTH),
+    free = dict(host=topology.host_ids, region=np.zeros(topology.size, dtype=np.int64))
+    return replace(topology, latency_s=LevelMatrix(**free, host_value=0.0, table=np.zeros((1, 1))),
+                   bandwidth_bytes_per_s=LevelMatrix(**free, host_value=FREE_BANDWIDTH,
+                                                     table=np.full((1, 1), FREE_BANDWIDTH), diagonal=np.inf),
                    nic_bytes_per_s={}, message_overhead_s=0.0)
 
 
