@@ -274,6 +274,7 @@ def _write_output(document: dict, path: str, field: str) -> None:
 
 
 def _make(args) -> int:
+    started = time.perf_counter()  # --time-limit counts from here: imports, reading, search, report, output
     if args.from_plan:
         return _replan(args)
     if args.move_weight is not None:
@@ -283,7 +284,6 @@ def _make(args) -> int:
     from planner.report.text import render_plan
     from planner.search.front import SearchOptions, search
 
-    started = time.perf_counter()  # --time-limit counts from here: reading, search, report, output
     overrides = {"global_batch": _positive("--global-batch", args.global_batch),
                  "micro_batch_size": _positive("--micro-batch-size", args.micro_batch_size), "schedule": args.schedule,
                  "sync_every": _sync_every(args.sync_every),
