@@ -242,9 +242,9 @@ class Network:
         left = np.ones(k, dtype=bool)
         left[0] = False
         order = [0]
+        row = self._score_rows(members)
         for _ in range(k - 1):  # one row of scores at a time: memory linear in k
-            here = members[order[-1]]
-            score = self.link_bandwidth_bytes_per_s[here, members] - 1e-3 * self.link_latency_s[here, members]
+            score = row(order[-1])
             best = int(np.argmax(np.where(left, score, -np.inf)))  # the first of equal scores: the smallest j
             order.append(best)
             left[best] = False
@@ -263,6 +263,31 @@ class Network:
                     if c < best_cost - 1e-12:
                         order, best_cost, improved = candidate, c, True
         return order
+
+    def _score_rows(self, members: np.ndarray):
+        """``row(i)``: the nearest-neighbour score ``bandwidth - 1e-3 latency`` of the links from
+        ``members[i]`` to every member. By levels: the (region, region) table's and the host level's
+        scores gathered by the members' keys, pair entries put over them (the same numbers)."""
+        bandwidth, latency = self.link_bandwidth_bytes_per_s, self.link_latency_s
+        if not (isinstance(bandwidth, LevelMatrix) and isinstance(latency, LevelMatrix)
+                and np.array_equal(bandwidth.host, latency.host) and np.array_equal(bandwidth.region, latency.region)):
+            return lambda i: bandwidth[members[i], members] - 1e-3 * latency[members[i], members]
+        table = bandwidth.table - 1e-3 * latency.table
+        host_score = bandwidth.host_value - 1e-3 * latency.host_value
+        hosts, regions = bandwidth.host[members], bandwidth.region[members]
+        position = {int(m): k for k, m in enumerate(members.tolist())}
+        pairs = {}  # row position -> (column positions, scores) of its pair entries
+        for a, b in set(bandwidth.overrides) | set(latency.overrides):
+            if a in position and b in position:
+                pairs.setdefault(position[a], []).append((position[b], bandwidth[a, b] - 1e-3 * latency[a, b]))
+
+        def row(i: int) -> np.ndarray:
+            score = np.where(hosts == hosts[i], host_score, table[regions[i]][regions])
+            for j, value in pairs.get(i, ()):
+                score[j] = value
+            return score
+
+        return row
 
     def sharded_exchange_s(self, message_bytes: float, members) -> float:
         """DTFM's sharded all-to-all among ``members`` (``cost_models.comm.sharded_exchange_time_s``)."""
