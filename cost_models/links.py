@@ -40,6 +40,8 @@ class LevelMatrix:
         n = self.host.shape[0]
         object.__setattr__(self, "_keys", keys[:, 0] * n + keys[:, 1])
         object.__setattr__(self, "_values", np.array([self.overrides[tuple(k)] for k in keys.tolist()], dtype=float))
+        object.__setattr__(self, "_host_list", self.host.tolist())  # the simulator looks up one pair at a time
+        object.__setattr__(self, "_region_list", self.region.tolist())
 
     @property
     def shape(self) -> tuple:
@@ -52,8 +54,22 @@ class LevelMatrix:
     def __len__(self) -> int:
         return self.host.shape[0]
 
+    def _one(self, a: int, b: int) -> np.float64:
+        """Entry ``[a, b]`` of two integers: the same number as the vectorised lookup, without arrays."""
+        if a == b:
+            return np.float64(self.diagonal)
+        ha, hb = self._host_list[a], self._host_list[b]
+        value = self.overrides.get((a, b))
+        if value is None:
+            value = self.host_value if ha == hb else self.table[self._region_list[a], self._region_list[b]]
+        if self.egress is not None and ha != hb:
+            value = min(value, min(self.egress[ha], self.ingress[hb]))
+        return np.float64(value)
+
     def __getitem__(self, key):
         a, b = key
+        if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
+            return self._one(int(a), int(b))
         scalar = np.ndim(a) == 0 and np.ndim(b) == 0 and not isinstance(a, slice) and not isinstance(b, slice)
         a = np.arange(self.shape[0])[a] if isinstance(a, slice) else np.asarray(a, dtype=np.int64)
         b = np.arange(self.shape[1])[b] if isinstance(b, slice) else np.asarray(b, dtype=np.int64)

@@ -359,7 +359,7 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
         validate_plan(x0, topology, model, training)
         first, fallback = [None], []  # re-planning a plan with tensor groups keeps its groups
     parts = [1.0] if len(first) == 1 else [UNGROUPED_SHARE, 1.0 - UNGROUPED_SHARE]
-    best, tried, failure, attempts = None, {}, None, 0
+    best, tried, failure, attempts, skipped = None, {}, None, 0, False
     for k, mapping in enumerate(first + fallback):
         if k >= len(first):
             if best is not None:
@@ -370,6 +370,9 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
         else:
             share = options.share(parts[k])
             left = options.time_limit_s - (time.perf_counter() - started)  # an earlier grouping's overrun
+            if best is not None and left <= 0.0:  # the clock ran out: a plan is at hand
+                skipped = True
+                break
             share = replace(share, time_limit_s=max(min(share.time_limit_s, left), 0.0))
         groups = x0.tensor_groups if mapping is None else grouping_groups(topology, mapping)
         attempts += 1
@@ -387,6 +390,8 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
     if best is None:
         raise failure
     plan, record = best
+    if skipped:  # the clock, not the work budget, left the tensor groupings untried
+        record = {**record, "clock_cut": record["clock_cut"] + ["tensor groups"]}
     return plan, ({**record, "tensor_tried": tried} if attempts > 1 else record)
 
 
