@@ -304,6 +304,9 @@ def _make(args) -> int:
         calibration = read_calibration(args.calibration)
         job = dataclasses.replace(job, topology=apply_calibration(job.topology, calibration))
         record = calibration_record(calibration)
+    if args.budget is not None and args.objective == "dtfm":
+        raise InputError("sizes the placement search's work; DTFM's allocation search is sized by --time-limit: "
+                         "drop --budget or use another --objective", field="--budget")
     search_s = args.time_limit * (1.0 - WHY_SHARE - OUTPUT_SHARE)  # the report and the output get the rest
     options = SearchOptions(seed=args.seed, budget_s=_finite_positive("--budget", args.budget) or search_s,
                             time_limit_s=max(search_s - (time.perf_counter() - started), 0.0),
@@ -441,6 +444,7 @@ def _replan(args) -> int:
     except InputError as error:
         raise error.located(source=args.topology) from None
     options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit, exact=not args.no_exact,
+                            budget_s=_finite_positive("--budget", args.budget),
                             stages=_positive("--stages", args.stages), replicas=_positive("--replicas", args.replicas))
     progress = _Progress(args.time_limit)
     try:

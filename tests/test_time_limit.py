@@ -114,3 +114,8 @@ def test_the_command_ends_within_its_limit_at_a_thousand_devices(write_yaml, tmp
 def test_cli_budget_must_be_a_positive_number(write_yaml, capsys):
     assert main([str(write_yaml(small_topology())), "--budget", "0"]) == 2
     assert "--budget" in capsys.readouterr().err
+
+
+def test_cli_budget_with_the_dtfm_objective_is_refused(write_yaml, capsys):
+    assert main([str(write_yaml(small_topology())), "--budget", "1", "--objective", "dtfm"]) == 2
+    assert "--budget" in capsys.readouterr().err
