@@ -1,16 +1,26 @@
-"""Search at scale: generated heterogeneous topologies of 64 to 4,096 devices.
+"""Search at scale: generated heterogeneous topologies of 64 to 16,384 devices.
 
     python benchmarks/scale.py [--sizes 64 256 1024 4096] [--time-limit 60]
+    python benchmarks/scale.py --command [--sizes 1024 4096 16384] [--time-limit 30] [--budget S]
 
 Each topology has regions of 8-GPU hosts of mixed types (H100, A100-80GB, A100-40GB, V100-32GB,
 RTX-4090), NVLink inside a host, 100 Gbit/s inside a region and seeded random 1-10 Gbit/s,
 20-150 ms links between regions; GPT-3 6.7B, two sequences per device per iteration. Prints wall
 time, predicted iteration time, bound and gap, and writes ``benchmarks/results/scale.json``.
+
+``--command`` runs the whole ``plan`` command instead (reading the file, search, why-idle report,
+plan written), one process per size under ``/usr/bin/time -v``, with a shared 100 Gbit/s NIC per
+host: its wall time, overrun past the limit, CPU time and peak resident memory, the plan and the
+phases the clock cut; it writes ``benchmarks/results/scale_command.json``.
 """
 
 import argparse
 import json
+import platform
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,12 +58,66 @@ def generated_topology(devices: int, *, seed: int = 0) -> dict:
                         "global": {"latency": "100ms", "bandwidth": "1Gbps"}, "region_pairs": pairs}}
 
 
+def _command_row(n: int, time_limit: float, budget: float | None, folder: Path) -> dict:
+    """One ``plan`` process on the generated topology of ``n`` devices, measured from outside."""
+    import yaml
+
+    document = generated_topology(n)
+    document["network"]["nic"] = "100Gbps"
+    document["model"] = "gpt3-6.7b"
+    document["training"] = {"global_batch": 2 * n, "micro_batch_size": 1, "precision": "auto", "recompute": True,
+                            "flash_attention": True}
+    path, plan_path = folder / f"generated-{n}.yaml", folder / f"plan-{n}.json"
+    path.write_text(yaml.safe_dump(document))
+    command = ["/usr/bin/time", "-v", sys.executable, "-m", "planner", str(path), "--time-limit", str(time_limit),
+               "-o", str(plan_path)] + (["--budget", str(budget)] if budget else [])
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{n} devices: plan exited {done.returncode}: {done.stderr[-2000:]}")
+
+    def measured(label: str) -> float:
+        return float(re.search(rf"{re.escape(label)}: ([0-9.]+)", done.stderr).group(1))
+
+    search = json.loads(plan_path.read_text())["search"]
+    plan = json.loads(plan_path.read_text())
+    return {"devices": n, "time_limit_s": time_limit, "budget_s": budget, "wall_s": wall, "overrun_s": wall - time_limit,
+            "cpu_s": measured("User time (seconds)") + measured("System time (seconds)"),
+            "peak_rss_mb": measured("Maximum resident set size (kbytes)") / 1024, "search_wall_s": search["wall_s"],
+            "stages": len(plan["stages"]), "replicas": len(plan["replicas"]), "predicted_s": search["objective_s"],
+            "clock_cut": search["clock_cut"], "evaluations": search["evaluations"],
+            "simulation_wall_s": search.get("simulation_wall_s")}
+
+
+def _command(args) -> int:
+    rows = []
+    print(f"{'devices':>7} {'limit s':>7} {'wall s':>7} {'overrun s':>9} {'cpu s':>6} {'peak RSS MB':>11} "
+          f"{'S x D':>9} {'predicted s':>11}  clock cut")
+    with tempfile.TemporaryDirectory() as folder:
+        for n in args.sizes:
+            row = _command_row(n, args.time_limit, args.budget, Path(folder))
+            rows.append(row)
+            print(f"{n:7d} {args.time_limit:7.1f} {row['wall_s']:7.1f} {row['overrun_s']:+9.1f} {row['cpu_s']:6.1f} "
+                  f"{row['peak_rss_mb']:11.0f} {row['stages']:>4} x {row['replicas']:<4} {row['predicted_s']:11.2f}  "
+                  f"{','.join(row['clock_cut']) or '-'}", flush=True)
+    out = args.out or str(ROOT / "benchmarks" / "results" / "scale_command.json")
+    Path(out).write_text(json.dumps({"machine": platform.platform(), "cpus": __import__("os").cpu_count(),
+                                     "rows": rows}, indent=1) + "\n")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024, 4096])
     parser.add_argument("--time-limit", type=float, default=60.0)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scale.json"))
+    parser.add_argument("--command", action="store_true", help="measure the whole plan command per size")
+    parser.add_argument("--budget", type=float, help="with --command: the plan command's --budget")
+    parser.add_argument("--out", help="default: benchmarks/results/scale.json (scale_command.json with --command)")
     args = parser.parse_args()
+    if args.command:
+        return _command(args)
+    args.out = args.out or str(ROOT / "benchmarks" / "results" / "scale.json")
     model = model_preset("gpt3-6.7b")
     rows = []
     print(f"{'devices':>7} {'wall s':>7} {'S x D':>8} {'used':>5} {'predicted s':>11} {'bound s':>8} {'gap':>6} "

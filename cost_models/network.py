@@ -13,12 +13,13 @@ the receiver host's ingress NIC when the host has a shared NIC. While it is on t
 occupies its resources: the directed link, and those NICs; messages sharing a resource queue.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import numpy as np
 
 from cost_models import comm
+from cost_models.links import LevelMatrix
 
 __all__ = ["Network", "Sync"]
 
@@ -38,7 +39,8 @@ class Network:
     """Directed links among ``N`` devices and the shared NICs of their hosts, in SI units.
 
     ``link_latency_s``/``link_bandwidth_bytes_per_s`` are ``N x N`` (entry ``[a, b]`` is the link
-    from a to b; the diagonal is unused); ``host[d]`` is device d's host id; ``nic_egress`` and
+    from a to b; the diagonal is unused): dense arrays, or ``cost_models.links.LevelMatrix`` for a
+    network described by levels, looked up by (host, region) keys in memory linear in N; ``host[d]`` is device d's host id; ``nic_egress`` and
     ``nic_ingress`` hold each host's shared NIC bandwidth (inf where the host has none).
     """
 
@@ -52,6 +54,16 @@ class Network:
     def __post_init__(self):
         n = self.link_latency_s.shape[0]
         assert self.link_latency_s.shape == (n, n) == self.link_bandwidth_bytes_per_s.shape and self.host.shape == (n,)
+        object.__setattr__(self, "_nic_egress", np.isfinite(self.nic_egress_bytes_per_s))
+        object.__setattr__(self, "_nic_ingress", np.isfinite(self.nic_ingress_bytes_per_s))
+        if isinstance(self.link_latency_s, LevelMatrix):  # the same entries, looked up by level
+            assert isinstance(self.link_bandwidth_bytes_per_s, LevelMatrix)
+            latency = replace(self.link_latency_s, host=self.host)  # host ids as the NIC arrays number them
+            bandwidth = replace(self.link_bandwidth_bytes_per_s, host=self.host)
+            object.__setattr__(self, "latency_s", latency.shifted(self.message_overhead_s, 0.0))
+            object.__setattr__(self, "bandwidth_bytes_per_s", bandwidth.capped(
+                self.nic_egress_bytes_per_s, self.nic_ingress_bytes_per_s, np.inf))
+            return
         other_host = self.host[:, None] != self.host[None, :]
         cap = np.minimum(self.nic_egress_bytes_per_s[self.host][:, None],
                          self.nic_ingress_bytes_per_s[self.host][None, :])
@@ -62,8 +74,6 @@ class Network:
         np.fill_diagonal(bandwidth, np.inf)
         object.__setattr__(self, "latency_s", latency)
         object.__setattr__(self, "bandwidth_bytes_per_s", bandwidth)
-        object.__setattr__(self, "_nic_egress", np.isfinite(self.nic_egress_bytes_per_s))
-        object.__setattr__(self, "_nic_ingress", np.isfinite(self.nic_ingress_bytes_per_s))
 
     # -- one message -------------------------------------------------------------------------
     @property
@@ -89,7 +99,7 @@ class Network:
 
     def transfer_matrix_s(self, message_bytes: float) -> np.ndarray:
         """``N x N`` times of one message of ``message_bytes`` over every directed pair (0 on the diagonal)."""
-        times = comm.p2p_time_s(message_bytes, self.latency_s, self.bandwidth_bytes_per_s)
+        times = comm.p2p_time_s(message_bytes, np.asarray(self.latency_s), np.asarray(self.bandwidth_bytes_per_s))
         np.fill_diagonal(times, 0.0)
         return times
 
@@ -155,6 +165,36 @@ class Network:
             return (np.where(self._nic_egress, egress / self.nic_egress_bytes_per_s, 0.0),
                     np.where(self._nic_ingress, ingress / self.nic_ingress_bytes_per_s, 0.0))
 
+    def fastest_out_bytes_per_s(self) -> np.ndarray:
+        """Each device's fastest link to another device (NIC caps included), 0 for a lone device.
+
+        By levels: one row per host (its devices' links to other hosts are alike), the host level
+        for a host of two devices or more, and a row of its own for a device with pair entries."""
+        bandwidth = self.bandwidth_bytes_per_s
+        n = self.size
+        if not isinstance(bandwidth, LevelMatrix):
+            dense = np.array(bandwidth, dtype=float)
+            np.fill_diagonal(dense, 0.0)
+            return dense.max(axis=1) if n else np.zeros(0)
+        out = np.zeros(n)
+        own_row = {a for a, _ in bandwidth.overrides}
+        members = {}
+        for d, h in enumerate(self.host.tolist()):
+            members.setdefault(h, []).append(d)
+        for host, group in members.items():
+            plain = [d for d in group if d not in own_row]
+            if plain:
+                row = bandwidth[plain[0], np.arange(n)]
+                row[group] = 0.0
+                best = max(float(row.max()), float(bandwidth.host_value) if len(group) > 1 else 0.0)
+                out[plain] = best
+            for d in group:
+                if d in own_row:
+                    row = bandwidth[d, np.arange(n)]
+                    row[d] = 0.0
+                    out[d] = row.max()
+        return out
+
     # -- collectives -------------------------------------------------------------------------
     def ring_hops(self, order) -> tuple:
         """Latency and bandwidth of each hop ``order[i] -> order[i+1]`` (cyclic) of a ring.
@@ -201,14 +241,16 @@ class Network:
         k = len(idx)
         if k <= 2:
             return list(range(k))
-        block = np.ix_(idx, idx)
-        score = self.link_bandwidth_bytes_per_s[block] - 1e-3 * self.link_latency_s[block]
-        order, left = [0], set(range(1, k))
-        while left:
-            here = order[-1]
-            best = max(left, key=lambda j: (score[here, j], -j))
+        members = np.asarray(idx, dtype=np.int64)
+        left = np.ones(k, dtype=bool)
+        left[0] = False
+        order = [0]
+        row = self._score_rows(members)
+        for _ in range(k - 1):  # one row of scores at a time: memory linear in k
+            score = row(order[-1])
+            best = int(np.argmax(np.where(left, score, -np.inf)))  # the first of equal scores: the smallest j
             order.append(best)
-            left.remove(best)
+            left[best] = False
 
         def cost(o):
             return self.ring_allreduce_s(1e9, [idx[i] for i in o])
@@ -224,6 +266,31 @@ class Network:
                     if c < best_cost - 1e-12:
                         order, best_cost, improved = candidate, c, True
         return order
+
+    def _score_rows(self, members: np.ndarray):
+        """``row(i)``: the nearest-neighbour score ``bandwidth - 1e-3 latency`` of the links from
+        ``members[i]`` to every member. By levels: the (region, region) table's and the host level's
+        scores gathered by the members' keys, pair entries put over them (the same numbers)."""
+        bandwidth, latency = self.link_bandwidth_bytes_per_s, self.link_latency_s
+        if not (isinstance(bandwidth, LevelMatrix) and isinstance(latency, LevelMatrix)
+                and np.array_equal(bandwidth.host, latency.host) and np.array_equal(bandwidth.region, latency.region)):
+            return lambda i: bandwidth[members[i], members] - 1e-3 * latency[members[i], members]
+        table = bandwidth.table - 1e-3 * latency.table
+        host_score = bandwidth.host_value - 1e-3 * latency.host_value
+        hosts, regions = bandwidth.host[members], bandwidth.region[members]
+        position = {int(m): k for k, m in enumerate(members.tolist())}
+        pairs = {}  # row position -> (column positions, scores) of its pair entries
+        for a, b in set(bandwidth.overrides) | set(latency.overrides):
+            if a in position and b in position:
+                pairs.setdefault(position[a], []).append((position[b], bandwidth[a, b] - 1e-3 * latency[a, b]))
+
+        def row(i: int) -> np.ndarray:
+            score = np.where(hosts == hosts[i], host_score, table[regions[i]][regions])
+            for j, value in pairs.get(i, ()):
+                score[j] = value
+            return score
+
+        return row
 
     def sharded_exchange_s(self, message_bytes: float, members) -> float:
         """DTFM's sharded all-to-all among ``members`` (``cost_models.comm.sharded_exchange_time_s``)."""

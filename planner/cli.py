@@ -7,6 +7,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from planner.errors import InputError
@@ -16,6 +17,7 @@ __all__ = ["main"]
 EXIT_INPUT = 2
 EXIT_FAILED = 1
 WHY_SHARE = 0.1  # of --time-limit, at most about, for the report's why-idle and what-binds re-evaluations
+OUTPUT_SHARE = 0.02  # of --time-limit, kept for rendering the report and writing the plan
 
 
 def _plan_parser(sub) -> None:
@@ -51,7 +53,12 @@ def _plan_parser(sub) -> None:
     p.add_argument("--calibration", help="calibration file from 'plan calibrate' (measured efficiency, links)")
     p.add_argument("--seed", type=int, default=0, help="random seed, 0 or more (same seed, same plan)")
     p.add_argument("--time-limit", type=float, default=30.0,
-                   help="search time limit in seconds (the search ends within it; default 30)")
+                   help="time limit in seconds of the whole command: reading, search, report and writing end "
+                        "within it (default 30)")
+    p.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="the search's work budget, in seconds of work at fixed rates: the same seed and budget "
+                        "give the same plan whatever the machine's load while --time-limit leaves it time "
+                        "(default: the search's share of --time-limit)")
     p.add_argument("--objective", choices=["time", "cost", "time-under-budget", "dtfm"], default="time",
                    help="time: the simulated iteration time (default); cost: US dollars per iteration (device-hours "
                         "of the used devices plus egress between regions); time-under-budget: the fastest plan "
@@ -279,6 +286,7 @@ def _write_output(document: dict, path: str, field: str) -> None:
 
 
 def _make(args) -> int:
+    started = time.perf_counter()  # --time-limit counts from here: imports, reading, search, report, output
     if args.from_plan:
         return _replan(args)
     if args.move_weight is not None:
@@ -308,9 +316,15 @@ def _make(args) -> int:
         calibration = read_calibration(args.calibration)
         job = dataclasses.replace(job, topology=apply_calibration(job.topology, calibration))
         record = calibration_record(calibration)
-    options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit,
+    if args.budget is not None and args.objective == "dtfm":
+        raise InputError("sizes the placement search's work; DTFM's allocation search is sized by --time-limit: "
+                         "drop --budget or use another --objective", field="--budget")
+    search_s = args.time_limit * (1.0 - WHY_SHARE - OUTPUT_SHARE)  # the report and the output get the rest
+    options = SearchOptions(seed=args.seed, budget_s=_finite_positive("--budget", args.budget) or search_s,
+                            time_limit_s=max(search_s - (time.perf_counter() - started), 0.0),
                             stages=_positive("--stages", args.stages), replicas=_positive("--replicas", args.replicas),
                             exact=not args.no_exact, tensor_degrees=tuple(args.tensor_degrees))
+    args.report_deadline = started + args.time_limit * (1.0 - OUTPUT_SHARE)
     progress = _Progress(args.time_limit)
     try:
         result = search(job.topology, job.model, job.training, options, objective=objective, callback=progress)
@@ -382,7 +396,7 @@ def _print_choices(args, result, job, objective, pareto_files) -> None:
             price = lambda plan: plan_dollars(plan, job.topology, job.model, job.training,
                                               charge_idle=charge_idle).usd_per_iteration
         print("\n" + render_why(result.plan, job.topology, job.model, job.training, dollars=price,
-                                 budget_s=WHY_SHARE * args.time_limit))
+                                 budget_s=max(args.report_deadline - time.perf_counter(), 0.0)))
     priced = all(d.price_per_hour_usd is not None for d in job.topology.devices)
     if text and priced and args.objective != "dtfm":
         dollars = plan_dollars(result.plan, job.topology, job.model, job.training, charge_idle=charge_idle)
@@ -443,6 +457,7 @@ def _replan(args) -> int:
     except InputError as error:
         raise error.located(source=args.topology) from None
     options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit, exact=not args.no_exact,
+                            budget_s=_finite_positive("--budget", args.budget),
                             stages=_positive("--stages", args.stages), replicas=_positive("--replicas", args.replicas))
     progress = _Progress(args.time_limit)
     try:

@@ -77,3 +77,45 @@ def test_a_limit_too_short_for_any_phase_still_gives_a_valid_plan(write_yaml):
     assert time.perf_counter() - started < 2.0
     assert result.plan.search["simulated"] >= 1 and "local" in result.plan.search["clock_cut"]
     validate_plan(result.plan, job.topology, job.model, job.training)
+
+
+def test_same_budget_same_plan_under_different_time_limits(write_yaml):
+    """``--budget`` is the reproducible knob, the time limit a cap: while the cap leaves every phase
+    its work, two limits give the same plan, and a smaller budget does less work."""
+    job = load_job(write_yaml(small_topology()))
+    runs = [search(job.topology, job.model, job.training, SearchOptions(seed=5, time_limit_s=limit, budget_s=1.0))
+            for limit in (8.0, 40.0)]
+    assert [r.plan.search["clock_cut"] for r in runs] == [[], []]
+    assert _plan_key(runs[0]) == _plan_key(runs[1]) and runs[0].evaluations == runs[1].evaluations
+    less = search(job.topology, job.model, job.training, SearchOptions(seed=5, time_limit_s=40.0, budget_s=0.1))
+    assert less.evaluations < runs[0].evaluations
+
+
+def _generated(write_yaml, devices: int):
+    from benchmarks.scale import generated_topology
+
+    document = generated_topology(devices)
+    document["network"]["nic"] = "100Gbps"
+    document["model"] = "gpt3-6.7b"
+    document["training"] = {"global_batch": 2 * devices, "micro_batch_size": 1, "precision": "auto",
+                            "recompute": True, "flash_attention": True}
+    return write_yaml(document)
+
+
+def test_the_command_ends_within_its_limit_at_a_thousand_devices(write_yaml, tmp_path, capsys):
+    """Reading, search, why-idle report and output together: within the limit plus max(2 s, 5%)."""
+    path, out, limit = _generated(write_yaml, 1024), tmp_path / "plan.json", 6.0
+    started = time.perf_counter()
+    assert main([str(path), "--time-limit", str(limit), "-o", str(out)]) == 0
+    assert time.perf_counter() - started <= limit + max(2.0, 0.05 * limit)
+    assert "What binds" in capsys.readouterr().out and read_plan(out)[0].search["simulated"] >= 1
+
+
+def test_cli_budget_must_be_a_positive_number(write_yaml, capsys):
+    assert main([str(write_yaml(small_topology())), "--budget", "0"]) == 2
+    assert "--budget" in capsys.readouterr().err
+
+
+def test_cli_budget_with_the_dtfm_objective_is_refused(write_yaml, capsys):
+    assert main([str(write_yaml(small_topology())), "--budget", "1", "--objective", "dtfm"]) == 2
+    assert "--budget" in capsys.readouterr().err

@@ -8,10 +8,11 @@ the link from device i to device j, so asymmetric networks are first-class.
 import functools
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from cost_models.links import LevelMatrix
 from cost_models.network import Network
 from planner.inputs.catalog import PRECISIONS, device_type, peak_for
 from planner.errors import InputError
@@ -58,12 +59,13 @@ class Device:
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Topology:
-    """Devices plus directed link matrices and per-host shared NICs (egress, ingress in B/s)."""
+    """Devices plus directed link matrices (dense ``N x N`` arrays, or ``LevelMatrix`` where the
+    network is described by levels) and per-host shared NICs (egress, ingress in B/s)."""
 
     name: str
     devices: tuple
-    latency_s: np.ndarray
-    bandwidth_bytes_per_s: np.ndarray
+    latency_s: np.ndarray  # or LevelMatrix
+    bandwidth_bytes_per_s: np.ndarray  # or LevelMatrix
     nic_bytes_per_s: dict = field(default_factory=dict)  # host -> (egress, ingress)
     message_overhead_s: float = 0.0  # measured per-message software cost (a calibration's network section)
     sha256: str = ""
@@ -277,12 +279,8 @@ def _region_pairs(f: Fields, regions: dict, table_lat: np.ndarray, table_bw: np.
 
 
 def _level_links(f: Fields, devices: list) -> tuple:
-    """Latency and bandwidth matrices from the host/region/global levels and region pairs.
-
-    Linear in devices plus entries (besides writing the N x N result once): links are set on an
-    R x R region table, spread over device pairs by region index, then host blocks are overwritten.
-    """
-    n = len(devices)
+    """Latency and bandwidth (``cost_models.links.LevelMatrix`` each) from the host/region/global
+    levels and region pairs: linear in devices plus entries, never N x N."""
     regions = {name: r for r, name in enumerate(dict.fromkeys(d.region for d in devices))}
     region_of = np.array([regions[d.region] for d in devices], dtype=np.int64)
     links = {level: _link(f.raw(level), f.path(level)) for level in _LEVELS if f.has(level)}
@@ -297,18 +295,11 @@ def _level_links(f: Fields, devices: list) -> tuple:
         np.fill_diagonal(table_lat, np.nan)
         np.fill_diagonal(table_bw, np.nan)
     _region_pairs(f, regions, table_lat, table_bw)
-    latency = table_lat[region_of[:, None], region_of[None, :]]
-    bandwidth = table_bw[region_of[:, None], region_of[None, :]]
     host_lat, host_bw = links.get("host", (np.nan, np.nan))
-    members: dict = {}
-    for i, d in enumerate(devices):
-        members.setdefault(d.host, []).append(i)
-    for group in members.values():
-        if len(group) > 1:
-            block = np.ix_(group, group)
-            latency[block], bandwidth[block] = host_lat, host_bw
-    assert latency.shape == (n, n)
-    return latency, bandwidth
+    host_index = {name: h for h, name in enumerate(sorted({d.host for d in devices}))}  # as Topology.host_ids
+    host_of = np.array([host_index[d.host] for d in devices], dtype=np.int64)
+    return (LevelMatrix(host=host_of, region=region_of, host_value=host_lat, table=table_lat, diagonal=0.0),
+            LevelMatrix(host=host_of, region=region_of, host_value=host_bw, table=table_bw, diagonal=np.inf))
 
 
 def _parse_network(document, devices: list, calibration) -> tuple:
@@ -319,10 +310,12 @@ def _parse_network(document, devices: list, calibration) -> tuple:
         latency, bandwidth = _matrix(f, n)
     else:
         latency, bandwidth = _level_links(f, devices)
-    if f.has("calibration"):
+    if f.has("calibration"):  # measured links fill pairs one by one: the dense matrices
         f.str("calibration")
+        latency, bandwidth = np.asarray(latency, dtype=float), np.asarray(bandwidth, dtype=float)
         measured, overhead = _calibrated_links(f, devices, latency, bandwidth, calibration)
     index = {d.name: i for i, d in enumerate(devices)}
+    pairs = {}  # (a, b) -> (latency, bandwidth), the last entry of a pair wins
     for k, entry in enumerate(f.list("pairs", [])):
         where = f"network.pairs[{k}]"
         e = Fields(entry, where)
@@ -335,6 +328,12 @@ def _parse_network(document, devices: list, calibration) -> tuple:
             if name not in index:
                 raise InputError(f"unknown device {name!r}", field=where)
         for i, j in ([(index[a], index[b]), (index[b], index[a])] if symmetric else [(index[a], index[b])]):
+            pairs[(i, j)] = (lat, bw)
+    if isinstance(latency, LevelMatrix):
+        latency = replace(latency, overrides={ij: lb[0] for ij, lb in pairs.items()})
+        bandwidth = replace(bandwidth, overrides={ij: lb[1] for ij, lb in pairs.items()})
+    else:
+        for (i, j), (lat, bw) in pairs.items():
             latency[i, j], bandwidth[i, j] = lat, bw
     nics = {}
     default_nic = f.quantity("nic", parse_bandwidth_bytes_per_s, None)
@@ -355,11 +354,15 @@ def _parse_network(document, devices: list, calibration) -> tuple:
             raise InputError("give bandwidth, or both egress and ingress", field=where)
         nics[host] = (egress, ingress)
     f.finish()
-    np.fill_diagonal(latency, 0.0)
-    np.fill_diagonal(bandwidth, np.inf)
-    missing = np.isnan(latency) | np.isnan(bandwidth)
-    if missing.any():
-        i, j = np.unravel_index(int(np.argmax(missing)), missing.shape)
+    if isinstance(latency, LevelMatrix):
+        missing = latency.first_missing() or bandwidth.first_missing()
+    else:
+        np.fill_diagonal(latency, 0.0)
+        np.fill_diagonal(bandwidth, np.inf)
+        nan = np.isnan(latency) | np.isnan(bandwidth)
+        missing = np.unravel_index(int(np.argmax(nan)), nan.shape) if nan.any() else None
+    if missing is not None:
+        i, j = missing
         a, b = devices[i], devices[j]
         level = "host" if a.host == b.host else ("region" if a.region == b.region else "global")
         raise InputError(f"no link from {a.name} (host {a.host}, region {a.region}) to {b.name} "

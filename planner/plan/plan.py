@@ -1,6 +1,7 @@
 """The plan: which device runs which (replica, stage), the layer split, the batch split, the
 schedule, and the prediction; one ``validate_plan`` (the file format is ``planner.plan.document``)."""
 
+import functools
 from dataclasses import dataclass, field, replace
 
 from planner.errors import InputError
@@ -83,12 +84,13 @@ class Plan:
         """Every device the plan runs on, tensor groups' members included."""
         return [m for row in self.assignment for d in row for m in self.members(d)]
 
+    @functools.cached_property
+    def _groups_by_lead(self) -> dict:
+        return {group[0]: tuple(group) for group in reversed(self.tensor_groups)}  # the first of a lead wins
+
     def members(self, lead: str) -> tuple:
         """The devices of the cell ``lead`` names: its tensor group, or the device alone."""
-        for group in self.tensor_groups:
-            if group[0] == lead:
-                return tuple(group)
-        return (lead,)
+        return self._groups_by_lead.get(lead, (lead,))
 
     def tensor_degree(self, replica: int, stage: int) -> int:
         return len(self.members(self.assignment[replica][stage]))

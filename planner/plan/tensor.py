@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from cost_models.links import take
+
 __all__ = ["TENSOR_DEGREES", "TensorGroups", "group_devices", "groups_of_plan", "tensor_degree_problem",
            "groupings", "grouping_groups"]
 
@@ -63,9 +65,8 @@ def group_devices(topology, groups) -> TensorGroups:
         # t times the blocks' FLOP/s; the head runs whole on every member, at one device's speed.
         devices.append(replace(d, peak_flops={p: v * t for p, v in d.peak_flops.items()},
                                head_efficiency=d.efficiency / (t * d.head_slowdown)) if t > 1 else d)
-    block = np.ix_(leads, leads)
-    virtual = type(topology)(name=topology.name, devices=tuple(devices), latency_s=topology.latency_s[block],
-                             bandwidth_bytes_per_s=topology.bandwidth_bytes_per_s[block],
+    virtual = type(topology)(name=topology.name, devices=tuple(devices), latency_s=take(topology.latency_s, leads),
+                             bandwidth_bytes_per_s=take(topology.bandwidth_bytes_per_s, leads),
                              nic_bytes_per_s=dict(topology.nic_bytes_per_s),
                              message_overhead_s=topology.message_overhead_s, sha256=topology.sha256,
                              source=topology.source)

@@ -16,8 +16,9 @@ What binds (the plan as it is, changed in one place and simulated again, or esti
 - the slowest link the plan uses (a pipeline hop or a ring hop), and the time with 10x its bandwidth;
 - the bubble and the gradient sync: their share of the critical device's timeline.
 
-A deadline (``time.perf_counter()`` value) caps the work: groups and links left when it passes are
-reported as not re-evaluated, so the report adds a bounded time to the search's.
+A deadline (``time.perf_counter()`` value) caps the work: a simulation starts only while the time
+left holds one as long as the search's longest (``simulation_wall_s`` of its record), and groups and
+links left are reported as not re-evaluated, so the report ends within its time.
 """
 
 import math
@@ -26,6 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from cost_models.links import LevelMatrix
 from planner.inputs.catalog import AUTO, runs
 from planner.inputs.units import format_bytes
 from planner.prediction.predict import predict
@@ -107,8 +109,10 @@ def _uses_of(device: int, assign: np.ndarray, idle: list, ctx, plan, topology) -
 
 def _free_network(topology):
     """The topology on a free network: no latency, unlimited bandwidth, no shared NICs."""
-    n = topology.size
-    return replace(topology, latency_s=np.zeros((n, n)), bandwidth_bytes_per_s=np.full((n, n), FREE_BANDWIDTH),
+    free = dict(host=topology.host_ids, region=np.zeros(topology.size, dtype=np.int64))
+    return replace(topology, latency_s=LevelMatrix(**free, host_value=0.0, table=np.zeros((1, 1))),
+                   bandwidth_bytes_per_s=LevelMatrix(**free, host_value=FREE_BANDWIDTH,
+                                                     table=np.full((1, 1), FREE_BANDWIDTH), diagonal=np.inf),
                    nic_bytes_per_s={}, message_overhead_s=0.0)
 
 
@@ -118,6 +122,11 @@ def _slowest_link_from(device: int, used: np.ndarray, topology) -> str:
     peer = topology.devices[other]
     return (f"{_gbit(min(bandwidth[device, other], bandwidth[other, device]))} to {peer.name} "
             f"(region {peer.region})")
+
+
+def _time_for_simulation(plan, deadline: float) -> bool:
+    """Whether one simulation of ``plan`` (as long as the search's longest) ends before ``deadline``."""
+    return time.perf_counter() + plan.search.get("simulation_wall_s", 0.0) <= deadline
 
 
 def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: float = math.inf) -> list:
@@ -133,8 +142,10 @@ def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: flo
     idle = [topology.index(name) for name in plan.idle]
     floor = stage_memory_floor(model, training, 1, model.layers, max(plan.replicas, 1))
     base = plan.prediction.iteration_s
-    free_network = _free_network(topology)
-    base_free = predict(plan, free_network, model, training)[0].iteration_s
+    late = not _time_for_simulation(plan, deadline)
+    if not late:
+        free_network = _free_network(topology)
+        base_free = predict(plan, free_network, model, training)[0].iteration_s
     reasons = []
     for k, names in enumerate(_groups(plan, topology)):
         device = topology.index(names[0])
@@ -144,7 +155,8 @@ def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: flo
                 f"memory: the smallest stage (1 layer, micro-batch 1) needs {format_bytes(floor)}, it has "
                 f"{format_bytes(usable)} usable")))
             continue
-        if k >= MAX_GROUPS or time.perf_counter() > deadline:
+        late = late or not _time_for_simulation(plan, deadline)
+        if k >= MAX_GROUPS or late:
             why = (f"only the first {MAX_GROUPS} groups are" if k >= MAX_GROUPS else
                    "the report's time ran out: a longer --time-limit gives it more")
             reasons.append(IdleReason(devices=tuple(names), kind="not evaluated", text=f"not re-evaluated ({why})"))
@@ -250,12 +262,16 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
             pair = (min(a, b), max(a, b))
             if pair in tried or len(tried) >= 3 or bandwidth[a, b] > 1.01 * bandwidth[slowest[0]]:
                 continue
-            if best is not None and time.perf_counter() > deadline:
+            if not _time_for_simulation(plan, deadline):
                 break
             tried.add(pair)
             faster = predict(plan, _faster_link(topology, a, b, LINK_FACTOR), model, training)[0].iteration_s
             if best is None or faster < best[0]:
                 best = (faster, a, b)
+    if links and best is None:
+        out.append(Binding(kind="link", text="link: not re-evaluated (the report's time ran out: a longer "
+                                             "--time-limit gives it more)"))
+    elif links:
         faster, a, b = best
         da, db = topology.devices[a], topology.devices[b]
         change = (faster - base) / base
@@ -276,7 +292,7 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
 
 def render_why(plan, topology, model, training, *, dollars=None, budget_s: float = math.inf) -> str:
     """The report's 'why idle' and 'what binds' lines (``dollars``: as ``idle_reasons``), in about
-    ``budget_s`` seconds (the binding constraints get a third of it, at least one link)."""
+    ``budget_s`` seconds (the binding constraints get a third of it)."""
     started = time.perf_counter()
     lines = []
     reasons = idle_reasons(plan, topology, model, training, dollars=dollars, deadline=started + budget_s * 2 / 3)

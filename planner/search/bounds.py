@@ -50,9 +50,7 @@ def lower_bound_s(topology, model, training) -> float:
     fewest_stages = max(1, math.ceil(state / float(topology.memory_bytes().max())))
     layer_params, sequence_layer_flops = per_sequence.layer_params, per_sequence.layer_flops
     gradient_bytes = least_gradient_bytes_per_param(per_sequence)  # PowerSGD: the best-compressed part's rate
-    bandwidth = topology.network.bandwidth_bytes_per_s.copy()
-    np.fill_diagonal(bandwidth, 0.0)
-    best_out = np.sort(bandwidth.max(axis=1))[::-1]  # each device's fastest outgoing link, best first
+    best_out = np.sort(topology.network.fastest_out_bytes_per_s())[::-1]  # each device's fastest outgoing link, best first
     n = topology.size
     whole_message_syncs = any(s in (Sync.HIERARCHICAL, Sync.PARAMETER_SERVER) for s in syncs_for(training, 2))
     best = np.inf

@@ -148,7 +148,7 @@ class _PlacementModel:
         ctx, c = self.ctx, self.costs
         self.layer_ns = _ns(c.layer_flops / ctx.speed)  # (n,)
         self.head_ns = _ns(c.head_flops * ctx.head_slowdown / ctx.speed)
-        lat = ctx.network.latency_s
+        lat = np.asarray(ctx.network.latency_s)  # CP-SAT places a few devices: every pair at once
         one_way = ctx.network.busy_s(slice(None), slice(None), c.boundary_bytes)
         np.fill_diagonal(one_way, 0.0)
         self.round_trip_ns = _ns(one_way + one_way.T + lat + lat.T).ravel().tolist()  # index a * n + b

@@ -1,11 +1,13 @@
-"""The search's budget: deterministic work per phase, sized by the time limit, with the clock as a cap.
+"""The search's budget: deterministic work per phase, sized by the work budget, with the clock as a cap.
 
-Each phase of the placement search gets a share of ``--time-limit`` and a work budget proportional
-to that share (estimates, CP-SAT deterministic time, simulated events), at rates set below what a
-2-core machine does unloaded. On an unloaded machine every phase then ends on its work budget, not
-on the clock, and the same seed and limit give the same plan; on a loaded or slower machine the
-clock ends a phase at its share instead, the plan may differ, and the search record lists the
-phases the clock cut (``clock_cut``). Whatever the load, the search ends within the limit plus at
+Each phase of the placement search gets a share of the work budget ``work_s`` (``--budget``; the
+time limit when not given), in seconds of work at rates set below what a 2-core machine does
+unloaded (estimates, CP-SAT deterministic time, simulated events), and the same share of the time
+limit ``limit_s`` (``--time-limit``) as its deadline. While every phase ends on its work budget,
+not on the clock, the same seed and budget give the same plan whatever the load and the time
+limit; where the clock ends a phase first (a loaded or slower machine, or a budget larger than
+the limit), the plan may differ, and the search record lists the phases the clock cut
+(``clock_cut``). Whatever the load, the search ends within the limit plus at
 most one unit of work that cannot be split: one degree pair's constructive layouts, one CP-SAT
 hint completion, one round of split refinement, or the event simulation of the first finalist,
 which must run once to give a plan.
@@ -59,13 +61,15 @@ class Budget:
 
     limit_s: float
     started: float
+    work_s: float = None  # the work budget, in seconds at the rates above; None: ``limit_s``
     clock: object = None  # seconds, monotonic; None: time.perf_counter, looked up at each reading
     clock_cut: list = field(default_factory=list)  # phases the clock ended before their work budget
     stopped: bool = False  # a progress callback asked to stop: every phase is out of time
-    finalists_s: float = 0.0  # reserved by ``reserve_finalists``; FINALISTS_MIN of the limit until then
+    finalists: float = FINALISTS_MIN  # the finalists' fraction, set by ``reserve_finalists``
 
     def __post_init__(self):
-        self.finalists_s = FINALISTS_MIN * self.limit_s
+        if self.work_s is None:
+            self.work_s = self.limit_s
 
     def stop(self) -> None:
         self.stopped = True
@@ -74,16 +78,16 @@ class Budget:
         """Size the finalists' share by the simulation work of a plan like the best constructed
         one (two simulations and their refinement), within its bounds."""
         needed = 2.0 * simulation_units(stages, replicas, micro_batches) / SIMULATION_UNITS_PER_S
-        self.finalists_s = min(max(needed, FINALISTS_MIN * self.limit_s), FINALISTS_MAX * self.limit_s)
+        self.finalists = min(max(needed / self.work_s if self.work_s > 0 else 1.0, FINALISTS_MIN), FINALISTS_MAX)
 
     def _bounds(self, phase: str) -> tuple:
-        """(start, end) of ``phase`` as fractions of seconds from ``started``."""
+        """(start, end) of ``phase`` as fractions of the limit (and of the work budget)."""
         if phase == "construct":
-            return 0.0, CONSTRUCT_END * self.limit_s
-        finalists_start = FINALISTS_END * self.limit_s - self.finalists_s
+            return 0.0, CONSTRUCT_END
+        finalists_start = FINALISTS_END - self.finalists
         if phase == "finalists":
-            return finalists_start, FINALISTS_END * self.limit_s
-        middle0 = CONSTRUCT_END * self.limit_s
+            return finalists_start, FINALISTS_END
+        middle0 = CONSTRUCT_END
         span = max(finalists_start - middle0, 0.0)
         names = list(MIDDLE_ENDS)
         before = MIDDLE_ENDS[names[names.index(phase) - 1]] if names.index(phase) else 0.0
@@ -91,27 +95,33 @@ class Budget:
 
     def end(self, phase: str) -> float:
         """The clock time at which ``phase`` must stop."""
-        return self.started if self.stopped else self.started + self._bounds(phase)[1]
+        return self.started if self.stopped else self.started + self._bounds(phase)[1] * self.limit_s
 
     def share_s(self, phase: str) -> float:
         """Seconds of the limit that ``phase`` gets."""
         start, end = self._bounds(phase)
-        return end - start
+        return (end - start) * self.limit_s
 
-    def estimates(self, phase: str, cap: int) -> int:
-        """The deterministic estimate budget of ``local`` or ``genetic`` (at least 1, at most ``cap``)."""
-        return max(1, min(cap, int(ESTIMATES_PER_S * self.share_s(phase))))
+    def work_share_s(self, phase: str) -> float:
+        """Seconds of the work budget that ``phase`` gets."""
+        start, end = self._bounds(phase)
+        return (end - start) * self.work_s
+
+    def estimates(self, phase: str, cap: int, devices: int = 64) -> int:
+        """The deterministic estimate budget of ``local`` or ``genetic`` (at least 1, at most ``cap``)
+        for plans of ``devices`` (an estimate's cost grows with them as ``construct_units``)."""
+        return max(1, min(cap, int(ESTIMATES_PER_S * self.work_share_s(phase) / construct_units(devices))))
 
     def construct_units(self) -> float:
-        return CONSTRUCT_UNITS_PER_S * self.share_s("construct")
+        return CONSTRUCT_UNITS_PER_S * self.work_share_s("construct")
 
     def exact_work(self, shapes: int, cap: float) -> float:
         """CP-SAT deterministic time per shape."""
-        return min(cap, EXACT_WORK_PER_S * self.share_s("exact") / max(shapes, 1))
+        return min(cap, EXACT_WORK_PER_S * self.work_share_s("exact") / max(shapes, 1))
 
     def finalists_work_s(self) -> float:
         """The finalists' deterministic budget, in seconds at the rates above."""
-        return self.share_s("finalists")
+        return self.work_share_s("finalists")
 
     def now(self) -> float:
         return time.perf_counter() if self.clock is None else self.clock()

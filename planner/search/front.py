@@ -51,7 +51,8 @@ __all__ = ["SearchOptions", "SearchResult", "search"]
 @dataclass(frozen=True, kw_only=True)
 class SearchOptions:
     seed: int = 0
-    time_limit_s: float = 30.0
+    time_limit_s: float = 30.0  # the clock's cap on the search
+    budget_s: float | None = None  # the work budget, seconds at deadline.py's rates; None: time_limit_s
     max_evaluations: int = 4000  # local-search moves; the deterministic stopping rule
     stages: int | None = None  # pin S
     replicas: int | None = None  # pin D
@@ -60,6 +61,15 @@ class SearchOptions:
     exact: bool = True  # solve the leading shapes with CP-SAT on topologies of <= EXACT_DEVICES devices
     exact_work_per_shape: float = 5.0  # CP-SAT deterministic time per shape (about seconds)
     tensor_degrees: tuple = TENSOR_DEGREES  # tensor degrees tried inside a host; (1,): none
+
+    @property
+    def work_s(self) -> float:
+        """The work budget (``planner.search.deadline``): the same budget and seed give the same plan."""
+        return self.time_limit_s if self.budget_s is None else self.budget_s
+
+    def share(self, fraction: float) -> "SearchOptions":
+        """These options with ``fraction`` of the time limit and of the work budget."""
+        return replace(self, time_limit_s=self.time_limit_s * fraction, budget_s=self.work_s * fraction)
 
 
 @dataclass(kw_only=True)
@@ -174,7 +184,7 @@ def _best_recompute(topology, model, training, options, **kwargs) -> SearchResul
     """``recompute: auto``: the better of a search without recomputation and one with it, each on
     half the time limit (recomputation costs a forward per block and saves memory, so it wins only
     where memory binds). The bound is the smaller of the two, so it holds for either plan."""
-    half = replace(options, time_limit_s=options.time_limit_s / 2)
+    half = options.share(0.5)
     results, errors = [], []
     for recompute in (False, True):
         try:
@@ -204,7 +214,7 @@ def _best_compression(topology, model, training, options, *, objective=None, **k
     one stage or one replica). Ties go to no compression. The bound is the smaller of the two
     searches'."""
     auto = [key for key in _COMPRESSED if getattr(training, key) == "auto"]
-    half = replace(options, time_limit_s=options.time_limit_s / 2)
+    half = options.share(0.5)
     results, errors = {}, []
     for on in (False, True):
         chosen = replace(training, **{key: str(_COMPRESSED[key]) if on else "off" for key in auto})
@@ -293,7 +303,7 @@ def _pool_search(topology, model, training, options, *, objective, rng, callback
     plans (``planner.search.pareto``) that holds the placement engine's plan."""
     from planner.search.pareto import POOL_SHARE, plan_pool
 
-    placement = replace(options, time_limit_s=options.time_limit_s * (1.0 - POOL_SHARE))  # the pool takes the rest
+    placement = options.share(1.0 - POOL_SHARE)  # the pool takes the rest
     fastest, record = _placement_search(topology, model, training, placement, rng=rng, callback=callback, x0=x0,
                                         started=started)
     pool = plan_pool(topology, model, training, options, [fastest], charge_idle=objective.charge_idle)
@@ -355,15 +365,21 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
         validate_plan(x0, topology, model, training)
         first, fallback = [None], []  # re-planning a plan with tensor groups keeps its groups
     parts = [1.0] if len(first) == 1 else [UNGROUPED_SHARE, 1.0 - UNGROUPED_SHARE]
-    best, tried, failure, attempts = None, {}, None, 0
+    best, tried, failure, attempts, skipped = None, {}, None, 0, False
     for k, mapping in enumerate(first + fallback):
         if k >= len(first):
             if best is not None:
                 break
             left = options.time_limit_s - (time.perf_counter() - started)
-            share = replace(options, time_limit_s=max(left, 0.0) / (len(first) + len(fallback) - k))
+            share = replace(options, time_limit_s=max(left, 0.0) / (len(first) + len(fallback) - k),
+                            budget_s=options.work_s / (len(first) + len(fallback)))  # work: not the clock's
         else:
-            share = replace(options, time_limit_s=options.time_limit_s * parts[k])
+            share = options.share(parts[k])
+            left = options.time_limit_s - (time.perf_counter() - started)  # an earlier grouping's overrun
+            if best is not None and left <= 0.0:  # the clock ran out: a plan is at hand
+                skipped = True
+                break
+            share = replace(share, time_limit_s=max(min(share.time_limit_s, left), 0.0))
         groups = x0.tensor_groups if mapping is None else grouping_groups(topology, mapping)
         attempts += 1
         try:
@@ -380,6 +396,8 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
     if best is None:
         raise failure
     plan, record = best
+    if skipped:  # the clock, not the work budget, left the tensor groupings untried
+        record = {**record, "clock_cut": record["clock_cut"] + ["tensor groups"]}
     return plan, ({**record, "tensor_tried": tried} if attempts > 1 else record)
 
 
@@ -389,7 +407,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
 
     Every phase runs on a deterministic work budget sized by the time limit and stops at its share
     of the limit if the clock gets there first (``planner.search.deadline``)."""
-    budget = Budget(limit_s=options.time_limit_s, started=started)
+    budget = Budget(limit_s=options.time_limit_s, work_s=options.work_s, started=started)
     ctx = make_context(topology, model, training, groups)
     real, topology = topology, ctx.topology  # the search places the groups; the simulator sees their members
     history = []
@@ -423,6 +441,8 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         if candidates and (units >= budget.construct_units() or budget.out_of_time("construct")):
             break  # the first pair with a plan that fits is always finished
         for layout_name, assign in layouts(topology, ctx.speed, ctx.capacity, stages, replicas).items():
+            if candidates and budget.out_of_time("construct"):  # a pair's layouts of 16,384 devices take seconds
+                break
             for micro_batch_size in sizes:
                 for schedule in _schedules(training):
                     evaluations += 1
@@ -459,7 +479,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
             starts.append(c)
     starts.sort(key=lambda c: c.score_s)
     improved = []
-    per_start = budget.estimates("local", options.max_evaluations) // max(len(starts), 1)
+    per_start = budget.estimates("local", options.max_evaluations, first.assign.size) // max(len(starts), 1)
     for start in starts:
         result, used = iterated_local_search(ctx, start, rng, per_start, budget.end("local"))
         budget.note_cut("local", used < per_start and budget.out_of_time("local"))
@@ -473,7 +493,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     shape = (leader.assign.shape, leader.micro_batch_size, leader.schedule)
     seeds = [c for c in sorted(improved + candidates, key=lambda c: c.score_s)
              if (c.assign.shape, c.micro_batch_size, c.schedule) == shape][:POPULATION]
-    genetic_budget = budget.estimates("genetic", options.max_evaluations // 4)
+    genetic_budget = budget.estimates("genetic", options.max_evaluations // 4, leader.assign.size)
     result, used = genetic_search(ctx, seeds, rng, genetic_budget, budget.end("genetic"))
     budget.note_cut("genetic", used < genetic_budget and budget.out_of_time("genetic"))
     evaluations += used
@@ -543,26 +563,35 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     best_plan, best_time, unfinished, simulated = None, np.inf, [], 0
     finalists = []  # (estimate, simulator) of every simulated candidate, for benchmarks/estimate_at_scale.py
     work_s, allowed_s = 0.0, budget.finalists_work_s()  # deterministic work, in seconds at fixed rates
+    simulation_wall_s = 0.0  # the longest simulation yet: one more starts only if the finalists' share holds it
 
-    def more() -> bool:  # whether another finalist may be refined or simulated: until one fits, always
-        return best_plan is None or (work_s < allowed_s and not budget.out_of_time("finalists"))
+    def more(simulating: bool = False) -> bool:  # whether another finalist may be refined or simulated
+        if best_plan is None:  # until one fits, always
+            return True
+        if simulating and budget.remaining_s("finalists") < simulation_wall_s:
+            budget.note_cut("finalists", True)
+            return False
+        return work_s < allowed_s and not budget.out_of_time("finalists")
 
     for rank, c in enumerate(unique):
         if not more():
             break
         tries = [c]
         if more():
+            refine_rate = REFINE_ESTIMATES_PER_S / construct_units(c.assign.size)
             better, used = refine_split(ctx, c, budget=min(REFINE_EVALUATIONS, max(1, int(
-                REFINE_ESTIMATES_PER_S * max(allowed_s - work_s, 0.0)))), deadline=budget.end("finalists"))
+                refine_rate * max(allowed_s - work_s, 0.0)))), deadline=budget.end("finalists"))
             evaluations += used
-            work_s += used / REFINE_ESTIMATES_PER_S
+            work_s += used / refine_rate
             tries = [better, c] if rank < KEEP_UNREFINED and better is not c else [better]
             best_estimate = min(best_estimate, better.score_s)
         for candidate in tries:
-            if not more():
+            if not more(simulating=True):
                 break
             plan = candidate_to_plan(ctx, candidate)
+            simulation_started = time.perf_counter()
             prediction, _ = predict(plan, real, model, training)
+            simulation_wall_s = max(simulation_wall_s, time.perf_counter() - simulation_started)
             simulated += 1
             finalists.append({"stages": plan.stages, "replicas": plan.replicas, "estimate_s": float(candidate.score_s),
                               "simulated_s": float(prediction.iteration_s), "fits": prediction.fits})
@@ -580,7 +609,8 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     algorithm = "construct+local+genetic" + ("+cpsat" if exact_shapes else "") + "+refine"
     return best_plan, {"algorithm": algorithm, "evaluations": evaluations, "exact": exact_shapes,
                        "history": history, "pinned": {"stages": options.stages, "replicas": options.replicas},
-                       "simulated": simulated, "finalists": finalists, "clock_cut": list(budget.clock_cut)}
+                       "simulated": simulated, "finalists": finalists, "clock_cut": list(budget.clock_cut),
+                       "simulation_wall_s": round(simulation_wall_s, 3)}
 
 
 def _start_candidate(ctx, x0: Plan | None) -> Candidate | None:

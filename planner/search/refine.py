@@ -35,12 +35,13 @@ def _neighbours(counts: tuple, micro: tuple):
 
 def refine_split(ctx, candidate: Candidate, budget: int = REFINE_EVALUATIONS, deadline: float = math.inf) -> tuple:
     """(refined candidate, estimates spent): never worse than ``candidate``, same placement; stops
-    at ``budget`` estimates or after the round in which ``time.perf_counter()`` passes ``deadline``."""
+    at ``budget`` estimates or at the first estimate after ``time.perf_counter()`` passes ``deadline``
+    (a round of a thousand replicas has a million neighbours: the clock is read at each)."""
     best, spent = candidate, 0
     while spent < budget and time.perf_counter() < deadline:
         leader = best
         for counts, micro in _neighbours(best.layer_counts, best.micro_batches):
-            if spent >= budget:
+            if spent >= budget or time.perf_counter() >= deadline:
                 break
             spent += 1
             score = score_split(ctx, best.assign, counts, micro, best.micro_batch_size, best.schedule)
