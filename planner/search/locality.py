@@ -1,8 +1,15 @@
-"""Locality from the network itself: devices ordered so that hosts and well-connected regions sit together."""
+"""Locality from the network itself: devices ordered so that hosts and well-connected regions sit
+together, and clusters of devices found on the bandwidth graph."""
 
 import numpy as np
+from scipy.sparse.csgraph import connected_components
 
-__all__ = ["locality_order"]
+__all__ = ["locality_order", "bandwidth_clusters", "cluster_order", "chained_ring", "best_ring", "MAX_LEVELS",
+           "MAX_THRESHOLDS", "MAX_RING_REGIONS"]
+
+MAX_LEVELS = 3  # cluster levels kept: the finest, and coarser ones evenly spread
+MAX_THRESHOLDS = 48  # distinct bandwidths tried as cut levels, at most (quantiles beyond)
+MAX_RING_REGIONS = 16  # regions a chained ring orders by 2-opt (Network.ring_order's own limit)
 
 
 def locality_order(topology, devices: np.ndarray) -> np.ndarray:
@@ -26,3 +33,103 @@ def locality_order(topology, devices: np.ndarray) -> np.ndarray:
         rank = {g: i for i, g in enumerate(sorted(unique_regions))}
     region_rank = np.array([rank[g] for g in regions.tolist()])
     return devices[np.lexsort((devices, hosts, region_rank))]
+
+
+def _symmetric_bandwidth(topology, devices: np.ndarray) -> np.ndarray:
+    """Bandwidth between ``devices`` both ways: the slower direction (a pipeline and a ring use both)."""
+    bw = topology.network.bandwidth_bytes_per_s[np.ix_(devices, devices)]
+    return np.minimum(bw, bw.T)
+
+
+def bandwidth_clusters(topology, devices=None) -> list:
+    """Levels of clusters of ``devices`` (all by default), finest first: single-linkage hierarchical
+    clustering on the bandwidth graph (Gower and Ross 1969: the clusters at a cut are the connected
+    components of the links at least that fast). Each level is an array of cluster labels, one per
+    device of ``devices``, clusters numbered in order of their first device. Only levels with more than
+    one cluster and fewer clusters than devices are kept; at most ``MAX_LEVELS`` of them."""
+    devices = np.arange(topology.size) if devices is None else np.asarray(devices)
+    if len(devices) < 3:
+        return []
+    bw = _symmetric_bandwidth(topology, devices)
+    values = np.unique(bw[np.isfinite(bw)])[::-1]
+    if len(values) > MAX_THRESHOLDS:
+        values = np.unique(np.quantile(values, np.linspace(0.0, 1.0, MAX_THRESHOLDS)))[::-1]
+    levels, seen = [], set()
+    for value in values:
+        count, labels = connected_components(bw >= value, directed=False)
+        if count == 1:
+            break
+        if count == len(devices):
+            continue
+        _, first = np.unique(labels, return_index=True)
+        rank = np.argsort(np.argsort(first))  # clusters numbered by their first device
+        labels = rank[labels]
+        key = labels.tobytes()
+        if key not in seen:
+            seen.add(key)
+            levels.append(labels)
+    if len(levels) > MAX_LEVELS:
+        keep = np.unique(np.round(np.linspace(0, len(levels) - 1, MAX_LEVELS)).astype(int))
+        levels = [levels[i] for i in keep]
+    return levels
+
+
+def cluster_order(topology, devices: np.ndarray, labels: np.ndarray, speed: np.ndarray) -> list:
+    """The clusters of ``labels`` (over ``devices``) in the order the devices are taken from them: the
+    cluster of most compute first (ties: best connected to the others, then the lowest label), then
+    repeatedly the cluster best connected to those taken (the fastest link to any of them; ties: more
+    compute), as Prim's maximum spanning tree adds them. Clusters whose links are slow come last, so
+    a plan that needs fewer devices leaves them idle."""
+    devices = np.asarray(devices)
+    bw = _symmetric_bandwidth(topology, devices)
+    k = int(labels.max()) + 1
+    compute = np.array([float(speed[devices[labels == c]].sum()) for c in range(k)])
+    between = np.zeros((k, k))
+    for a in range(k):
+        for b in range(a + 1, k):
+            between[a, b] = between[b, a] = bw[np.ix_(labels == a, labels == b)].max()
+    first = max(range(k), key=lambda c: (compute[c], between[c].sum(), -c))
+    order, left = [first], set(range(k)) - {first}
+    while left:
+        nxt = max(left, key=lambda c: (between[c, order].max(), compute[c], -c))
+        order.append(nxt)
+        left.remove(nxt)
+    return order
+
+
+def chained_ring(topology, members, cache: dict | None = None) -> list | None:
+    """A ring over ``members`` (device indices) that visits each region's members together (by host,
+    then index), the regions in the order ``Network.ring_order`` (nearest neighbour, then 2-opt)
+    gives their first devices in the topology: a ring crosses each slow link between regions once
+    and closes over a fast one. Positions into ``members``; None when they span one region or more
+    than ``MAX_RING_REGIONS``. ``cache`` memoises the regions' order per set of regions."""
+    members = [int(m) for m in members]
+    regions = topology.region_ids[members]
+    present = sorted(set(regions.tolist()))
+    if not 1 < len(present) <= MAX_RING_REGIONS:
+        return None
+    key = ("regions", tuple(present))
+    if cache is None or key not in cache:
+        first = [int(np.flatnonzero(topology.region_ids == g)[0]) for g in present]
+        order = [present[i] for i in topology.network.ring_order(first)]
+        if cache is not None:
+            cache[key] = order
+    order = cache[key] if cache is not None else order
+    hosts = topology.host_ids[members]
+    position = np.lexsort((np.array(members), hosts, np.array([order.index(g) for g in regions.tolist()])))
+    return position.tolist()
+
+
+def best_ring(topology, members, cache: dict | None = None, *, improve: bool = True) -> list:
+    """The faster ring (all-reduce time of a gigabyte) of ``Network.ring_order`` (2-opt when
+    ``improve``) and ``chained_ring``, as positions into ``members``."""
+    network = topology.network
+    members = [int(m) for m in members]
+    ring = network.ring_order(members, improve=improve)
+    chained = chained_ring(topology, members, cache)
+    if chained is not None:
+        def cost(order):
+            return network.ring_allreduce_s(1e9, [members[i] for i in order])
+        if cost(chained) < cost(ring) - 1e-12:
+            ring = chained
+    return ring

@@ -5,6 +5,7 @@ import numpy as np
 from planner.plan.dims import Compression
 from planner.plan.plan import Plan
 from planner.search.evaluate import Candidate
+from planner.search.locality import best_ring
 
 __all__ = ["candidate_to_plan"]
 
@@ -17,7 +18,7 @@ def candidate_to_plan(ctx, candidate: Candidate) -> Plan:
     bounds = np.concatenate([[0], np.cumsum(candidate.layer_counts)]).tolist()
     assignment = tuple(tuple(names[d] for d in row) for row in candidate.assign)
     R, S = candidate.assign.shape
-    rings = tuple(tuple(topo.network.ring_order(candidate.assign[:, s])) for s in range(S))
+    rings = tuple(tuple(best_ring(topo, candidate.assign[:, s], ctx.rings)) for s in range(S))
     used = sorted(set(candidate.assign.ravel().tolist()))
     members = ctx.groups.members if ctx.groups is not None else tuple((name,) for name in names)
     working = {name for d in used for name in members[d]}
