@@ -47,8 +47,11 @@ def test_cluster_layouts_keep_pipelines_in_regions_and_leave_the_far_ones_idle()
     assert all(len(set(topology.region_ids[stages[:, s]].tolist())) <= 2 for s in range(4))
 
 
-def test_a_region_chained_ring_is_never_slower_and_can_be_faster():
-    """Twelve devices, two in each of six regions: nearest neighbour closes its ring over a slow link."""
+def test_the_estimate_s_ring_chains_regions_and_improves_by_two_opt():
+    """Twelve devices, two in each of six regions: nearest neighbour closes its ring over a slow
+    link; chaining the regions halves its time, and the vectorised 2-opt leaves some regions split
+    so that no hop takes a slow link (1.09 Gbit/s at worst, against 0.79 chained, 0.404 nearest and
+    1.02 for Network.ring_order's 2-opt)."""
     topology = load_job(ROOT / "topologies" / "dtfm" / "case5-worldwide.yaml").topology
     members = [0, 4, 8, 12, 16, 20, 40, 44, 48, 52, 56, 60]  # oregon to ohio, london to ireland
     network = topology.network
@@ -57,10 +60,12 @@ def test_a_region_chained_ring_is_never_slower_and_can_be_faster():
         return network.ring_allreduce_s(1e9, [members[i] for i in order])
 
     nearest = network.ring_order(members, improve=False)
-    assert sorted(chained_ring(topology, members)) == list(range(12))
-    assert ring_s(chained_ring(topology, members)) < 0.75 * ring_s(nearest)
-    best = ring_s(best_ring(topology, members, improve=False))
-    assert best == min(ring_s(nearest), ring_s(chained_ring(topology, members)))
+    chained = chained_ring(topology, members)
+    best = best_ring(topology, members, improve=False)
+    assert sorted(chained) == sorted(best) == list(range(12))
+    assert ring_s(chained) < 0.6 * ring_s(nearest)
+    assert ring_s(best) < 0.8 * ring_s(chained)
+    assert ring_s(best) <= ring_s(network.ring_order(members))  # no slower than Network's own 2-opt
     assert chained_ring(topology, [0, 1, 2]) is None  # one region
 
 

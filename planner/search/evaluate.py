@@ -78,12 +78,12 @@ def stage_costs(ctx: SearchContext, micro_batch_size: int, stages: int, replicas
 
 def ring_cost(ctx: SearchContext, members: np.ndarray) -> tuple:
     """(seconds per byte, latency seconds) of the all-reduce ring the plan will use for ``members``
-    (the faster of nearest-neighbour ``Network.ring_order`` and the ring that chains regions,
-    ``locality.best_ring``; the plan's ring, the same with 2-opt, is never slower), memoised per
-    member set: local search changes few groups at a time."""
+    (``locality.best_ring``: the fastest of nearest-neighbour ``Network.ring_order`` and the ring
+    that chains regions, improved by a vectorised 2-opt; the plan's ring adds ``Network.ring_order``'s
+    own 2-opt and is never slower), memoised per member set: local search changes few groups at a time."""
     key = tuple(sorted(members.tolist()))
     if key not in ctx.rings:
-        order = [key[i] for i in best_ring(ctx.topology, key, ctx.rings, improve=True)]
+        order = [key[i] for i in best_ring(ctx.topology, key, ctx.rings, improve=False)]
         ctx.rings[key] = ctx.network.ring_cost(order)
     return ctx.rings[key]
 
