@@ -91,6 +91,11 @@ def test_each_structural_move(name):
     if name == "stage-swap":
         assert out.shape == (2, 3) and sorted(map(tuple, out.T.tolist())) == sorted(map(tuple, assign.T.tolist()))
         assert not np.array_equal(out, assign)
+    elif name == "stage-move":
+        assert out.shape == (2, 3) and sorted(out.ravel().tolist()) == sorted(assign.ravel().tolist())
+        assert any(np.array_equal(np.insert(np.delete(assign, a, axis=1), b, assign[:, a], axis=1), out)
+                   for a in range(3) for b in range(3) if a != b)
+        assert not np.array_equal(out, assign)
     elif name == "reverse":
         assert np.array_equal(out, assign[:, ::-1])
     elif name == "stage-out":

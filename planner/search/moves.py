@@ -4,6 +4,7 @@ Single swaps change one cell; where the estimate is made of maxima and bottlenec
 rarely changes it, and the search converges on them. These moves change a placement's structure:
 
 - ``stage-swap``: two stage groups (columns) trade places along every pipeline;
+- ``stage-move``: one stage group leaves its depth for another, the groups between shifting by one;
 - ``reverse``: every pipeline runs the other way (the links' directions differ where they are
   asymmetric, and the last stage holds the head);
 - ``stage-out``: a stage group leaves for idle devices, those of one cluster where it can;
@@ -69,6 +70,14 @@ def _stage_swap(assign, n, hood, rng):
     out = assign.copy()
     out[:, [a, b]] = assign[:, [b, a]]
     return out
+
+
+def _stage_move(assign, n, hood, rng):
+    S = assign.shape[1]
+    if S < 3:
+        return None  # with two stages a move is a swap
+    a, b = (int(x) for x in rng.choice(S, size=2, replace=False))
+    return np.insert(np.delete(assign, a, axis=1), b, assign[:, a], axis=1)
 
 
 def _reverse(assign, n, hood, rng):
@@ -151,10 +160,10 @@ def _merge_replicas(assign, n, hood, rng):
     return np.hstack([assign[order[:R // 2]], assign[order[R // 2:]]])
 
 
-STRUCTURAL_MOVES = {"stage-swap": _stage_swap, "reverse": _reverse, "stage-out": _stage_out, "cluster-swap": _cluster_swap,
+STRUCTURAL_MOVES = {"stage-swap": _stage_swap, "stage-move": _stage_move, "reverse": _reverse, "stage-out": _stage_out, "cluster-swap": _cluster_swap,
                     "drop-replica": _drop_replica, "add-replica": _add_replica, "drop-stage": _drop_stage,
                     "add-stage": _add_stage, "split-replicas": _split_replicas, "merge-replicas": _merge_replicas}
-WEIGHTS = {"stage-swap": 3.0}  # drawn this many times as often as the other moves: the stage order matters most
+WEIGHTS = {"stage-swap": 3.0, "stage-move": 2.0}  # drawn this many times as often as the others (stage order)
 RESHAPING = ("drop-replica", "add-replica", "drop-stage", "add-stage", "split-replicas", "merge-replicas")
 
 
