@@ -36,19 +36,24 @@ def _fastest_first(devices: np.ndarray, speed: np.ndarray, capacity: np.ndarray)
 
 
 def cluster_layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int,
-                    levels: list) -> dict:
+                    levels: list, cache: dict | None = None) -> dict:
     """Named (replicas, stages) arrays from each level of device clusters (labels over every device,
     ``planner.search.locality.bandwidth_clusters``): whole pipelines inside clusters, clusters taken
     in ``cluster_order``; pipelines that no cluster holds whole are cut from the devices left over,
-    in the same order. Empty when the degrees need more devices than there are."""
+    in the same order. Empty when the degrees need more devices than there are. ``cache`` memoises
+    each level's cluster order (the same for every degree pair of one search)."""
     n = topology.size
     if stages * replicas > n:
         return {}
     devices = np.arange(n)
+    cache = {} if cache is None else cache
     result = {}
     for i, labels in enumerate(levels):
+        key = ("cluster_order", labels.tobytes())
+        if key not in cache:
+            cache[key] = cluster_order(topology, devices, labels, speed)
         pipelines, leftover = [], []
-        for c in cluster_order(topology, devices, labels, speed):
+        for c in cache[key]:
             members = _fastest_first(devices[labels == c], speed, capacity)
             whole = min(len(members) // stages, replicas - len(pipelines))
             pipelines += [members[p * stages:(p + 1) * stages] for p in range(whole)]
@@ -63,20 +68,21 @@ def cluster_layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: i
 
 
 def probe_layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int,
-                  levels: list) -> list:
+                  levels: list, cache: dict | None = None) -> list:
     """The cheap layouts that judge a degree pair before it is constructed in full: each pipeline
     local on the fastest devices, and whole pipelines inside the finest clusters."""
     chosen = choose_devices(speed, capacity, stages * replicas)
     probes = [locality_order(topology, chosen).reshape(replicas, stages)]
-    clustered = cluster_layouts(topology, speed, capacity, stages, replicas, levels[:1])
+    clustered = cluster_layouts(topology, speed, capacity, stages, replicas, levels[:1], cache)
     probes += [a for name, a in clustered.items() if name.endswith("-pipelines") and not np.array_equal(a, probes[0])]
     return probes
 
 
 def layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int,
-            levels: list | None = None) -> dict:
+            levels: list | None = None, cache: dict | None = None) -> dict:
     """Named (replicas, stages) arrays of device indices for one degree pair; ``levels``: the
-    topology's device clusters (``bandwidth_clusters``, computed when None)."""
+    topology's device clusters (``bandwidth_clusters``, computed when None); ``cache``: see
+    ``cluster_layouts``."""
     chosen = choose_devices(speed, capacity, stages * replicas)
     ordered = locality_order(topology, chosen)
     result = {
@@ -99,7 +105,7 @@ def layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, repl
             groups = [order[j * replicas:(j + 1) * replicas].tolist() for j in range(stages)]
             result[name] = groups_to_pipelines(topology, groups)
     levels = bandwidth_clusters(topology) if levels is None else levels
-    for name, assign in cluster_layouts(topology, speed, capacity, stages, replicas, levels).items():
+    for name, assign in cluster_layouts(topology, speed, capacity, stages, replicas, levels, cache).items():
         if not any(np.array_equal(assign, other) for other in result.values()):
             result[name] = assign
     return result

@@ -317,7 +317,7 @@ PROBE_FIRST = 8  # pairs with the best probes constructed first; the rest follow
 
 
 def _probed_order(ctx, topology, pairs: list, micro_batch_size: int, schedule, budget, most_units: float,
-                  levels: list) -> tuple:
+                  levels: list, orders: dict) -> tuple:
     """The degree pairs in construction order, and the construction units the probes took: the
     ``PROBE_FIRST`` pairs whose probe (the better of the locality layout and the layout of whole
     pipelines inside the finest clusters, ``construct.probe_layouts``, at the smallest micro-batch
@@ -333,7 +333,7 @@ def _probed_order(ctx, topology, pairs: list, micro_batch_size: int, schedule, b
             scored += [(np.inf, i) for i in range(index, len(pairs))]
             break
         best = np.inf
-        for assign in probe_layouts(topology, ctx.speed, ctx.capacity, stages, replicas, levels):
+        for assign in probe_layouts(topology, ctx.speed, ctx.capacity, stages, replicas, levels, orders):
             units += construct_units(stages * replicas)
             probe = evaluate_placement(ctx, assign, micro_batch_size, schedule)
             best = min(best, probe.score_s if probe is not None else np.inf)
@@ -414,18 +414,19 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     pairs = _ordered_pairs(allowed, work_flops(topology, model, training), ctx.speed)
     units = 0.0
     levels = bandwidth_clusters(topology) if options.structural else []
+    orders = {}  # each cluster level's order, shared by the degree pairs (construct.cluster_layouts)
     if topology.size <= DENSE_DEVICES:
         schedules = _schedules(training)  # the probe takes 1F1B where allowed: it keeps the fewest activations
         probe_schedule = Schedule.ONE_F_ONE_B if Schedule.ONE_F_ONE_B in schedules else schedules[0]
         pairs, probed = _probed_order(ctx, topology, pairs, sizes[0], probe_schedule, budget,
-                                      budget.construct_units() * PROBE_SHARE, levels)
+                                      budget.construct_units() * PROBE_SHARE, levels, orders)
         units += probed
     for pair_bound, stages, replicas in pairs:
         if pair_bound >= best_score:
             continue  # no plan of this pair can beat the best estimate
         if candidates and (units >= budget.construct_units() or budget.out_of_time("construct")):
             break  # the first pair with a plan that fits is always finished
-        for layout_name, assign in layouts(topology, ctx.speed, ctx.capacity, stages, replicas, levels).items():
+        for layout_name, assign in layouts(topology, ctx.speed, ctx.capacity, stages, replicas, levels, orders).items():
             for micro_batch_size in sizes:
                 for schedule in _schedules(training):
                     evaluations += 1

@@ -9,10 +9,11 @@ from scipy.sparse.csgraph import connected_components
 from cost_models.comm import ring_allreduce_time_s
 
 __all__ = ["locality_order", "bandwidth_clusters", "cluster_order", "chained_ring", "best_ring", "MAX_LEVELS",
-           "MAX_THRESHOLDS", "MAX_RING_REGIONS"]
+           "MAX_THRESHOLDS", "MAX_CLUSTER_DEVICES", "MAX_RING_REGIONS", "MAX_TWO_OPT"]
 
 MAX_LEVELS = 3  # cluster levels kept: the finest, and coarser ones evenly spread
 MAX_THRESHOLDS = 48  # distinct bandwidths tried as cut levels, at most (quantiles beyond)
+MAX_CLUSTER_DEVICES = 256  # clusters are sought up to this many devices (each cut is O(N^2): 60 s at 4,096)
 MAX_RING_REGIONS = 16  # regions a chained ring orders by 2-opt (Network.ring_order's own limit)
 MAX_TWO_OPT = 32  # members up to which ``best_ring`` improves its ring by the vectorised 2-opt
 
@@ -51,9 +52,10 @@ def bandwidth_clusters(topology, devices=None) -> list:
     clustering on the bandwidth graph (Gower and Ross 1969: the clusters at a cut are the connected
     components of the links at least that fast). Each level is an array of cluster labels, one per
     device of ``devices``, clusters numbered in order of their first device. Only levels with more than
-    one cluster and fewer clusters than devices are kept; at most ``MAX_LEVELS`` of them."""
+    one cluster and fewer clusters than devices are kept; at most ``MAX_LEVELS`` of them. None above
+    ``MAX_CLUSTER_DEVICES`` devices."""
     devices = np.arange(topology.size) if devices is None else np.asarray(devices)
-    if len(devices) < 3:
+    if not 3 <= len(devices) <= MAX_CLUSTER_DEVICES:
         return []
     bw = _symmetric_bandwidth(topology, devices)
     values = np.unique(bw[np.isfinite(bw)])[::-1]
@@ -88,17 +90,19 @@ def cluster_order(topology, devices: np.ndarray, labels: np.ndarray, speed: np.n
     devices = np.asarray(devices)
     bw = _symmetric_bandwidth(topology, devices)
     k = int(labels.max()) + 1
-    compute = np.array([float(speed[devices[labels == c]].sum()) for c in range(k)])
-    between = np.zeros((k, k))
-    for a in range(k):
-        for b in range(a + 1, k):
-            between[a, b] = between[b, a] = bw[np.ix_(labels == a, labels == b)].max()
+    compute = np.bincount(labels, weights=speed[devices], minlength=k)
+    order = np.argsort(labels, kind="stable")
+    starts = np.flatnonzero(np.r_[True, labels[order][1:] != labels[order][:-1]])
+    between = np.maximum.reduceat(np.maximum.reduceat(bw[np.ix_(order, order)], starts, axis=0), starts, axis=1)
+    np.fill_diagonal(between, 0.0)  # the fastest link between each two clusters
     first = max(range(k), key=lambda c: (compute[c], between[c].sum(), -c))
     order, left = [first], set(range(k)) - {first}
+    link = between[first].copy()  # each cluster's fastest link to those taken
     while left:
-        nxt = max(left, key=lambda c: (between[c, order].max(), compute[c], -c))
+        nxt = max(left, key=lambda c: (link[c], compute[c], -c))
         order.append(nxt)
         left.remove(nxt)
+        np.maximum(link, between[nxt], out=link)
     return order
 
 
