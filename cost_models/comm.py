@@ -16,15 +16,17 @@ def ring_allreduce_time_s(message_bytes: float, hop_latency_s, hop_bandwidth_byt
 
     ``2(k-1)/k * n / min_bw + 2(k-1) * max_latency`` (Patarasuk & Yuan 2009, sec. 3; NCCL's
     bus-bandwidth convention): 2(k-1) steps of ``n/k`` bytes, each as slow as the slowest hop.
-    One member needs no communication.
+    One member needs no communication. Rings of the same size stacked along leading axes give one
+    time each (the hops along the last axis).
     """
     hop_latency_s = np.asarray(hop_latency_s, dtype=float)
     hop_bandwidth_bytes_per_s = np.asarray(hop_bandwidth_bytes_per_s, dtype=float)
-    k = hop_latency_s.size
+    k = hop_latency_s.shape[-1] if hop_latency_s.ndim else 1
     if k <= 1:
         return 0.0
     steps = 2 * (k - 1)
-    return steps / k * message_bytes / hop_bandwidth_bytes_per_s.min() + steps * hop_latency_s.max()
+    return (steps / k * message_bytes / hop_bandwidth_bytes_per_s.min(axis=-1)
+            + steps * hop_latency_s.max(axis=-1))
 
 
 def sharded_exchange_time_s(message_bytes: float, latency_s, bandwidth_bytes_per_s) -> float:

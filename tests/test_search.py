@@ -261,7 +261,8 @@ def test_search_starts_from_a_given_plan_and_keeps_it_when_nothing_beats_it():
 
     job = load_job(ROOT / "topologies" / "emulated" / "home-mini.yaml")
     full = search(job.topology, job.model, job.training, SearchOptions(seed=1, exact=False, time_limit_s=60))
-    tiny = SearchOptions(seed=1, max_evaluations=0, exact=False, simulate_top=1)
+    # no local search, and devices picked fastest-first (the cluster layouts alone come within 8%)
+    tiny = SearchOptions(seed=1, max_evaluations=0, exact=False, simulate_top=1, structural=False)
     alone = search(job.topology, job.model, job.training, tiny)
     assert alone.predicted_s > 1.2 * full.predicted_s  # this budget alone does not find the full search's plan
     restarted = search(job.topology, job.model, job.training, tiny, x0=full.plan)

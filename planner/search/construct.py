@@ -4,14 +4,22 @@ Devices are picked fastest-first (idle devices are the slowest), then laid out s
 pipeline or each stage's data-parallel group sits in one locality (host, then region), or so that
 pipelines are homogeneous in speed (fast pipelines then take more micro-batches). Locality comes
 from the network itself (``planner.search.locality``).
+
+Devices picked fastest-first ignore the network: a fast device behind a slow uplink joins, a
+well-connected cluster of slightly slower ones waits. The cluster layouts pick devices by clusters
+of the bandwidth graph instead (``bandwidth_clusters``): clusters in ``cluster_order`` (most compute
+first, then the best connected to those taken), each filled with whole pipelines of its fastest
+devices, so that pipelines sit inside clusters and the clusters taken last (slow links) stay idle
+when the degrees need fewer devices; their stage-local twins put each stage's data-parallel group
+inside a cluster instead.
 """
 
 import numpy as np
 
 from planner.search.dtfm_search import groups_to_pipelines
-from planner.search.locality import locality_order
+from planner.search.locality import bandwidth_clusters, cluster_order, locality_order
 
-__all__ = ["choose_devices", "layouts", "MATCHED_STAGES", "MATCHED_DEVICES"]
+__all__ = ["choose_devices", "cluster_layouts", "layouts", "probe_layouts", "MATCHED_STAGES", "MATCHED_DEVICES"]
 
 MATCHED_STAGES = 12  # the exact stage-order search behind the matched layouts is exponential in stages
 MATCHED_DEVICES = 256
@@ -23,8 +31,58 @@ def choose_devices(speed: np.ndarray, capacity: np.ndarray, count: int) -> np.nd
     return np.sort(order[:count])
 
 
-def layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int) -> dict:
-    """Named (replicas, stages) arrays of device indices for one degree pair."""
+def _fastest_first(devices: np.ndarray, speed: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    return devices[np.lexsort((devices, -capacity[devices], -speed[devices]))]
+
+
+def cluster_layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int,
+                    levels: list, cache: dict | None = None) -> dict:
+    """Named (replicas, stages) arrays from each level of device clusters (labels over every device,
+    ``planner.search.locality.bandwidth_clusters``): whole pipelines inside clusters, clusters taken
+    in ``cluster_order``; pipelines that no cluster holds whole are cut from the devices left over,
+    in the same order. Empty when the degrees need more devices than there are. ``cache`` memoises
+    each level's cluster order (the same for every degree pair of one search)."""
+    n = topology.size
+    if stages * replicas > n:
+        return {}
+    devices = np.arange(n)
+    cache = {} if cache is None else cache
+    result = {}
+    for i, labels in enumerate(levels):
+        key = ("cluster_order", labels.tobytes())
+        if key not in cache:
+            cache[key] = cluster_order(topology, devices, labels, speed)
+        pipelines, leftover = [], []
+        for c in cache[key]:
+            members = _fastest_first(devices[labels == c], speed, capacity)
+            whole = min(len(members) // stages, replicas - len(pipelines))
+            pipelines += [members[p * stages:(p + 1) * stages] for p in range(whole)]
+            leftover += members[whole * stages:].tolist()
+        rest = np.array(leftover[:(replicas - len(pipelines)) * stages], dtype=np.int64)
+        pipelines += [rest[p * stages:(p + 1) * stages] for p in range(replicas - len(pipelines))]
+        rows = np.array([locality_order(topology, row) for row in pipelines])
+        result[f"clusters{i}-pipelines"] = rows
+        in_order = np.concatenate(pipelines)  # by cluster, so consecutive runs of ``replicas`` share one
+        result[f"clusters{i}-stages"] = in_order.reshape(stages, replicas).T.copy()
+    return result
+
+
+def probe_layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int,
+                  levels: list, cache: dict | None = None) -> list:
+    """The cheap layouts that judge a degree pair before it is constructed in full: each pipeline
+    local on the fastest devices, and whole pipelines inside the finest clusters."""
+    chosen = choose_devices(speed, capacity, stages * replicas)
+    probes = [locality_order(topology, chosen).reshape(replicas, stages)]
+    clustered = cluster_layouts(topology, speed, capacity, stages, replicas, levels[:1], cache)
+    probes += [a for name, a in clustered.items() if name.endswith("-pipelines") and not np.array_equal(a, probes[0])]
+    return probes
+
+
+def layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int,
+            levels: list | None = None, cache: dict | None = None) -> dict:
+    """Named (replicas, stages) arrays of device indices for one degree pair; ``levels``: the
+    topology's device clusters (``bandwidth_clusters``, computed when None); ``cache``: see
+    ``cluster_layouts``."""
     chosen = choose_devices(speed, capacity, stages * replicas)
     ordered = locality_order(topology, chosen)
     result = {
@@ -46,4 +104,8 @@ def layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, repl
         for name, order in (("contiguous-matched", chosen), ("stages-matched", ordered)):
             groups = [order[j * replicas:(j + 1) * replicas].tolist() for j in range(stages)]
             result[name] = groups_to_pipelines(topology, groups)
+    levels = bandwidth_clusters(topology) if levels is None else levels
+    for name, assign in cluster_layouts(topology, speed, capacity, stages, replicas, levels, cache).items():
+        if not any(np.array_equal(assign, other) for other in result.values()):
+            result[name] = assign
     return result

@@ -18,6 +18,7 @@ from planner.prediction.stage_model import (in_flight_table, layer_costs, messag
                                             stage_compress_flops, stage_gradient_bytes, stage_memory_bytes,
                                             stage_parameters, stage_step_bytes, tensor_layer_s)
 from planner.search.balance import split_batch, split_layers
+from planner.search.locality import best_ring
 
 __all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "score_split", "fits", "stage_costs",
            "ring_cost", "sync_route", "gradient_bytes", "step_seconds", "backward_share"]
@@ -34,7 +35,7 @@ class SearchContext:
     mem_bw: np.ndarray
     network: object  # cost_models.network.Network: the simulator's own network
     costs: dict  # (micro_batch_size, stages) -> LayerCosts
-    rings: dict  # sorted member tuple -> (all-reduce seconds per byte, latency seconds)
+    rings: dict  # sorted member tuple -> (all-reduce seconds per byte, latency seconds); ("regions", ids) -> their ring
     ring_nics: dict  # sorted member tuple -> its ring's shared NICs and their seconds per byte (Network.ring_nic_rates)
     groups: object = None  # planner.plan.tensor.TensorGroups: the real topology and its tensor groups
     tensor: np.ndarray = None  # per device: its tensor degree
@@ -83,11 +84,12 @@ def stage_costs(ctx: SearchContext, micro_batch_size: int, stages: int, replicas
 
 def ring_cost(ctx: SearchContext, members: np.ndarray) -> tuple:
     """(seconds per byte, latency seconds) of the all-reduce ring the plan will use for ``members``
-    (nearest-neighbour ``Network.ring_order``; the plan's 2-opt ring is never slower), memoised per
-    member set: local search changes few groups at a time."""
+    (``locality.best_ring``: the fastest of nearest-neighbour ``Network.ring_order`` and the ring
+    that chains regions, improved by a vectorised 2-opt; the plan's ring adds ``Network.ring_order``'s
+    own 2-opt and is never slower), memoised per member set: local search changes few groups at a time."""
     key = tuple(sorted(members.tolist()))
     if key not in ctx.rings:
-        order = [key[i] for i in ctx.network.ring_order(key, improve=False)]
+        order = [key[i] for i in best_ring(ctx.topology, key, ctx.rings, improve=False)]
         ctx.rings[key] = ctx.network.ring_cost(order)
     return ctx.rings[key]
 

@@ -3,8 +3,9 @@
 1. Enumerate degrees (stages S x replicas D <= N), micro-batch sizes and schedules.
 2. For each, place devices by the constructive layouts and balance layers and batch exactly.
 3. Improve the best placements by iterated local search (swap two devices, or swap in an idle one;
-   kicks of a few random moves), with a seeded ``rng``, an evaluation budget and a stopping rule,
-   so the same seed gives the same plan.
+   structural moves: stage groups and clusters moved, replicas merged or split, the depth changed
+   in place; equal-cost moves walked a bounded way; kicks of a few random moves), with a seeded
+   ``rng``, an evaluation budget and a stopping rule, so the same seed gives the same plan.
 4. Run a genetic search (aligned crossover, memetic descent, elitism) on the best shape.
 5. On small topologies, solve the leading shapes exactly with CP-SAT (placement, layer and batch
    split together), hinted with the heuristic's best.
@@ -31,7 +32,7 @@ from planner.plan.precision import resolve_precision
 from planner.plan.sync import syncs_for
 from planner.plan.tensor import TENSOR_DEGREES, grouping_groups, groupings
 from planner.search.bounds import work_flops
-from planner.search.construct import layouts
+from planner.search.construct import layouts, probe_layouts
 from planner.search.cpsat_placement import exact_placement, model_is_small_enough
 from planner.search.deadline import (REFINE_ESTIMATES_PER_S, SIMULATION_UNITS_PER_S, Budget, construct_units,
                                      simulation_units)
@@ -39,6 +40,8 @@ from planner.search.dtfm_plan import dtfm_objective_plan
 from planner.search.evaluate import Candidate, evaluate_placement, make_context, score_split
 from planner.search.genetic import POPULATION, genetic_search
 from planner.search.local import iterated_local_search
+from planner.search.locality import bandwidth_clusters
+from planner.search.moves import Neighbourhood
 from planner.search.objective import IterationTime, Objective
 from planner.search.plans import candidate_to_plan
 from planner.search.sync_choice import choose_sync
@@ -61,6 +64,7 @@ class SearchOptions:
     exact: bool = True  # solve the leading shapes with CP-SAT on topologies of <= EXACT_DEVICES devices
     exact_work_per_shape: float = 5.0  # CP-SAT deterministic time per shape (about seconds)
     tensor_degrees: tuple = TENSOR_DEGREES  # tensor degrees tried inside a host; (1,): none
+    structural: bool = True  # cluster layouts and structural local moves; False: fastest-first and swaps only
 
     @property
     def work_s(self) -> float:
@@ -328,10 +332,12 @@ PROBE_SHARE = 0.5  # of the construction budget, at most, for the probes that or
 PROBE_FIRST = 8  # pairs with the best probes constructed first; the rest follow in bound order
 
 
-def _probed_order(ctx, topology, pairs: list, micro_batch_size: int, schedule, budget, most_units: float) -> tuple:
+def _probed_order(ctx, topology, pairs: list, micro_batch_size: int, schedule, budget, most_units: float,
+                  levels: list, orders: dict) -> tuple:
     """The degree pairs in construction order, and the construction units the probes took: the
-    ``PROBE_FIRST`` pairs whose probe (the locality layout at the smallest micro-batch size) is
-    best, then every other pair in bound order.
+    ``PROBE_FIRST`` pairs whose probe (the better of the locality layout and the layout of whole
+    pipelines inside the finest clusters, ``construct.probe_layouts``, at the smallest micro-batch
+    size) is best, then every other pair in bound order.
 
     The compute bound ranks pairs that use more devices first; on a topology where the extra
     devices sit behind slow links (homes on 1 Gbit/s beside a GPU host) those pairs are the worst,
@@ -342,10 +348,12 @@ def _probed_order(ctx, topology, pairs: list, micro_batch_size: int, schedule, b
         if units >= most_units or budget.out_of_time("construct"):
             scored += [(np.inf, i) for i in range(index, len(pairs))]
             break
-        assign = layouts(topology, ctx.speed, ctx.capacity, stages, replicas)["pipelines-local"]
-        units += construct_units(stages * replicas)
-        probe = evaluate_placement(ctx, assign, micro_batch_size, schedule)
-        scored.append((probe.score_s if probe is not None else np.inf, index))
+        best = np.inf
+        for assign in probe_layouts(topology, ctx.speed, ctx.capacity, stages, replicas, levels, orders):
+            units += construct_units(stages * replicas)
+            probe = evaluate_placement(ctx, assign, micro_batch_size, schedule)
+            best = min(best, probe.score_s if probe is not None else np.inf)
+        scored.append((best, index))
     first = [i for score, i in sorted(scored)[:PROBE_FIRST] if np.isfinite(score)]
     chosen = set(first)
     return [pairs[i] for i in first] + [p for i, p in enumerate(pairs) if i not in chosen], units
@@ -429,18 +437,20 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         raise too_few_micro_batches_error(training.global_batch, min(sizes), min(d for _, d in allowed))
     pairs = _ordered_pairs(allowed, work_flops(topology, model, training), ctx.speed)
     units = 0.0
+    levels = bandwidth_clusters(topology) if options.structural else []
+    orders = {}  # each cluster level's order, shared by the degree pairs (construct.cluster_layouts)
     if topology.size <= DENSE_DEVICES:
         schedules = _schedules(training)  # the probe takes 1F1B where allowed: it keeps the fewest activations
         probe_schedule = Schedule.ONE_F_ONE_B if Schedule.ONE_F_ONE_B in schedules else schedules[0]
         pairs, probed = _probed_order(ctx, topology, pairs, sizes[0], probe_schedule, budget,
-                                      budget.construct_units() * PROBE_SHARE)
+                                      budget.construct_units() * PROBE_SHARE, levels, orders)
         units += probed
     for pair_bound, stages, replicas in pairs:
         if pair_bound >= best_score:
             continue  # no plan of this pair can beat the best estimate
         if candidates and (units >= budget.construct_units() or budget.out_of_time("construct")):
             break  # the first pair with a plan that fits is always finished
-        for layout_name, assign in layouts(topology, ctx.speed, ctx.capacity, stages, replicas).items():
+        for layout_name, assign in layouts(topology, ctx.speed, ctx.capacity, stages, replicas, levels, orders).items():
             if candidates and budget.out_of_time("construct"):  # a pair's layouts of 16,384 devices take seconds
                 break
             for micro_batch_size in sizes:
@@ -481,7 +491,10 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     improved = []
     per_start = budget.estimates("local", options.max_evaluations, first.assign.size) // max(len(starts), 1)
     for start in starts:
-        result, used = iterated_local_search(ctx, start, rng, per_start, budget.end("local"))
+        hood = Neighbourhood(levels=levels, stages_pinned=bool(options.stages), replicas_pinned=bool(options.replicas),
+                             max_stages=model.layers, max_replicas=training.global_batch // start.micro_batch_size)
+        result, used = iterated_local_search(ctx, start, rng, per_start, budget.end("local"),
+                                             hood if options.structural else None)
         budget.note_cut("local", used < per_start and budget.out_of_time("local"))
         evaluations += used
         improved.append(result)

@@ -1,8 +1,21 @@
-"""Locality from the network itself: devices ordered so that hosts and well-connected regions sit together."""
+"""Locality from the network itself: devices ordered so that hosts and well-connected regions sit
+together, and clusters of devices found on the bandwidth graph."""
+
+import functools
 
 import numpy as np
+from scipy.sparse.csgraph import connected_components
 
-__all__ = ["locality_order"]
+from cost_models.comm import ring_allreduce_time_s
+
+__all__ = ["locality_order", "bandwidth_clusters", "cluster_order", "chained_ring", "best_ring", "MAX_LEVELS",
+           "MAX_THRESHOLDS", "MAX_CLUSTER_DEVICES", "MAX_RING_REGIONS", "MAX_TWO_OPT"]
+
+MAX_LEVELS = 3  # cluster levels kept: the finest, and coarser ones evenly spread
+MAX_THRESHOLDS = 48  # distinct bandwidths tried as cut levels, at most (quantiles beyond)
+MAX_CLUSTER_DEVICES = 256  # clusters are sought up to this many devices (each cut is O(N^2): 60 s at 4,096)
+MAX_RING_REGIONS = 16  # regions a chained ring orders by 2-opt (Network.ring_order's own limit)
+MAX_TWO_OPT = 32  # members up to which ``best_ring`` improves its ring by the vectorised 2-opt
 
 
 def locality_order(topology, devices: np.ndarray) -> np.ndarray:
@@ -26,3 +39,144 @@ def locality_order(topology, devices: np.ndarray) -> np.ndarray:
         rank = {g: i for i, g in enumerate(sorted(unique_regions))}
     region_rank = np.array([rank[g] for g in regions.tolist()])
     return devices[np.lexsort((devices, hosts, region_rank))]
+
+
+def _symmetric_bandwidth(topology, devices: np.ndarray) -> np.ndarray:
+    """Bandwidth between ``devices`` both ways: the slower direction (a pipeline and a ring use both)."""
+    bw = topology.network.bandwidth_bytes_per_s[np.ix_(devices, devices)]
+    return np.minimum(bw, bw.T)
+
+
+def bandwidth_clusters(topology, devices=None) -> list:
+    """Levels of clusters of ``devices`` (all by default), finest first: single-linkage hierarchical
+    clustering on the bandwidth graph (Gower and Ross 1969: the clusters at a cut are the connected
+    components of the links at least that fast). Each level is an array of cluster labels, one per
+    device of ``devices``, clusters numbered in order of their first device. Only levels with more than
+    one cluster and fewer clusters than devices are kept; at most ``MAX_LEVELS`` of them. None above
+    ``MAX_CLUSTER_DEVICES`` devices."""
+    devices = np.arange(topology.size) if devices is None else np.asarray(devices)
+    if not 3 <= len(devices) <= MAX_CLUSTER_DEVICES:
+        return []
+    bw = _symmetric_bandwidth(topology, devices)
+    values = np.unique(bw[np.isfinite(bw)])[::-1]
+    if len(values) > MAX_THRESHOLDS:
+        values = np.unique(np.quantile(values, np.linspace(0.0, 1.0, MAX_THRESHOLDS)))[::-1]
+    levels, seen = [], set()
+    for value in values:
+        count, labels = connected_components(bw >= value, directed=False)
+        if count == 1:
+            break
+        if count == len(devices):
+            continue
+        _, first = np.unique(labels, return_index=True)
+        rank = np.argsort(np.argsort(first))  # clusters numbered by their first device
+        labels = rank[labels]
+        key = labels.tobytes()
+        if key not in seen:
+            seen.add(key)
+            levels.append(labels)
+    if len(levels) > MAX_LEVELS:
+        keep = np.unique(np.round(np.linspace(0, len(levels) - 1, MAX_LEVELS)).astype(int))
+        levels = [levels[i] for i in keep]
+    return levels
+
+
+def cluster_order(topology, devices: np.ndarray, labels: np.ndarray, speed: np.ndarray) -> list:
+    """The clusters of ``labels`` (over ``devices``) in the order the devices are taken from them: the
+    cluster of most compute first (ties: best connected to the others, then the lowest label), then
+    repeatedly the cluster best connected to those taken (the fastest link to any of them; ties: more
+    compute), as Prim's maximum spanning tree adds them. Clusters whose links are slow come last, so
+    a plan that needs fewer devices leaves them idle."""
+    devices = np.asarray(devices)
+    bw = _symmetric_bandwidth(topology, devices)
+    k = int(labels.max()) + 1
+    compute = np.bincount(labels, weights=speed[devices], minlength=k)
+    order = np.argsort(labels, kind="stable")
+    starts = np.flatnonzero(np.r_[True, labels[order][1:] != labels[order][:-1]])
+    between = np.maximum.reduceat(np.maximum.reduceat(bw[np.ix_(order, order)], starts, axis=0), starts, axis=1)
+    np.fill_diagonal(between, 0.0)  # the fastest link between each two clusters
+    first = max(range(k), key=lambda c: (compute[c], between[c].sum(), -c))
+    order, left = [first], set(range(k)) - {first}
+    link = between[first].copy()  # each cluster's fastest link to those taken
+    while left:
+        nxt = max(left, key=lambda c: (link[c], compute[c], -c))
+        order.append(nxt)
+        left.remove(nxt)
+        np.maximum(link, between[nxt], out=link)
+    return order
+
+
+def chained_ring(topology, members, cache: dict | None = None) -> list | None:
+    """A ring over ``members`` (device indices) that visits each region's members together (by host,
+    then index), the regions in the order ``Network.ring_order`` (nearest neighbour, then 2-opt)
+    gives their first devices in the topology: a ring crosses each slow link between regions once
+    and closes over a fast one. Positions into ``members``; None when they span one region or more
+    than ``MAX_RING_REGIONS``. ``cache`` memoises the regions' order per set of regions."""
+    members = [int(m) for m in members]
+    regions = topology.region_ids[members]
+    present = sorted(set(regions.tolist()))
+    if not 1 < len(present) <= MAX_RING_REGIONS:
+        return None
+    key = ("regions", tuple(present))
+    if cache is None or key not in cache:
+        first = [int(np.flatnonzero(topology.region_ids == g)[0]) for g in present]
+        order = [present[i] for i in topology.network.ring_order(first)]
+        if cache is not None:
+            cache[key] = order
+    order = cache[key] if cache is not None else order
+    hosts = topology.host_ids[members]
+    position = np.lexsort((np.array(members), hosts, np.array([order.index(g) for g in regions.tolist()])))
+    return position.tolist()
+
+
+@functools.lru_cache(maxsize=64)
+def _reversals(k: int) -> np.ndarray:
+    """Every 2-opt neighbour of a ring of ``k`` positions, as rows of positions: the segment
+    ``i..j`` reversed, for ``1 <= i < j < k`` (the first position stays, as in ``Network.ring_order``)."""
+    rows = []
+    for i in range(1, k - 1):
+        for j in range(i + 1, k):
+            rows.append(list(range(i)) + list(range(j, i - 1, -1)) + list(range(j + 1, k)))
+    return np.array(rows, dtype=np.int64).reshape(-1, k)
+
+
+def _two_opt(network, ring: np.ndarray) -> np.ndarray:
+    """``ring`` (device indices) improved by best-improvement 2-opt on the ring all-reduce time of a
+    gigabyte, all neighbours scored at once; for networks without shared NICs, where a hop's
+    bandwidth is its link's (``Network.ring_hops``)."""
+    reversals = _reversals(len(ring))
+    if not len(reversals):
+        return ring
+    current = float(ring_allreduce_time_s(1e9, network.latency_s[ring, np.roll(ring, -1)],
+                                          network.link_bandwidth_bytes_per_s[ring, np.roll(ring, -1)]))
+    while True:
+        candidates = ring[reversals]
+        following = np.roll(candidates, -1, axis=1)
+        cost = ring_allreduce_time_s(1e9, network.latency_s[candidates, following],
+                                     network.link_bandwidth_bytes_per_s[candidates, following])
+        best = int(np.argmin(cost))
+        if cost[best] >= current - 1e-12:
+            return ring
+        ring, current = candidates[best], float(cost[best])
+
+
+def best_ring(topology, members, cache: dict | None = None, *, improve: bool = True) -> list:
+    """The fastest ring (all-reduce time of a gigabyte) of ``Network.ring_order`` (2-opt when
+    ``improve``) and ``chained_ring``; on networks without shared NICs and up to ``MAX_TWO_OPT``
+    members, the better of them improved by a vectorised 2-opt. Positions into ``members``."""
+    network = topology.network
+    members = [int(m) for m in members]
+
+    def cost(order):
+        return network.ring_allreduce_s(1e9, [members[i] for i in order])
+
+    ring = network.ring_order(members, improve=improve)
+    chained = chained_ring(topology, members, cache)
+    if chained is not None and cost(chained) < cost(ring) - 1e-12:
+        ring = chained
+    if not network.has_shared_nics and 3 < len(members) <= MAX_TWO_OPT:
+        position = {d: i for i, d in enumerate(members)}
+        improved = [position[int(d)] for d in _two_opt(network, np.array([members[i] for i in ring]))]
+        if cost(improved) < cost(ring) - 1e-12:
+            ring = improved
+    return ring

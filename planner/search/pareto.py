@@ -122,7 +122,7 @@ def plan_pool(topology, model, training, options, seeds=(), *, charge_idle: bool
             break
         seen = set()
         for selection in selections:
-            for name, assign in layouts(topology, selection, ctx.capacity, stages, replicas).items():
+            for name, assign in layouts(topology, selection, ctx.capacity, stages, replicas, levels=[]).items():
                 if name not in LAYOUTS or assign.tobytes() in seen:
                     continue
                 seen.add(assign.tobytes())

@@ -6,6 +6,7 @@ from planner.plan.dims import Compression, Sync
 from planner.plan.plan import Plan
 from planner.plan.sync import AUTO
 from planner.search.evaluate import Candidate
+from planner.search.locality import best_ring
 from planner.search.sync_choice import plan_with_sync
 
 __all__ = ["candidate_to_plan"]
@@ -19,7 +20,7 @@ def candidate_to_plan(ctx, candidate: Candidate) -> Plan:
     bounds = np.concatenate([[0], np.cumsum(candidate.layer_counts)]).tolist()
     assignment = tuple(tuple(names[d] for d in row) for row in candidate.assign)
     R, S = candidate.assign.shape
-    rings = tuple(tuple(topo.network.ring_order(candidate.assign[:, s])) for s in range(S))
+    rings = tuple(tuple(best_ring(topo, candidate.assign[:, s], ctx.rings)) for s in range(S))
     used = sorted(set(candidate.assign.ravel().tolist()))
     members = ctx.groups.members if ctx.groups is not None else tuple((name,) for name in names)
     working = {name for d in used for name in members[d]}
