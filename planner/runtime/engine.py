@@ -219,7 +219,7 @@ class StageExecutor:
         self.loss_scale = getattr(self.optimizer, "loss_scale", 1.0)  # fp16: fixed for the iteration
         loss_sum = torch.zeros((), device=self.device)
         marks, done = [self.timer.mark()], []
-        for kind, mb in self.ops:
+        for kind, mb, _ in self.ops:
             start = now_s()
             if kind == "fwd":
                 rows = micro_batch_rows(self.plan.micro_batches, self.plan.micro_batch_size, self.replica, mb)

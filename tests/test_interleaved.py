@@ -1,0 +1,140 @@
+"""Interleaved 1F1B (Narayanan et al. 2021, sec. 2.2.2): the op lists with model chunks, the
+simulator's bubble (one case worked by hand) and the schedule's refusals."""
+
+import numpy as np
+import pytest
+
+from cost_models.network import Network
+from cost_models.schedule import Op, interleaving_problem, peer_stage, piece_of, stage_ops
+from cost_models.simulator import PipelineJob, simulate
+from tests.op_lists import held_peak
+
+CASES = [(2, 4, 2), (2, 2, 2), (4, 8, 2), (4, 4, 2), (4, 8, 4), (3, 9, 3), (2, 6, 3), (8, 16, 2)]
+
+
+def _job(stages: int, micro_batches: int, chunks: int, f: float = 1.0, b: float = 2.0, share=None) -> PipelineJob:
+    n = stages
+    network = Network(link_latency_s=np.zeros((n, n)), link_bandwidth_bytes_per_s=np.full((n, n), 1e30),
+                      host=np.arange(n), nic_egress_bytes_per_s=np.full(n, np.inf),
+                      nic_ingress_bytes_per_s=np.full(n, np.inf))
+    return PipelineJob(schedule="1f1b", device=np.arange(n)[None, :], micro_batches=np.array([micro_batches]),
+                       forward_s=np.full((1, n), f), backward_s=np.full((1, n), b),
+                       boundary_bytes=np.zeros(n - 1), network=network, sync_s=np.zeros(n), virtual_stages=chunks,
+                       chunk_share=share)
+
+
+def _messages(stages: int, micro_batches: int, chunks: int) -> tuple:
+    """Per directed (stage, peer) pair: the messages sent, in the sender's op order, and those
+    received, in the receiver's op order, each named by (direction, micro-batch, source piece)."""
+    sent, received = {}, {}
+    for s in range(stages):
+        for kind, mb, chunk in stage_ops("1f1b", s, stages, micro_batches, 0, chunks):
+            piece = piece_of(s, stages, chunk)
+            if kind in ("send_fwd", "send_bwd"):
+                forward = kind == "send_fwd"
+                peer = peer_stage(s, stages, forward)
+                sent.setdefault((s, peer), []).append((forward, mb, piece))
+            elif kind in ("recv_fwd", "recv_bwd"):
+                forward = kind == "recv_fwd"
+                peer = peer_stage(s, stages, not forward)
+                received.setdefault((peer, s), []).append((forward, mb, piece - 1 if forward else piece + 1))
+    return sent, received
+
+
+def test_two_stages_two_chunks_four_micro_batches_by_hand():
+    """S = 2, v = 2, M = 4, a stage's forward F = 1 and backward B = 2 (a chunk's 0.5 and 1), free
+    messages. Stage 0 runs 4 warm-up chunk forwards (2 (S - 1) + (v - 1) S), stage 1 runs 2; worked
+    through op by op, stage 1's first backward starts at 2.0 (after chunk forwards 0-0.5 on stage 0,
+    0.5-1 on stage 1, 1-1.5 on stage 0, 1.5-2 on stage 1), and stage 0's last backward (micro-batch 3,
+    chunk 0) ends at 13.5: its 12 s of compute plus a 1.5 s bubble, (S - 1)(F + B) / v. Plain 1F1B
+    ends at 15 (bubble (S - 1)(F + B) = 3)."""
+    assert [(k, mb, c) for k, mb, c in stage_ops("1f1b", 1, 2, 4, 0, 2) if k in ("fwd", "bwd")][:4] == \
+        [("fwd", 0, 0), ("fwd", 1, 0), ("fwd", 0, 1), ("bwd", 0, 1)]
+    timeline = simulate(_job(2, 4, 2))
+    assert timeline.iteration_s == pytest.approx(13.5)
+    assert simulate(_job(2, 4, 1)).iteration_s == pytest.approx(15.0)
+    first_backward = min(start for r, s, kind, mb, start, end in timeline.records if s == 1 and kind == "bwd")
+    assert first_backward == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("stages, micro_batches, chunks", CASES)
+def test_bubble_shrinks_by_the_chunk_count(stages, micro_batches, chunks):
+    """Narayanan et al. 2021, sec. 2.2.2: the bubble (S - 1)(F + B) of 1F1B becomes (S - 1)(F + B) / v."""
+    f, b = 1.0, 2.0
+    expected = micro_batches * (f + b) + (stages - 1) * (f + b) / chunks
+    assert simulate(_job(stages, micro_batches, chunks, f, b)).iteration_s == pytest.approx(expected)
+
+
+def test_uneven_chunks_take_their_share_of_the_stage():
+    even = simulate(_job(2, 4, 2)).iteration_s
+    uneven = simulate(_job(2, 4, 2, share=np.array([[0.75, 0.25], [0.5, 0.5]]))).iteration_s
+    assert uneven > even
+    records = simulate(_job(2, 4, 2, share=np.array([[0.75, 0.25], [0.5, 0.5]]))).records
+    assert {round(end - start, 9) for r, s, kind, mb, start, end in records if s == 0 and kind == "fwd"} == {0.75, 0.25}
+
+
+@pytest.mark.parametrize("stages, micro_batches, chunks", CASES)
+def test_op_lists_run_every_chunk_once_in_order_and_match_their_messages(stages, micro_batches, chunks):
+    for s in range(stages):
+        ops = stage_ops("1f1b", s, stages, micro_batches, 0, chunks)
+        for kind in ("fwd", "bwd"):
+            assert sorted((mb, c) for k, mb, c in ops if k == kind) == \
+                [(mb, c) for mb in range(micro_batches) for c in range(chunks)]
+        for mb in range(micro_batches):
+            for c in range(chunks):
+                piece = piece_of(s, stages, c)
+                assert ops.index(Op("fwd", mb, c)) < ops.index(Op("bwd", mb, c))
+                if piece > 0:
+                    assert ops.index(Op("recv_fwd", mb, c)) == ops.index(Op("fwd", mb, c)) - 1
+                    assert ops.index(Op("send_bwd", mb, c)) == ops.index(Op("bwd", mb, c)) + 1
+                if piece < stages * chunks - 1:
+                    assert ops.index(Op("send_fwd", mb, c)) == ops.index(Op("fwd", mb, c)) + 1
+                    assert ops.index(Op("recv_bwd", mb, c)) == ops.index(Op("bwd", mb, c)) - 1
+            # the chunks of a micro-batch run in model order forward and in reverse backward
+            forwards = [ops.index(Op("fwd", mb, c)) for c in range(chunks)]
+            backwards = [ops.index(Op("bwd", mb, c)) for c in range(chunks)]
+            assert forwards == sorted(forwards) and backwards == sorted(backwards, reverse=True)
+        assert ops[-2:] == [Op("sync", -1), Op("step", -1)]
+    # Point-to-point messages between two ranks are matched in order: each receiver takes the
+    # messages from a peer in the order that peer sends them (else same-shaped tensors swap).
+    sent, received = _messages(stages, micro_batches, chunks)
+    assert sent == received
+
+
+@pytest.mark.parametrize("stages, micro_batches, chunks", [c for c in CASES if c[1] > c[0]])
+def test_first_stage_keeps_s_plus_s_minus_1_over_v_micro_batches(stages, micro_batches, chunks):
+    """Stage 0 holds ``2 (S - 1) + (v - 1) S + 1`` chunk forwards at once, each 1/v of its layers:
+    ``S + (S - 1) / v`` micro-batches' activations, (1 + (S - 1) / (S v)) x 1F1B's S (sec. 2.2.2)."""
+    ops = stage_ops("1f1b", 0, stages, micro_batches, 0, chunks)
+    peak = held_peak(ops)
+    assert peak == min(2 * (stages - 1) + (chunks - 1) * stages + 1, micro_batches * chunks)
+    if peak < micro_batches * chunks:
+        assert peak / chunks == pytest.approx(stages * (1 + (stages - 1) / (stages * chunks)))
+    assert held_peak(stage_ops("1f1b", 0, stages, micro_batches)) == stages
+
+
+def test_one_chunk_is_plain_1f1b():
+    for s in range(4):
+        assert stage_ops("1f1b", s, 4, 7, 0, 1) == stage_ops("1f1b", s, 4, 7)
+
+
+@pytest.mark.parametrize("schedule, stages, micro_batches, per_round, chunks, words", [
+    ("gpipe", 2, [4], 0, 2, "1F1B only"),
+    ("zb-h1", 2, [4], 0, 2, "1F1B only"),
+    ("1f1b", 1, [4], 0, 2, "at least 2 pipeline stages"),
+    ("1f1b", 2, [4, 3], 0, 2, "multiple of 2"),
+    ("1f1b", 2, [8], 3, 2, "multiple of 2"),
+    ("1f1b", 2, [4], 0, 0, "at least 1"),
+])
+def test_what_interleaving_cannot_run(schedule, stages, micro_batches, per_round, chunks, words):
+    assert words in interleaving_problem(schedule, stages, micro_batches, per_round, chunks)
+    with pytest.raises(ValueError, match=words):
+        stage_ops(schedule, 0, stages, micro_batches[-1], per_round, chunks)
+
+
+def test_rounds_of_a_multiple_of_s_interleave_each_round():
+    ops = stage_ops("1f1b", 0, 2, 8, 4, 2)
+    forwards = [mb for kind, mb, _ in ops if kind == "fwd"]
+    backwards = [mb for kind, mb, _ in ops if kind == "bwd"]
+    assert max(backwards[:8]) < min(forwards[8:])  # round 1's backwards before round 2's forwards
+    assert not interleaving_problem("1f1b", 2, [8], 4, 2)
