@@ -4,6 +4,7 @@ simulator's bubble (one case worked by hand) and the schedule's refusals."""
 import numpy as np
 import pytest
 
+from cost_models.memory import in_flight_micro_batches
 from cost_models.network import Network
 from cost_models.schedule import Op, interleaving_problem, peer_stage, piece_of, stage_ops
 from cost_models.simulator import PipelineJob, simulate
@@ -138,3 +139,38 @@ def test_rounds_of_a_multiple_of_s_interleave_each_round():
     backwards = [mb for kind, mb, _ in ops if kind == "bwd"]
     assert max(backwards[:8]) < min(forwards[8:])  # round 1's backwards before round 2's forwards
     assert not interleaving_problem("1f1b", 2, [8], 4, 2)
+
+
+@pytest.mark.parametrize("stages, micro_batches, chunks", CASES)
+def test_memory_model_counts_what_the_op_lists_keep(stages, micro_batches, chunks):
+    for s in range(stages):
+        held = held_peak(stage_ops("1f1b", s, stages, micro_batches, 0, chunks))
+        assert in_flight_micro_batches("1f1b", s, stages, micro_batches, 0, chunks) == pytest.approx(held / chunks)
+
+
+INTERLEAVED_RUNS = {
+    "two-stages-two-chunks": dict(assignment=[["a0", "b0"]], layer_bounds=[0, 1, 2, 3, 4], micro_batches=[4],
+                                  micro_batch_size=2, schedule="1f1b", virtual_stages=2),
+    "two-replicas-uneven-batch": dict(assignment=[["a0", "b0"], ["a1", "b1"]], layer_bounds=[0, 1, 2, 3, 4],
+                                      micro_batches=[2, 4], micro_batch_size=1, schedule="1f1b", virtual_stages=2),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(INTERLEAVED_RUNS))
+def test_interleaved_training_equals_single_process(tmp_path, case):
+    """CPU, gloo, fp32: each rank holds two chunks (layers 0 and 2 on stage 0, 1 and 3 on stage 1),
+    the tied embedding on chunk 0 of stage 0 and the head on chunk 1 of stage 1; losses and weights
+    match single-process training to 1e-5."""
+    from planner.runtime.launch import LaunchOptions, launch
+    from tests.runtime_helpers import cpu_topology, write_test_plan
+    from tests.test_runtime import _assert_matches_single_process
+
+    kwargs = INTERLEAVED_RUNS[case]
+    plan = write_test_plan(tmp_path, cpu_topology(tmp_path / "topology.yaml"), **kwargs)
+    out = tmp_path / "run"
+    results = launch(plan, LaunchOptions(backend="gloo", iterations=3, warmup=0, out_dir=str(out), learning_rate=0.05,
+                                         save_state=True), log=lambda line: None)
+    _assert_matches_single_process(results, out, kwargs, iterations=3, lr=0.05)
+    chunks = {(op["stage"], op["chunk"]) for op in results["measured"]["trace"] if op["kind"] == "fwd"}
+    assert chunks == {(0, 0), (0, 1), (1, 0), (1, 1)}
