@@ -174,3 +174,130 @@ def test_interleaved_training_equals_single_process(tmp_path, case):
     _assert_matches_single_process(results, out, kwargs, iterations=3, lr=0.05)
     chunks = {(op["stage"], op["chunk"]) for op in results["measured"]["trace"] if op["kind"] == "fwd"}
     assert chunks == {(0, 0), (0, 1), (1, 0), (1, 1)}
+
+
+def _emulated(tmp_path, name: str, **kwargs) -> dict:
+    from planner.runtime.launch import LaunchOptions, launch
+    from tests.runtime_helpers import cpu_topology, write_test_plan
+
+    folder = tmp_path / name
+    folder.mkdir()
+    plan = write_test_plan(folder, cpu_topology(folder / "topology.yaml"), assignment=[["a0", "b2"]],
+                           micro_batches=[4], micro_batch_size=4, schedule="1f1b", **kwargs)
+    return launch(plan, LaunchOptions(backend="gloo", iterations=3, warmup=1, out_dir=str(folder / "run"),
+                                      emulate=True, time_scale=20.0), log=lambda line: None)
+
+
+@pytest.mark.slow
+def test_emulated_interleaved_run_agrees_with_the_simulator(tmp_path):
+    """Each chunk sleeps its share of the stage's compute and its messages wrap from the last stage to
+    the first: the emulated iteration is the simulated one, as for the other schedules
+    (``tests/test_runtime.py``), and so is the gain over plain 1F1B on the same devices."""
+    interleaved = _emulated(tmp_path, "interleaved", layer_bounds=[0, 1, 2, 3, 4], virtual_stages=2)
+    plain = _emulated(tmp_path, "plain", layer_bounds=[0, 2, 4])
+    for run in (interleaved, plain):
+        assert run["comparison"]["measured_s"] == pytest.approx(run["comparison"]["predicted_s"], rel=0.25)
+    predicted = interleaved["comparison"]["predicted_s"] / plain["comparison"]["predicted_s"]
+    measured = interleaved["comparison"]["measured_s"] / plain["comparison"]["measured_s"]
+    assert measured == pytest.approx(predicted, rel=0.15)
+    assert {(op["stage"], op["chunk"]) for op in interleaved["measured"]["trace"] if op["kind"] == "bwd"} == \
+        {(0, 0), (0, 1), (1, 0), (1, 1)}
+
+
+# -- plan file --------------------------------------------------------------------------------------
+
+def _plan_document(tmp_path, **kwargs) -> dict:
+    from planner.io import read_yaml
+    from tests.runtime_helpers import cpu_topology, write_test_plan
+
+    base = dict(assignment=[["a0", "b0"]], layer_bounds=[0, 1, 2, 3, 4], micro_batches=[4], micro_batch_size=2,
+                schedule="1f1b", virtual_stages=2)
+    path = write_test_plan(tmp_path, cpu_topology(tmp_path / "topology.yaml"), **{**base, **kwargs})
+    return read_yaml(path)
+
+
+def test_plan_file_names_each_stages_chunks_and_reads_back(tmp_path):
+    import jsonschema
+
+    from planner.plan.document import plan_from_document
+    from tests.test_tensor_parallel import PLAN_SCHEMA
+
+    document = _plan_document(tmp_path)
+    assert document["virtual_stages"] == 2 and "layers" not in document["stages"][0]
+    assert document["stages"][0]["chunks"] == [{"chunk": 0, "layers": [0, 1]}, {"chunk": 1, "layers": [2, 3]}]
+    assert document["stages"][1]["chunks"] == [{"chunk": 0, "layers": [1, 2]}, {"chunk": 1, "layers": [3, 4]}]
+    jsonschema.validate(document, PLAN_SCHEMA)
+    plan = plan_from_document(document)
+    assert plan.virtual_stages == 2 and plan.stages == 2 and plan.layer_bounds == (0, 1, 2, 3, 4)
+    assert plan.chunk_layers(1) == [(1, 2), (3, 4)] and plan.stage_bounds == (0, 2, 4)
+    with pytest.raises(jsonschema.ValidationError):  # a stage needs its layers or its chunks
+        jsonschema.validate({**document, "stages": [{"devices": ["a0"]}] * 2}, PLAN_SCHEMA)
+
+
+def test_interleave_plan_splits_each_stage_into_chunks_keeping_its_layers():
+    from planner.plan.plan import Plan, interleave_plan
+
+    plan = Plan(layer_bounds=(0, 13, 24), assignment=(("g0", "g1"),), micro_batches=(8,), micro_batch_size=2,
+                schedule="1f1b")
+    interleaved = interleave_plan(plan, 2)
+    assert interleaved.chunk_layers(0) == [(0, 7), (13, 19)] and interleaved.chunk_layers(1) == [(7, 13), (19, 24)]
+    assert interleaved.stage_bounds == plan.layer_bounds
+
+
+@pytest.mark.parametrize("edit, field, words", [
+    (lambda d: d["stages"][1]["chunks"].pop(), "stages[1].chunks", "lists 1 chunks, but virtual_stages is 2"),
+    (lambda d: d["stages"][1]["chunks"][0].update(layers=[2, 3]), "stages[1].chunks[0].layers",
+     r"the piece before it \(chunk 0 of stage 0\) ends at 1"),
+    (lambda d: d["stages"][0]["chunks"][1].update(chunk=0), "stages[0].chunks[1].chunk", "must be 1"),
+])
+def test_an_edited_chunk_list_is_refused_in_one_line(tmp_path, edit, field, words):
+    from planner.errors import InputError
+    from planner.plan.document import plan_from_document
+
+    document = _plan_document(tmp_path)
+    edit(document)
+    with pytest.raises(InputError, match=words) as caught:
+        plan_from_document(document, source="p.yaml")
+    assert caught.value.field == field and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("kwargs, field, words", [
+    (dict(micro_batches=[3], micro_batch_size=2), "virtual_stages", "multiple of 2"),
+    (dict(layer_bounds=[0, 1, 1, 3, 4]), "stages", "every chunk needs at least one layer"),
+])
+def test_plans_interleaving_cannot_run_are_refused_at_launch(tmp_path, capsys, kwargs, field, words):
+    from tests.runtime_helpers import cpu_topology, run_cli, write_test_plan
+
+    base = dict(assignment=[["a0", "b0"]], layer_bounds=[0, 1, 2, 3, 4], micro_batches=[4], micro_batch_size=2,
+                schedule="1f1b", virtual_stages=2)
+    path = write_test_plan(tmp_path, cpu_topology(tmp_path / "topology.yaml"), **{**base, **kwargs})
+    code, out, err = run_cli(["launch", path, "--backend", "gloo", "--out", tmp_path / "run"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert field in err and words in err
+
+
+@pytest.mark.parametrize("training, words", [
+    ({"schedule": "gpipe", "virtual_stages": 2}, "set schedule 1f1b or virtual_stages 1"),
+    ({"schedule": "1f1b", "virtual_stages": 2, "compress_messages": "int8"}, "set compress_messages off"),
+    ({"schedule": "1f1b", "virtual_stages": 0}, "from 1 to 16"),
+])
+def test_training_that_cannot_interleave_is_refused(training, words):
+    from planner.errors import InputError
+    from planner.inputs.model import parse_training
+
+    with pytest.raises(InputError, match=words) as caught:
+        parse_training({"global_batch": 8, **training})
+    assert caught.value.field == "training.virtual_stages" or words == "set compress_messages off"
+
+
+def test_the_search_refuses_virtual_stages_in_one_line(tmp_path, capsys):
+    from tests.runtime_helpers import cpu_topology, run_cli
+    import yaml
+
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    document = yaml.safe_load(topology.read_text())
+    document["training"] = {"global_batch": 8, "schedule": "1f1b", "virtual_stages": 2}
+    document["model"] = "tiny"
+    topology.write_text(yaml.safe_dump(document))
+    code, out, err = run_cli([topology, "--time-limit", "1"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "training.virtual_stages" in err

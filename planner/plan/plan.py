@@ -10,7 +10,7 @@ from planner.plan.dims import Compression, Degrees, Schedule, Sync
 from planner.plan.precision import plan_precision_problem
 from planner.plan.tensor import tensor_degree_problem
 
-__all__ = ["Plan", "Prediction", "validate_plan"]
+__all__ = ["Plan", "Prediction", "validate_plan", "interleave_plan"]
 
 @dataclass(frozen=True, kw_only=True)
 class Prediction:
@@ -121,6 +121,24 @@ class Plan:
 
     def with_prediction(self, prediction: Prediction) -> "Plan":
         return replace(self, prediction=prediction)
+
+
+def interleave_plan(plan: Plan, virtual_stages: int) -> Plan:
+    """``plan`` (one chunk per device) with each stage's layers split into ``virtual_stages`` chunks of
+    near-even size (the larger first), chunk c of stage s the model's piece ``c * S + s``; each
+    stage keeps its layer count. The prediction is dropped (predict again)."""
+    S, v = plan.stages, virtual_stages
+    if plan.virtual_stages != 1:
+        raise ValueError("the plan is interleaved already")
+    sizes = []
+    for s in range(S):
+        whole, rest = divmod(plan.layer_bounds[s + 1] - plan.layer_bounds[s], v)
+        sizes.append([whole + (c < rest) for c in range(v)])
+    bounds = [plan.layer_bounds[0]]
+    for piece in range(S * v):
+        c, s = divmod(piece, S)
+        bounds.append(bounds[-1] + sizes[s][c])
+    return replace(plan, layer_bounds=tuple(bounds), virtual_stages=v, prediction=None)
 
 
 def validate_plan(plan: Plan, topology, model, training) -> None:
