@@ -199,7 +199,10 @@ def test_emulated_interleaved_run_agrees_with_the_simulator(tmp_path):
         assert run["comparison"]["measured_s"] == pytest.approx(run["comparison"]["predicted_s"], rel=0.25)
     predicted = interleaved["comparison"]["predicted_s"] / plain["comparison"]["predicted_s"]
     measured = interleaved["comparison"]["measured_s"] / plain["comparison"]["measured_s"]
-    assert measured == pytest.approx(predicted, rel=0.15)
+    # Here the messages cross hosts at 1 Gbps: three piece boundaries each way cost more than the bubble
+    # saved (predicted 0.873 s against 0.756 s; measured 0.978 s and 0.767 s, each op's host overhead
+    # counting twice as often when interleaved).
+    assert predicted > 1.0 and measured == pytest.approx(predicted, rel=0.2)
     assert {(op["stage"], op["chunk"]) for op in interleaved["measured"]["trace"] if op["kind"] == "bwd"} == \
         {(0, 0), (0, 1), (1, 0), (1, 1)}
 
