@@ -66,15 +66,16 @@ def in_flight_micro_batches(schedule: str, stage: int, stages: int, micro_batche
     Interleaved 1F1B (1F1B with ``virtual_stages`` v > 1, ``cost_models.schedule.stage_ops``): stage i
     runs ``2 (S - i - 1) + (v - 1) S`` warm-up chunk forwards, so it holds at most one more, each
     chunk 1/v of its layers (chunks taken as even): ``min(2 (S - i - 1) + (v - 1) S + 1, M v) / v``
-    micro-batches (all M when M = S, every forward then being warm-up), ``S + (S - 1) / v`` on stage 0 (Narayanan et al. 2021, sec. 2.2.2:
-    ``1 + (S - 1) / (S v)`` times 1F1B's S).
+    micro-batches (all M when M = S, every forward then being warm-up): ``S + (S - 1) / v`` on stage 0,
+    ``1 + (S - 1) / (S v)`` times 1F1B's S (Narayanan et al. 2021, sec. 2.2.2).
     """
     if per_round > 0:
         micro_batches = np.minimum(micro_batches, per_round)
     if virtual_stages > 1 and schedule == Schedule.ONE_F_ONE_B:
         v = virtual_stages
         chunk_forwards = np.multiply(micro_batches, v)  # M = S: every forward is warm-up (Megatron-LM's rule)
-        warm = np.where(np.equal(micro_batches, stages), chunk_forwards, 2 * (stages - stage - 1) + (v - 1) * stages + 1)
+        warm = np.where(np.equal(micro_batches, stages), chunk_forwards,
+                        2 * (stages - stage - 1) + (v - 1) * stages + 1)
         return np.minimum(warm, chunk_forwards) / v
     if schedule == Schedule.GPIPE:
         return micro_batches

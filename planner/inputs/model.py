@@ -11,8 +11,8 @@ from cost_models.schedule import Schedule
 from planner.errors import InputError
 from planner.fields import Fields
 
-__all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "HEADS", "MAX_GLOBAL_BATCH", "MAX_SYNC_EVERY", "MAX_VIRTUAL_STAGES", "MODEL_LIMITS",
-           "parse_model", "parse_training", "model_preset", "preset_names"]
+__all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "HEADS", "MAX_GLOBAL_BATCH", "MAX_SYNC_EVERY", "MAX_VIRTUAL_STAGES",
+           "MODEL_LIMITS", "parse_model", "parse_training", "model_preset", "preset_names"]
 
 SCHEDULES = tuple(s.value for s in Schedule)
 HEADS = ("lm", "classification")

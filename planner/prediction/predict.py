@@ -100,7 +100,8 @@ def communication_bytes(plan: Plan, model, training) -> dict:
     profile = stage_profile(costs, plan.stage_bounds, plan.compression.message_mask(plan.stages))
     pipeline = 2.0 * float(profile.boundary_bytes.sum()) * sum(plan.micro_batches)
     if plan.virtual_stages > 1:  # a message across each of the S v - 1 piece boundaries (all of one size)
-        pipeline = 2.0 * float(profile.boundary_bytes[0]) * (plan.stages * plan.virtual_stages - 1) * sum(plan.micro_batches)
+        pieces = plan.stages * plan.virtual_stages
+        pipeline = 2.0 * float(profile.boundary_bytes[0]) * (pieces - 1) * sum(plan.micro_batches)
     k = plan.replicas
     data_parallel = 2.0 * (k - 1) * float(profile.gradient_bytes.sum())
     tokens = plan.global_batch * model.sequence

@@ -24,8 +24,8 @@ from torch.utils.checkpoint import checkpoint
 
 from cost_models.flops import padded_vocabulary
 
-__all__ = ["StageModule", "ChunkedStage", "build_stage", "vocabulary_logits", "lm_loss", "compile_stage", "compile_between_linears",
-           "INIT_STD"]
+__all__ = ["StageModule", "ChunkedStage", "build_stage", "vocabulary_logits", "lm_loss", "compile_stage",
+           "compile_between_linears", "INIT_STD"]
 
 INIT_STD = 0.02  # GPT-2's initialisation scale
 
