@@ -304,3 +304,19 @@ def test_the_search_refuses_virtual_stages_in_one_line(tmp_path, capsys):
     topology.write_text(yaml.safe_dump(document))
     code, out, err = run_cli([topology, "--time-limit", "1"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "training.virtual_stages" in err
+
+
+def test_report_names_the_interleaving_and_each_stages_chunks():
+    from planner.inputs.job import load_job
+    from planner.inputs.model import parse_model, parse_training
+    from planner.io import read_yaml
+    from planner.plan.document import plan_from_document
+    from planner.report.text import render_plan
+    from tests.conftest import ROOT
+
+    document = read_yaml(ROOT / "benchmarks" / "plans" / "h100x2-interleaved.yaml")
+    job = load_job(ROOT / document["topology"]["path"])
+    text = render_plan(plan_from_document(document), job.topology, parse_model(document["model"]),
+                       parse_training(document["training"]))
+    assert "interleaved over 2 virtual stages per device" in text
+    assert "stage 0 [0, 7)+[13, 19)" in text and "stage 1 [7, 13)+[19, 24)" in text
