@@ -294,7 +294,8 @@ def _job(forward, backward, step):
     import numpy as np
     from types import SimpleNamespace
 
-    return SimpleNamespace(forward_s=np.array(forward), backward_s=np.array(backward), optimizer_s=np.array(step))
+    return SimpleNamespace(forward_s=np.array(forward), backward_s=np.array(backward), optimizer_s=np.array(step),
+                           virtual_stages=1)
 
 
 def test_compute_overrun_measures_ops_past_the_plans_scaled_durations():
