@@ -27,6 +27,7 @@ from planner.prediction.predict import predict  # noqa: E402
 from planner.inputs.job import load_job  # noqa: E402
 from planner.plan.document import plan_to_document
 from planner.plan.document import write_plan  # noqa: E402
+from planner.plan.plan import interleave_plan  # noqa: E402
 
 EMULATED_TOPOLOGIES = ("topologies/emulated/dtfm-case5-mini.yaml", "topologies/emulated/two-datacenters-mini.yaml",
                        "topologies/emulated/home-mini.yaml")
@@ -151,6 +152,9 @@ def gpu(out: Path, iterations: int, warmup: int, seed: int, only: tuple = ()) ->
     plans["2x1-mb2-1f1b-recompute"] = (plan, replace(pinned, training=replace(pinned.training, recompute=True)))
     plan, pinned = plans["1x2-mb2-1f1b"]
     plans["1x2-mb2-1f1b-recompute"] = (plan, replace(pinned, training=replace(pinned.training, recompute=True)))
+    # Interleaved 1F1B: the 2-stage plan's layers, each stage's in two chunks (compiled per chunk).
+    interleaved = replace(pinned, training=replace(pinned.training, virtual_stages=2))
+    plans["2x1-mb2-1f1b-interleaved-v2"] = (interleave_plan(plan, 2), interleaved)
     calibrations = dict.fromkeys(plans, calibration)
     if not only or "2x1-mb2-zb-h1" in only:
         # zb-h1 runs eager (its backward is split at the linear layers): calibrated on eager blocks.

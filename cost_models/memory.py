@@ -54,7 +54,8 @@ def layer_activation_bytes(s: int, b: int, h: int, a: int, *, dtype_bytes: int =
     return s * b * h * per_token * scale
 
 
-def in_flight_micro_batches(schedule: str, stage: int, stages: int, micro_batches: int, per_round: int = 0) -> int:
+def in_flight_micro_batches(schedule: str, stage: int, stages: int, micro_batches: int, per_round: int = 0,
+                            virtual_stages: int = 1):
     """Micro-batches whose activations stage ``stage`` (0-based) of ``stages`` holds at its peak.
 
     GPipe keeps all ``M`` (Huang et al. 2019); 1F1B at most ``min(S - i, M)`` (Narayanan et al. 2021,
@@ -62,9 +63,20 @@ def in_flight_micro_batches(schedule: str, stage: int, stages: int, micro_batche
     which holds i of them back, keeps at most ``min(S, M)`` (Qi et al. 2024, sec. 3.1: the peak of
     1F1B's first stage, now on every stage); in accumulation rounds of ``per_round`` micro-batches,
     ``M`` is at most a round's. Vectorised over numpy arrays of stages and micro-batch counts.
+    Interleaved 1F1B (1F1B with ``virtual_stages`` v > 1, ``cost_models.schedule.stage_ops``): stage i
+    runs ``2 (S - i - 1) + (v - 1) S`` warm-up chunk forwards, so it holds at most one more, each
+    chunk 1/v of its layers (chunks taken as even): ``min(2 (S - i - 1) + (v - 1) S + 1, M v) / v``
+    micro-batches (all M when M = S, every forward then being warm-up): ``S + (S - 1) / v`` on stage 0,
+    ``1 + (S - 1) / (S v)`` times 1F1B's S (Narayanan et al. 2021, sec. 2.2.2).
     """
     if per_round > 0:
         micro_batches = np.minimum(micro_batches, per_round)
+    if virtual_stages > 1 and schedule == Schedule.ONE_F_ONE_B:
+        v = virtual_stages
+        chunk_forwards = np.multiply(micro_batches, v)  # M = S: every forward is warm-up (Megatron-LM's rule)
+        warm = np.where(np.equal(micro_batches, stages), chunk_forwards,
+                        2 * (stages - stage - 1) + (v - 1) * stages + 1)
+        return np.minimum(warm, chunk_forwards) / v
     if schedule == Schedule.GPIPE:
         return micro_batches
     if schedule == Schedule.ONE_F_ONE_B:

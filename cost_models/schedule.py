@@ -1,18 +1,22 @@
 """Per-stage op lists of the pipeline schedules: the one source that both the simulator and the
 runtime execute, so that predicted and measured timelines can be compared op by op.
 
-An op is ``(kind, microbatch)``. Kinds: ``recv_fwd``/``fwd``/``send_fwd`` move activations from
+An op is ``(kind, microbatch, chunk)``. Kinds: ``recv_fwd``/``fwd``/``send_fwd`` move activations from
 stage s to s+1, ``recv_bwd``/``bwd``/``send_bwd`` move gradients from s+1 to s, ``sync`` is the
 stage's gradient all-reduce over its replicas and ``step`` the optimizer update (microbatch -1).
 The zero-bubble schedule splits a backward into ``bwd_input`` (the gradient of the stage's input,
 which the stage upstream waits for) and ``bwd_weight`` (the weights' gradients, which nobody waits
 for until the sync), so that weight gradients fill what would be bubble.
+Interleaved 1F1B (``virtual_stages`` v > 1) gives each device v model chunks: chunk c of stage s is
+the model's piece ``c * S + s`` of ``S * v``, and its messages go to piece ``p + 1`` (forward) or
+``p - 1`` (backward), from the last stage to the first between chunks (``piece_of``, ``peer_stage``).
 """
 
 from enum import StrEnum
 from typing import NamedTuple
 
-__all__ = ["Schedule", "Op", "stage_ops", "round_sizes", "OP_KINDS", "COMPUTE_KINDS", "AUTO_SCHEDULES"]
+__all__ = ["Schedule", "Op", "stage_ops", "round_sizes", "piece_of", "peer_stage", "interleaving_problem", "OP_KINDS",
+           "COMPUTE_KINDS", "AUTO_SCHEDULES"]
 
 
 class Schedule(StrEnum):
@@ -26,6 +30,7 @@ class Schedule(StrEnum):
 # What ``schedule: auto`` searches. ZB-H1 is asked for by name: it keeps up to S micro-batches'
 # activations on every stage, and a third schedule splits the search's budget three ways (with it,
 # tests/test_tensor_parallel.py's 8 x T4 + A100 cluster got 19.9 s instead of 15.7 s in 8 s).
+# Interleaving 1F1B (``virtual_stages``) is a plan file's choice too: the search plans one chunk per device.
 AUTO_SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
 
 
@@ -37,6 +42,41 @@ COMPUTE_KINDS = ("fwd", "bwd", "bwd_input", "bwd_weight")
 class Op(NamedTuple):
     kind: str
     microbatch: int
+    chunk: int = 0  # the model chunk of the device that runs it (interleaved 1F1B; else 0)
+
+
+def piece_of(stage: int, stages: int, chunk: int) -> int:
+    """The model piece (of ``stages * v``, in layer order) that ``chunk`` of ``stage`` holds: ``chunk *
+    stages + stage`` (Narayanan et al. 2021, sec. 2.2.2)."""
+    return chunk * stages + stage
+
+
+def peer_stage(stage: int, stages: int, forward: bool) -> int:
+    """The stage a message of ``stage`` goes to: the next (forward) or previous (backward), wrapping
+    from the last stage to the first between chunks of an interleaved schedule."""
+    return (stage + (1 if forward else -1)) % stages
+
+
+def interleaving_problem(schedule: str, stages: int, micro_batches, per_round: int = 0,
+                         virtual_stages: int = 1) -> str:
+    """Why ``virtual_stages`` chunks per device cannot run (empty when they can): interleaving is a
+    1F1B schedule over at least two stages, and each accumulation round's micro-batches must be a
+    multiple of the stage count (Narayanan et al. 2021, sec. 2.2.2: the schedule runs micro-batches
+    in groups of S through every chunk)."""
+    if virtual_stages == 1:
+        return ""
+    if virtual_stages < 1:
+        return f"virtual stages must be at least 1, got {virtual_stages}"
+    if schedule != Schedule.ONE_F_ONE_B:
+        return f"virtual stages interleave 1F1B only, not {schedule}: use schedule 1f1b or virtual stages 1"
+    if stages < 2:
+        return "virtual stages need at least 2 pipeline stages"
+    for m in micro_batches:
+        sizes = round_sizes(int(m), per_round)
+        if any(size % stages for size in sizes):
+            return (f"interleaved 1F1B runs micro-batches in groups of the {stages} stages, but a replica runs "
+                    f"rounds of {sizes}: make every replica's micro-batches (and rounds) a multiple of {stages}")
+    return ""
 
 
 def _forward(stage: int, stages: int, mb: int) -> list:
@@ -64,7 +104,8 @@ def round_sizes(micro_batches: int, per_round: int = 0) -> list:
     return [per_round] * full + ([rest] if rest else [])
 
 
-def stage_ops(schedule: str, stage: int, stages: int, micro_batches: int, per_round: int = 0) -> list:
+def stage_ops(schedule: str, stage: int, stages: int, micro_batches: int, per_round: int = 0,
+              virtual_stages: int = 1) -> list:
     """The ordered ops of one device holding ``stage`` (0-based) of ``stages``, for ``micro_batches``.
 
     GPipe: all forwards, then all backwards, both in micro-batch order (Huang et al. 2019).
@@ -77,22 +118,35 @@ def stage_ops(schedule: str, stage: int, stages: int, micro_batches: int, per_ro
     gradients only: the bubble drops from ``(S - 1)(F + B + W)`` to ``(S - 1)(F + B - W)``, and a
     stage keeps at most ``S`` micro-batches' activations (1F1B's peak, on stage 0). The first stage
     has nobody upstream: its backwards stay whole.
+    Interleaved 1F1B (1F1B with ``virtual_stages`` v > 1; Narayanan et al. 2021, sec. 2.2.2, in
+    Megatron-LM's order): the ``M * v`` chunk forwards run in groups of S micro-batches through chunk
+    0, then chunk 1, ... (backwards through the chunks in reverse); stage s runs ``min(2 (S - s - 1)
+    + (v - 1) S, M v)`` warm-up forwards (all of them when M = S), then alternates one forward and one
+    backward, then drains. Its bubble is ``(S - 1)(F + B) / v`` (sec. 2.2.2); stage 0 holds up to
+    ``2 (S - 1) + (v - 1) S + 1`` chunk forwards, each 1/v of its layers: ``S + (S - 1) / v``
+    micro-batches' activations against 1F1B's S, the paper's ``1 + (S - 1) / (S v)``.
     With ``per_round`` > 0 the micro-batches run in accumulation rounds of that many (DTFM's runs
     accumulate in rounds of 64), each round its own pipeline fill and drain; gradients accumulate
     over the rounds and one sync and step end the iteration.
     """
     if not 0 <= stage < stages or micro_batches < 1:
         raise ValueError(f"bad stage {stage} of {stages} or micro_batches {micro_batches}")
+    problem = interleaving_problem(schedule, stages, [micro_batches], per_round, virtual_stages)
+    if problem:
+        raise ValueError(problem)
     ops, first = [], 0
     for size in round_sizes(micro_batches, per_round):
-        ops += [Op(kind, first + mb) for kind, mb in _one_round(schedule, stage, stages, size)]
+        ops += [Op(op.kind, first + op.microbatch, op.chunk)
+                for op in _one_round(schedule, stage, stages, size, virtual_stages)]
         first += size
     return ops + [Op("sync", -1), Op("step", -1)]
 
 
-def _one_round(schedule: str, stage: int, stages: int, micro_batches: int) -> list:
+def _one_round(schedule: str, stage: int, stages: int, micro_batches: int, virtual_stages: int = 1) -> list:
     ops = []
-    if schedule == Schedule.GPIPE:
+    if virtual_stages > 1:
+        ops = _interleaved_round(stage, stages, micro_batches, virtual_stages)
+    elif schedule == Schedule.GPIPE:
         for mb in range(micro_batches):
             ops += _forward(stage, stages, mb)
         for mb in range(micro_batches):
@@ -136,4 +190,37 @@ def _zero_bubble_round(stage: int, stages: int, micro_batches: int) -> list:
         ops.append(Op("bwd_weight", weights))
         weights += 1
     ops += [Op("bwd_weight", mb) for mb in range(weights, micro_batches)]
+    return ops
+
+
+def _interleaved_round(stage: int, stages: int, micro_batches: int, chunks: int) -> list:
+    """One round of interleaved 1F1B (Megatron-LM's ``forward_backward_pipelining_with_interleaving``):
+    the k-th chunk forward is micro-batch ``(k // (S v)) S + k % S`` on chunk ``(k % (S v)) // S``;
+    the k-th chunk backward the same micro-batch on the chunks in reverse."""
+    S, total = stages, micro_batches * chunks
+
+    def chunk_of(k: int, forward: bool) -> int:
+        c = (k % (S * chunks)) // S
+        return c if forward else chunks - 1 - c
+
+    def micro_batch(k: int) -> int:
+        return (k // (S * chunks)) * S + k % S
+
+    def forward(k: int) -> list:
+        c = chunk_of(k, True)
+        return [Op(kind, mb, c) for kind, mb, _ in _forward(piece_of(stage, S, c), S * chunks, micro_batch(k))]
+
+    def backward(k: int) -> list:
+        c = chunk_of(k, False)
+        return [Op(kind, mb, c) for kind, mb, _ in _backward(piece_of(stage, S, c), S * chunks, micro_batch(k))]
+
+    warmup = total if micro_batches == S else min(2 * (S - stage - 1) + (chunks - 1) * S, total)
+    ops = []
+    for k in range(warmup):
+        ops += forward(k)
+    for k in range(total - warmup):
+        ops += forward(warmup + k)
+        ops += backward(k)
+    for k in range(total - warmup, total):
+        ops += backward(k)
     return ops

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cost_models.network import Network
-from cost_models.schedule import COMPUTE_KINDS, stage_ops
+from cost_models.schedule import COMPUTE_KINDS, peer_stage, piece_of, stage_ops
 
 __all__ = ["PipelineJob", "Timeline", "simulate", "sync_resources", "op_compute_s"]
 
@@ -51,6 +51,11 @@ class PipelineJob:
     # The weight gradients' share of each worker's backward (R, S), for schedules that split it into
     # ``bwd_input`` and ``bwd_weight`` (``cost_models.flops.weight_gradient_share``).
     weight_gradient_share: np.ndarray = None
+    # Interleaved 1F1B: model chunks per device (``cost_models.schedule.stage_ops``), and each chunk's
+    # share of its stage's compute (S, v; None: equal shares). Every message crosses a boundary of
+    # the same size: ``boundary_bytes[0]`` prices the last stage -> first stage wrap too.
+    virtual_stages: int = 1
+    chunk_share: np.ndarray = None
 
     @property
     def replicas(self) -> int:
@@ -105,14 +110,17 @@ def sync_resources(job: PipelineJob, stage: int) -> list:
     return list(holds.items())
 
 
-def op_compute_s(job: PipelineJob, kind: str, r: int, s: int) -> float:
-    """Seconds of worker (r, s)'s compute op ``kind`` for one micro-batch (``COMPUTE_KINDS``; the
-    optimizer step: ``optimizer_s``)."""
+def op_compute_s(job: PipelineJob, kind: str, r: int, s: int, chunk: int = 0) -> float:
+    """Seconds of worker (r, s)'s compute op ``kind`` for one micro-batch on ``chunk`` (``COMPUTE_KINDS``;
+    the optimizer step: ``optimizer_s``)."""
     if kind == "step":
         return float(job.optimizer_s[r, s]) if job.optimizer_s is not None else 0.0
+    share = 1.0
+    if job.virtual_stages > 1:
+        share = float(job.chunk_share[s, chunk]) if job.chunk_share is not None else 1.0 / job.virtual_stages
     if kind == "fwd":
-        return float(job.forward_s[r, s])
-    backward = float(job.backward_s[r, s])
+        return float(job.forward_s[r, s]) * share
+    backward = float(job.backward_s[r, s]) * share
     if kind == "bwd":
         return backward
     share = float(job.weight_gradient_share[r, s]) if job.weight_gradient_share is not None else 0.5
@@ -129,7 +137,8 @@ def simulate(job: PipelineJob, *, keep_records: bool = True) -> Timeline:
     """Simulate one iteration of ``job`` and return its ``Timeline``."""
     R, S = job.replicas, job.stages
     optimizer_s = job.optimizer_s if job.optimizer_s is not None else np.zeros((R, S))
-    ops = {(r, s): stage_ops(job.schedule, s, S, int(job.micro_batches[r]), job.micro_batches_per_round)
+    ops = {(r, s): stage_ops(job.schedule, s, S, int(job.micro_batches[r]), job.micro_batches_per_round,
+                             job.virtual_stages)
            for r in range(R) for s in range(S)}
     pointer = dict.fromkeys(ops, 0)
     parked_at = {}  # worker -> time it started waiting for a message
@@ -155,9 +164,10 @@ def simulate(job: PipelineJob, *, keep_records: bool = True) -> Timeline:
         r, s = w
         ops_w = ops[w]
         while pointer[w] < len(ops_w):
-            kind, mb = ops_w[pointer[w]]
+            kind, mb, chunk = ops_w[pointer[w]]
+            piece = piece_of(s, S, chunk)  # the message keys name model pieces (stages when v = 1)
             if kind in COMPUTE_KINDS:
-                duration = op_compute_s(job, kind, r, s)
+                duration = op_compute_s(job, kind, r, s, chunk)
                 record(w, kind, mb, now, now + duration)
                 compute_s[w] += duration
                 pointer[w] += 1
@@ -168,9 +178,10 @@ def simulate(job: PipelineJob, *, keep_records: bool = True) -> Timeline:
                 break
             if kind in ("send_fwd", "send_bwd"):
                 forward = kind == "send_fwd"
-                boundary = s if forward else s - 1
-                peer = job.device[r, s + 1] if forward else job.device[r, s - 1]
-                start, arrival = _transfer(job, resources, job.device[r, s], peer, job.boundary_bytes[boundary], now)
+                boundary = piece if forward else piece - 1
+                peer = job.device[r, peer_stage(s, S, forward)]
+                nbytes = job.boundary_bytes[boundary if job.virtual_stages == 1 else 0]
+                start, arrival = _transfer(job, resources, job.device[r, s], peer, nbytes, now)
                 key = (r, "act" if forward else "grad", boundary, mb)
                 arrivals[key] = (start, arrival)
                 record(w, kind, mb, start, arrival)
@@ -180,7 +191,7 @@ def simulate(job: PipelineJob, *, keep_records: bool = True) -> Timeline:
                     heapq.heappush(heap, (max(parked_at[waiter], arrival), waiter[0] * S + waiter[1], waiter))
                 continue
             if kind in ("recv_fwd", "recv_bwd"):
-                key = (r, "act", s - 1, mb) if kind == "recv_fwd" else (r, "grad", s, mb)
+                key = (r, "act", piece - 1, mb) if kind == "recv_fwd" else (r, "grad", piece, mb)
                 if key not in arrivals:
                     parked_at[w] = now
                     parked[key] = w

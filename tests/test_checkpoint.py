@@ -25,6 +25,8 @@ PLANS = {
                           micro_batch_size=2, schedule="gpipe", shard_optimizer=False),
     "3x1-sharded": dict(assignment=[["a0"], ["b0"], ["a1"]], layer_bounds=[0, 4], micro_batches=[2, 1, 1],
                         micro_batch_size=2, schedule="1f1b", shard_optimizer=True),
+    "1x2-interleaved": dict(assignment=[["a0", "b0"]], layer_bounds=[0, 1, 2, 3, 4], micro_batches=[4],
+                            micro_batch_size=2, schedule="1f1b", shard_optimizer=False, virtual_stages=2),
 }
 
 
@@ -57,7 +59,8 @@ def _assert_same_weights(got: dict, expected: dict) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer, first, second", [("adam", "2x2-sharded", "1x3-unsharded"),
-                                                      ("sgd", "1x3-unsharded", "3x1-sharded")])
+                                                      ("sgd", "1x3-unsharded", "3x1-sharded"),
+                                                      ("sgd", "1x2-interleaved", "1x3-unsharded")])
 def test_resume_under_another_plan_continues_the_same_training(tmp_path, optimizer, first, second):
     """Plan A for 2 iterations with a checkpoint, plan B (other stages, replicas, split) resumed for 2:
     the losses and weights of plan A run 4 iterations uninterrupted (with SGD, of the single-process

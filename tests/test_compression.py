@@ -125,7 +125,7 @@ def test_int8_codec_gives_the_bits_of_the_padding_codec(shape, dtype):
 # -- PowerSGD's state, in a process group of one (its all-reduces are the identity) ---------------
 @pytest.fixture(scope="module")
 def one_process_group():
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     import torch.distributed as dist
 
     import socket

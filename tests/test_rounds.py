@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cost_models.schedule import round_sizes, stage_ops
+from cost_models.schedule import Op, round_sizes, stage_ops
 from planner.inputs.job import load_topology
 from planner.inputs.model import model_preset, parse_training
 from planner.plan.plan import Plan
@@ -21,11 +21,11 @@ def test_rounds_run_every_micro_batch_once_and_keep_at_most_a_round(schedule):
     assert round_sizes(10, 4) == [4, 4, 2] and round_sizes(8, 0) == [8] and round_sizes(3, 8) == [3]
     for stage in range(3):
         ops = stage_ops(schedule, stage, 3, 10, 4)
-        assert [mb for kind, mb in ops if kind == "fwd"] == list(range(10))
-        assert sorted(mb for kind, mb in ops if kind == "bwd") == list(range(10))
-        assert ops[-2:] == [("sync", -1), ("step", -1)] and sum(kind == "step" for kind, _ in ops) == 1
+        assert [mb for kind, mb, _ in ops if kind == "fwd"] == list(range(10))
+        assert sorted(mb for kind, mb, _ in ops if kind == "bwd") == list(range(10))
+        assert ops[-2:] == [Op("sync", -1), Op("step", -1)] and sum(kind == "step" for kind, *_ in ops) == 1
         # every micro-batch of round k is backwarded before round k + 1's first forward
-        order = [(kind, mb) for kind, mb in ops if kind in ("fwd", "bwd")]
+        order = [(kind, mb) for kind, mb, _ in ops if kind in ("fwd", "bwd")]
         assert order.index(("bwd", 3)) < order.index(("fwd", 4)) and order.index(("bwd", 7)) < order.index(("fwd", 8))
         assert held_peak(ops) <= (4 if schedule == "gpipe" else min(3 - stage, 4))
     assert stage_ops(schedule, 1, 3, 7) == stage_ops(schedule, 1, 3, 7, 0)

@@ -41,6 +41,19 @@ def test_nccl_zero_bubble_training_equals_single_process(tmp_path):
     assert results["measured"]["loss"] == pytest.approx(losses, rel=1e-4)
 
 
+def test_nccl_interleaved_training_with_compiled_chunks_equals_single_process(tmp_path):
+    """2 stages x 2 chunks on 2 GPUs, each chunk's blocks compiled (auto on GPUs): the messages wrap
+    from the last stage to the first over NCCL."""
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    plan = write_test_plan(tmp_path, topology, assignment=[["a0", "a1"]], layer_bounds=[0, 1, 2, 3, 4],
+                           micro_batches=[4], micro_batch_size=2, schedule="1f1b", virtual_stages=2)
+    results = launch(plan, LaunchOptions(iterations=3, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=0.05,
+                                         backend="nccl"), log=lambda line: None)
+    assert results["run"]["compiled"] is True
+    losses, _ = train_single_process(model_preset("tiny"), global_batch=8, iterations=3, learning_rate=0.05)
+    assert results["measured"]["loss"] == pytest.approx(losses, rel=1e-4)
+
+
 def test_bf16_training_with_master_weights_tracks_fp32(tmp_path):
     topology = cpu_topology(tmp_path / "topology.yaml")
     plan = write_test_plan(tmp_path, topology, assignment=[["a0", "a1"]], layer_bounds=[0, 2, 4],

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from cost_models.network import Network
-from cost_models.schedule import stage_ops
+from cost_models.schedule import Op, stage_ops
 from cost_models.simulator import PipelineJob, simulate
 
 
@@ -56,9 +56,9 @@ def test_op_lists_are_complete_and_ordered():
     for schedule in ("gpipe", "1f1b"):
         ops = stage_ops(schedule, 1, 4, 6)
         assert sum(op.kind == "fwd" for op in ops) == 6 and sum(op.kind == "bwd" for op in ops) == 6
-        assert ops[-2:] == [("sync", -1), ("step", -1)]
+        assert ops[-2:] == [Op("sync", -1), Op("step", -1)]
         for mb in range(6):
-            assert ops.index(("fwd", mb)) < ops.index(("bwd", mb))
-            assert ops.index(("recv_fwd", mb)) < ops.index(("fwd", mb)) < ops.index(("send_fwd", mb))
+            assert ops.index(Op("fwd", mb)) < ops.index(Op("bwd", mb))
+            assert ops.index(Op("recv_fwd", mb)) < ops.index(Op("fwd", mb)) < ops.index(Op("send_fwd", mb))
     ops = stage_ops("1f1b", 0, 4, 6)
     assert [op.kind for op in ops if op.kind in ("fwd", "bwd")][:5] == ["fwd"] * 4 + ["bwd"]

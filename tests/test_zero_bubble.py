@@ -7,7 +7,7 @@ import pytest
 
 from cost_models.memory import in_flight_micro_batches
 from cost_models.network import Network
-from cost_models.schedule import stage_ops
+from cost_models.schedule import Op, stage_ops
 from cost_models.simulator import PipelineJob, simulate
 from planner.inputs.job import load_job
 from planner.plan.document import plan_from_document, plan_to_document
@@ -24,21 +24,21 @@ LAB = ROOT / "topologies" / "hetero" / "lab-mixed-a40-l4.yaml"
 def test_ops_split_every_backward_after_the_first_stage_and_keep_at_most_s(stages, micro_batches, per_round):
     for stage in range(stages):
         ops = stage_ops("zb-h1", stage, stages, micro_batches, per_round)
-        kinds = [kind for kind, _ in ops]
+        kinds = [kind for kind, *_ in ops]
         if stage == 0:  # nobody upstream waits: the first stage's backwards stay whole, as in 1F1B
             assert ops == stage_ops("1f1b", 0, stages, micro_batches, per_round)
             continue
         assert "bwd" not in kinds
         for kind in ("fwd", "bwd_input", "bwd_weight"):
-            assert sorted(mb for k, mb in ops if k == kind) == list(range(micro_batches)), kind
+            assert sorted(mb for k, mb, _ in ops if k == kind) == list(range(micro_batches)), kind
         for mb in range(micro_batches):
-            assert ops.index(("fwd", mb)) < ops.index(("bwd_input", mb)) < ops.index(("bwd_weight", mb))
+            assert ops.index(Op("fwd", mb)) < ops.index(Op("bwd_input", mb)) < ops.index(Op("bwd_weight", mb))
             if stage > 0:  # the gradient goes upstream right after the input gradient, not after W
-                assert ops.index(("send_bwd", mb)) == ops.index(("bwd_input", mb)) + 1
+                assert ops.index(Op("send_bwd", mb)) == ops.index(Op("bwd_input", mb)) + 1
         peak = held_peak(ops, released=("bwd", "bwd_weight"))
         assert peak <= min(stages, per_round or micro_batches)
         assert peak <= int(in_flight_micro_batches("zb-h1", stage, stages, micro_batches, per_round))
-        assert ops[-2:] == [("sync", -1), ("step", -1)]
+        assert ops[-2:] == [Op("sync", -1), Op("step", -1)]
 
 
 def _uniform_job(schedule: str, stages: int, micro_batches: int, f: float, b: float, w: float) -> PipelineJob:

@@ -14,8 +14,8 @@ from planner.fields import Fields
 from planner.plan.sync import SYNC_CHOICES
 from planner.plan.sync import _conflict as _sync_conflict
 
-__all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "HEADS", "MAX_GLOBAL_BATCH", "MAX_SYNC_EVERY", "MODEL_LIMITS",
-           "parse_model", "parse_training", "model_preset", "preset_names"]
+__all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "HEADS", "MAX_GLOBAL_BATCH", "MAX_SYNC_EVERY", "MAX_VIRTUAL_STAGES",
+           "MODEL_LIMITS", "parse_model", "parse_training", "model_preset", "preset_names"]
 
 SCHEDULES = tuple(s.value for s in Schedule)
 HEADS = ("lm", "classification")
@@ -23,6 +23,7 @@ HEADS = ("lm", "classification")
 # the largest published batch (LAMB's BERT pre-training); the model limits are well past today's models.
 MAX_GLOBAL_BATCH = 2**16
 MAX_SYNC_EVERY = 100_000  # local steps between syncs (DiLoCo's runs use up to 2,000)
+MAX_VIRTUAL_STAGES = 16  # model chunks per device (Megatron-LM's runs interleave 2 to 8)
 MODEL_LIMITS = {"layers": 4096, "hidden": 2**20, "heads": 2**16, "sequence": 2**22, "vocabulary": 2**22,
                 "ffn_hidden": 2**22}
 # "auto": bf16 where every used device has it, else fp16 (``planner.plan.precision``); 16-bit either way.
@@ -110,6 +111,8 @@ class TrainingSpec:
     # The data-parallel gradient sync (``cost_models.network.Sync``): ring, hierarchical,
     # parameter-server, sharded, or "auto": the search picks the fastest for each plan.
     sync: str = "ring"
+    # Interleaved 1F1B (Narayanan et al. 2021, sec. 2.2.2): model chunks per device; 1: plain 1F1B.
+    virtual_stages: int = 1
 
     def __post_init__(self):
         if self.global_batch < 1:
@@ -163,6 +166,16 @@ class TrainingSpec:
             conflict = _sync_conflict(Sync(self.sync), self, 2)
             if conflict:
                 raise InputError(conflict[1], field="training.sync")
+        if isinstance(self.virtual_stages, bool) or not isinstance(self.virtual_stages, int) \
+                or not 1 <= self.virtual_stages <= MAX_VIRTUAL_STAGES:
+            raise InputError(f"{self.virtual_stages!r} is not a whole number from 1 to {MAX_VIRTUAL_STAGES}",
+                             field="training.virtual_stages")
+        if self.virtual_stages > 1 and self.schedule != Schedule.ONE_F_ONE_B:
+            raise InputError(f"is {self.virtual_stages}, which interleaves 1F1B, but the schedule is {self.schedule}: "
+                             "set schedule 1f1b or virtual_stages 1", field="training.virtual_stages")
+        if self.virtual_stages > 1 and self.compress_messages != "off":
+            raise InputError(f"is {self.virtual_stages}, but interleaved 1F1B sends no int8 messages: set "
+                             "compress_messages off or virtual_stages 1", field="training.virtual_stages")
         if not 0.0 < self.outer_learning_rate <= 10.0:
             raise InputError(f"{self.outer_learning_rate!r} is not in (0, 10]", field="training.outer_learning_rate")
         if isinstance(self.outer_momentum, bool) or not isinstance(self.outer_momentum, (int, float)) \
@@ -231,6 +244,7 @@ def parse_training(document, *, where: str = "training") -> TrainingSpec:
         compress_gradients=_switch(f, "compress_gradients", GradientCompression),
         powersgd_rank=f.raw("powersgd_rank", 4),
         sync=f.str("sync", "ring", choices=SYNC_CHOICES),
+        virtual_stages=f.raw("virtual_stages", 1),
     )
     f.finish()
     return result

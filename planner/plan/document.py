@@ -33,13 +33,14 @@ def plan_to_document(plan: Plan, *, model=None, training=None, topology_source: 
         "micro_batch_size": plan.micro_batch_size,
         "global_batch": plan.global_batch,
         "sync": plan.sync,
-        "stages": [{"index": s, "layers": [plan.layer_bounds[s], plan.layer_bounds[s + 1]],
-                    "devices": plan.stage_devices(s), "ring": plan.ring(s),
+        "stages": [{"index": s, **_stage_layers(plan, s), "devices": plan.stage_devices(s), "ring": plan.ring(s),
                     **({"server": plan.server(s)} if plan.sync_servers else {})} for s in range(S)],
         "replicas": [{"index": r, "micro_batches": plan.micro_batches[r], "devices": list(plan.assignment[r])}
                      for r in range(plan.replicas)],
         "idle": list(plan.idle),
     }
+    if plan.virtual_stages != 1:  # interleaved 1F1B: each stage's chunks in ``stages[].chunks``
+        doc["virtual_stages"] = plan.virtual_stages
     if plan.sync_every != 1:  # local steps: data-parallel sync once every this many iterations
         doc["sync_every"] = plan.sync_every
     if plan.micro_batches_per_round:  # accumulation rounds: each replica's micro-batches in rounds of this many
@@ -70,6 +71,40 @@ def plan_to_document(plan: Plan, *, model=None, training=None, topology_source: 
     return json.loads(json.dumps(doc, default=float))
 
 
+def _stage_layers(plan: Plan, stage: int) -> dict:
+    """A stage's layers ``[first, end)``, or with virtual stages each chunk's, by name."""
+    if plan.virtual_stages == 1:
+        return {"layers": [plan.layer_bounds[stage], plan.layer_bounds[stage + 1]]}
+    return {"chunks": [{"chunk": c, "layers": [first, end]} for c, (first, end) in enumerate(plan.chunk_layers(stage))]}
+
+
+def _layer_range(e: Fields) -> list:
+    layers = e.list("layers")
+    if len(layers) != 2 or not all(isinstance(x, int) for x in layers):
+        raise InputError("must be [first, end) as two whole numbers", field=e.path("layers"))
+    return layers
+
+
+def _piece_bounds(stage_ranges: list, virtual_stages: int) -> list:
+    """The model's piece bounds from each stage's chunk ranges (chunk c of stage s is piece c S + s);
+    the pieces must be contiguous in that order."""
+    S = len(stage_ranges)
+    bounds = []
+    for piece in range(S * virtual_stages):
+        c, s = divmod(piece, S)
+        first, end = stage_ranges[s][c]
+        if bounds and bounds[-1] != first:
+            if virtual_stages == 1:
+                raise InputError("stages must be contiguous", field=f"stages[{s}].layers")
+            before_c, before_s = divmod(piece - 1, S)
+            raise InputError(f"starts at {first}, but the piece before it (chunk {before_c} of stage {before_s}) ends "
+                             f"at {bounds[-1]}: chunk c of stage s follows chunk c of stage s - 1, and the first "
+                             "stage's chunk c + 1 the last stage's chunk c", field=f"stages[{s}].chunks[{c}].layers")
+        bounds = bounds or [first]
+        bounds.append(end)
+    return bounds
+
+
 def plan_from_document(document, *, source: str = "plan") -> Plan:
     """Read a plan mapping back (names, not positions); structural errors are ``InputError``s."""
     try:
@@ -85,16 +120,25 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
                              "plan again (the launch checks the topology by it)", field="topology.sha256")
         stages = f.list("stages")
         replicas = f.list("replicas")
-        bounds, rings, stage_devices, servers = [], [], [], []
+        virtual_stages = f.int("virtual_stages", 1)
+        ranges, rings, stage_devices, servers = [], [], [], []
         for k, entry in enumerate(stages):
             e = Fields(entry, f"stages[{k}]")
-            layers = e.list("layers")
-            if len(layers) != 2 or not all(isinstance(x, int) for x in layers):
-                raise InputError("must be [first, end) as two whole numbers", field=e.path("layers"))
-            if bounds and bounds[-1] != layers[0]:
-                raise InputError("stages must be contiguous", field=e.path("layers"))
-            bounds = bounds or [layers[0]]
-            bounds.append(layers[1])
+            if virtual_stages == 1:
+                ranges.append([_layer_range(e)])
+            else:
+                chunks = e.list("chunks")
+                if len(chunks) != virtual_stages:
+                    raise InputError(f"lists {len(chunks)} chunks, but virtual_stages is {virtual_stages}: list one "
+                                     "per virtual stage", field=e.path("chunks"))
+                stage_chunks = []
+                for c, chunk in enumerate(chunks):
+                    ce = Fields(chunk, e.path(f"chunks[{c}]"))
+                    if ce.int("chunk", minimum=0) != c:
+                        raise InputError(f"must be {c} (chunks in order)", field=ce.path("chunk"))
+                    stage_chunks.append(_layer_range(ce))
+                    ce.finish()
+                ranges.append(stage_chunks)
             stage_devices.append(e.list("devices"))
             rings.append(e.list("ring", []))
             servers.append(e.raw("server", None))
@@ -108,6 +152,7 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
             _check_index(e, k)
             e.finish()
         _check_stage_devices(stage_devices, assignment)
+        bounds = _piece_bounds(ranges, virtual_stages)
         position = {}
         for r, row in enumerate(assignment):
             for s, name in enumerate(row):
@@ -130,7 +175,7 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
             idle=tuple(f.list("idle", [])), search=f.raw("search", {}), calibration=_calibration(f),
             tensor_groups=_tensor_groups(f, assignment), sync_every=f.int("sync_every", 1),
             micro_batches_per_round=f.int("micro_batches_per_round", 0, minimum=0),
-            compression=_compression(f),
+            compression=_compression(f), virtual_stages=virtual_stages,
         )
         topo.raw("path", "")
         topo.finish()

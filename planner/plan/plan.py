@@ -6,12 +6,13 @@ from dataclasses import dataclass, field, replace
 
 from planner.errors import InputError
 from planner.inputs.model import SCHEDULES
+from cost_models.schedule import interleaving_problem
 from planner.plan.dims import Compression, Degrees, Schedule, Sync
 from planner.plan.precision import plan_precision_problem
 from planner.plan.sync import sync_problem
 from planner.plan.tensor import tensor_degree_problem
 
-__all__ = ["Plan", "Prediction", "validate_plan"]
+__all__ = ["Plan", "Prediction", "validate_plan", "interleave_plan"]
 
 @dataclass(frozen=True, kw_only=True)
 class Prediction:
@@ -36,7 +37,9 @@ class Plan:
     """``assignment[r][s]`` names the device of replica r, stage s; stage s holds layers
     ``[layer_bounds[s], layer_bounds[s+1])``; replica r runs ``micro_batches[r]`` micro-batches of
     ``micro_batch_size`` sequences; ``ring_orders[s]`` orders stage s's replicas in its all-reduce ring.
-    A cell whose device leads one of ``tensor_groups`` runs on that group (``planner.plan.tensor``)."""
+    A cell whose device leads one of ``tensor_groups`` runs on that group (``planner.plan.tensor``).
+    With ``virtual_stages`` v > 1 (interleaved 1F1B, ``cost_models.schedule``) ``layer_bounds`` splits
+    the model into ``S * v`` pieces and chunk c of stage s holds piece ``c * S + s`` (``chunk_layers``)."""
 
     layer_bounds: tuple
     assignment: tuple
@@ -61,10 +64,29 @@ class Plan:
     micro_batches_per_round: int = 0
     # What goes compressed on the wire (``TrainingSpec.compress_messages`` etc.; lossy).
     compression: Compression = Compression()
+    # Model chunks per device (interleaved 1F1B; 1: each stage holds one contiguous range of layers).
+    virtual_stages: int = 1
 
     @property
     def stages(self) -> int:
-        return len(self.layer_bounds) - 1
+        return (len(self.layer_bounds) - 1) // max(self.virtual_stages, 1)
+
+    def chunk_layers(self, stage: int) -> list:
+        """``[first, end)`` of each of ``stage``'s chunks, chunk 0 first (one range when v = 1)."""
+        S = self.stages
+        return [(self.layer_bounds[c * S + stage], self.layer_bounds[c * S + stage + 1])
+                for c in range(self.virtual_stages)]
+
+    @property
+    def stage_bounds(self) -> tuple:
+        """Bounds of a contiguous split with each stage's layer count (``layer_bounds`` when v = 1): what
+        the per-stage cost and memory models read. Stage 0 holds the embedding and stage S - 1 the
+        head in both, since piece 0 is chunk 0 of stage 0 and the last piece chunk v - 1 of stage S - 1."""
+        counts = [sum(end - first for first, end in self.chunk_layers(s)) for s in range(self.stages)]
+        bounds = [self.layer_bounds[0]]
+        for count in counts:
+            bounds.append(bounds[-1] + count)
+        return tuple(bounds)
 
     @property
     def replicas(self) -> int:
@@ -110,6 +132,24 @@ class Plan:
         return replace(self, prediction=prediction)
 
 
+def interleave_plan(plan: Plan, virtual_stages: int) -> Plan:
+    """``plan`` (one chunk per device) with each stage's layers split into ``virtual_stages`` chunks of
+    near-even size (the larger first), chunk c of stage s the model's piece ``c * S + s``; each
+    stage keeps its layer count. The prediction is dropped (predict again)."""
+    S, v = plan.stages, virtual_stages
+    if plan.virtual_stages != 1:
+        raise ValueError("the plan is interleaved already")
+    sizes = []
+    for s in range(S):
+        whole, rest = divmod(plan.layer_bounds[s + 1] - plan.layer_bounds[s], v)
+        sizes.append([whole + (c < rest) for c in range(v)])
+    bounds = [plan.layer_bounds[0]]
+    for piece in range(S * v):
+        c, s = divmod(piece, S)
+        bounds.append(bounds[-1] + sizes[s][c])
+    return replace(plan, layer_bounds=tuple(bounds), virtual_stages=v, prediction=None)
+
+
 def validate_plan(plan: Plan, topology, model, training) -> None:
     """Check every invariant of ``plan`` against its inputs; raise ``InputError`` naming the broken one.
 
@@ -123,7 +163,9 @@ def validate_plan(plan: Plan, topology, model, training) -> None:
     if S < 1 or bounds[0] != 0 or bounds[-1] != model.layers:
         raise InputError(f"stages must cover layers 0..{model.layers}, got bounds {bounds}", field="stages")
     if any(b >= c for b, c in zip(bounds, bounds[1:])):
-        raise InputError(f"every stage needs at least one layer, in order; got bounds {bounds}", field="stages")
+        what = "chunk" if plan.virtual_stages > 1 else "stage"
+        raise InputError(f"every {what} needs at least one layer, in order; got bounds {bounds}", field="stages")
+    _check_virtual_stages(plan, model, training)
     if R < 1 or any(len(row) != S for row in plan.assignment):
         raise InputError(f"every replica needs exactly {S} devices, one per stage", field="replicas")
     leads = [d for row in plan.assignment for d in row]
@@ -188,3 +230,27 @@ def validate_plan(plan: Plan, topology, model, training) -> None:
                     key=lambda d: plan.prediction.memory_bytes[d] / plan.prediction.capacity_bytes[d])
         raise InputError(f"device {worst} needs {plan.prediction.memory_bytes[worst] / 1e9:.2f} GB of "
                          f"{plan.prediction.capacity_bytes[worst] / 1e9:.2f} GB", field="memory")
+
+
+def _check_virtual_stages(plan: Plan, model, training) -> None:
+    """Interleaved 1F1B's limits (``cost_models.schedule.interleaving_problem``), and the plan
+    dimensions it does not combine with."""
+    v = plan.virtual_stages
+    if v != getattr(training, "virtual_stages", 1):
+        raise InputError(f"is {v} but training.virtual_stages is {training.virtual_stages}: make both agree or plan "
+                         "again", field="virtual_stages")
+    if v == 1:
+        return
+    if len(plan.layer_bounds) - 1 != plan.stages * v or model.layers < plan.stages * v:
+        raise InputError(f"{v} chunks on each of {plan.stages} stages need {plan.stages * v} pieces of at least one "
+                         f"layer each ({model.layers} layers): give each stage {v} chunks or fewer virtual stages",
+                         field="virtual_stages")
+    problem = interleaving_problem(plan.schedule, plan.stages, plan.micro_batches, plan.micro_batches_per_round, v)
+    if problem:
+        raise InputError(problem, field="virtual_stages")
+    if plan.tensor_groups:
+        raise InputError(f"is {v} with tensor groups, which interleaved 1F1B does not run: drop the tensor groups "
+                         "or set virtual_stages 1", field="virtual_stages")
+    if plan.compression.messages != "off":
+        raise InputError(f"is {v} with int8 messages, which interleaved 1F1B does not send: set compression.messages "
+                         "off or virtual_stages 1", field="virtual_stages")

@@ -15,7 +15,7 @@ from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_
                                             stage_parameters, stage_profile, stage_step_bytes)
 
 __all__ = ["sync_time_s", "sync_members", "build_pipeline_job", "predict", "model_flops_per_iteration",
-           "communication_bytes"]
+           "communication_bytes", "chunk_shares"]
 
 
 def sync_time_s(topology, plan: Plan, profile: StageProfile, stage: int) -> float:
@@ -43,7 +43,7 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     member's speed), plus each block's all-reduces among its members, forward and backward; each
     member's optimizer step covers its share of the stage's parameters (``planner.plan.tensor``)."""
     costs = costs or layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
-    profile = stage_profile(costs, plan.layer_bounds, plan.compression.message_mask(plan.stages))
+    profile = stage_profile(costs, plan.stage_bounds, plan.compression.message_mask(plan.stages))
     groups = groups_of_plan(topology, plan)
     topology = groups.virtual
     S = plan.stages
@@ -78,7 +78,21 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
                        sync_links=tuple(links), sync_holds=tuple(holds), sync_bytes=profile.gradient_bytes,
                        micro_batches_per_round=plan.micro_batches_per_round,
                        weight_gradient_share=np.repeat(profile.weight_gradient_share[None, :], plan.replicas, axis=0),
-                       optimizer_s=optimizer)
+                       optimizer_s=optimizer, virtual_stages=plan.virtual_stages,
+                       chunk_share=chunk_shares(plan, costs) if plan.virtual_stages > 1 else None)
+
+
+def chunk_shares(plan: Plan, costs: LayerCosts) -> np.ndarray:
+    """(S, v): each chunk's share of its stage's forward FLOPs (its blocks, the head on the last
+    piece), the share the simulator gives it of the stage's forward and backward."""
+    S, v = plan.stages, plan.virtual_stages
+    work = np.zeros((S, v))
+    for s in range(S):
+        for c, (first, end) in enumerate(plan.chunk_layers(s)):
+            work[s, c] = (end - first) * costs.layer_forward_flops
+            if end == plan.layer_bounds[-1]:
+                work[s, c] += costs.head_forward_flops
+    return work / work.sum(axis=1, keepdims=True)
 
 
 def communication_bytes(plan: Plan, model, training) -> dict:
@@ -91,8 +105,11 @@ def communication_bytes(plan: Plan, model, training) -> dict:
     steps the parameter deltas, ``sync_every`` times fewer.
     A tensor group's all-reduces inside its host are not counted."""
     costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
-    profile = stage_profile(costs, plan.layer_bounds, plan.compression.message_mask(plan.stages))
+    profile = stage_profile(costs, plan.stage_bounds, plan.compression.message_mask(plan.stages))
     pipeline = 2.0 * float(profile.boundary_bytes.sum()) * sum(plan.micro_batches)
+    if plan.virtual_stages > 1:  # a message across each of the S v - 1 piece boundaries (all of one size)
+        pieces = plan.stages * plan.virtual_stages
+        pipeline = 2.0 * float(profile.boundary_bytes[0]) * (pieces - 1) * sum(plan.micro_batches)
     k = plan.replicas
     data_parallel = 2.0 * (k - 1) * float(profile.gradient_bytes.sum())
     tokens = plan.global_batch * model.sequence
@@ -110,14 +127,14 @@ def model_flops_per_iteration(model, global_batch: int) -> float:
 def predict(plan: Plan, topology, model, training, *, keep_records: bool = False) -> tuple:
     """Simulate ``plan``: returns (Prediction, Timeline)."""
     costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
-    counts = np.diff(plan.layer_bounds)
+    counts = np.diff(plan.stage_bounds)
     job = build_pipeline_job(plan, topology, model, training, costs)
     timeline: Timeline = simulate(job, keep_records=keep_records)
     used, capacity = {}, {}
     for r, row in enumerate(plan.assignment):
         for s, name in enumerate(row):
             in_flight = memory.in_flight_micro_batches(plan.schedule, s, plan.stages, plan.micro_batches[r],
-                                                       plan.micro_batches_per_round)
+                                                       plan.micro_batches_per_round, plan.virtual_stages)
             members = plan.members(name)
             need = float(stage_memory_bytes(costs, counts[s], s, in_flight, len(members)))
             for member in members:  # every member of a tensor group holds the same share

@@ -310,11 +310,14 @@ def stage_step_bytes(costs: LayerCosts, parameters, stage):
     return parameters * costs.optimizer_bytes_per_param + costs.stage_unsharded_step_bytes[stage]
 
 
-def in_flight_table(schedule: str, stages: int, micro_batches, per_round: int = 0) -> np.ndarray:
+def in_flight_table(schedule: str, stages: int, micro_batches, per_round: int = 0,
+                    virtual_stages: int = 1) -> np.ndarray:
     """(R, S) in-flight micro-batches of every worker (``cost_models.memory.in_flight_micro_batches``;
-    ``per_round``: micro-batches per accumulation round, 0 for one round)."""
+    ``per_round``: micro-batches per accumulation round, 0 for one round; ``virtual_stages``: chunks
+    per device of interleaved 1F1B)."""
     m = np.asarray(micro_batches, dtype=np.int64)[:, None]
-    table = memory.in_flight_micro_batches(schedule, np.arange(stages)[None, :], stages, m, per_round)
+    table = memory.in_flight_micro_batches(schedule, np.arange(stages)[None, :], stages, m, per_round,
+                                           virtual_stages)
     return table if table.shape[1] == stages else np.repeat(table, stages, axis=1)
 
 

@@ -82,7 +82,11 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
            + (f" x tensor groups of up to {plan.degrees.tensor}" if plan.tensor_groups else "")
            + f" = {len(plan.used_devices)} of {topology.size} devices"
            + (f"; {len(plan.idle)} idle" if plan.idle else ""),
-           f"Schedule: {plan.schedule}, micro-batch size {plan.micro_batch_size}"
+           f"Schedule: {plan.schedule}"
+           + (f" interleaved over {plan.virtual_stages} virtual stages per device (Narayanan et al. 2021, sec. 2.2.2: "
+              f"the bubble shrinks {plan.virtual_stages}x, {plan.virtual_stages}x the pipeline messages)"
+              if plan.virtual_stages > 1 else "")
+           + f", micro-batch size {plan.micro_batch_size}"
            + (f", in accumulation rounds of {plan.micro_batches_per_round} micro-batches (each its own fill and "
               f"drain)" if plan.micro_batches_per_round else "")
            + f", gradient sync: {plan.sync}"
@@ -96,15 +100,13 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
            (f"Calibration: {plan.calibration['path']} (measured {plan.calibration['measured_at_utc']})"
             if plan.calibration else f"Calibration: none (the catalog's default efficiencies; {UNCALIBRATED_ERROR})"),
            ""]
-    header = ["replica", "micro-batches"] + [f"stage {s} [{plan.layer_bounds[s]}, {plan.layer_bounds[s + 1]})"
-                                             for s in range(S)]
+    header = ["replica", "micro-batches"] + [f"stage {s} {_stage_layers(plan, s)}" for s in range(S)]
     cells = [[_cell(plan, name) for name in plan.assignment[r]] for r in range(R)]
     rows = [[r, plan.micro_batches[r]] + cells[r] for r in range(R)]
     if S > 8:
         header = ["replica", "micro-batches", "devices by stage"]
         rows = [[r, plan.micro_batches[r], " ".join(cells[r])] for r in range(R)]
-        out.append("Stages (layers): " + ", ".join(f"{s}: [{plan.layer_bounds[s]}, {plan.layer_bounds[s + 1]})"
-                                                   for s in range(S)))
+        out.append("Stages (layers): " + ", ".join(f"{s}: {_stage_layers(plan, s)}" for s in range(S)))
     out += _table(header, rows)
     if plan.tensor_groups:
         out += ["", "Tensor groups (each splits its stage's blocks over its devices; named by the first):"]
@@ -196,3 +198,8 @@ def render_moves(result, old_source: str) -> str:
              format_seconds(o.score_s) if o.problem == "" else o.problem] for o in result.options]
     out += ["", "Options weighed:"] + ["  " + line for line in _table(["option", "iteration", "move", "score"], rows)]
     return "\n".join(out)
+
+
+def _stage_layers(plan, stage: int) -> str:
+    """``[first, end)`` of the stage's layers, or of each of its chunks joined by ``+``."""
+    return "+".join(f"[{first}, {end})" for first, end in plan.chunk_layers(stage))

@@ -219,7 +219,9 @@ def read_checkpoint(folder) -> tuple:
     if not isinstance(document, dict) or document.get("format") != CHECKPOINT_FORMAT:
         raise InputError(f"format is not {CHECKPOINT_FORMAT}: resume with the version that wrote it",
                          source=source, field="format")
-    stages = len(document.get("plan", {}).get("layer_bounds", [])) - 1
+    meta = document.get("plan", {})
+    # one file per stage (an interleaved plan's layer_bounds split the model into more pieces than stages)
+    stages = len(meta["assignment"][0]) if meta.get("assignment") else len(meta.get("layer_bounds", [])) - 1
     missing = [s for s in range(max(stages, 0)) if not (found / f"stage{s}.pt").exists()]
     if stages < 1 or missing:
         raise InputError(f"stage{missing[0] if missing else 0}.pt is missing: the checkpoint is incomplete; resume "

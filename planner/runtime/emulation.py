@@ -94,15 +94,15 @@ class Emulator:
         self.slow_job, self.slow_from = slow  # (the slowed job or None, first iteration it applies to, 1-based)
         self.iteration = 1  # set by the executor at the start of each iteration
 
-    def compute_end_s(self, kind: str, start_s: float) -> float:
+    def compute_end_s(self, kind: str, start_s: float, chunk: int = 0) -> float:
         slowed = self.slow_job is not None and self.iteration >= self.slow_from
         job = self.slow_job if slowed else self.job
-        return start_s + op_compute_s(job, kind, self.replica, self.stage) * self.scale
+        return start_s + op_compute_s(job, kind, self.replica, self.stage, chunk) * self.scale
 
     def deliver_at_s(self, peer_stage: int, ready_s: float) -> float:
         """Reserve the link to ``peer_stage`` for one boundary message; when it arrives there."""
         peer = int(self.job.device[self.replica, peer_stage])
-        boundary = min(self.stage, peer_stage)
+        boundary = min(self.stage, peer_stage) if self.job.virtual_stages == 1 else 0  # one size when interleaved
         network = self.job.network
         holds = [(k, busy * self.scale)
                  for k, busy in network.transfer_holds(self.device, peer, self.job.boundary_bytes[boundary])]
@@ -130,7 +130,7 @@ def compute_overrun(trace: list, job: PipelineJob, time_scale: float, iteration_
     for op in trace:
         if op["kind"] not in _COMPUTE_KINDS:
             continue
-        planned = op_compute_s(job, op["kind"], op["replica"], op["stage"]) * time_scale
+        planned = op_compute_s(job, op["kind"], op["replica"], op["stage"], op.get("chunk", 0)) * time_scale
         excess = max(op["end_s"] - op["start_s"] - planned, 0.0)
         ops += 1
         over += excess > 0.05 * planned

@@ -1,8 +1,10 @@
 """One worker's training iteration: the planner's op list for its (replica, stage), executed.
 
-GPipe, 1F1B and ZB-H1 are not written here: ``cost_models.schedule.stage_ops`` gives the ordered ops
+GPipe, 1F1B (interleaved too) and ZB-H1 are not written here: ``cost_models.schedule.stage_ops`` gives the ordered ops
 (the ones the simulator times) and this module runs them with point-to-point sends and receives,
-then the stage's gradient all-reduce and the optimizer step. The loss of each micro-batch is divided
+then the stage's gradient all-reduce and the optimizer step. Under interleaved 1F1B the module is a
+``ChunkedStage`` and each op names the chunk it runs; its messages go to the stage after (or before)
+in the ring of stages (``cost_models.schedule.peer_stage``). The loss of each micro-batch is divided
 by the total number of micro-batches of all replicas and gradients are summed, so the update equals
 that of the whole global batch whatever each replica's share (Narayanan et al. 2021, sec. 2.2).
 """
@@ -14,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from cost_models.schedule import Schedule, stage_ops
+from cost_models.schedule import Schedule, peer_stage, stage_ops
 from planner.runtime.compression import decode_int8, encode_int8, int8_wire_shapes
 from planner.runtime.data import global_batch_tokens, micro_batch_rows, training_inputs, training_targets
 from planner.runtime.emulation import Emulator, now_s, sleep_until
@@ -164,7 +166,8 @@ class StageExecutor:
         self.dtype = dtype  # weights, activations and messages; the loss is taken in fp32
         self.loss = loss  # lm_loss, or its compiled form
         self.ops = stage_ops(plan.schedule, stage, layout.stages, plan.micro_batches[replica],
-                             plan.micro_batches_per_round)
+                             plan.micro_batches_per_round, plan.virtual_stages)
+        self.chunks = getattr(module, "chunks", [module])  # interleaved 1F1B: the module's chunks
         self.total_micro_batches = sum(plan.micro_batches)
         spec = module.spec
         self.boundary_shape = (plan.micro_batch_size, spec.sequence, spec.hidden)
@@ -184,6 +187,8 @@ class StageExecutor:
         # Messages to the neighbouring stages: block-wise int8 across the boundaries the plan
         # compresses; bytes of the tensors sent (all iterations), counted as they are handed to isend.
         self.int8_to = {peer: plan.compression.compresses(min(stage, peer)) for peer in (stage - 1, stage + 1)}
+        if plan.virtual_stages > 1:  # messages wrap between the last and first stages; never int8
+            self.int8_to = {peer_stage(stage, layout.stages, forward): False for forward in (True, False)}
         self.message_bytes = 0
         # PowerSGD on the stage's gradient sync (its matrices; the rest all-reduced whole).
         self.powersgd = PowerSGD(self.stage_parameters, rank=plan.compression.rank, group=groups.stage,
@@ -213,7 +218,7 @@ class StageExecutor:
 
     def iteration(self, index: int, tokens=None) -> tuple:
         """Run iteration ``index`` (``tokens``: its ``batch``, loaded here when not given); returns
-        (this rank's share of the loss, [(kind, mb, start_s, end_s)])."""
+        (this rank's share of the loss, [(kind, mb, start_s, end_s, chunk)])."""
         m = self.module
         if tokens is None:
             tokens = self.batch(index)
@@ -221,48 +226,49 @@ class StageExecutor:
         self.loss_scale = getattr(self.optimizer, "loss_scale", 1.0)  # fp16: fixed for the iteration
         loss_sum = torch.zeros((), device=self.device)
         marks, done = [self.timer.mark()], []
-        for kind, mb in self.ops:
+        for kind, mb, chunk in self.ops:
             start = now_s()
+            part, key = self.chunks[chunk], (mb, chunk)  # the chunk run, and its messages' key
             if kind == "fwd":
                 rows = micro_batch_rows(self.plan.micro_batches, self.plan.micro_batch_size, self.replica, mb)
-                x = training_inputs(tokens[rows]) if m.is_first else inputs[mb]
-                y = m(x)
-                if m.is_last:
+                x = training_inputs(tokens[rows]) if part.is_first else inputs[key]
+                y = part(x)
+                if part.is_last:
                     targets = training_targets(tokens[rows], m.spec)
                     loss = self.loss(y, targets)
                     y = loss / self.total_micro_batches
                     loss_sum += y.detach()
                     if self.gradient_divisor != self.total_micro_batches:
                         y = loss / self.gradient_divisor
-                outputs[mb] = y
-                self._emulate_compute("fwd", start)
+                outputs[key] = y
+                self._emulate_compute("fwd", start, chunk)
             elif kind in ("bwd", "bwd_input"):  # bwd_input: the weights' gradients wait in ``weight_gradients``
-                y = outputs.pop(mb)
+                y = outputs.pop(key)
                 split = kind == "bwd_input"
                 if split:
                     self.weight_gradients.deferring = True
-                if m.is_last:
+                if part.is_last:
                     (y * self.loss_scale if self.loss_scale != 1.0 else y).backward()
                 else:
-                    torch.autograd.backward(y, grad_tensors=grads.pop(mb))
+                    torch.autograd.backward(y, grad_tensors=grads.pop(key))
                 if split:
                     self.weight_gradients.deferring = False
                     weight_work[mb] = self.weight_gradients.take()
-                self._emulate_compute(kind, start)
+                self._emulate_compute(kind, start, chunk)
             elif kind == "bwd_weight":
                 self.weight_gradients.apply(weight_work.pop(mb))
                 self._emulate_compute("bwd_weight", start)
             elif kind == "send_fwd":
                 if self.lead:
-                    pending += self._send(outputs[mb].detach(), self.stage + 1, start)
+                    pending += self._send(outputs[key].detach(), self._peer(True), start)
             elif kind == "send_bwd":
-                grad = inputs.pop(mb).grad
+                grad = inputs.pop(key).grad
                 if self.lead:
-                    pending += self._send(grad, self.stage - 1, start)
+                    pending += self._send(grad, self._peer(False), start)
             elif kind == "recv_fwd":
-                inputs[mb] = self._received(self.stage - 1).requires_grad_()
+                inputs[key] = self._received(self._peer(False)).requires_grad_()
             elif kind == "recv_bwd":
-                grads[mb] = self._received(self.stage + 1)
+                grads[key] = self._received(self._peer(True))
             elif kind == "sync":
                 for work, _ in pending:
                     work.wait()
@@ -275,15 +281,19 @@ class StageExecutor:
                     broadcast_whole(self.module, self.groups.tensor, self.groups.tensor_lead)
                 self._emulate_compute("step", start)
             marks.append(self.timer.mark())
-            done.append((kind, mb))
+            done.append((kind, mb, chunk))
         times = self.timer.seconds(marks)
-        trace = [(kind, mb, times[i], times[i + 1]) for i, (kind, mb) in enumerate(done)]
+        trace = [(kind, mb, times[i], times[i + 1], chunk) for i, (kind, mb, chunk) in enumerate(done)]
         return float(loss_sum) if self.lead else 0.0, trace
 
     # -- pieces --------------------------------------------------------------------------------
-    def _emulate_compute(self, kind: str, start_s: float) -> None:
+    def _emulate_compute(self, kind: str, start_s: float, chunk: int = 0) -> None:
         if self.emulator is not None:
-            sleep_until(self.emulator.compute_end_s(kind, start_s))
+            sleep_until(self.emulator.compute_end_s(kind, start_s, chunk))
+
+    def _peer(self, forward: bool) -> int:
+        """The stage downstream (``forward``) or upstream of this one."""
+        return peer_stage(self.stage, self.layout.stages, forward)
 
     def _send(self, tensor: torch.Tensor, peer_stage: int, ready_s: float) -> list:
         peer = self.layout.rank(self.replica, peer_stage)

@@ -24,8 +24,8 @@ from torch.utils.checkpoint import checkpoint
 
 from cost_models.flops import padded_vocabulary
 
-__all__ = ["StageModule", "build_stage", "vocabulary_logits", "lm_loss", "compile_stage", "compile_between_linears",
-           "INIT_STD"]
+__all__ = ["StageModule", "ChunkedStage", "build_stage", "vocabulary_logits", "lm_loss", "compile_stage",
+           "compile_between_linears", "INIT_STD"]
 
 INIT_STD = 0.02  # GPT-2's initialisation scale
 
@@ -164,6 +164,36 @@ class StageModule(nn.Module):
             if not self.padded_logits:  # the caller's loss drops them otherwise (``vocabulary_logits``)
                 x = vocabulary_logits(x, self.spec)
         return x
+
+
+class ChunkedStage(nn.Module):
+    """A device's model chunks under interleaved 1F1B (``chunks[c]``: a ``StageModule`` of chunk c's
+    layers). Its parameters carry the names a ``StageModule`` gives them (``embed``, ``blocks.<layer>``,
+    ``norm``, ``head``), so state dicts and checkpoints stay keyed by layer; ``forward(x, chunk)``
+    runs one chunk."""
+
+    def __init__(self, chunks: list):
+        super().__init__()
+        first, last = chunks[0], chunks[-1]
+        self.spec = first.spec
+        self.is_first, self.is_last = first.is_first, last.is_last
+        object.__setattr__(self, "chunks", list(chunks))  # the modules below own the parameters
+        if first.is_first:
+            self.embed = first.embed
+            if hasattr(first, "positions"):
+                self.positions = first.positions
+        self.blocks = nn.ModuleDict({k: block for chunk in chunks for k, block in chunk.blocks.items()})
+        if last.is_last:
+            self.norm = last.norm
+            if hasattr(last, "head"):
+                self.head = last.head
+
+    @property
+    def tied_copy(self) -> bool:
+        return self.chunks[-1].tied_copy
+
+    def forward(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
+        return self.chunks[chunk](x)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -271,7 +271,7 @@ def _checkpoint_bytes(inputs: RunInputs, executed) -> int:
 
     plan = inputs.plan
     costs = layer_costs(executed, inputs.training, plan.micro_batch_size, plan.stages)
-    counts = np.diff(plan.layer_bounds)
+    counts = np.diff(plan.stage_bounds)
     parameters = sum(float(stage_parameters(costs, counts[s], s)) for s in range(plan.stages))
     per_parameter = 4 * (1 + (2 if inputs.training.optimizer == "adam" else 1))
     if plan.compression.gradients == "powersgd" and plan.replicas > 1:

@@ -107,7 +107,7 @@ def results_bytes(inputs, iterations: int, warmup: int, save_state: bool) -> int
         import numpy as np
 
         costs = layer_costs(inputs.model, inputs.training, plan.micro_batch_size, plan.stages)
-        counts = np.diff(plan.layer_bounds)
+        counts = np.diff(plan.stage_bounds)
         total += int(sum(4 * float(stage_parameters(costs, counts[s], s)) for s in range(plan.stages)))
     return int(total)
 

@@ -28,7 +28,7 @@ from planner.plan.document import plan_to_document
 from planner.runtime.checkpoint import checkpoint_due, checkpoint_meta, save_checkpoint
 from planner.runtime.emulation import Emulator, SharedResources, now_s, slowed_job
 from planner.runtime.engine import Layout, StageExecutor, make_groups, split_parameters
-from planner.runtime.gpt import build_stage, compile_between_linears, compile_stage, lm_loss
+from planner.runtime.gpt import ChunkedStage, build_stage, compile_between_linears, compile_stage, lm_loss
 from planner.runtime.inputs import RunInputs, emulated_model, load_run_inputs
 from planner.runtime.gradient_sync import route_matters, sync_route
 from planner.runtime.local_steps import LocalSteps, master_copies
@@ -123,8 +123,9 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     executed = emulated_model(model, plan.degrees.tensor) if config.emulate else model
     local = plan.sync_every > 1 and layout.replicas > 1  # local steps: the outer step every sync_every iterations
     groups = make_groups(layout, stage, executed.tied_embeddings, local_steps=local)
-    module = build_stage(executed, plan.layer_bounds[stage], plan.layer_bounds[stage + 1], seed=config.seed,
-                         recompute=training.recompute is True)
+    chunks = [build_stage(executed, first, end, seed=config.seed, recompute=training.recompute is True)
+              for first, end in plan.chunk_layers(stage)]
+    module = chunks[0] if len(chunks) == 1 else ChunkedStage(chunks)  # interleaved 1F1B: v chunks
     degree = layout.degree(stage)
     if degree > 1:  # this member's share of every block (planner.runtime.tensor_parallel)
         shard_stage(module, groups.tensor, member, degree)
@@ -288,8 +289,8 @@ def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, rep
         "peak_memory_bytes": {r["device"]: r["peak_memory_bytes"] for r in reports},
         "median_iteration": median_index,
         "trace": [{"rank": r["rank"], "replica": r["replica"], "stage": r["stage"], "device": r["device"],
-                   "kind": k, "microbatch": mb, "start_s": a, "end_s": b}
-                  for r in reports for (k, mb, a, b) in r["traces"][median_index]],
+                   "kind": k, "microbatch": mb, "chunk": c, "start_s": a, "end_s": b}
+                  for r in reports for (k, mb, a, b, c) in r["traces"][median_index]],
     })
     layout = Layout.of_plan(plan)
     predicted_trace = [{"rank": layout.rank(r, s), "replica": r, "stage": s, "device": plan.assignment[r][s],
@@ -319,7 +320,7 @@ def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, rep
     }
     names = {r["rank"]: f"rank {r['rank']} {r['device']} (r{r['replica']} s{r['stage']})" for r in reports}
     all_measured = [{"rank": r["rank"], "iteration": i, "kind": k, "microbatch": mb, "start_s": a, "end_s": b}
-                    for r in reports for i, trace in enumerate(r["traces"]) for (k, mb, a, b) in trace]
+                    for r in reports for i, trace in enumerate(r["traces"]) for (k, mb, a, b, _) in trace]
     write_results(config.out_dir, document, chrome_trace(all_measured, predicted_trace, names, config.time_scale))
 
 

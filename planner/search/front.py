@@ -149,6 +149,10 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     it. ``callback(info)`` may return True to stop early. Returns the plan, its score under the
     objective, the objective's lower bound and the gap.
     """
+    if training.virtual_stages > 1:
+        raise InputError(f"is {training.virtual_stages}, but the search plans one chunk per device: write the "
+                         "interleaved plan file by hand (benchmarks/plans/h100x2-interleaved.yaml shows one) and "
+                         "launch it, or set virtual_stages 1", field="training.virtual_stages")
     if training.recompute == "auto":
         return _best_recompute(topology, model, training, options, objective=objective, x0=x0, rng=rng,
                                callback=callback)

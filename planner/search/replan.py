@@ -274,6 +274,9 @@ def read_old_plan(path) -> tuple:
     if not isinstance(training.recompute, bool):
         raise InputError("is 'auto', which 'plan' decides: re-plan from the plan it wrote", source=source,
                          field="training.recompute")
+    if plan.virtual_stages > 1:
+        raise InputError(f"is {plan.virtual_stages}: a re-plan moves whole stages, not interleaved chunks; plan the new "
+                         "devices afresh", source=source, field="virtual_stages")
     return plan, model, training
 
 
