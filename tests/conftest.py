@@ -29,3 +29,19 @@ def write_yaml(tmp_path):
         path.write_text(yaml.safe_dump(document, sort_keys=False) if not isinstance(document, str) else document)
         return path
     return write
+
+
+@pytest.fixture
+def group_of_one():
+    """torch.distributed over gloo with this process alone (its collectives are the identity)."""
+    pytest.importorskip("torch")
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    yield dist.group.WORLD
+    dist.destroy_process_group()

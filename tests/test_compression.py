@@ -123,21 +123,6 @@ def test_int8_codec_gives_the_bits_of_the_padding_codec(shape, dtype):
 
 
 # -- PowerSGD's state, in a process group of one (its all-reduces are the identity) ---------------
-@pytest.fixture(scope="module")
-def one_process_group():
-    pytest.importorskip("torch")
-    import torch.distributed as dist
-
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
-    yield dist.group.WORLD
-    dist.destroy_process_group()
-
-
 def _spectrum_matrix(torch, n=48, m=32, seed=0, decay=0.7):
     """A full-rank n x m matrix whose singular values fall by ``decay`` each (a rank-r approximation
     leaves a known remainder)."""
@@ -147,14 +132,14 @@ def _spectrum_matrix(torch, n=48, m=32, seed=0, decay=0.7):
     return (u * decay ** torch.arange(m, dtype=torch.float32)) @ v.t()
 
 
-def test_powersgd_error_feedback_keeps_the_sum_of_updates_on_the_sum_of_gradients(one_process_group):
+def test_powersgd_error_feedback_keeps_the_sum_of_updates_on_the_sum_of_gradients(group_of_one):
     """Over many steps the compressed updates sum to the true gradients' sum minus the last error
     memory (bounded); without error feedback the lost part of every step adds up."""
     torch = pytest.importorskip("torch")
     from planner.runtime.powersgd import PowerSGD
 
     weight = torch.nn.Parameter(torch.zeros(48, 32))
-    state = PowerSGD([weight], rank=2, group=one_process_group, device=torch.device("cpu"))
+    state = PowerSGD([weight], rank=2, group=group_of_one, device=torch.device("cpu"))
     assert state.matrices == [weight]
     g = torch.Generator().manual_seed(3)
     true_sum, sent_sum, residuals = torch.zeros(48, 32), torch.zeros(48, 32), []
@@ -172,7 +157,7 @@ def test_powersgd_error_feedback_keeps_the_sum_of_updates_on_the_sum_of_gradient
     assert residuals[-1] < 0.05 * float(true_sum.norm())
 
 
-def test_powersgd_warm_start_converges_on_a_fixed_matrix(one_process_group):
+def test_powersgd_warm_start_converges_on_a_fixed_matrix(group_of_one):
     """With the error memory cleared each step, the approximation of one fixed matrix is a power
     iteration on it across steps: its error falls to the best rank-r error (Eckart-Young), which a
     Q drawn afresh each step does not reach."""
@@ -181,7 +166,7 @@ def test_powersgd_warm_start_converges_on_a_fixed_matrix(one_process_group):
 
     matrix = _spectrum_matrix(torch)
     weight = torch.nn.Parameter(torch.zeros_like(matrix))
-    state = PowerSGD([weight], rank=2, group=one_process_group, device=torch.device("cpu"))
+    state = PowerSGD([weight], rank=2, group=group_of_one, device=torch.device("cpu"))
     best = torch.linalg.svdvals(matrix)[2:].norm()  # the rank-2 remainder
     errors = []
     for _ in range(12):
@@ -193,14 +178,14 @@ def test_powersgd_warm_start_converges_on_a_fixed_matrix(one_process_group):
     assert errors[-1] < 1.001 * best and errors[-1] < 0.95 * errors[0]
 
 
-def test_powersgd_sends_an_overflowed_gradient_whole_and_keeps_its_state(one_process_group):
+def test_powersgd_sends_an_overflowed_gradient_whole_and_keeps_its_state(group_of_one):
     """An inf in one replica's gradient makes the summed P non-finite: the gradients go whole (the
     inf reaches the loss scaler), the error memory and Q are left as they were, the fallback counted."""
     torch = pytest.importorskip("torch")
     from planner.runtime.powersgd import PowerSGD
 
     weight = torch.nn.Parameter(torch.zeros(48, 32))
-    state = PowerSGD([weight], rank=2, group=one_process_group, device=torch.device("cpu"))
+    state = PowerSGD([weight], rank=2, group=group_of_one, device=torch.device("cpu"))
     weight.grad = _spectrum_matrix(torch)
     state.reduce(loss_scale=8.0)
     errors, qs = [e.clone() for e in state.errors], [q.clone() for q in state.qs]
@@ -248,7 +233,7 @@ def _allocating_reduce(state, loss_scale=1.0):
     return sent
 
 
-def test_powersgd_gives_the_bits_of_the_allocating_step(one_process_group):
+def test_powersgd_gives_the_bits_of_the_allocating_step(group_of_one):
     """The in-place step (persistent M, P, Q and scratch buffers) gives the same gradients, error
     memory and Q, bit for bit, as the step that allocated them, loss-scaled and not."""
     torch = pytest.importorskip("torch")
@@ -257,8 +242,8 @@ def test_powersgd_gives_the_bits_of_the_allocating_step(one_process_group):
     shapes = [(48, 32), (32, 96), (8, 8)]  # the 8 x 8 goes whole
     new = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
     old = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
-    states = [PowerSGD(new, rank=3, group=one_process_group, device=torch.device("cpu"), seed=5),
-              PowerSGD(old, rank=3, group=one_process_group, device=torch.device("cpu"), seed=5)]
+    states = [PowerSGD(new, rank=3, group=group_of_one, device=torch.device("cpu"), seed=5),
+              PowerSGD(old, rank=3, group=group_of_one, device=torch.device("cpu"), seed=5)]
     g = torch.Generator().manual_seed(7)
     for step, scale in enumerate([1.0, 1.0, 1024.0, 1.0]):
         grads = [torch.randn(s, generator=g) * scale for s in shapes]

@@ -112,20 +112,6 @@ def test_shards_join_back_into_the_whole_stage(spec, degree):
     assert torch.equal(block.qkv.weight[h // degree:2 * h // degree], whole.blocks["0"].qkv.weight[h:h + h // degree])
 
 
-@pytest.fixture
-def group_of_one():
-    import socket
-
-    import torch.distributed as dist
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
-    yield dist.group.WORLD
-    dist.destroy_process_group()
-
-
 def test_followers_take_no_gradient_of_whole_parameters_and_receive_them_in_place(group_of_one):
     """A follower's whole parameters take no gradient but the first stage's embeddings (whose output
     must require one for the first block's f); the broadcast goes from and into one flat buffer
