@@ -264,7 +264,8 @@ def test_tensor_groups_put_idle_t4s_to_work_and_the_iteration_gets_faster(write_
 def test_cli_prints_groups_and_launch_emulates_them(write_yaml, tmp_path, capsys):
     path = write_yaml(WIDE)
     out = tmp_path / "plan.yaml"
-    assert main([str(path), "--time-limit", "30", "--budget", "4", "-o", str(out)]) == 0  # the clock cuts nothing
+    # the clock cuts nothing; at --budget 4 the grouped search's share misses the 2 x 2 plan of groups (20.0 s, not 15.7)
+    assert main([str(path), "--time-limit", "30", "--budget", "8", "-o", str(out)]) == 0
     text = capsys.readouterr().out
     assert "t4-0 x4" in text and "t4-0: t4-0 t4-1 t4-2 t4-3" in text and "tensor groups of up to 4" in text
     pytest.importorskip("torch")
