@@ -24,6 +24,7 @@ Sums run in a fixed order (ring order), so every replica ends with the same bits
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -61,10 +62,12 @@ def sync_route(plan, topology, layout, stage: int, member: int, me: int) -> Sync
     hosts = tuple(topology.devices[topology.index(plan.members(plan.assignment[r][stage])[member])].host
                   for r in order)
     server = layout.rank(plan.sync_servers[stage], stage, member) if plan.sync_servers else None
-    devices = [topology.index(plan.members(plan.assignment[r][stage])[member]) for r in order]
-    pairs = [(a, b) for a in devices for b in devices if a != b]
-    uniform = len(set(hosts)) == 1 and len({(float(topology.latency_s[a, b]),
-                                             float(topology.bandwidth_bytes_per_s[a, b])) for a, b in pairs}) <= 1
+    devices = np.array([topology.index(plan.members(plan.assignment[r][stage])[member]) for r in order])
+    off = ~np.eye(len(devices), dtype=bool)  # every ordered pair of two members
+    latency = np.asarray(topology.latency_s[np.ix_(devices, devices)])[off]
+    bandwidth = np.asarray(topology.bandwidth_bytes_per_s[np.ix_(devices, devices)])[off]
+    uniform = len(set(hosts)) == 1 and (latency.size == 0 or (np.all(latency == latency[0])
+                                                              and np.all(bandwidth == bandwidth[0])))
     return SyncRoute(sync=Sync(plan.sync), ranks=ranks, hosts=hosts, me=me, server=server, replicas=tuple(order),
                      uniform=uniform)
 
