@@ -20,7 +20,7 @@ _WHOLE_GRADIENTS = (Sync.RING, Sync.SHARDED)  # the algorithms whose first half 
 def syncs_for(training, replicas: int) -> tuple:
     """The algorithms a plan of ``replicas`` replicas for ``training`` may use: ``training.sync``,
     or with ``auto`` every one that the job's other features allow."""
-    asked = getattr(training, "sync", Sync.RING)
+    asked = training.sync
     if asked != AUTO:
         return (Sync(asked),)
     return tuple(s for s in Sync if _conflict(s, training, replicas) is None)
@@ -30,13 +30,13 @@ def _conflict(sync: Sync, training, replicas: int) -> tuple | None:
     """(field, why) where ``sync`` cannot run with ``training``'s other choices; None if it can."""
     if sync == Sync.RING or replicas <= 1:
         return None
-    if getattr(training, "sync_every", 1) > 1:
+    if training.sync_every > 1:
         return ("sync", f"is {sync}, but sync_every {training.sync_every} averages parameter deltas by a ring "
                         "all-reduce: set sync ring (or auto), or sync_every 1")
-    if str(getattr(training, "compress_gradients", "off")) == "powersgd":
+    if str(training.compress_gradients) == "powersgd":
         return ("sync", f"is {sync}, but compress_gradients powersgd all-reduces its low-rank factors by ring: set "
                         "sync ring (or auto), or compress_gradients off")
-    if sync not in _WHOLE_GRADIENTS and getattr(training, "shard_optimizer", False) is True:
+    if sync not in _WHOLE_GRADIENTS and training.shard_optimizer is True:
         return ("sync", f"is {sync}, which sums whole gradients at one device per group, but shard_optimizer is true "
                         "(a reduce-scatter): set sync ring, sharded or auto, or shard_optimizer false")
     return None
@@ -44,7 +44,7 @@ def _conflict(sync: Sync, training, replicas: int) -> tuple | None:
 
 def sync_problem(plan, training) -> tuple | None:
     """(plan field, one line) of what is wrong with ``plan``'s sync for ``training``; None if nothing."""
-    asked = getattr(training, "sync", Sync.RING)
+    asked = training.sync
     if asked != AUTO and Sync(asked) != plan.sync:
         return ("sync", f"is {plan.sync} but training.sync is {asked}: make both agree or plan again")
     if plan.sync == Sync.PARAMETER_SERVER:
