@@ -27,12 +27,17 @@ PLANS = {2: {"pipeline (2 stages)": "benchmarks/plans/h100x2-pipeline.yaml",
              "tensor parallel (degree 2)": "benchmarks/plans/h100x2-tensor.yaml"},
          4: {"pipeline (4 stages)": "benchmarks/plans/h100x4-pipeline.yaml",
              "pipeline, zb-h1 (4 stages)": "benchmarks/plans/h100x4-zero-bubble.yaml",
+             "pipeline, interleaved (4x2)": "benchmarks/plans/h100x4-interleaved.yaml",
              "data parallel (4 replicas)": "benchmarks/plans/h100x4-data-parallel.yaml",
              "tensor parallel (degree 4)": "benchmarks/plans/h100x4-tensor.yaml",
-             "2 stages x tensor 2": "benchmarks/plans/h100x4-pipeline-tensor.yaml"}}
+             "2 stages x tensor 2": "benchmarks/plans/h100x4-pipeline-tensor.yaml",
+             "tensor parallel (degree 4), micro-batch 8": "benchmarks/plans/h100x4-tensor-mb8.yaml",
+             "2 stages x tensor 2, micro-batch 4": "benchmarks/plans/h100x4-pipeline-tensor-mb4.yaml"}}
 # Our runtime against pipelining on the pipeline plan's split: (schedule, compiled). torch ships no
 # ZB-H1 for one stage per rank, so zb-h1 is set against pipelining's 1F1B (compiled: both compiled).
-COMPARISONS = ("1f1b:eager", "1f1b:compiled", "gpipe:compiled", "zb-h1:eager", "zb-h1:compiled")
+# ``interleaved`` runs the interleaved plan's pieces, ours and ``ScheduleInterleaved1F1B``.
+COMPARISONS = ("1f1b:eager", "1f1b:compiled", "gpipe:compiled", "zb-h1:eager", "zb-h1:compiled",
+               "interleaved:compiled")
 
 
 def _untied_copy(plan_path: str, folder: Path, schedule: str) -> Path:
@@ -44,7 +49,7 @@ def _untied_copy(plan_path: str, folder: Path, schedule: str) -> Path:
     document["schedule"] = schedule
     document["training"]["schedule"] = schedule
     document.pop("prediction", None)
-    path = folder / f"untied-{schedule}.yaml"
+    path = folder / f"untied-{Path(plan_path).stem}-{schedule}.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
 
@@ -98,7 +103,10 @@ def main() -> int:
     comparison = []
     for schedule, compiled in (c.split(":") for c in args.comparisons):
         compiled = compiled == "compiled"
-        plan = _untied_copy(plans[f"pipeline ({args.gpus} stages)"], runs, schedule)
+        interleaved = schedule == "interleaved"
+        source = next(p for label, p in plans.items() if "interleaved" in label) if interleaved \
+            else plans[f"pipeline ({args.gpus} stages)"]
+        plan = _untied_copy(source, runs, "1f1b" if interleaved else schedule)
         label = f"{schedule}{', compiled' if compiled else ''}"
         ours = launch(plan, LaunchOptions(iterations=args.iterations, warmup=args.warmup,
                                           compile="on" if compiled else "off",
@@ -106,14 +114,18 @@ def main() -> int:
                       log=print)
         document = json.loads(json.dumps(ours["plan"]))
         spec = parse_model(document["model"])
-        bounds = [s["layers"][0] for s in document["stages"]] + [document["stages"][-1]["layers"][1]]
+        v = document.get("virtual_stages", 1)
+        pieces = sorted((c["chunk"] * len(document["stages"]) + s["index"], c["layers"])
+                        for s in document["stages"] for c in s.get("chunks", [{"chunk": 0, "layers": s["layers"]}]))
+        bounds = [layers[0] for _, layers in pieces] + [pieces[-1][1][1]]
         row = {"schedule": schedule, "compiled": compiled, "ours_s": ours["measured"]["median_s"],
                "ours_mfu": ours["measured"]["mfu"]}
         # The autocast recipe only eager: compiled, its fp32 weights cast in every block.
         for recipe in PIPELINING_RECIPES if not compiled else PIPELINING_RECIPES[:1]:
             _, theirs = run_pipelining(spec, bounds, micro_batch_size=document["micro_batch_size"],
                                        micro_batches=document["replicas"][0]["micro_batches"],
-                                       schedule="1f1b" if schedule == "zb-h1" else schedule,
+                                       schedule="1f1b" if schedule in ("zb-h1", "interleaved") else schedule,
+                                       virtual_stages=v,
                                        iterations=args.iterations, warmup=args.warmup, backend="nccl",
                                        optimizer=document["training"]["optimizer"], recipe=recipe, compile=compiled)
             seconds = statistics.median(theirs)

@@ -176,6 +176,27 @@ def test_interleaved_training_equals_single_process(tmp_path, case):
     assert chunks == {(0, 0), (0, 1), (1, 0), (1, 1)}
 
 
+def test_same_loss_as_torch_interleaved_pipelining(tmp_path):
+    """The runtime's interleaved 1F1B and ``ScheduleInterleaved1F1B`` on the same four pieces (rank 0
+    holds layers 0 and 2, rank 1 layers 1 and 3): the same losses (CPU, gloo, fp32)."""
+    import dataclasses
+
+    from planner.inputs.model import model_preset
+    from planner.runtime.launch import LaunchOptions, launch
+    from planner.runtime.reference import run_pipelining
+    from tests.runtime_helpers import cpu_topology, write_test_plan
+
+    spec = dataclasses.replace(model_preset("tiny"), tied_embeddings=False, vocabulary=100)
+    plan = write_test_plan(tmp_path, cpu_topology(tmp_path / "topology.yaml"), model=spec,
+                           assignment=[["a0", "a1"]], layer_bounds=[0, 1, 2, 3, 4], micro_batches=[4],
+                           micro_batch_size=2, schedule="1f1b", virtual_stages=2)
+    ours = launch(plan, LaunchOptions(backend="gloo", iterations=2, warmup=0, out_dir=str(tmp_path / "run"),
+                                      learning_rate=0.05), log=lambda line: None)["measured"]["loss"]
+    theirs, _ = run_pipelining(spec, [0, 1, 2, 3, 4], micro_batch_size=2, micro_batches=4, schedule="1f1b",
+                               iterations=2, learning_rate=0.05, virtual_stages=2)
+    assert len(theirs) == 2 and ours == pytest.approx(theirs, rel=1e-5)
+
+
 def _emulated(tmp_path, name: str, **kwargs) -> dict:
     from planner.runtime.launch import LaunchOptions, launch
     from tests.runtime_helpers import cpu_topology, write_test_plan

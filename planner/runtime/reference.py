@@ -55,11 +55,14 @@ class PipeliningRun:
     optimizer: str = "sgd"
     recipe: str = "bf16-master"
     compile: bool = False  # torch.compile each block and the loss, as the runtime does on GPUs
+    virtual_stages: int = 1  # > 1: ScheduleInterleaved1F1B, rank r holding pieces r, r + world, ...
 
 
 def pipelining_worker(rank: int, world: int, store_port: int, results, spec, layer_bounds: tuple,
                       run: PipeliningRun) -> None:
-    """One rank of ``torch.distributed.pipelining`` on the runtime's stage split (one replica).
+    """One rank of ``torch.distributed.pipelining`` on the runtime's stage split (one replica);
+    with ``run.virtual_stages`` v > 1, ``layer_bounds`` lists the v * world pieces and rank r
+    holds pieces r, r + world, ... (the runtime's chunk order) under ``ScheduleInterleaved1F1B``.
 
     Puts ``(rank, (losses, iteration seconds))`` on ``results`` (losses are known on the last stage
     only), or ``(rank, error text)``.
@@ -71,7 +74,7 @@ def pipelining_worker(rank: int, world: int, store_port: int, results, spec, lay
 
 
 def _pipelining(rank, world, store_port, results, spec, layer_bounds, run: PipeliningRun) -> None:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     micro_batch_size, micro_batches, schedule = run.micro_batch_size, run.micro_batches, run.schedule
     iterations, warmup, backend, seed = run.iterations, run.warmup, run.backend, run.seed
@@ -87,25 +90,31 @@ def _pipelining(rank, world, store_port, results, spec, layer_bounds, run: Pipel
                             timeout=datetime.timedelta(seconds=120), **({"device_id": device} if cuda else {}))
     try:
         master = cuda and run.recipe == "bf16-master"
+        pieces = len(layer_bounds) - 1
+        mine = range(rank, pieces, world)
         # Pipelining checks each output's strides against its shape inference, so the last stage
         # hands over the padded logits and the loss drops the padding (the same work as the runtime).
-        module = build_stage(spec, layer_bounds[rank], layer_bounds[rank + 1], seed=seed, padded_logits=True)
-        module = module.to(device=device, dtype=torch.bfloat16 if master else torch.float32)
-        if module.tied_copy:
+        modules = [build_stage(spec, layer_bounds[k], layer_bounds[k + 1], seed=seed, padded_logits=True)
+                   .to(device=device, dtype=torch.bfloat16 if master else torch.float32) for k in mine]
+        if any(m.tied_copy for m in modules):
             raise ValueError("the pipelining cross-check needs untied embeddings or a single stage")
+        parameters = [p for m in modules for p in m.parameters()]
         if master:
-            opt = MasterWeightOptimizer(module.parameters(), optimizer, learning_rate, fused=True)
+            opt = MasterWeightOptimizer(parameters, optimizer, learning_rate, fused=True)
         else:
-            opt = plain_optimizer(module.parameters(), optimizer, learning_rate, fused=cuda)
-        stage = PipelineStage(module, rank, world, device)
-
-        loss = compile_stage(module) if run.compile else lm_loss
+            opt = plain_optimizer(parameters, optimizer, learning_rate, fused=cuda)
+        stages = [PipelineStage(m, k, pieces, device) for m, k in zip(modules, mine)]
+        compiled = [compile_stage(m) for m in modules] if run.compile else []
+        loss = compiled[-1] if compiled else lm_loss
 
         def loss_fn(logits, targets):
             return loss(vocabulary_logits(logits, spec), targets)
 
-        kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
-        runner = kind(stage, n_microbatches=micro_batches, loss_fn=loss_fn)
+        if run.virtual_stages > 1:
+            runner = ScheduleInterleaved1F1B(stages, n_microbatches=micro_batches, loss_fn=loss_fn)
+        else:
+            kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+            runner = kind(stages[0], n_microbatches=micro_batches, loss_fn=loss_fn)
         losses, seconds = [], []
         batch = micro_batch_size * micro_batches
         for iteration in range(warmup + iterations):
@@ -141,11 +150,14 @@ def _pipelining(rank, world, store_port, results, spec, layer_bounds, run: Pipel
 
 def run_pipelining(spec, layer_bounds, *, micro_batch_size: int, micro_batches: int, schedule: str, iterations: int,
                    warmup: int = 0, backend: str = "gloo", seed: int = 0, learning_rate: float = 1e-3,
-                   optimizer: str = "sgd", recipe: str = "bf16-master", compile: bool = False) -> tuple:
-    """One ``pipelining_worker`` per stage; returns (last stage's losses, iteration seconds)."""
+                   optimizer: str = "sgd", recipe: str = "bf16-master", compile: bool = False,
+                   virtual_stages: int = 1) -> tuple:
+    """One ``pipelining_worker`` per rank (``len(layer_bounds) - 1`` pieces, ``virtual_stages`` per
+    rank); returns (last stage's losses, iteration seconds)."""
     run = PipeliningRun(micro_batch_size=micro_batch_size, micro_batches=micro_batches, schedule=schedule,
                         iterations=iterations, warmup=warmup, backend=backend, seed=seed,
-                        learning_rate=learning_rate, optimizer=optimizer, recipe=recipe, compile=compile)
-    world = len(layer_bounds) - 1
+                        learning_rate=learning_rate, optimizer=optimizer, recipe=recipe, compile=compile,
+                        virtual_stages=virtual_stages)
+    world = (len(layer_bounds) - 1) // virtual_stages
     got = gather_from_ranks(pipelining_worker, world, args=(spec, tuple(layer_bounds), run))
     return got[world - 1][0], got[0][1]
