@@ -116,7 +116,7 @@ def main() -> int:
         spec = parse_model(document["model"])
         v = document.get("virtual_stages", 1)
         pieces = sorted((c["chunk"] * len(document["stages"]) + s["index"], c["layers"])
-                        for s in document["stages"] for c in s.get("chunks", [{"chunk": 0, "layers": s["layers"]}]))
+                        for s in document["stages"] for c in (s.get("chunks") or [{"chunk": 0, "layers": s["layers"]}]))
         bounds = [layers[0] for _, layers in pieces] + [pieces[-1][1][1]]
         row = {"schedule": schedule, "compiled": compiled, "ours_s": ours["measured"]["median_s"],
                "ours_mfu": ours["measured"]["mfu"]}
