@@ -3,7 +3,17 @@
 import numpy as np
 
 __all__ = ["p2p_time_s", "ring_allreduce_time_s", "sharded_exchange_time_s", "sharded_exchange_pair_s",
-           "tensor_allreduces"]
+           "tensor_allreduces", "tensor_block_issue_s", "TENSOR_BLOCK_ISSUE_S"]
+
+# Seconds a member of a tensor group takes to issue one block's forward and backward for one
+# micro-batch (kernel launches, the f/g autograd functions and their 4 all-reduces), below which its
+# share of the block cannot run however small it is: the members wait in each all-reduce for the
+# slowest one's launches. Fitted to one run of the runtime on 4x H100 (torch 2.11, NCCL, compiled
+# blocks): GPT-3 XL on one group of 4 at micro-batch 2, 384 block passes per iteration, measured
+# 1.305 s where the GPUs' share predicts 0.584 s; checked on 2 stages of groups of 2 at micro-batch 2
+# (0.821 s measured, 0.751 s predicted with it, 0.441 s without); at 4x the micro-batch neither plan
+# is bound by it (``benchmarks/results/runtime_gpu_tensor_x4.json``).
+TENSOR_BLOCK_ISSUE_S = 3.15e-3
 
 
 def p2p_time_s(message_bytes: float, latency_s: float, bandwidth_bytes_per_s: float) -> float:
@@ -59,3 +69,10 @@ def tensor_allreduces(recompute: bool) -> tuple:
     sec. 3, Fig. 4 (the ``g`` and ``f`` operators); full recomputation re-runs the forward's two in
     backward."""
     return 2, (4 if recompute else 2)
+
+
+def tensor_block_issue_s(recompute: bool) -> float:
+    """The least seconds one block of a tensor group takes per micro-batch, forward and backward
+    together (``TENSOR_BLOCK_ISSUE_S``): full recomputation issues the forward, a third of the
+    passes' work, once more."""
+    return TENSOR_BLOCK_ISSUE_S * (4.0 / 3.0 if recompute else 1.0)

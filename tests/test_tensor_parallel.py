@@ -105,10 +105,17 @@ def test_tensor_all_reduces_by_hand(write_yaml):
     message = 1 * 128 * 256 * 2  # (b, s, h) in fp16
     one = message * 1.5 / 4e11 + 6e-5
     assert comm.tensor_allreduces(False) == (2, 2) and comm.tensor_allreduces(True) == (2, 4)
-    assert tensor_layer_s(costs, groups.allreduce_per_byte_s[k], groups.allreduce_latency_s[k]) == pytest.approx(4 * one)
+    per_byte, latency = groups.allreduce_per_byte_s[k], groups.allreduce_latency_s[k]
+    # A member's share of the block that takes long enough: only the all-reduces come on top.
+    assert tensor_layer_s(costs, per_byte, latency, 1.0, 4) == pytest.approx(4 * one)
     recomputed = layer_costs(model, replace(training, recompute=True), 1, 2)
-    assert tensor_layer_s(recomputed, groups.allreduce_per_byte_s[k],
-                          groups.allreduce_latency_s[k]) == pytest.approx(6 * one)
+    assert tensor_layer_s(recomputed, per_byte, latency, 1.0, 4) == pytest.approx(6 * one)
+    # A share too small to cover the block's issue time takes that time (forward issued again under
+    # recomputation); one device alone takes nothing beyond its compute.
+    assert 4 * one < comm.TENSOR_BLOCK_ISSUE_S
+    assert tensor_layer_s(costs, per_byte, latency, 1e-4, 4) == pytest.approx(comm.TENSOR_BLOCK_ISSUE_S - 1e-4)
+    assert tensor_layer_s(recomputed, per_byte, latency, 0.0, 4) == pytest.approx(4 / 3 * comm.TENSOR_BLOCK_ISSUE_S)
+    assert tensor_layer_s(costs, 0.0, 0.0, 1e-4, 1) == 0.0
 
 
 def _two_stage_plan(job, tensor_groups=(("a-0", "a-1"),)) -> Plan:
@@ -118,18 +125,26 @@ def _two_stage_plan(job, tensor_groups=(("a-0", "a-1"),)) -> Plan:
                 tensor_groups=tuple(tensor_groups))
 
 
-def test_the_simulator_times_a_group_as_its_members_plus_its_all_reduces(write_yaml):
+def test_the_simulator_times_a_group_as_its_members_plus_its_all_reduces(write_yaml, monkeypatch):
     job = load_job(write_yaml(HOSTS))
     model, training = job.model, job.training
     alone, grouped = _two_stage_plan(job, ()), _two_stage_plan(job)
     job_alone = build_pipeline_job(alone, job.topology, model, training)
-    job_grouped = build_pipeline_job(grouped, job.topology, model, training)
     costs = layer_costs(model, training, 1, 2)
     one = costs.tensor_message_bytes * 1.0 / 4e11 + 2 * 1e-5  # ring of 2: 2*1/2 bytes / bandwidth + 2 hops
+    # This model's blocks are too small to cover a group's issue floor: first without the floor.
+    monkeypatch.setattr(comm, "TENSOR_BLOCK_ISSUE_S", 0.0)
+    job_grouped = build_pipeline_job(grouped, job.topology, model, training)
     # Stage 0 (2 blocks and the embeddings' lookup): half the compute plus 2 all-reduces a block each way.
     assert job_grouped.forward_s[0, 0] == pytest.approx(job_alone.forward_s[0, 0] / 2 + 2 * 2 * one)
     assert job_grouped.backward_s[0, 0] == pytest.approx(job_alone.backward_s[0, 0] / 2 + 2 * 2 * one)
     assert job_grouped.forward_s[0, 1] == pytest.approx(job_alone.forward_s[0, 1])  # the head's stage is alone
+    # With the floor, each block of the group takes its issue time in all, split as the all-reduces.
+    monkeypatch.setattr(comm, "TENSOR_BLOCK_ISSUE_S", 0.5)
+    job_grouped = build_pipeline_job(grouped, job.topology, model, training)
+    share = costs.layer_flops / (2 * job.topology.effective_flops(training.precision)[job.topology.index("a-0")])
+    assert job_grouped.forward_s[0, 0] == pytest.approx(job_alone.forward_s[0, 0] / 2 + 2 * (0.5 - share) / 2)
+    assert job_grouped.backward_s[0, 0] == pytest.approx(job_alone.backward_s[0, 0] / 2 + 2 * (0.5 - share) / 2)
     prediction, _ = predict(grouped, job.topology, model, training)
     assert set(prediction.memory_bytes) == {"a-0", "a-1", "b-0"}
     assert prediction.memory_bytes["a-0"] == prediction.memory_bytes["a-1"]

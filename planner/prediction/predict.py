@@ -12,7 +12,7 @@ from planner.plan.plan import Plan, Prediction
 from planner.plan.tensor import groups_of_plan
 from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_flops, layer_costs, message_codec_s,
                                             optimizer_time_s, stage_compress_flops, stage_memory_bytes,
-                                            stage_parameters, stage_profile, stage_step_bytes)
+                                            stage_parameters, stage_profile, stage_step_bytes, tensor_layer_s)
 
 __all__ = ["sync_time_s", "sync_members", "build_pipeline_job", "predict", "model_flops_per_iteration",
            "communication_bytes", "chunk_shares"]
@@ -58,9 +58,12 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     if costs.powersgd_rank and plan.replicas > 1:  # PowerSGD's products run before the step, on each device
         work = stage_compress_flops(costs, profile.layer_counts[None, :], np.arange(S)[None, :])
         optimizer = optimizer + work / speed
-    one = costs.tensor_message_bytes * groups.allreduce_per_byte_s[device] + groups.allreduce_latency_s[device]
-    tensor_forward = profile.layer_counts[None, :] * costs.tensor_allreduces_forward * one
-    tensor_backward = profile.layer_counts[None, :] * costs.tensor_allreduces_backward * one
+    # A group's block beyond its compute (all-reduces or issue floor), split as its all-reduces are.
+    beyond = tensor_layer_s(costs, groups.allreduce_per_byte_s[device], groups.allreduce_latency_s[device],
+                            costs.layer_flops / speed, tensor)
+    forward_share = costs.tensor_allreduces_forward / (costs.tensor_allreduces_forward + costs.tensor_allreduces_backward)
+    tensor_forward = profile.layer_counts[None, :] * forward_share * beyond
+    tensor_backward = profile.layer_counts[None, :] * (1.0 - forward_share) * beyond
     # compressed messages' encode and decode
     codec_forward, codec_backward = message_codec_s(costs, mem_bw, plan.compression.message_mask(S))
     sync = np.array([sync_time_s(topology, plan, profile, s) for s in range(S)])

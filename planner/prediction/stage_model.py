@@ -77,6 +77,7 @@ class LayerCosts:
     tensor_message_bytes: float = 0.0
     tensor_allreduces_forward: int = 0
     tensor_allreduces_backward: int = 0
+    tensor_issue_s: float = 0.0  # the least time a group's block takes per micro-batch (comm.tensor_block_issue_s)
     sync_every: int = 1  # iterations between data-parallel syncs (local steps; 1: every iteration)
     layer_weight_gradient_flops: float = 0.0  # the weight gradients' part of a block's backward
     micro_batches_per_round: int = 0  # accumulation rounds (``cost_models.schedule.round_sizes``; 0: one round)
@@ -211,7 +212,7 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         layer_split_kept_bytes=2.0 * (kept - half_kept),
         split_transient_bytes=2.0 * (full - half_full) if training.recompute else 0.0,
         tensor_message_bytes=boundary, tensor_allreduces_forward=tensor_forward,
-        tensor_allreduces_backward=tensor_backward)
+        tensor_allreduces_backward=tensor_backward, tensor_issue_s=comm.tensor_block_issue_s(training.recompute))
 
 
 def _powersgd_costs(model, training, stages, first_params, last_params, v, dtype) -> dict:
@@ -278,12 +279,16 @@ def stage_memory_bytes(costs: LayerCosts, n_layers, stage, in_flight, tensor=1):
             + transient + costs.stage_unsharded_bytes[stage])
 
 
-def tensor_layer_s(costs: LayerCosts, allreduce_per_byte_s, allreduce_latency_s):
-    """Seconds one block's tensor all-reduces take per micro-batch, forward and backward together,
-    for groups whose ring all-reduce of ``n`` bytes takes ``n * per_byte + latency``
-    (``cost_models.network.Network.ring_cost``; 0 for a group of one)."""
+def tensor_layer_s(costs: LayerCosts, allreduce_per_byte_s, allreduce_latency_s, block_compute_s, degree):
+    """Seconds one block of a tensor group takes per micro-batch beyond its members' share of the
+    compute (``block_compute_s``), forward and backward together: its all-reduces, for groups whose
+    ring all-reduce of ``n`` bytes takes ``n * per_byte + latency``
+    (``cost_models.network.Network.ring_cost``), or what the block's issue time
+    (``costs.tensor_issue_s``) leaves when the share is smaller; 0 for a group of one (``degree`` 1)."""
     one = costs.tensor_message_bytes * np.asarray(allreduce_per_byte_s) + np.asarray(allreduce_latency_s)
-    return (costs.tensor_allreduces_forward + costs.tensor_allreduces_backward) * one
+    allreduces = (costs.tensor_allreduces_forward + costs.tensor_allreduces_backward) * one
+    floor = np.where(np.asarray(degree) > 1, costs.tensor_issue_s - np.asarray(block_compute_s), 0.0)
+    return np.maximum(allreduces, floor)
 
 
 def message_codec_s(costs: LayerCosts, memory_bandwidth_bytes_per_s, compressed=None) -> tuple:
