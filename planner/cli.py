@@ -82,6 +82,12 @@ def _plan_parser(sub) -> None:
                         "it is unless moving it pays, and report what moves")
     p.add_argument("--move-weight", type=float, metavar="ITERATIONS",
                    help="with --from: minimise iteration time + move time / ITERATIONS (default 1000)")
+    p.add_argument("--lost", nargs="+", metavar="DEVICE",
+                   help="with --from: TOPOLOGY is OLD_PLAN's cluster and these devices left it; the changed "
+                        "topology is written next to --output as NAME.topology.yaml")
+    p.add_argument("--added", metavar="FILE",
+                   help="with --from: TOPOLOGY is OLD_PLAN's cluster and FILE's 'devices' (topology format; "
+                        "their links in 'network: pairs:' where levels do not give them) joined it")
     p.add_argument("--tensor-degrees", type=int, nargs="+", choices=[1, 2, 4, 8], default=[1, 2, 4, 8], metavar="T",
                    help="tensor-parallel degrees tried inside a host, from 1 2 4 8 (default all; 1: none; "
                         "without 1: groups only, e.g. '--tensor-degrees 2')")
@@ -289,8 +295,9 @@ def _make(args) -> int:
     started = time.perf_counter()  # --time-limit counts from here: imports, reading, search, report, output
     if args.from_plan:
         return _replan(args)
-    if args.move_weight is not None:
-        raise InputError("weighs the state a re-plan moves: add --from OLD_PLAN or drop it", field="--move-weight")
+    for flag, value in (("--move-weight", args.move_weight), ("--lost", args.lost), ("--added", args.added)):
+        if value is not None:
+            raise InputError("belongs to a re-plan: add --from OLD_PLAN or drop it", field=flag)
     from planner.inputs.job import load_job
     from planner.plan.document import plan_to_document
     from planner.report.text import render_plan
@@ -427,7 +434,7 @@ def _print_choices(args, result, job, objective, pareto_files) -> None:
 
 def _replan(args) -> int:
     """``plan TOPOLOGY --from OLD_PLAN``: a plan for the changed cluster and the state it moves."""
-    from planner.inputs.job import load_topology
+    from planner.inputs.job import load_topology, topology_from_document
     from planner.plan.document import plan_to_document
     from planner.plan.precision import check_replan_precision
     from planner.report.text import render_moves, render_plan
@@ -452,6 +459,10 @@ def _replan(args) -> int:
         _check_writable(args.output, "--output")
     old, model, training = read_old_plan(args.from_plan)
     topology = load_topology(args.topology)
+    changed, topology_source = None, args.topology
+    if args.lost or args.added:
+        changed, topology_source = _changed_cluster(args, old, topology)
+        topology = topology_from_document(changed, topology_source)
     try:
         check_replan_precision(topology, training, args.from_plan)
     except InputError as error:
@@ -467,17 +478,45 @@ def _replan(args) -> int:
         raise error.located(source=args.topology) from None
     finally:
         progress.close()
-    document = plan_to_document(result.plan, model=model, training=result.training, topology_source=args.topology)
+    document = plan_to_document(result.plan, model=model, training=result.training, topology_source=topology_source)
     if args.output:
+        if changed is not None:
+            _write_output(changed, topology_source, "--output")
         _write_output(document, args.output, "--output")
     if args.format == "json":
         print(json.dumps(document, indent=2))
     else:
         print(render_plan(result.plan, topology, model, result.training))
         print("\n" + render_moves(result, args.from_plan))
+        if changed is not None:
+            print(f"\nThe changed cluster: {topology_source}" if args.output else
+                  "\nThe changed cluster was not written (no --output)")
         if args.output:
             print(f"\nPlan written to {args.output}")
     return 0
+
+
+def _changed_cluster(args, old, topology) -> tuple:
+    """(topology document, path to write it to) of OLD_PLAN's cluster (TOPOLOGY) after ``--lost`` and
+    ``--added``; the path is ``--output``'s with ``.topology.yaml``, or TOPOLOGY's when nothing is written."""
+    from planner.io import read_yaml
+    from planner.search.replan import changed_topology
+
+    if topology.sha256 != old.topology_sha256:
+        raise InputError(f"with --lost or --added, TOPOLOGY is the cluster {args.from_plan} was planned on, but "
+                         f"{args.topology} is another ({topology.name}): give that file, or give the changed cluster "
+                         "as TOPOLOGY without --lost/--added", field="--lost" if args.lost else "--added")
+    added = read_yaml(args.added) if args.added else None
+    if added is not None and not isinstance(added, dict):
+        raise InputError("expected a mapping with a 'devices' list", source=args.added, field="devices")
+    document = changed_topology(read_yaml(args.topology), lost=tuple(args.lost or ()), added=added,
+                                source=args.added or "--added")
+    if not args.output:
+        return document, args.topology
+    output = Path(args.output)
+    path = str(output.with_name(output.stem + ".topology.yaml"))
+    _check_writable(path, "--output")
+    return document, path
 
 
 def _refuse_checkpoints_with_local_steps(args) -> None:

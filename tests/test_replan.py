@@ -253,3 +253,69 @@ def test_a_bf16_plan_replanned_onto_a_device_without_bf16_is_one_line(tmp_path, 
     code, out, err = run_cli([tmp_path / "with-t4.yaml", "--from", old, "--time-limit", "1"], capsys)
     assert code == 2 and err.count("\n") == 1, err
     assert "field 'devices'" in err and "t4" in err and "trains in bf16" in err and "with-t4.yaml" in err
+
+
+def test_lost_devices_named_on_the_old_cluster_equal_a_replan_onto_the_changed_file(tmp_path, capsys):
+    """``--lost g1`` on the old cluster's file plans as the changed cluster's own file does, and
+    writes that cluster beside the plan, so ``plan launch`` finds it (same sha256)."""
+    from planner.inputs.job import load_topology
+
+    new, old = _files(tmp_path)
+    code, out, err = run_cli([tmp_path / "old.yaml", "--from", old, "--lost", "g1", "--budget", "1",
+                              "-o", tmp_path / "lost.yaml"], capsys)
+    assert code == 0, err
+    assert "lost g1; added none" in out and "lost.topology.yaml" in out
+    lost = yaml.safe_load((tmp_path / "lost.yaml").read_text())
+    written = load_topology(tmp_path / "lost.topology.yaml")
+    assert written.names == ["g0", "g2", "g3"]
+    assert lost["topology"]["sha256"] == written.sha256
+    assert lost["topology"]["path"] == str(tmp_path / "lost.topology.yaml")
+    (tmp_path / "three.yaml").write_text(yaml.safe_dump(written_document := yaml.safe_load(
+        (tmp_path / "lost.topology.yaml").read_text())))
+    assert written_document["devices"] == [d for d in _topology("x", ["g0", "g2", "g3"])["devices"]]
+    code, out, err = run_cli([tmp_path / "three.yaml", "--from", old, "--budget", "1", "-o", tmp_path / "file.yaml"],
+                             capsys)
+    assert code == 0, err
+    by_file = yaml.safe_load((tmp_path / "file.yaml").read_text())
+    assert by_file["stages"] == lost["stages"] and by_file["replicas"] == lost["replicas"]
+
+
+def test_added_devices_join_the_changed_cluster(tmp_path, capsys):
+    """Lose g1 and add a spare of the same type on its own host: the changed cluster written beside
+    the plan holds the spare (linked by the topology's levels) and the re-plan reports both."""
+    from planner.inputs.job import load_topology
+
+    _, old = _files(tmp_path)
+    (tmp_path / "spare.yaml").write_text(yaml.safe_dump(
+        {"devices": [{"name": "spare", "type": "A100-80GB", "host": "host-spare"}]}))
+    code, out, err = run_cli([tmp_path / "old.yaml", "--from", old, "--lost", "g1", "--added", tmp_path / "spare.yaml",
+                              "--budget", "1", "-o", tmp_path / "new.yaml"], capsys)
+    assert code == 0, err
+    assert "lost g1; added spare" in out
+    record = yaml.safe_load((tmp_path / "new.yaml").read_text())["search"]["replan"]
+    assert record["added"] == ["spare"] and record["lost"] == ["g1"]
+    cluster = load_topology(tmp_path / "new.topology.yaml")
+    assert cluster.names == ["g0", "g2", "g3", "spare"]
+    assert cluster.bandwidth_bytes_per_s[0, 3] == cluster.bandwidth_bytes_per_s[0, 1]  # hosts linked alike
+
+
+@pytest.mark.parametrize("args, field, words", [
+    (["--lost", "g9"], "--lost", "g9, not a device"),
+    (["--added", "{spare}"], "devices", "'devices' list"),
+    (["--lost", "g1", "--topology-is-new"], "--lost", "is another"),
+])
+def test_lost_and_added_mistakes_are_one_line(tmp_path, capsys, args, field, words):
+    new, old = _files(tmp_path)
+    (tmp_path / "spare.yaml").write_text(yaml.safe_dump({"device": [{"name": "spare"}]}))
+    topology = new if "--topology-is-new" in args else tmp_path / "old.yaml"
+    args = [str(tmp_path / "spare.yaml") if a == "{spare}" else a for a in args if a != "--topology-is-new"]
+    code, out, err = run_cli([topology, "--from", old, *args, "-o", tmp_path / "p.yaml"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"field '{field}'" in err and words in err, err
+    assert not (tmp_path / "p.yaml").exists() and not (tmp_path / "p.topology.yaml").exists()
+
+
+def test_lost_without_from_is_refused(tmp_path, capsys):
+    _files(tmp_path)
+    code, out, err = run_cli([tmp_path / "old.yaml", "--lost", "g1"], capsys)
+    assert code == 2 and "field '--lost'" in err and "--from" in err

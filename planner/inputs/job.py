@@ -10,7 +10,7 @@ from planner.inputs.model import ModelSpec, TrainingSpec, model_preset, parse_mo
 from planner.inputs.topology import Topology, parse_topology
 from planner.plan.precision import check_precision
 
-__all__ = ["Job", "load_job", "load_topology"]
+__all__ = ["Job", "load_job", "load_topology", "topology_from_document"]
 
 _TOP_KEYS = ("name", "description", "devices", "network", "model", "training")
 
@@ -76,6 +76,14 @@ def load_topology(path) -> Topology:
     try:
         if not isinstance(document, dict):
             raise InputError("expected a mapping with 'devices' and 'network' at the top")
+        return _topology(document, path)
+    except InputError as error:
+        raise error.located(source=str(path)) from None
+
+
+def topology_from_document(document: dict, path) -> Topology:
+    """The topology of ``document``, read as if it were the file ``path`` (errors name that file)."""
+    try:
         return _topology(document, path)
     except InputError as error:
         raise error.located(source=str(path)) from None

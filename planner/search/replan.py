@@ -34,7 +34,7 @@ from planner.prediction.stage_model import head_outputs, optimizer_shards
 from planner.search.bounds import lower_bound_s
 
 __all__ = ["DEFAULT_MOVE_WEIGHT", "Move", "Moves", "MoveAwareTime", "ReplanResult", "state_pieces", "holdings",
-           "plan_moves", "replan", "read_old_plan", "topology_without"]
+           "plan_moves", "replan", "read_old_plan", "topology_without", "changed_topology"]
 
 DEFAULT_MOVE_WEIGHT = 1000.0  # iterations over which a move's seconds are weighed against iteration time
 CHECKPOINT = "checkpoint"  # the source of a piece no surviving device holds
@@ -306,6 +306,37 @@ def topology_without(document: dict, lost) -> dict:
         network["pairs"] = [p for p in network["pairs"] if p.get("from") not in lost and p.get("to") not in lost]
     name = f"{document.get('name', 'topology')}-without-{'-'.join(sorted(lost))}"
     return {**document, "name": name, "devices": [devices[i] for i in keep], "network": network}
+
+
+def changed_topology(document: dict, *, lost=(), added: dict | None = None, source: str = "--lost") -> dict:
+    """The topology document ``document`` without the devices ``lost`` and with ``added``'s devices
+    (a document with ``devices`` entries in the topology's format and, optionally, ``network.pairs``
+    for their links). Names that are not devices of ``document`` are refused in one line, as are
+    added devices on a network given as a matrix (a matrix has a row per device: name the links
+    in ``pairs`` or describe the network by levels)."""
+    names = [d["name"] for d in topology_without(document, ())["devices"]]
+    unknown = [name for name in lost if name not in names]
+    if unknown:
+        raise InputError(f"names {', '.join(unknown)}, not a device of the topology ({len(names)} devices: "
+                         f"{', '.join(names[:6])}{', ...' if len(names) > 6 else ''}): name the lost devices as "
+                         "the plan names them", field="--lost")
+    changed = topology_without(document, lost)
+    if not added:
+        return changed
+    entries = added.get("devices")
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        raise InputError("needs a 'devices' list of device entries as a topology file writes them", source=source,
+                         field="devices")
+    network = dict(changed["network"])
+    if "matrix" in network:
+        raise InputError("the topology's network is a matrix, a row per device: give the added devices' links as "
+                         "'network: pairs:' in this file or describe the topology's network by levels",
+                         source=source, field="network")
+    pairs = (added.get("network") or {}).get("pairs") or []
+    if pairs:
+        network["pairs"] = list(network.get("pairs") or []) + list(pairs)
+    name = changed["name"] + "-with-" + "-".join(str(e.get("name") or e.get("type")) for e in entries)
+    return {**changed, "name": name, "devices": changed["devices"] + list(entries), "network": network}
 
 
 def _with_topology(plan: Plan, topology, **changes) -> Plan:
