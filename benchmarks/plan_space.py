@@ -76,9 +76,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="each search's work budget (the same plans whatever the machine's load, while "
+                             "--time-limit leaves it time); default: the time limit's share")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "plan_space.json"))
     args = parser.parse_args()
-    options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit)
+    options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit, budget_s=args.budget)
     no_tensor = replace(options, tensor_degrees=(1,))
     rows = []
     for path in sorted((ROOT / "topologies" / "hetero").glob("*.yaml")):
@@ -122,7 +125,7 @@ def main() -> int:
               f"{times(row['speedup']):>8}  {times(row['tensor_speedup']):>6}  {alone_cell:>20}  "
               f"{times(row['tensor_vs_fastest_type_alone']):>15}  "
               f"{len(t.get('tensor_groups', []))} ({', '.join(map(str, sizes)) or '-'})")
-    Path(args.out).write_text(json.dumps({"time_limit_s": args.time_limit, "seed": args.seed, "rows": rows},
+    Path(args.out).write_text(json.dumps({"time_limit_s": args.time_limit, "budget_s": args.budget, "seed": args.seed, "rows": rows},
                                          indent=1) + "\n")
     print(f"written to {args.out}")
     return 0
