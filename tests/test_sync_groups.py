@@ -184,7 +184,7 @@ def _grouped_plan(folder, groups, micro_batches=(2, 1, 1, 2), sync_every=2):
 @pytest.mark.parametrize("groups, workers", [
     (((0, 1), (2, 3)), (3, 3)),  # each group one DiLoCo worker on its replicas' combined rows
     (((0,), (1,), (2,), (3,)), (2, 1, 1, 2)),  # groups of one: plain local steps, four workers
-])
+], ids=["two-groups", "groups-of-one"])
 def test_runtime_groups_equal_a_hand_written_diloco_and_send_the_predicted_bytes(tmp_path, groups, workers):
     import torch
 
