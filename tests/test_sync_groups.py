@@ -151,7 +151,12 @@ def test_report_says_which_replicas_sync_every_step(job):
     plan = plan.with_prediction(predict(plan, job.topology, job.model, training)[0])
     text = render_plan(plan, job.topology, job.model, training)
     assert "Sync groups" in text and "replicas 0, 1" in text and "This changes the optimisation" in text
-    assert "within groups" in text and "across groups" in text
+    assert "within groups" in text and "across groups" in text and "stage 0: slow-0 slow-1" in text
+    alone, _ = _four(job)
+    alone = dataclasses.replace(alone, search={"sync_groups_tried": {"replica": 1.0, "cluster": 2.0}})
+    alone = alone.with_prediction(predict(alone, job.topology, job.model, training)[0])
+    text = render_plan(alone, job.topology, job.model, training)
+    assert "Sync groups: none, every replica alone (chosen by the search: fastest of replica 1 s, cluster 2 s)" in text
 
 
 # -- runtime (CPU, gloo, fp32) --------------------------------------------------------------------
@@ -200,3 +205,29 @@ def test_runtime_groups_equal_a_hand_written_diloco_and_send_the_predicted_bytes
     sent = results["run"]["data_parallel_bytes_per_iteration"]
     predicted = communication_bytes(plan, model, training)["data_parallel_bytes_per_iteration"]
     assert sum(sent) / len(sent) == pytest.approx(predicted, rel=1e-6)
+
+
+def test_plan_and_topology_files_with_sync_groups_match_their_schemas(job):
+    import json
+
+    import jsonschema
+
+    from conftest import ROOT, small_topology
+
+    schemas = {k: json.loads((ROOT / "planner" / "schema" / f"{k}.schema.json").read_text())
+               for k in ("plan", "topology")}
+    plan, training = _four(job, ((0, 1), (2, 3)))
+    plan = plan.with_prediction(predict(plan, job.topology, job.model, training)[0])
+    document = plan_to_document(plan, model=job.model, training=training)
+    jsonschema.validate(document, schemas["plan"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**document, "sync_groups": [[0, 1], ["two"]]}, schemas["plan"])
+    topology = small_topology()
+    topology["training"].update(sync_every=4, sync_groups="cluster")
+    jsonschema.validate(topology, schemas["topology"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**topology, "training": {**topology["training"], "sync_groups": "host"}},
+                            schemas["topology"])
+    with pytest.raises(InputError) as caught:
+        parse_training({"global_batch": 8, "sync_groups": "host"})
+    assert caught.value.field == "training.sync_groups"

@@ -55,17 +55,17 @@ _GROUPS_SHOWN = 8
 
 def _sync_group_lines(plan) -> list:
     """Which replicas all-reduce gradients every iteration, over which devices (each stage's ring)."""
-    if not plan.sync_groups:
-        return []
     tried = plan.search.get("sync_groups_tried")
+    chosen = (" (chosen by the search: fastest of " + ", ".join(f"{k} {v:.4g} s" for k, v in tried.items()) + ")"
+              if tried else "")
+    if not plan.sync_groups:
+        return [f"  Sync groups: none, every replica alone{chosen}."] if tried else []
     out = [f"  Sync groups ({len(plan.sync_groups)}): each all-reduces its gradients every iteration over its "
            f"replicas' devices (each stage's ring); their leads (replicas "
            f"{', '.join(str(g[0]) for g in plan.sync_groups)}) average the deltas every {plan.sync_every} "
-           "iterations and broadcast them to their groups"
-           + (" (chosen by the search: fastest of " + ", ".join(f"{k} {v:.4g} s" for k, v in tried.items()) + ")"
-              if tried else "") + "."]
+           f"iterations and broadcast them to their groups{chosen}."]
     for g in plan.sync_groups[:_GROUPS_SHOWN]:
-        rings = " | ".join("-".join(plan.assignment[r][s] for r in g) for s in range(plan.stages))
+        rings = "; ".join(f"stage {s}: " + " ".join(plan.assignment[r][s] for r in g) for s in range(plan.stages))
         out.append(f"    replicas {', '.join(str(r) for r in g)}: {rings}")
     if len(plan.sync_groups) > _GROUPS_SHOWN:
         out.append(f"    ... and {len(plan.sync_groups) - _GROUPS_SHOWN} more groups")
@@ -153,7 +153,7 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
         out.append(f"Communication: {format_bytes(sent['bytes_per_token'])} per token sent between workers "
                    f"(data-parallel sync {format_bytes(sent['data_parallel_bytes_per_token'])}"
                    + (f", averaged over its {plan.sync_every} iterations" if sent["sync_every"] > 1 else "")
-                   + (f": {format_bytes(sent['within_groups_bytes_per_token'])} within groups every iteration, "
+                   + (f": {format_bytes(sent['within_groups_bytes_per_token'])} within groups, "
                       f"{format_bytes(sent['across_groups_bytes_per_token'])} across groups"
                       if "within_groups_bytes_per_token" in sent else "")
                    + f"; pipeline {format_bytes(pipeline)})")
