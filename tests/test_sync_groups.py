@@ -14,7 +14,8 @@ from planner.inputs.model import model_preset, parse_training
 from planner.plan.dims import Schedule
 from planner.plan.document import plan_from_document, plan_to_document
 from planner.plan.plan import Plan, validate_plan
-from planner.plan.sync_groups import cluster_groups, grouped_sync, grouped_sync_bytes, grouping, sync_groups_problem
+from planner.plan.sync_groups import (cluster_groups, grouped_sync, grouped_sync_bytes, grouping, kept_groups,
+                                      sync_groups_problem)
 from planner.prediction.predict import communication_bytes, predict
 from planner.prediction.stage_model import layer_costs, stage_parameters
 
@@ -27,6 +28,9 @@ def test_cluster_groups_join_replicas_whose_stages_share_regions():
     assert grouping("cluster", 3, regions, [[0], [2], [4]]) == ((0, 2), (1,))
     assert grouping("cluster", 2, regions, [[0], [2]]) == ()  # every replica alone: written as none
     assert grouping("one", 3, regions, [[0], [2], [4]]) == ((0, 1, 2),)
+    # a re-plan that drops replicas keeps the rest of their groups, renumbered
+    assert kept_groups(((0, 1), (2, 3, 4)), [0, 2, 4]) == ((0,), (1, 2))
+    assert kept_groups(((0, 1), (2, 3)), [0, 2]) == ()
 
 
 @pytest.mark.parametrize("groups, H, sync, shard, fragment", [

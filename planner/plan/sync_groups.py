@@ -19,7 +19,7 @@ bytes, ``2 (g - 1) / g`` of the message per hop).
 
 from cost_models.network import Sync
 
-__all__ = ["SYNC_GROUPINGS", "AUTO", "REPLICA", "CLUSTER", "ONE", "groups_of", "cluster_groups", "grouping",
+__all__ = ["SYNC_GROUPINGS", "AUTO", "REPLICA", "CLUSTER", "ONE", "groups_of", "cluster_groups", "grouping", "kept_groups",
            "sync_groups_problem", "leads", "group_rings", "grouped_sync", "grouped_sync_bytes"]
 
 AUTO, REPLICA, CLUSTER, ONE = "auto", "replica", "cluster", "one"
@@ -50,6 +50,14 @@ def grouping(kind: str, replicas: int, region_ids=None, assignment_indices=None)
         groups = cluster_groups(region_ids, assignment_indices)
     else:
         groups = ()
+    return () if all(len(g) == 1 for g in groups) else groups
+
+
+def kept_groups(sync_groups: tuple, keep: list) -> tuple:
+    """``sync_groups`` of a plan that keeps only the replicas ``keep`` (in that order, renumbered
+    from 0): each group's kept members; () when every kept replica is alone."""
+    index = {r: k for k, r in enumerate(keep)}
+    groups = tuple(g for g in (tuple(index[r] for r in group if r in index) for group in sync_groups) if g)
     return () if all(len(g) == 1 for g in groups) else groups
 
 
