@@ -89,14 +89,16 @@ def main(argv=None) -> int:
                        **_row(plan, prediction, job.model, t), "search_wall_s": round(time.perf_counter() - started, 2)}
                 rows.append(row)
                 kib, dp_kib = row["bytes_per_token"] / 1024, row["data_parallel_bytes_per_token"] / 1024
-                split = f"{row['within_groups_bytes_per_token'] / 1024:.1f}/{row['across_groups_bytes_per_token'] / 1024:.1f}"
+                within, across = row["within_groups_bytes_per_token"], row["across_groups_bytes_per_token"]
+                split = f"{within / 1024:.1f}/{across / 1024:.1f}"
                 print(f"{row['topology'][:22]:<22} {H:>3} {label:<15} {plan.stages:>2} x {plan.replicas:<2} "
                       f"{row['iteration_s']:>12.3f} {row['gradient_sync_s']:>9.3f} {kib:>10.2f} {dp_kib:>13.2f} "
                       f"{split:>14} {len(plan.sync_groups) or plan.replicas}"
                       + ("" if row["fits"] else "  (does not fit)"), flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"time_limit_s": args.time_limit, "seed": args.seed, "sync_every": list(SYNC_EVERY), "groupings": list(GROUPINGS),
+    out.write_text(json.dumps({"time_limit_s": args.time_limit, "seed": args.seed, "sync_every": list(SYNC_EVERY),
+                               "groupings": list(GROUPINGS),
                                "note": "H > 1 changes the optimisation: speeds, not model quality", "rows": rows},
                               indent=1))
     print(f"wrote {out}")

@@ -19,16 +19,11 @@ bytes, ``2 (g - 1) / g`` of the message per hop).
 
 from cost_models.network import Sync
 
-__all__ = ["SYNC_GROUPINGS", "AUTO", "REPLICA", "CLUSTER", "ONE", "groups_of", "cluster_groups", "grouping", "kept_groups",
+__all__ = ["SYNC_GROUPINGS", "AUTO", "REPLICA", "CLUSTER", "ONE", "cluster_groups", "grouping", "kept_groups",
            "sync_groups_problem", "leads", "group_rings", "grouped_sync", "grouped_sync_bytes"]
 
 AUTO, REPLICA, CLUSTER, ONE = "auto", "replica", "cluster", "one"
 SYNC_GROUPINGS = (AUTO, REPLICA, CLUSTER, ONE)  # training.sync_groups / --sync-groups
-
-
-def groups_of(sync_groups: tuple, replicas: int) -> tuple:
-    """The plan's groups (replica indices), or every replica alone when it names none."""
-    return tuple(tuple(g) for g in sync_groups) if sync_groups else tuple((r,) for r in range(replicas))
 
 
 def cluster_groups(region_ids, assignment_indices) -> tuple:
