@@ -232,6 +232,7 @@ def test_plan_and_topology_files_with_sync_groups_match_their_schemas(job):
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**topology, "training": {**topology["training"], "sync_groups": "host"}},
                             schemas["topology"])
-    with pytest.raises(InputError) as caught:
-        parse_training({"global_batch": 8, "sync_groups": "host"})
-    assert caught.value.field == "training.sync_groups"
+    for document in ({"sync_groups": "host"}, {"sync_groups": "cluster"}):  # the second with sync_every 1
+        with pytest.raises(InputError) as caught:
+            parse_training({"global_batch": 8, **document})
+        assert caught.value.field == "training.sync_groups"

@@ -145,6 +145,9 @@ class TrainingSpec:
         if self.sync_groups not in SYNC_GROUPINGS:
             raise InputError(f"{self.sync_groups!r} is not one of {', '.join(SYNC_GROUPINGS)}",
                              field="training.sync_groups")
+        if self.sync_groups in ("cluster", "one") and self.sync_every == 1:
+            raise InputError(f"is {self.sync_groups}, but sync_every is 1 (every replica syncs every iteration): set "
+                             "sync_every above 1, or sync_groups auto", field="training.sync_groups")
         if self.sync_every > 1 and self.shard_optimizer is True:
             raise InputError(f"is true, but sync_every {self.sync_every} keeps each replica's whole optimizer state "
                              "between syncs: set shard_optimizer to auto or false", field="training.shard_optimizer")
