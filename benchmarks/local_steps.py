@@ -8,7 +8,11 @@ placement may change with H), and the plan searched at H = 1 predicted again wit
 placement, only the sync amortised; its memory grows by the 8 B/param of outer state, so it may not
 fit). Bytes per token are what the workers send each other per token trained (``planner.prediction
 .predict.communication_bytes``: pipeline messages plus the data-parallel sync, the latter averaged
-over its H iterations). H > 1 changes the optimisation: these are speeds, not model quality.
+over its H iterations). For H > 1, the searched plan (its placement) is also predicted with each sync
+grouping (``planner.plan.sync_groups``): ``groups:replica`` every replica alone, ``groups:cluster``
+replicas whose devices sit stage by stage in the same regions all-reducing gradients every
+iteration, ``groups:one`` all replicas in one group; the searched row says which the search chose
+(``training.sync_groups: auto``). H > 1 changes the optimisation: these are speeds, not model quality.
 Prints a table and writes ``benchmarks/results/local_steps.json``.
 """
 
@@ -26,10 +30,12 @@ from planner.errors import InputError  # noqa: E402
 from planner.inputs.job import load_job  # noqa: E402
 from planner.prediction.predict import communication_bytes, predict  # noqa: E402
 from planner.search.front import SearchOptions, search  # noqa: E402
+from planner.search.group_choice import plan_with_groups  # noqa: E402
 
 TOPOLOGIES = ("topologies/hetero/home-consumer-gpus.yaml", "topologies/dtfm/case5-worldwide.yaml",
               "topologies/hetero/h100-3090-homes.yaml")
 SYNC_EVERY = (1, 4, 16, 64)
+GROUPINGS = ("replica", "cluster", "one")
 
 
 def _row(plan, prediction, model, training) -> dict:
@@ -38,6 +44,10 @@ def _row(plan, prediction, model, training) -> dict:
             "tokens_per_s": prediction.tokens_per_s, "fits": prediction.fits,
             "bytes_per_token": sent["bytes_per_token"],
             "data_parallel_bytes_per_token": sent["data_parallel_bytes_per_token"],
+            "within_groups_bytes_per_token": sent.get("within_groups_bytes_per_token", 0.0),
+            "across_groups_bytes_per_token": sent.get("across_groups_bytes_per_token",
+                                                      sent["data_parallel_bytes_per_token"]),
+            "sync_groups": [list(g) for g in plan.sync_groups],
             "stages": plan.stages, "replicas": plan.replicas, "devices_used": len(plan.used_devices)}
 
 
@@ -49,8 +59,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit)
     rows = []
-    print(f"{'topology':<22} {'H':>3} {'plan':<8} {'S x R':>6} {'iteration s':>12} {'sync s':>9} "
-          f"{'KiB/token':>10} {'DP KiB/token':>13}")
+    print(f"{'topology':<22} {'H':>3} {'plan':<15} {'S x R':>6} {'iteration s':>12} {'sync s':>9} "
+          f"{'KiB/token':>10} {'DP KiB/token':>13} {'within/across':>14} groups")
     for name in TOPOLOGIES:
         job = load_job(ROOT / name)
         base = None
@@ -69,17 +79,26 @@ def main(argv=None) -> int:
                 same = dataclasses.replace(base.plan, sync_every=H, prediction=None)
                 t = dataclasses.replace(base.training, sync_every=H, shard_optimizer="auto")  # ZeRO off with H > 1
                 entries.append(("same", same, predict(same, job.topology, job.model, t)[0], t))
+            if H > 1 and result.plan.replicas > 1:  # the searched placement with each sync grouping
+                for kind in GROUPINGS:
+                    grouped = plan_with_groups(dataclasses.replace(result.plan, prediction=None), job.topology, kind)
+                    entries.append((f"groups:{kind}", grouped,
+                                    predict(grouped, job.topology, job.model, result.training)[0], result.training))
             for label, plan, prediction, t in entries:
                 row = {"topology": Path(name).stem, "sync_every": H, "plan": label,
                        **_row(plan, prediction, job.model, t), "search_wall_s": round(time.perf_counter() - started, 2)}
                 rows.append(row)
                 kib, dp_kib = row["bytes_per_token"] / 1024, row["data_parallel_bytes_per_token"] / 1024
-                print(f"{row['topology'][:22]:<22} {H:>3} {label:<8} {plan.stages:>2} x {plan.replicas:<2} "
-                      f"{row['iteration_s']:>12.3f} {row['gradient_sync_s']:>9.3f} {kib:>10.2f} {dp_kib:>13.2f}"
+                within, across = row["within_groups_bytes_per_token"], row["across_groups_bytes_per_token"]
+                split = f"{within / 1024:.1f}/{across / 1024:.1f}"
+                print(f"{row['topology'][:22]:<22} {H:>3} {label:<15} {plan.stages:>2} x {plan.replicas:<2} "
+                      f"{row['iteration_s']:>12.3f} {row['gradient_sync_s']:>9.3f} {kib:>10.2f} {dp_kib:>13.2f} "
+                      f"{split:>14} {len(plan.sync_groups) or plan.replicas}"
                       + ("" if row["fits"] else "  (does not fit)"), flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"time_limit_s": args.time_limit, "seed": args.seed, "sync_every": list(SYNC_EVERY),
+                               "groupings": list(GROUPINGS),
                                "note": "H > 1 changes the optimisation: speeds, not model quality", "rows": rows},
                               indent=1))
     print(f"wrote {out}")

@@ -32,6 +32,11 @@ def _plan_parser(sub) -> None:
     p.add_argument("--sync-every", type=int, metavar="H",
                    help="local steps (DiLoCo): replicas sync parameter deltas every H iterations (default: the "
                         "file's training.sync_every, else 1); H > 1 changes the optimisation")
+    p.add_argument("--sync-groups", metavar="auto|replica|cluster|one",
+                   help="with --sync-every H > 1, which replicas all-reduce gradients every iteration as one worker: "
+                        "replica (each alone), cluster (replicas whose devices sit stage by stage in the same "
+                        "regions), one (all), or auto: the fastest of these (default: the file's "
+                        "training.sync_groups, else auto)")
     p.add_argument("--micro-batches-per-round", type=int, metavar="K",
                    help="accumulation rounds: each replica's micro-batches run K at a time, each round its own "
                         "pipeline fill and drain (default: the file's training.micro_batches_per_round, else 0 = one round)")
@@ -218,6 +223,14 @@ def _sync_every(value):
     return value
 
 
+def _sync_groups(value):
+    from planner.plan.sync_groups import SYNC_GROUPINGS
+
+    if value is not None and value not in SYNC_GROUPINGS:
+        raise InputError(f"{value!r} is not one of {', '.join(SYNC_GROUPINGS)}", field="--sync-groups")
+    return value
+
+
 def _compression_overrides(args) -> dict:
     """The compression options as training overrides (None: the file's), each bad value one line."""
     from cost_models.compression import MAX_POWERSGD_RANK, GradientCompression, MessageCompression
@@ -305,7 +318,7 @@ def _make(args) -> int:
 
     overrides = {"global_batch": _positive("--global-batch", args.global_batch),
                  "micro_batch_size": _positive("--micro-batch-size", args.micro_batch_size), "schedule": args.schedule,
-                 "sync_every": _sync_every(args.sync_every),
+                 "sync_every": _sync_every(args.sync_every), "sync_groups": _sync_groups(args.sync_groups),
                  "micro_batches_per_round": _non_negative_or_none("--micro-batches-per-round",
                                                                    args.micro_batches_per_round),
                  **_compression_overrides(args)}
@@ -443,7 +456,7 @@ def _replan(args) -> int:
 
     for flag, value in (("--model", args.model), ("--model-file", args.model_file),
                         ("--global-batch", args.global_batch), ("--calibration", args.calibration),
-                        ("--sync-every", args.sync_every),
+                        ("--sync-every", args.sync_every), ("--sync-groups", args.sync_groups),
                         ("--micro-batches-per-round", args.micro_batches_per_round),
                         ("--compress-messages", args.compress_messages),
                         ("--compress-gradients", args.compress_gradients), ("--powersgd-rank", args.powersgd_rank),

@@ -13,6 +13,7 @@ from planner.errors import InputError
 from planner.fields import Fields
 from planner.plan.sync import SYNC_CHOICES
 from planner.plan.sync import _conflict as _sync_conflict
+from planner.plan.sync_groups import SYNC_GROUPINGS
 
 __all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "HEADS", "MAX_GLOBAL_BATCH", "MAX_SYNC_EVERY", "MAX_VIRTUAL_STAGES",
            "MODEL_LIMITS", "parse_model", "parse_training", "model_preset", "preset_names"]
@@ -97,6 +98,10 @@ class TrainingSpec:
     # 1: every iteration's gradients are all-reduced, as without local steps. More than 1 changes the
     # optimisation (what is trained differs from the synchronous run).
     sync_every: int = 1
+    # With sync_every > 1, which replicas all-reduce gradients every iteration as one DiLoCo worker
+    # (``planner.plan.sync_groups``): replica (each alone), cluster (by regions), one, or "auto":
+    # the fastest of these by the simulator.
+    sync_groups: str = "auto"
     outer_learning_rate: float = 0.7
     outer_momentum: float = 0.9
     # Accumulation rounds: a replica's micro-batches run in rounds of this many, each its own pipeline
@@ -137,6 +142,12 @@ class TrainingSpec:
                 1 <= self.sync_every <= MAX_SYNC_EVERY:
             raise InputError(f"{self.sync_every!r} is not a whole number from 1 to {MAX_SYNC_EVERY:,}",
                              field="training.sync_every")
+        if self.sync_groups not in SYNC_GROUPINGS:
+            raise InputError(f"{self.sync_groups!r} is not one of {', '.join(SYNC_GROUPINGS)}",
+                             field="training.sync_groups")
+        if self.sync_groups in ("cluster", "one") and self.sync_every == 1:
+            raise InputError(f"is {self.sync_groups}, but sync_every is 1 (every replica syncs every iteration): set "
+                             "sync_every above 1, or sync_groups auto", field="training.sync_groups")
         if self.sync_every > 1 and self.shard_optimizer is True:
             raise InputError(f"is true, but sync_every {self.sync_every} keeps each replica's whole optimizer state "
                              "between syncs: set shard_optimizer to auto or false", field="training.shard_optimizer")
@@ -237,6 +248,7 @@ def parse_training(document, *, where: str = "training") -> TrainingSpec:
         schedule=schedule,
         shard_optimizer=f.raw("shard_optimizer", "auto"),
         sync_every=f.int("sync_every", 1),
+        sync_groups=f.str("sync_groups", "auto", choices=SYNC_GROUPINGS),
         outer_learning_rate=f.float("outer_learning_rate", 0.7, high=10.0),
         outer_momentum=f.raw("outer_momentum", 0.9),
         micro_batches_per_round=f.raw("micro_batches_per_round", 0),

@@ -43,6 +43,8 @@ def plan_to_document(plan: Plan, *, model=None, training=None, topology_source: 
         doc["virtual_stages"] = plan.virtual_stages
     if plan.sync_every != 1:  # local steps: data-parallel sync once every this many iterations
         doc["sync_every"] = plan.sync_every
+    if plan.sync_groups:  # local steps: replicas that sync every iteration, as groups of replica indices
+        doc["sync_groups"] = [list(g) for g in plan.sync_groups]
     if plan.micro_batches_per_round:  # accumulation rounds: each replica's micro-batches in rounds of this many
         doc["micro_batches_per_round"] = plan.micro_batches_per_round
     if plan.compression.active:  # lossy: messages between stages in int8, gradients by PowerSGD
@@ -174,6 +176,7 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
             topology_name=str(topo.raw("name", "")), topology_sha256=str(topo.raw("sha256", "")),
             idle=tuple(f.list("idle", [])), search=f.raw("search", {}), calibration=_calibration(f),
             tensor_groups=_tensor_groups(f, assignment), sync_every=f.int("sync_every", 1),
+            sync_groups=_sync_groups(f),
             micro_batches_per_round=f.int("micro_batches_per_round", 0, minimum=0),
             compression=_compression(f), virtual_stages=virtual_stages,
         )
@@ -276,6 +279,19 @@ def _tensor_groups(f: Fields, assignment: list) -> tuple:
             raise InputError(f"device {name!r} is in two places: a device runs in one tensor group of one stage",
                              field=where)
         seen.update(entry)
+        groups.append(tuple(entry))
+    return tuple(groups)
+
+
+def _sync_groups(f: Fields) -> tuple:
+    """``sync_groups``: lists of replica indices; whether they partition the replicas is
+    ``validate_plan``'s check (``planner.plan.sync_groups``)."""
+    groups = []
+    for k, entry in enumerate(f.list("sync_groups", [])):
+        if not isinstance(entry, list) or not entry or \
+                not all(isinstance(r, int) and not isinstance(r, bool) for r in entry):
+            raise InputError("must list one or more replica indices (whole numbers), e.g. [0, 1]",
+                             field=f"sync_groups[{k}]")
         groups.append(tuple(entry))
     return tuple(groups)
 

@@ -10,6 +10,7 @@ from cost_models.schedule import interleaving_problem
 from planner.plan.dims import Compression, Degrees, Schedule, Sync
 from planner.plan.precision import plan_precision_problem
 from planner.plan.sync import sync_problem
+from planner.plan.sync_groups import sync_groups_problem
 from planner.plan.tensor import tensor_degree_problem
 
 __all__ = ["Plan", "Prediction", "validate_plan", "interleave_plan"]
@@ -60,6 +61,10 @@ class Plan:
     tensor_groups: tuple = ()
     # Iterations between data-parallel syncs (local steps, ``TrainingSpec.sync_every``; 1: every one).
     sync_every: int = 1
+    # With local steps, replicas partitioned into sync groups (replica indices): gradients all-reduced
+    # every iteration inside a group, deltas averaged across groups every ``sync_every``
+    # (``planner.plan.sync_groups``); (): every replica alone.
+    sync_groups: tuple = ()
     # Micro-batches per accumulation round (``TrainingSpec.micro_batches_per_round``; 0: one round).
     micro_batches_per_round: int = 0
     # What goes compressed on the wire (``TrainingSpec.compress_messages`` etc.; lossy).
@@ -205,6 +210,9 @@ def validate_plan(plan: Plan, topology, model, training) -> None:
     if plan.sync_every != getattr(training, "sync_every", 1):
         raise InputError(f"is {plan.sync_every} but training.sync_every is {training.sync_every}: make both agree "
                          "or plan again", field="sync_every")
+    problem = sync_groups_problem(plan.sync_groups, R, plan.sync_every, plan.sync, training.shard_optimizer)
+    if problem:
+        raise InputError(problem, field="sync_groups")
     if plan.micro_batches_per_round != getattr(training, "micro_batches_per_round", 0):
         raise InputError(f"is {plan.micro_batches_per_round} but training.micro_batches_per_round is "
                          f"{training.micro_batches_per_round}: make both agree or plan again",

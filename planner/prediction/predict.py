@@ -9,6 +9,7 @@ import numpy as np
 from cost_models import memory
 from cost_models.simulator import PipelineJob, Timeline, simulate
 from planner.plan.plan import Plan, Prediction
+from planner.plan.sync_groups import grouped_sync, grouped_sync_bytes
 from planner.plan.tensor import groups_of_plan
 from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_flops, layer_costs, message_codec_s,
                                             optimizer_time_s, stage_compress_flops, stage_memory_bytes,
@@ -25,7 +26,17 @@ def sync_time_s(topology, plan: Plan, profile: StageProfile, stage: int) -> floa
     bytes, latency included) happens once every ``sync_every`` iterations."""
     ring, server = sync_members(topology, plan, stage)
     H = plan.sync_every
+    if plan.sync_groups:  # local steps in sync groups (``planner.plan.sync_groups``)
+        return grouped_sync(topology.network, *_grouped_args(topology, plan, stage),
+                            profile.gradient_bytes[stage] * H, H)[0]
     return topology.network.sync_s(plan.sync, profile.gradient_bytes[stage] * H, ring, server) / H
+
+
+def _grouped_args(topology, plan: Plan, stage: int) -> tuple:
+    """(each replica's device index at ``stage``, the stage's ring as replica indices, the groups)."""
+    devices = [topology.index(row[stage]) for row in plan.assignment]
+    order = list(plan.ring_orders[stage]) if plan.ring_orders else list(range(plan.replicas))
+    return devices, order, plan.sync_groups
 
 
 def sync_members(topology, plan: Plan, stage: int) -> tuple:
@@ -71,6 +82,10 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     for s in range(S):
         ring, server = sync_members(topology, plan, s)
         links.append(tuple(zip(ring, ring[1:] + ring[:1])) if len(ring) > 1 else ())
+        if plan.sync_groups:
+            holds.append(tuple(grouped_sync(topology.network, *_grouped_args(topology, plan, s),
+                                            float(profile.gradient_bytes[s]) * plan.sync_every, plan.sync_every)[1]))
+            continue
         holds.append(tuple(topology.network.sync_holds(plan.sync, ring, float(profile.gradient_bytes[s]),
                                                        float(sync[s]), server)) if len(ring) > 1 else ())
     return PipelineJob(schedule=plan.schedule, device=device, micro_batches=np.array(plan.micro_batches),
@@ -105,7 +120,9 @@ def communication_bytes(plan: Plan, model, training) -> dict:
     whatever the algorithm (``Network.sync_flows``: a ring's ``k`` hops of ``2 (k - 1) / k`` of the
     message, Patarasuk & Yuan 2009; a parameter server's ``k - 1`` messages each way; a
     hierarchical all-reduce's, and DTFM's sharded exchange's, the same total), per iteration: with local
-    steps the parameter deltas, ``sync_every`` times fewer.
+    steps the parameter deltas, ``sync_every`` times fewer; with sync groups, the groups' rings every
+    iteration and the leads' ring every ``sync_every`` (``planner.plan.sync_groups.grouped_sync_bytes``:
+    ``within_groups`` and ``across_groups`` split the data-parallel bytes).
     A tensor group's all-reduces inside its host are not counted."""
     costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
     profile = stage_profile(costs, plan.stage_bounds, plan.compression.message_mask(plan.stages))
@@ -116,7 +133,13 @@ def communication_bytes(plan: Plan, model, training) -> dict:
     k = plan.replicas
     data_parallel = 2.0 * (k - 1) * float(profile.gradient_bytes.sum())
     tokens = plan.global_batch * model.sequence
-    return {"sync_every": costs.sync_every, "pipeline_bytes_per_iteration": pipeline,
+    groups = {}
+    if plan.sync_groups:
+        H = plan.sync_every
+        within, across = grouped_sync_bytes(plan.sync_groups, float(profile.gradient_bytes.sum()) * H, H)
+        data_parallel = within + across
+        groups = {"within_groups_bytes_per_token": within / tokens, "across_groups_bytes_per_token": across / tokens}
+    return {"sync_every": costs.sync_every, **groups, "pipeline_bytes_per_iteration": pipeline,
             "data_parallel_bytes_per_iteration": data_parallel, "bytes_per_iteration": pipeline + data_parallel,
             "bytes_per_token": (pipeline + data_parallel) / tokens,
             "data_parallel_bytes_per_token": data_parallel / tokens}

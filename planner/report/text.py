@@ -41,11 +41,35 @@ def _local_steps_lines(plan, training) -> list:
         return []
     if plan.replicas == 1:
         return [f"Local steps: sync_every {plan.sync_every} changes nothing here (one replica, no data-parallel sync)."]
-    return [f"Local steps (DiLoCo): each replica takes {plan.sync_every} optimizer steps on its own, then the "
+    return [f"Local steps (DiLoCo): each {'sync group' if plan.sync_groups else 'replica'} takes "
+            f"{plan.sync_every} optimizer steps on its own, then the "
             f"replicas average their parameter deltas and an outer Nesterov step applies them (learning rate "
             f"{training.outer_learning_rate:g}, momentum {training.outer_momentum:g}).",
+            *_sync_group_lines(plan),
             "  This changes the optimisation: the loss per step may differ from syncing every iteration; "
             "the planner predicts speed, not model quality."]
+
+
+_GROUPS_SHOWN = 8
+
+
+def _sync_group_lines(plan) -> list:
+    """Which replicas all-reduce gradients every iteration, over which devices (each stage's ring)."""
+    tried = plan.search.get("sync_groups_tried")
+    chosen = (" (chosen by the search: fastest of " + ", ".join(f"{k} {v:.4g} s" for k, v in tried.items()) + ")"
+              if tried else "")
+    if not plan.sync_groups:
+        return [f"  Sync groups: none, every replica alone{chosen}."] if tried else []
+    out = [f"  Sync groups ({len(plan.sync_groups)}): each all-reduces its gradients every iteration over its "
+           f"replicas' devices (each stage's ring); their leads (replicas "
+           f"{', '.join(str(g[0]) for g in plan.sync_groups)}) average the deltas every {plan.sync_every} "
+           f"iterations and broadcast them to their groups{chosen}."]
+    for g in plan.sync_groups[:_GROUPS_SHOWN]:
+        rings = "; ".join(f"stage {s}: " + " ".join(plan.assignment[r][s] for r in g) for s in range(plan.stages))
+        out.append(f"    replicas {', '.join(str(r) for r in g)}: {rings}")
+    if len(plan.sync_groups) > _GROUPS_SHOWN:
+        out.append(f"    ... and {len(plan.sync_groups) - _GROUPS_SHOWN} more groups")
+    return out
 
 
 def _compression_lines(plan) -> list:
@@ -129,6 +153,9 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
         out.append(f"Communication: {format_bytes(sent['bytes_per_token'])} per token sent between workers "
                    f"(data-parallel sync {format_bytes(sent['data_parallel_bytes_per_token'])}"
                    + (f", averaged over its {plan.sync_every} iterations" if sent["sync_every"] > 1 else "")
+                   + (f": {format_bytes(sent['within_groups_bytes_per_token'])} within groups, "
+                      f"{format_bytes(sent['across_groups_bytes_per_token'])} across groups"
+                      if "within_groups_bytes_per_token" in sent else "")
                    + f"; pipeline {format_bytes(pipeline)})")
         if result is not None:
             unit = (lambda usd: f"${usd:.4g}") if result.objective == "cost" else format_seconds  # dollars, or seconds

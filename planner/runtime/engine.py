@@ -88,24 +88,50 @@ class StageGroups:
     replica_embedding: object = None  # with local steps: this replica's first and last stage only
     tensor: object = None  # this (replica, stage)'s tensor group (its degree > 1); else None
     tensor_lead: int = 0  # the global rank of the tensor group's lead (member 0)
+    # Local steps in sync groups (``planner.plan.sync_groups``): this replica's group at this stage
+    # (its gradients all-reduced every iteration; None for a group of one), the ranks the outer step
+    # sums deltas over (the stage's replicas, or the groups' leads; None on other ranks and with one
+    # group), the group's lead's global rank and the group's replica count.
+    sync_group: object = None
+    outer: object = None
+    sync_lead: int = 0
+    group_size: int = 1
 
 
-def make_groups(layout: Layout, stage: int, tied: bool, *, local_steps: bool = False) -> StageGroups:
+def make_groups(layout: Layout, stage: int, tied: bool, *, local_steps: bool = False,
+                sync_groups: tuple = ()) -> StageGroups:
     """Create every group on every rank in the same order (torch.distributed requires it). With
     ``local_steps`` the tied embedding's two copies also get a group per replica: between syncs a
     replica's copies stay equal without reaching the other replicas. With tensor groups the data-
     parallel groups join member k of a stage's replicas, the tied embedding's groups join leads
-    (the other members take its weights from their lead), and each (replica, stage) gets its group."""
+    (the other members take its weights from their lead), and each (replica, stage) gets its group.
+    ``sync_groups`` (local steps' groups of replicas, () for every replica alone): each group's
+    ranks at each stage, and the groups' leads at each stage, get a group; the tied embedding's
+    group with local steps then joins the copies of the whole sync group."""
     S, R = layout.stages, layout.replicas
     replica, _, member = layout.place(dist.get_rank())
     stage_groups = {(s, k): dist.new_group([layout.rank(r, s, k) for r in range(R)])
                     for s in range(S) for k in range(layout.degree(s))}
+    groups = tuple(tuple(g) for g in sync_groups) or tuple((r,) for r in range(R))
+    mine = next(g for g in groups if replica in g)
+    sync_group, outer = None, stage_groups[(stage, member)]
+    if sync_groups:
+        for s in range(S):
+            for k in range(layout.degree(s)):
+                for g in groups:
+                    if len(g) > 1:
+                        made = dist.new_group([layout.rank(r, s, k) for r in g])
+                        if (s, k) == (stage, member) and g == mine:
+                            sync_group = made
+                made = dist.new_group([layout.rank(g[0], s, k) for g in groups]) if len(groups) > 1 else None
+                if (s, k) == (stage, member):
+                    outer = made if replica == mine[0] else None
     embedding = replica_embedding = None
     if tied and S > 1:
         embedding = dist.new_group(sorted(layout.rank(r, s) for r in range(R) for s in (0, S - 1)))
         if local_steps:
-            pairs = [dist.new_group([layout.rank(r, 0), layout.rank(r, S - 1)]) for r in range(R)]
-            replica_embedding = pairs[replica]
+            pairs = [dist.new_group(sorted(layout.rank(r, s) for r in g for s in (0, S - 1))) for g in groups]
+            replica_embedding = pairs[groups.index(mine)]
     tensor = None
     for r in range(R):
         for s in range(S):
@@ -116,7 +142,8 @@ def make_groups(layout: Layout, stage: int, tied: bool, *, local_steps: bool = F
     if member:  # the tied embedding's groups hold leads only
         embedding = replica_embedding = None
     return StageGroups(stage=stage_groups[(stage, member)], embedding=embedding, replica_embedding=replica_embedding,
-                       tensor=tensor, tensor_lead=layout.rank(replica, stage))
+                       tensor=tensor, tensor_lead=layout.rank(replica, stage), sync_group=sync_group, outer=outer,
+                       sync_lead=layout.rank(mine[0], stage, member), group_size=len(mine))
 
 
 class _Timer:
@@ -201,8 +228,12 @@ class StageExecutor:
     @property
     def gradient_divisor(self) -> int:
         """What each micro-batch's loss is divided by before backward: all replicas' micro-batches
-        (the gradients are then summed over them), or with local steps this replica's own."""
-        return self.plan.micro_batches[self.replica] if self.local_steps is not None else self.total_micro_batches
+        (the gradients are then summed over them), or with local steps this replica's own (its sync
+        group's, summed over the group)."""
+        if self.local_steps is None:
+            return self.total_micro_batches
+        mine = next((g for g in self.plan.sync_groups if self.replica in g), (self.replica,))
+        return sum(self.plan.micro_batches[r] for r in mine)  # with sync groups, the group's
 
     # -- one iteration -------------------------------------------------------------------------
     def batch(self, index: int):
@@ -357,6 +388,8 @@ class StageExecutor:
         elif self.layout.replicas > 1 and self.local_steps is None:
             # by the plan's algorithm and route (``planner.runtime.gradient_sync``) where the worker gave one
             self.sync_bytes += _all_reduce_sum(self.stage_parameters, self.groups.stage, self.sync_route)
+        elif self.groups.sync_group is not None:  # local steps: inside the replica's sync group, every iteration
+            self.sync_bytes += _all_reduce_sum(self.stage_parameters, self.groups.sync_group)
         if self.groups.embedding is not None and self.embedding_parameters:
             local = self.local_steps is not None and self.groups.replica_embedding is not None
             group = self.groups.replica_embedding if local else self.groups.embedding

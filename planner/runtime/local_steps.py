@@ -8,6 +8,12 @@ averaged over the stage's replicas, an outer Nesterov step from the snapshot set
 ``nesterov=True``), and the result becomes the new snapshot. The snapshot and the momentum are fp32
 (the 8 B per parameter the cost model charges); the deltas travel at the weights' precision, the
 same bytes as one gradient all-reduce.
+
+With sync groups (``planner.plan.sync_groups``) a group's replicas all-reduce their gradients every
+iteration (the engine, over the group's ranks) and so hold the same weights and delta: the outer
+sync runs between the groups' leads, each delta weighted by its group's replica count (the mean
+over all replicas), and each lead broadcasts the mean to its group. With one group there is
+nothing to exchange.
 """
 
 import torch
@@ -45,12 +51,17 @@ class LocalSteps:
     iterations over ``group`` (the stage's ``replicas``), and the bytes it hands the all-reduce."""
 
     def __init__(self, parameters, *, sync_every: int, learning_rate: float, momentum: float, group, replicas: int,
-                 masters: dict | None = None):
+                 masters: dict | None = None, group_size: int = 1, within=None, source: int = 0):
+        """``group``: the ranks the deltas are summed over (the stage's replicas; with sync groups the
+        groups' leads, None on other ranks and with one group); ``group_size``: the replicas of this
+        rank's sync group (its delta's weight); ``within``: the sync group's ranks, to which
+        ``source`` (the lead's global rank) broadcasts the mean (None: a group of one, or one group)."""
         assert sync_every > 1 and replicas > 1, "local steps need a sync to space out"
         self.parameters = list(parameters)
         self.masters = masters or {}  # id(weight) -> its fp32 master copy, for 16-bit weights
         self.sync_every, self.learning_rate, self.momentum_factor = sync_every, learning_rate, momentum
         self.group, self.replicas = group, replicas
+        self.group_size, self.within, self.source = group_size, within, source
         self.snapshot = [self._fp32(p).detach().clone() for p in self.parameters]
         self.momentum = [torch.zeros_like(s) for s in self.snapshot]
         self.bytes_sent = 0  # message bytes handed to the delta all-reduce, all outer steps together
@@ -68,7 +79,13 @@ class LocalSteps:
         """Average the deltas over the stage's replicas, step, set the weights, take the new snapshot."""
         current = [self._fp32(p).float() for p in self.parameters]
         wire = [(s - c).to(p.dtype) for s, c, p in zip(self.snapshot, current, self.parameters)]
-        self._all_reduce_mean(wire)
+        if self.group is not None:  # the mean over all replicas, each group's delta weighted by its size
+            if self.group_size > 1:
+                for w in wire:
+                    w.mul_(self.group_size)
+            self._in_buckets(wire, self._reduce)
+        if self.within is not None:  # the lead's mean to the rest of its group
+            self._in_buckets(wire, self._broadcast)
         delta = [w.float() for w in wire]
         new = outer_nesterov_step(self.snapshot, delta, self.momentum, learning_rate=self.learning_rate,
                                   momentum_factor=self.momentum_factor)
@@ -80,21 +97,36 @@ class LocalSteps:
         self.snapshot = [v.clone() for v in new]
         self.outer_steps += 1
 
-    def _all_reduce_mean(self, tensors: list) -> None:
+    @staticmethod
+    def _in_buckets(tensors: list, run) -> None:
         bucket, size = [], 0
         for t in tensors:
             bucket.append(t)
             size += t.numel() * t.element_size()
             if size >= _BUCKET_BYTES:
-                self._reduce(bucket)
+                run(bucket)
                 bucket, size = [], 0
         if bucket:
-            self._reduce(bucket)
+            run(bucket)
 
     def _reduce(self, bucket: list) -> None:
         flat = _flatten_dense_tensors(bucket)
-        self.bytes_sent += flat.numel() * flat.element_size()
+        self.bytes_sent += _ring_share(flat, self.group)
         dist.all_reduce(flat, group=self.group)
         flat.div_(self.replicas)
         for t, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
             t.copy_(reduced)
+
+    def _broadcast(self, bucket: list) -> None:
+        flat = _flatten_dense_tensors(bucket)
+        self.bytes_sent += _ring_share(flat, self.within)  # a long-message broadcast: scatter, then all-gather
+        dist.broadcast(flat, self.source, group=self.within)
+        for t, value in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+            t.copy_(value)
+
+
+def _ring_share(flat: torch.Tensor, group) -> int:
+    """Bytes one of ``group``'s ``k`` ranks sends in a ring all-reduce of ``flat`` (as
+    ``planner.runtime.engine`` counts torch's): ``2 (k - 1) / k`` of the message."""
+    k = dist.get_world_size(group)
+    return 2 * (k - 1) * flat.numel() * flat.element_size() // k

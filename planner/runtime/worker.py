@@ -122,7 +122,8 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     plan, model, training = inputs.plan, inputs.model, inputs.training
     executed = emulated_model(model, plan.degrees.tensor) if config.emulate else model
     local = plan.sync_every > 1 and layout.replicas > 1  # local steps: the outer step every sync_every iterations
-    groups = make_groups(layout, stage, executed.tied_embeddings, local_steps=local)
+    groups = make_groups(layout, stage, executed.tied_embeddings, local_steps=local,
+                         sync_groups=plan.sync_groups if local else ())
     chunks = [build_stage(executed, first, end, seed=config.seed, recompute=training.recompute is True)
               for first, end in plan.chunk_layers(stage)]
     module = chunks[0] if len(chunks) == 1 else ChunkedStage(chunks)  # interleaved 1F1B: v chunks
@@ -148,8 +149,10 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
                                 tensor=(member, degree) if degree > 1 else None)
     # The snapshot is taken from the weights trained from (a resumed run's outer momentum starts at zero).
     local_steps = LocalSteps(trained, sync_every=plan.sync_every, momentum=training.outer_momentum,
-                             learning_rate=training.outer_learning_rate, group=groups.stage, replicas=layout.replicas,
-                             masters=master_copies(optimizer)) if local else None
+                             learning_rate=training.outer_learning_rate, group=groups.outer, replicas=layout.replicas,
+                             masters=master_copies(optimizer), group_size=groups.group_size,
+                             within=groups.sync_group if len(plan.sync_groups) > 1 else None,
+                             source=groups.sync_lead) if local else None
     emulator = None
     if config.emulate:
         job = build_pipeline_job(plan, inputs.topology, model, training)

@@ -45,6 +45,7 @@ from planner.search.moves import Neighbourhood
 from planner.search.objective import IterationTime, Objective
 from planner.search.plans import candidate_to_plan
 from planner.search.sync_choice import choose_sync
+from planner.search.group_choice import choose_sync_groups
 from planner.search.no_plan import network_error, no_degrees_error, no_fit_error, too_few_micro_batches_error
 from planner.search.refine import REFINE_EVALUATIONS, refine_split
 
@@ -172,6 +173,7 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     bound = objective.lower_bound(topology, model, training)  # over every device, at the asked precision
     bound = max(bound, record.pop("engine_bound_s", 0.0))  # an engine's proof over the same plans, if tighter
     plan, training, sync_tried = choose_sync(plan, topology, model, training)
+    plan, groups_tried = choose_sync_groups(plan, topology, model, training)
     training, plan = _resolved_training(plan, topology, model, training)
     validate_plan(plan, topology, model, training)
     score = objective.score(plan, topology, model, training)
@@ -179,6 +181,8 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     gap = max(0.0, (score - bound) / score) if score > 0 else 0.0
     if sync_tried:
         record = {**record, "sync_tried": sync_tried}
+    if groups_tried:
+        record = {**record, "sync_groups_tried": groups_tried}
     plan = replace(plan, search={**record, "objective": objective.name, "objective_s": score, "seed": options.seed,
                                  "wall_s": round(wall, 3), "lower_bound_s": bound, "gap": gap})
     return SearchResult(plan=plan, predicted_s=plan.prediction.iteration_s, objective=objective.name,

@@ -29,6 +29,7 @@ import numpy as np
 from cost_models import flops, memory
 from planner.errors import InputError
 from planner.plan.plan import Plan, validate_plan
+from planner.plan.sync_groups import kept_groups
 from planner.prediction.predict import predict
 from planner.prediction.stage_model import head_outputs, optimizer_shards
 from planner.search.bounds import lower_bound_s
@@ -360,7 +361,7 @@ def _drop_rows(plan: Plan, rows: set) -> dict | None:
         counts[int(np.argmin(counts))] += 1
     leaving = {d for r in rows for d in plan.assignment[r]}
     return dict(assignment=tuple(plan.assignment[r] for r in keep), micro_batches=tuple(counts), ring_orders=(),
-                tensor_groups=_without_groups_of(plan, leaving))
+                tensor_groups=_without_groups_of(plan, leaving), sync_groups=kept_groups(plan.sync_groups, keep))
 
 
 def _merge_stage(plan: Plan, stage: int, into: int) -> dict | None:
