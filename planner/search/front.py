@@ -128,10 +128,12 @@ def _replica_counts(most: int, n: int) -> list:
     return sorted(counts)
 
 
-def _degree_pairs(n: int, layers: int, options) -> list:
+def _degree_pairs(n: int, layers: int, options, virtual_stages: int = 1) -> list:
+    """(stages, replicas) within ``n`` devices; with ``virtual_stages`` v fixed above 1, only depths of
+    two stages or more that hold v chunks of a layer or more each."""
     pairs = []
     for s in range(1, min(layers, n) + 1):
-        if options.stages and s != options.stages:
+        if (options.stages and s != options.stages) or (virtual_stages > 1 and not 2 <= s <= layers // virtual_stages):
             continue
         for d in _replica_counts(n // s, n) if not options.replicas else [options.replicas]:
             if s * d <= n:
@@ -438,7 +440,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
 
     # Degree pairs by ascending work bound; once a pair's bound reaches the best estimate, no later
     # pair can beat it (every estimate is at least its pair's bound), so the loop stops there.
-    allowed = _degree_pairs(topology.size, model.layers, options)
+    allowed = _degree_pairs(topology.size, model.layers, options, training.fixed_virtual_stages)
     sizes = _micro_batch_sizes(training, options)
     if not allowed:
         raise no_degrees_error(topology.size, model.layers, options.stages, options.replicas)
