@@ -177,3 +177,24 @@ def test_a_fixed_virtual_stage_count_is_planned_written_and_read_back(tmp_path, 
     job = load_job(topology, training_overrides={"virtual_stages": 2})
     validate_plan(plan, job.topology, job.model, replace(job.training, virtual_stages=2))
     assert all(m % plan.stages == 0 for m in plan.micro_batches)
+
+
+@pytest.mark.slow
+def test_the_searched_interleaved_plan_launches(tmp_path, capsys):
+    """The plan ``--virtual-stages 2`` writes runs on the CPU devices (gloo, emulated): every stage
+    runs both its chunks' backwards and the run ends with a finite loss."""
+    import math
+
+    from planner.runtime.launch import LaunchOptions, launch
+    from tests.runtime_helpers import run_cli
+
+    out_path = tmp_path / "plan.yaml"
+    code, out, err = run_cli([_cli_topology(tmp_path), "--virtual-stages", "2", "--time-limit", "10", "--budget", "1",
+                              "-o", out_path], capsys)
+    assert code == 0, err
+    results = launch(out_path, LaunchOptions(backend="gloo", iterations=2, warmup=0, out_dir=str(tmp_path / "run"),
+                                             emulate=True, time_scale=20.0), log=lambda line: None)
+    stages = yaml.safe_load(out_path.read_text())["degrees"]["pipeline"]
+    assert {(op["stage"], op["chunk"]) for op in results["measured"]["trace"] if op["kind"] == "bwd"} == \
+        {(s, c) for s in range(stages) for c in range(2)}
+    assert math.isfinite(results["comparison"]["measured_s"])
