@@ -234,7 +234,8 @@ def _best_compression(topology, model, training, options, *, objective=None, **k
     for on in (False, True):
         chosen = replace(training, **{key: str(_COMPRESSED[key]) if on else "off" for key in auto})
         start = kwargs.get("x0")
-        if on and start is None and "off" in results and (objective or IterationTime()).engine == "placement":
+        if on and start is None and "off" in results and (objective or IterationTime()).engine == "placement" \
+                and results["off"].plan.virtual_stages == 1:  # interleaved 1F1B sends no int8 messages
             # the plan without compression, compressed, is a candidate too
             start = replace(results["off"].plan, compression=Compression.of_training(chosen), prediction=None,
                             search={})
