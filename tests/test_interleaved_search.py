@@ -105,6 +105,11 @@ def test_auto_interleaves_where_the_bubble_dominates_and_not_where_messages_are_
     assert result.predicted_s < 0.9 * plain.predicted_s
     assert all(len(result.plan.chunk_layers(s)) == result.plan.virtual_stages for s in range(4))
     validate_plan(result.plan, fast.topology, fast.model, result.training)
+    from planner.report.text import render_plan
+
+    text = render_plan(result.plan, fast.topology, fast.model, result.training)
+    assert f"interleaved over {result.plan.virtual_stages} virtual stages" in text
+    assert "Virtual stages tried (the best simulated finalist of each): v = 1: " in text
     slow = _four_devices(tmp_path, "1Gbps", "2ms")
     result = search(slow.topology, slow.model, slow.training, OPTIONS)
     assert result.plan.stages == 4 and result.plan.virtual_stages == 1
