@@ -54,14 +54,8 @@ def multiple_split(micro_batches, stages: int, per_round: int = 0) -> tuple | No
     units = m / stages
     whole = np.maximum(np.floor(units).astype(np.int64), 1)
     left = total // stages - int(whole.sum())
-    order = np.argsort(-(units - np.floor(units)), kind="stable")
-    for r in order:
-        if left == 0:
-            break
-        step = 1 if left > 0 else -1
-        if whole[r] + step >= 1:
-            whole[r] += step
-            left -= step
+    order = np.argsort(-(units - np.floor(units)), kind="stable")  # largest remainders first
+    whole[order[:max(left, 0)]] += 1  # fewer than R units are left over from the floors
     while left < 0:  # floors of 1 raised some replicas: take from the largest
         r = int(np.argmax(whole))
         whole[r] -= 1
