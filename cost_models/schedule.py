@@ -30,7 +30,8 @@ class Schedule(StrEnum):
 # What ``schedule: auto`` searches. ZB-H1 is asked for by name: it keeps up to S micro-batches'
 # activations on every stage, and a third schedule splits the search's budget three ways (with it,
 # tests/test_tensor_parallel.py's 8 x T4 + A100 cluster got 19.9 s instead of 15.7 s in 8 s).
-# Interleaving 1F1B (``virtual_stages``) is a plan file's choice too: the search plans one chunk per device.
+# Interleaving 1F1B (``virtual_stages``) is not a schedule here: the search scores its 1F1B finalists
+# again with v > 1 chunks per device (``planner.search.interleave``).
 AUTO_SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
 
 

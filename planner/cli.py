@@ -37,6 +37,9 @@ def _plan_parser(sub) -> None:
                         "replica (each alone), cluster (replicas whose devices sit stage by stage in the same "
                         "regions), one (all), or auto: the fastest of these (default: the file's "
                         "training.sync_groups, else auto)")
+    p.add_argument("--virtual-stages", metavar="N|auto",
+                   help="interleaved 1F1B: model chunks per device; auto: the search picks v per plan among 1, 2, "
+                        "4, ... (default: the file's training.virtual_stages, else 1)")
     p.add_argument("--micro-batches-per-round", type=int, metavar="K",
                    help="accumulation rounds: each replica's micro-batches run K at a time, each round its own "
                         "pipeline fill and drain (default: the file's training.micro_batches_per_round, else 0 = one round)")
@@ -231,6 +234,18 @@ def _sync_groups(value):
     return value
 
 
+def _virtual_stages(value):
+    """``--virtual-stages``: a whole number from 1 to ``MAX_VIRTUAL_STAGES``, or auto (None: the file's)."""
+    from planner.inputs.model import MAX_VIRTUAL_STAGES
+
+    if value is None or value == "auto":
+        return value
+    if not value.isdigit() or not 1 <= int(value) <= MAX_VIRTUAL_STAGES:
+        raise InputError(f"must be a whole number from 1 to {MAX_VIRTUAL_STAGES} or auto, got {value!r}",
+                         field="--virtual-stages")
+    return int(value)
+
+
 def _compression_overrides(args) -> dict:
     """The compression options as training overrides (None: the file's), each bad value one line."""
     from cost_models.compression import MAX_POWERSGD_RANK, GradientCompression, MessageCompression
@@ -319,6 +334,7 @@ def _make(args) -> int:
     overrides = {"global_batch": _positive("--global-batch", args.global_batch),
                  "micro_batch_size": _positive("--micro-batch-size", args.micro_batch_size), "schedule": args.schedule,
                  "sync_every": _sync_every(args.sync_every), "sync_groups": _sync_groups(args.sync_groups),
+                 "virtual_stages": _virtual_stages(args.virtual_stages),
                  "micro_batches_per_round": _non_negative_or_none("--micro-batches-per-round",
                                                                    args.micro_batches_per_round),
                  **_compression_overrides(args)}

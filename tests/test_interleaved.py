@@ -314,19 +314,6 @@ def test_training_that_cannot_interleave_is_refused(training, words):
     assert caught.value.field == "training.virtual_stages" or words == "set compress_messages off"
 
 
-def test_the_search_refuses_virtual_stages_in_one_line(tmp_path, capsys):
-    from tests.runtime_helpers import cpu_topology, run_cli
-    import yaml
-
-    topology = cpu_topology(tmp_path / "topology.yaml")
-    document = yaml.safe_load(topology.read_text())
-    document["training"] = {"global_batch": 8, "schedule": "1f1b", "virtual_stages": 2}
-    document["model"] = "tiny"
-    topology.write_text(yaml.safe_dump(document))
-    code, out, err = run_cli([topology, "--time-limit", "1"], capsys)
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "training.virtual_stages" in err
-
-
 def test_report_names_the_interleaving_and_each_stages_chunks():
     from planner.inputs.job import load_job
     from planner.inputs.model import parse_model, parse_training

@@ -116,8 +116,9 @@ class TrainingSpec:
     # The data-parallel gradient sync (``cost_models.network.Sync``): ring, hierarchical,
     # parameter-server, sharded, or "auto": the search picks the fastest for each plan.
     sync: str = "ring"
-    # Interleaved 1F1B (Narayanan et al. 2021, sec. 2.2.2): model chunks per device; 1: plain 1F1B.
-    virtual_stages: int = 1
+    # Interleaved 1F1B (Narayanan et al. 2021, sec. 2.2.2): model chunks per device; 1: plain 1F1B;
+    # "auto": the search chooses per plan among the values that can run (``planner.search.interleave``).
+    virtual_stages: int | str = 1
 
     def __post_init__(self):
         if self.global_batch < 1:
@@ -177,14 +178,15 @@ class TrainingSpec:
             conflict = _sync_conflict(Sync(self.sync), self, 2)
             if conflict:
                 raise InputError(conflict[1], field="training.sync")
-        if isinstance(self.virtual_stages, bool) or not isinstance(self.virtual_stages, int) \
-                or not 1 <= self.virtual_stages <= MAX_VIRTUAL_STAGES:
-            raise InputError(f"{self.virtual_stages!r} is not a whole number from 1 to {MAX_VIRTUAL_STAGES}",
+        if self.virtual_stages != "auto" and (isinstance(self.virtual_stages, bool)
+                                               or not isinstance(self.virtual_stages, int)
+                                               or not 1 <= self.virtual_stages <= MAX_VIRTUAL_STAGES):
+            raise InputError(f"{self.virtual_stages!r} is not a whole number from 1 to {MAX_VIRTUAL_STAGES} or auto",
                              field="training.virtual_stages")
-        if self.virtual_stages > 1 and self.schedule != Schedule.ONE_F_ONE_B:
+        if self.fixed_virtual_stages > 1 and self.schedule not in (Schedule.ONE_F_ONE_B, "auto"):
             raise InputError(f"is {self.virtual_stages}, which interleaves 1F1B, but the schedule is {self.schedule}: "
                              "set schedule 1f1b or virtual_stages 1", field="training.virtual_stages")
-        if self.virtual_stages > 1 and self.compress_messages != "off":
+        if self.fixed_virtual_stages > 1 and self.compress_messages != "off":
             raise InputError(f"is {self.virtual_stages}, but interleaved 1F1B sends no int8 messages: set "
                              "compress_messages off or virtual_stages 1", field="training.virtual_stages")
         if not 0.0 < self.outer_learning_rate <= 10.0:
@@ -192,6 +194,11 @@ class TrainingSpec:
         if isinstance(self.outer_momentum, bool) or not isinstance(self.outer_momentum, (int, float)) \
                 or not 0.0 <= self.outer_momentum < 1.0:
             raise InputError(f"{self.outer_momentum!r} is not in [0, 1)", field="training.outer_momentum")
+
+    @property
+    def fixed_virtual_stages(self) -> int:
+        """``virtual_stages`` when it is a number, 1 when the search chooses it (auto)."""
+        return 1 if self.virtual_stages == "auto" else self.virtual_stages
 
     @property
     def activation_bytes(self) -> int:

@@ -244,7 +244,7 @@ def _check_virtual_stages(plan: Plan, model, training) -> None:
     """Interleaved 1F1B's limits (``cost_models.schedule.interleaving_problem``), and the plan
     dimensions it does not combine with."""
     v = plan.virtual_stages
-    if v != getattr(training, "virtual_stages", 1):
+    if v != getattr(training, "virtual_stages", 1) and getattr(training, "virtual_stages", 1) != "auto":
         raise InputError(f"is {v} but training.virtual_stages is {training.virtual_stages}: make both agree or plan "
                          "again", field="virtual_stages")
     if v == 1:

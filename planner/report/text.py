@@ -35,6 +35,20 @@ def _idle_reason(plan, devices: int) -> str:
     return "using them would not speed up the iteration"
 
 
+def _interleaving_lines(plan) -> list:
+    """Where the search tried interleaved 1F1B (``planner.search.interleave``), the best simulated
+    finalist of each chunk count it tried; nothing where it tried one count."""
+    best = {}
+    for finalist in plan.search.get("finalists", []):
+        if finalist.get("fits"):
+            v = finalist.get("virtual_stages", 1)
+            best[v] = min(best.get(v, float("inf")), finalist["simulated_s"])
+    if len(best) < 2:
+        return []
+    return ["Virtual stages tried (the best simulated finalist of each): "
+            + ", ".join(f"v = {v}: {seconds:.4g} s" for v, seconds in sorted(best.items()))]
+
+
 def _local_steps_lines(plan, training) -> list:
     """What local steps do to the training, said plainly (no claim of equal quality)."""
     if plan.sync_every <= 1:
@@ -120,6 +134,7 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
               if plan.search.get("sync_tried") else "")
            + (f" of parameter deltas every {plan.sync_every} iterations" if plan.sync_every > 1 else ""),
            *_local_steps_lines(plan, training),
+           *_interleaving_lines(plan),
            *_compression_lines(plan),
            (f"Calibration: {plan.calibration['path']} (measured {plan.calibration['measured_at_utc']})"
             if plan.calibration else f"Calibration: none (the catalog's default efficiencies; {UNCALIBRATED_ERROR})"),

@@ -39,6 +39,8 @@ from planner.search.deadline import (REFINE_ESTIMATES_PER_S, SIMULATION_UNITS_PE
 from planner.search.dtfm_plan import dtfm_objective_plan
 from planner.search.evaluate import Candidate, evaluate_placement, make_context, score_split
 from planner.search.genetic import POPULATION, genetic_search
+from planner.search.interleave import (interleaved_variants, interleaving_error, interleaving_refusal,
+                                       virtual_stage_choices)
 from planner.search.local import iterated_local_search
 from planner.search.locality import bandwidth_clusters
 from planner.search.moves import Neighbourhood
@@ -106,6 +108,8 @@ def _micro_batch_sizes(training, options) -> list:
 
 
 def _schedules(training) -> list:
+    if training.fixed_virtual_stages > 1:  # interleaving is a 1F1B schedule
+        return [Schedule.ONE_F_ONE_B]
     return list(AUTO_SCHEDULES) if training.schedule == "auto" else [Schedule(training.schedule)]
 
 
@@ -125,10 +129,12 @@ def _replica_counts(most: int, n: int) -> list:
     return sorted(counts)
 
 
-def _degree_pairs(n: int, layers: int, options) -> list:
+def _degree_pairs(n: int, layers: int, options, virtual_stages: int = 1) -> list:
+    """(stages, replicas) within ``n`` devices; with ``virtual_stages`` v fixed above 1, only depths of
+    two stages or more that hold v chunks of a layer or more each."""
     pairs = []
     for s in range(1, min(layers, n) + 1):
-        if options.stages and s != options.stages:
+        if (options.stages and s != options.stages) or (virtual_stages > 1 and not 2 <= s <= layers // virtual_stages):
             continue
         for d in _replica_counts(n // s, n) if not options.replicas else [options.replicas]:
             if s * d <= n:
@@ -150,10 +156,11 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     it. ``callback(info)`` may return True to stop early. Returns the plan, its score under the
     objective, the objective's lower bound and the gap.
     """
-    if training.virtual_stages > 1:
-        raise InputError(f"is {training.virtual_stages}, but the search plans one chunk per device: write the "
-                         "interleaved plan file by hand (benchmarks/plans/h100x2-interleaved.yaml shows one) and "
-                         "launch it, or set virtual_stages 1", field="training.virtual_stages")
+    refusal = interleaving_refusal(model, training, options, (objective or IterationTime()).engine)
+    if refusal is not None:
+        raise refusal
+    if training.fixed_virtual_stages > 1:  # interleaved 1F1B runs no tensor groups
+        options = replace(options, tensor_degrees=(1,))
     if training.recompute == "auto":
         return _best_recompute(topology, model, training, options, objective=objective, x0=x0, rng=rng,
                                callback=callback)
@@ -231,7 +238,8 @@ def _best_compression(topology, model, training, options, *, objective=None, **k
     for on in (False, True):
         chosen = replace(training, **{key: str(_COMPRESSED[key]) if on else "off" for key in auto})
         start = kwargs.get("x0")
-        if on and start is None and "off" in results and (objective or IterationTime()).engine == "placement":
+        if on and start is None and "off" in results and (objective or IterationTime()).engine == "placement" \
+                and results["off"].plan.virtual_stages == 1:  # interleaved 1F1B sends no int8 messages
             # the plan without compression, compressed, is a candidate too
             start = replace(results["off"].plan, compression=Compression.of_training(chosen), prediction=None,
                             search={})
@@ -301,7 +309,7 @@ def _resolved_training(plan, topology, model, training) -> tuple:
     speed), and ``shard_optimizer`` says whether this plan's stages shard their optimizer state."""
     precision = resolve_precision(topology, plan.used_devices, training.precision)
     shard = optimizer_shards(training, plan.replicas) > 1
-    resolved = replace(training, precision=precision, shard_optimizer=shard)
+    resolved = replace(training, precision=precision, shard_optimizer=shard, virtual_stages=plan.virtual_stages)
     if precision == training.precision:
         return resolved, plan
     devices = [topology.devices[topology.index(name)] for name in plan.used_devices]
@@ -437,7 +445,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
 
     # Degree pairs by ascending work bound; once a pair's bound reaches the best estimate, no later
     # pair can beat it (every estimate is at least its pair's bound), so the loop stops there.
-    allowed = _degree_pairs(topology.size, model.layers, options)
+    allowed = _degree_pairs(topology.size, model.layers, options, training.fixed_virtual_stages)
     sizes = _micro_batch_sizes(training, options)
     if not allowed:
         raise no_degrees_error(topology.size, model.layers, options.stages, options.replicas)
@@ -594,6 +602,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
             return False
         return work_s < allowed_s and not budget.out_of_time("finalists")
 
+    choices, interleaved = virtual_stage_choices(training), set()  # the v tried, and (candidate, v) simulated
     for rank, c in enumerate(unique):
         if not more():
             break
@@ -609,22 +618,35 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         for candidate in tries:
             if not more(simulating=True):
                 break
-            plan = candidate_to_plan(ctx, candidate)
-            simulation_started = time.perf_counter()
-            prediction, _ = predict(plan, real, model, training)
-            simulation_wall_s = max(simulation_wall_s, time.perf_counter() - simulation_started)
-            simulated += 1
-            finalists.append({"stages": plan.stages, "replicas": plan.replicas, "estimate_s": float(candidate.score_s),
-                              "simulated_s": float(prediction.iteration_s), "fits": prediction.fits})
-            work_s += simulation_units(plan.stages, plan.replicas, sum(plan.micro_batches)) / SIMULATION_UNITS_PER_S
-            if prediction.fits and not math.isfinite(prediction.iteration_s):
-                unfinished.append(prediction.iteration_s)
-            elif prediction.fits and prediction.iteration_s < best_time:
-                best_plan, best_time = plan.with_prediction(prediction), prediction.iteration_s
+            plain = candidate_to_plan(ctx, candidate)
+            # Interleaved 1F1B: the candidate's variants with v > 1 chunks per device, simulated too
+            # (planner.search.interleave); with virtual_stages fixed above 1 only they may win.
+            variants = [(candidate.score_s, plain)] if 1 in choices else []
+            variants += [(e, p) for e, p in interleaved_variants(ctx, candidate, plain, choices)
+                         if (candidate.key(), p.virtual_stages) not in interleaved]
+            interleaved.update((candidate.key(), p.virtual_stages) for _, p in variants)
+            for estimate, plan in variants:
+                if plan is not plain and not more(simulating=True):
+                    break
+                simulation_started = time.perf_counter()
+                prediction, _ = predict(plan, real, model, training)
+                simulation_wall_s = max(simulation_wall_s, time.perf_counter() - simulation_started)
+                simulated += 1
+                finalists.append({"stages": plan.stages, "replicas": plan.replicas, "estimate_s": float(estimate),
+                                  "simulated_s": float(prediction.iteration_s), "fits": prediction.fits,
+                                  **({"virtual_stages": plan.virtual_stages} if plan.virtual_stages > 1 else {})})
+                work_s += plan.virtual_stages * simulation_units(plan.stages, plan.replicas,
+                                                                 sum(plan.micro_batches)) / SIMULATION_UNITS_PER_S
+                if prediction.fits and not math.isfinite(prediction.iteration_s):
+                    unfinished.append(prediction.iteration_s)
+                elif prediction.fits and prediction.iteration_s < best_time:
+                    best_plan, best_time = plan.with_prediction(prediction), prediction.iteration_s
     history.append((evaluations, time.perf_counter() - started, best_estimate))
     if best_plan is None:
         if unfinished:
             raise network_error(unfinished)
+        if 1 not in choices:
+            raise interleaving_error(training.virtual_stages)
         raise no_fit_error(topology, model, training, allowed, sizes, stages_pinned=bool(options.stages),
                            speed=ctx.speed, capacity=ctx.capacity)
     algorithm = "construct+local+genetic" + ("+cpsat" if exact_shapes else "") + "+refine"
