@@ -34,7 +34,8 @@ from planner.plan.tensor import TENSOR_DEGREES, grouping_groups, groupings
 from planner.search.bounds import work_flops
 from planner.search.construct import layouts, probe_layouts
 from planner.search.cpsat_placement import exact_placement, model_is_small_enough
-from planner.search.deadline import (REFINE_ESTIMATES_PER_S, SIMULATION_UNITS_PER_S, Budget, construct_units,
+from planner.search.deadline import (CONSTRUCT_UNITS_PER_S, ESTIMATES_PER_S, EXACT_WORK_PER_S,
+                                     REFINE_ESTIMATES_PER_S, SIMULATION_UNITS_PER_S, Budget, construct_units,
                                      simulation_units)
 from planner.search.dtfm_plan import dtfm_objective_plan
 from planner.search.evaluate import Candidate, evaluate_placement, make_context, score_split
@@ -378,6 +379,7 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
         first, fallback = [None], []  # re-planning a plan with tensor groups keeps its groups
     parts = [1.0] if len(first) == 1 else [UNGROUPED_SHARE, 1.0 - UNGROUPED_SHARE]
     best, tried, failure, attempts, skipped = None, {}, None, 0, False
+    spent_s = 0.0  # the work budget the groupings tried so far used
     for k, mapping in enumerate(first + fallback):
         if k >= len(first):
             if best is not None:
@@ -386,7 +388,9 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
             share = replace(options, time_limit_s=max(left, 0.0) / (len(first) + len(fallback) - k),
                             budget_s=options.work_s / (len(first) + len(fallback)))  # work: not the clock's
         else:
-            share = options.share(parts[k])
+            # The ungrouped search gets its share; a later grouping gets the work budget the searches
+            # before it left unused (their stopping rules end phases early) and the clock left.
+            share = options.share(parts[k]) if k == 0 else replace(options, budget_s=max(options.work_s - spent_s, 0.0))
             left = options.time_limit_s - (time.perf_counter() - started)  # an earlier grouping's overrun
             if best is not None and left <= 0.0:  # the clock ran out: a plan is at hand
                 skipped = True
@@ -400,7 +404,9 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
                                                      started=time.perf_counter() if best or failure else started)
         except InputError as error:
             failure = failure or error
+            spent_s += share.work_s  # a search that found no plan: its share counts as spent
             continue
+        spent_s += record["work_used_s"]
         label = ", ".join(f"{t}: {d}" for t, d in sorted((mapping or {}).items())) or "as the starting plan"
         tried[label] = plan.prediction.iteration_s
         if best is None or plan.prediction.iteration_s < best[0].prediction.iteration_s:
@@ -466,6 +472,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
                         candidates.append(candidate)
                         best_score = min(best_score, candidate.score_s)
         report("construct", best_score)
+    budget.spend("construct", units / CONSTRUCT_UNITS_PER_S)
     x0_candidate = _start_candidate(ctx, x0)
     if x0_candidate is not None:
         candidates.append(x0_candidate)
@@ -500,6 +507,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         result, used = iterated_local_search(ctx, start, rng, per_start, budget.end("local"),
                                              hood if options.structural else None)
         budget.note_cut("local", used < per_start and budget.out_of_time("local"))
+        budget.spend("local", used * construct_units(first.assign.size) / ESTIMATES_PER_S)
         evaluations += used
         improved.append(result)
         best_estimate = min(best_estimate, result.score_s)
@@ -513,6 +521,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     genetic_budget = budget.estimates("genetic", options.max_evaluations // 4, leader.assign.size)
     result, used = genetic_search(ctx, seeds, rng, genetic_budget, budget.end("genetic"))
     budget.note_cut("genetic", used < genetic_budget and budget.out_of_time("genetic"))
+    budget.spend("genetic", used * construct_units(leader.assign.size) / ESTIMATES_PER_S)
     evaluations += used
     improved.append(result)
     best_estimate = min(best_estimate, result.score_s)
@@ -528,6 +537,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
                 break
             shape_best = min((c for c in improved + candidates if _shape(c) == _shape(start)), key=lambda c: c.score_s)
             record, exact = _solve_exactly(ctx, shape_best, work, budget.remaining_s("exact"))
+            budget.spend("exact", work / EXACT_WORK_PER_S if record is not None else 0.0)
             if record is not None:
                 exact_shapes.append(record)
             if exact is not None:
@@ -617,6 +627,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
                 unfinished.append(prediction.iteration_s)
             elif prediction.fits and prediction.iteration_s < best_time:
                 best_plan, best_time = plan.with_prediction(prediction), prediction.iteration_s
+    budget.spend("finalists", work_s)
     history.append((evaluations, time.perf_counter() - started, best_estimate))
     if best_plan is None:
         if unfinished:
@@ -627,7 +638,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     return best_plan, {"algorithm": algorithm, "evaluations": evaluations, "exact": exact_shapes,
                        "history": history, "pinned": {"stages": options.stages, "replicas": options.replicas},
                        "simulated": simulated, "finalists": finalists, "clock_cut": list(budget.clock_cut),
-                       "simulation_wall_s": round(simulation_wall_s, 3)}
+                       "simulation_wall_s": round(simulation_wall_s, 3), "work_used_s": budget.spent_s}
 
 
 def _start_candidate(ctx, x0: Plan | None) -> Candidate | None:
