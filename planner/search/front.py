@@ -29,7 +29,7 @@ from planner.errors import InputError
 from planner.plan.dims import Compression, GradientCompression, MessageCompression
 from planner.plan.plan import Plan, validate_plan
 from planner.plan.precision import resolve_precision
-from planner.plan.sync import syncs_for
+from planner.plan.sync import AUTO, syncs_for
 from planner.plan.tensor import TENSOR_DEGREES, grouping_groups, groupings
 from planner.search.bounds import work_flops
 from planner.search.construct import layouts, probe_layouts
@@ -45,7 +45,7 @@ from planner.search.locality import bandwidth_clusters
 from planner.search.moves import Neighbourhood
 from planner.search.objective import IterationTime, Objective
 from planner.search.plans import candidate_to_plan
-from planner.search.sync_choice import choose_sync
+from planner.search.sync_choice import choose_sync, estimated_sync, plan_with_sync, sync_training
 from planner.search.no_plan import network_error, no_degrees_error, no_fit_error, too_few_micro_batches_error
 from planner.search.refine import REFINE_EVALUATIONS, refine_split
 
@@ -172,7 +172,11 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     history, pool = record.pop("history", []), record.pop("pool", [])
     bound = objective.lower_bound(topology, model, training)  # over every device, at the asked precision
     bound = max(bound, record.pop("engine_bound_s", 0.0))  # an engine's proof over the same plans, if tighter
-    plan, training, sync_tried = choose_sync(plan, topology, model, training)
+    sync_tried = record.pop("sync_tried", None)
+    if sync_tried is not None and objective.engine == "placement":  # ``sync: auto`` resolved within the budget
+        training = sync_training(training, plan.sync, plan.replicas)
+    else:
+        plan, training, sync_tried = choose_sync(plan, topology, model, training)
     training, plan = _resolved_training(plan, topology, model, training)
     validate_plan(plan, topology, model, training)
     score = objective.score(plan, topology, model, training)
@@ -586,47 +590,74 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     # Refined splits go to the simulator, and the two leading unrefined ones too: the estimate that
     # refinement lowers is not the simulator's prediction, which has the last word. Finalists are
     # refined and simulated in order until the finalists' share of the limit is spent; the first
-    # is always simulated, so there is a plan.
+    # is always simulated, so there is a plan. With ``sync: auto`` each finalist syncs by the
+    # algorithm its estimate prefers, and the share keeps room to simulate the best plan with
+    # every other algorithm (``sync_reserve_s``) before the last word.
     best_plan, best_time, unfinished, simulated = None, np.inf, [], 0
     finalists = []  # (estimate, simulator) of every simulated candidate, for benchmarks/estimate_at_scale.py
     work_s, allowed_s = 0.0, budget.finalists_work_s()  # deterministic work, in seconds at fixed rates
     simulation_wall_s = 0.0  # the longest simulation yet: one more starts only if the finalists' share holds it
+    auto_sync = training.sync == AUTO
+    sync_reserve_s = _sync_reserve_s(training, unique[0]) if auto_sync else 0.0
 
-    def more(simulating: bool = False) -> bool:  # whether another finalist may be refined or simulated
+    def more(simulating: bool = False, reserve_s: float = 0.0) -> bool:  # whether more may be refined or simulated
         if best_plan is None:  # until one fits, always
             return True
         if simulating and budget.remaining_s("finalists") < simulation_wall_s:
             budget.note_cut("finalists", True)
             return False
-        return work_s < allowed_s and not budget.out_of_time("finalists")
+        return work_s + reserve_s < allowed_s and not budget.out_of_time("finalists")
+
+    def simulate(plan, run):  # the simulator's prediction of ``plan`` run with ``run``, its work counted
+        nonlocal simulation_wall_s, simulated, work_s
+        simulation_started = time.perf_counter()
+        prediction, _ = predict(plan, real, model, run)
+        simulation_wall_s = max(simulation_wall_s, time.perf_counter() - simulation_started)
+        simulated += 1
+        work_s += simulation_units(plan.stages, plan.replicas, sum(plan.micro_batches)) / SIMULATION_UNITS_PER_S
+        return prediction
 
     for rank, c in enumerate(unique):
-        if not more():
+        if not more(reserve_s=sync_reserve_s):
             break
         tries = [c]
-        if more():
+        if more(reserve_s=sync_reserve_s):
             refine_rate = REFINE_ESTIMATES_PER_S / construct_units(c.assign.size)
             better, used = refine_split(ctx, c, budget=min(REFINE_EVALUATIONS, max(1, int(
-                refine_rate * max(allowed_s - work_s, 0.0)))), deadline=budget.end("finalists"))
+                refine_rate * max(allowed_s - sync_reserve_s - work_s, 0.0)))), deadline=budget.end("finalists"))
             evaluations += used
             work_s += used / refine_rate
             tries = [better, c] if rank < KEEP_UNREFINED and better is not c else [better]
             best_estimate = min(best_estimate, better.score_s)
         for candidate in tries:
-            if not more(simulating=True):
+            if not more(simulating=True, reserve_s=sync_reserve_s):
                 break
-            plan = candidate_to_plan(ctx, candidate)
-            simulation_started = time.perf_counter()
-            prediction, _ = predict(plan, real, model, training)
-            simulation_wall_s = max(simulation_wall_s, time.perf_counter() - simulation_started)
-            simulated += 1
+            plan, run = candidate_to_plan(ctx, candidate), training
+            if auto_sync:
+                sync = estimated_sync(ctx, candidate)
+                plan, run = plan_with_sync(plan, real, sync), sync_training(training, sync, plan.replicas)
+            prediction = simulate(plan, run)
             finalists.append({"stages": plan.stages, "replicas": plan.replicas, "estimate_s": float(candidate.score_s),
                               "simulated_s": float(prediction.iteration_s), "fits": prediction.fits})
-            work_s += simulation_units(plan.stages, plan.replicas, sum(plan.micro_batches)) / SIMULATION_UNITS_PER_S
             if prediction.fits and not math.isfinite(prediction.iteration_s):
                 unfinished.append(prediction.iteration_s)
             elif prediction.fits and prediction.iteration_s < best_time:
                 best_plan, best_time = plan.with_prediction(prediction), prediction.iteration_s
+    sync_record = {}
+    if auto_sync and best_plan is not None:  # the best plan with every other algorithm, while the share holds
+        tried, untried = {str(best_plan.sync): best_time}, []
+        for sync in syncs_for(training, best_plan.replicas) if best_plan.replicas > 1 else ():
+            if str(sync) in tried:
+                continue
+            if untried or not more(simulating=True):
+                untried.append(str(sync))
+                continue
+            other = plan_with_sync(best_plan, real, sync)
+            prediction = simulate(other, sync_training(training, sync, best_plan.replicas))
+            tried[str(sync)] = prediction.iteration_s
+            if prediction.fits and math.isfinite(prediction.iteration_s) and prediction.iteration_s < best_time:
+                best_plan, best_time = other.with_prediction(prediction), prediction.iteration_s
+        sync_record = {"sync_tried": tried, **({"sync_untried": untried} if untried else {})}
     budget.spend("finalists", work_s)
     history.append((evaluations, time.perf_counter() - started, best_estimate))
     if best_plan is None:
@@ -638,7 +669,15 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     return best_plan, {"algorithm": algorithm, "evaluations": evaluations, "exact": exact_shapes,
                        "history": history, "pinned": {"stages": options.stages, "replicas": options.replicas},
                        "simulated": simulated, "finalists": finalists, "clock_cut": list(budget.clock_cut),
-                       "simulation_wall_s": round(simulation_wall_s, 3), "work_used_s": budget.spent_s}
+                       "simulation_wall_s": round(simulation_wall_s, 3), "work_used_s": budget.spent_s, **sync_record}
+
+
+def _sync_reserve_s(training, lead: Candidate) -> float:
+    """Work (seconds at the simulator's rate) to simulate a plan of ``lead``'s shape with each sync
+    algorithm but one: what ``sync: auto`` keeps of the finalists' share for the best plan."""
+    R, S = lead.assign.shape
+    others = len(syncs_for(training, R)) - 1 if R > 1 else 0
+    return others * simulation_units(S, R, sum(lead.micro_batches)) / SIMULATION_UNITS_PER_S
 
 
 def _start_candidate(ctx, x0: Plan | None) -> Candidate | None:
