@@ -373,8 +373,10 @@ UNGROUPED_SHARE = 0.5  # of the time limit, for the search without tensor groups
 
 def _placement_search(topology, model, training, options, *, rng, callback, x0, started) -> tuple:
     """The placement engine over tensor groupings (``planner.plan.tensor.groupings``): without
-    tensor groups on ``UNGROUPED_SHARE`` of the time limit and the smaller-memory types grouped on
-    the rest (all of it without groups where the types' memory is alike); only when neither finds
+    tensor groups on ``UNGROUPED_SHARE`` of the time limit and of the work budget, and the
+    smaller-memory types grouped on the rest: the work budget the first search did not use (its
+    stopping rules end phases before their shares; ``Budget.spent_s``) and the clock it left (all of
+    it without groups where the types' memory is alike); only when neither finds
     a plan, every type in groups of 2, 4, 8 on equal parts of the time left. The plan the
     simulator finds fastest, and its search's record."""
     first, fallback = groupings(topology, model, options.tensor_degrees)
