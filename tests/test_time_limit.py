@@ -179,3 +179,25 @@ def test_the_command_with_auto_sync_ends_within_its_limit_at_256_devices(write_y
     assert time.perf_counter() - started <= limit + max(2.0, 0.05 * limit)
     plan = read_plan(out)[0]
     assert plan.search["simulated"] >= 1 and str(plan.sync) in plan.search["sync_tried"]
+
+
+def test_the_grouped_search_gets_the_budget_the_search_without_groups_left(write_yaml, monkeypatch):
+    """Two groupings: the search without tensor groups on half the work budget, the grouped one on
+    all that the first did not use (``Budget.spent_s``), not on a fixed half."""
+    from planner.search import front
+    from test_tensor_parallel import WIDE
+
+    job = load_job(write_yaml(WIDE))
+    seen, inner = [], front._grouped_placement_search
+
+    def recorded(*args, **kwargs):
+        plan, record = inner(*args, **kwargs)
+        seen.append((args[3].work_s, record["work_used_s"]))
+        return plan, record
+
+    monkeypatch.setattr(front, "_grouped_placement_search", recorded)
+    result = search(job.topology, job.model, job.training, SearchOptions(time_limit_s=60.0, budget_s=5.0))
+    (first_s, first_used_s), (second_s, second_used_s) = seen
+    assert first_s == pytest.approx(2.5) and 0.0 < first_used_s < first_s and 0.0 < second_used_s <= second_s
+    assert second_s == pytest.approx(5.0 - first_used_s)
+    assert (result.plan.stages, result.plan.replicas) == (2, 2) and result.predicted_s == pytest.approx(15.71, rel=1e-3)
