@@ -393,8 +393,11 @@ class Network:
         pairs = []
         if k > 1 and sync == Sync.RING:
             pairs = [(a, b, 2.0 * (k - 1) / k * n) for a, b in zip(order, order[1:] + order[:1])]
-        elif k > 1 and sync == Sync.SHARDED:
-            pairs = [(a, b, 2.0 * n / k) for a in order for b in order if a != b]
+        elif k > 1 and sync == Sync.SHARDED:  # k (k - 1) pairs: built as arrays, not one tuple each
+            members = np.array(order, dtype=np.int64)
+            a, b = np.repeat(members, k), np.tile(members, k)
+            other = a != b
+            return a[other], b[other], np.full(int(other.sum()), 2.0 * n / k)
         elif k > 1 and sync == Sync.PARAMETER_SERVER:
             server = order[0] if server is None else int(server)
             pairs = [p for m in order if m != server for p in ((m, server, n), (server, m, n))]
@@ -409,12 +412,14 @@ class Network:
         receivers = np.array([p[1] for p in pairs], dtype=np.int64)
         return senders, receivers, np.array([p[2] for p in pairs], dtype=float)
 
-    def sync_holds(self, sync: Sync, order, message_bytes: float, sync_s: float, server: int | None = None) -> list:
+    def sync_holds(self, sync: Sync, order, message_bytes: float, sync_s: float, server: int | None = None,
+                   *, links: bool = True) -> list:
         """(resource, seconds held) of one gradient sync by ``sync`` lasting ``sync_s``: every link
         its messages use for the whole sync, and each shared NIC they cross for their bytes through
-        it at the NIC's rate, at most ``sync_s`` (the ring: ``ring_nic_holds``)."""
+        it at the NIC's rate, at most ``sync_s`` (the ring: ``ring_nic_holds``). ``links`` False: the
+        NICs' holds only (a sharded sync of ``k`` members uses ``k (k - 1)`` links)."""
         senders, receivers, sizes = self.sync_flows(sync, order, message_bytes, server)
-        holds = {("link", int(a), int(b)): float(sync_s) for a, b in zip(senders, receivers)}
+        holds = {("link", int(a), int(b)): float(sync_s) for a, b in zip(senders, receivers)} if links else {}
         if sync == Sync.RING:
             holds.update(dict(self.ring_nic_holds(order, message_bytes, sync_s)))
             return list(holds.items())

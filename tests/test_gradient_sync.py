@@ -189,8 +189,8 @@ def test_auto_picks_the_fastest_algorithm_by_the_simulator(tmp_path, capsys):
 
     topology_path = cpu_topology(tmp_path / "topology.yaml", cross_host="50Mbps")
     out = tmp_path / "plan.json"
-    code, text, err = run_cli([topology_path, "--model", "tiny", "--global-batch", "8", "--time-limit", "2",
-                               "--sync", "auto", "--replicas", "4", "--stages", "1", "-o", out], capsys)
+    code, text, err = run_cli([topology_path, "--model", "tiny", "--global-batch", "8", "--time-limit", "20",
+                               "--budget", "2", "--sync", "auto", "--replicas", "4", "--stages", "1", "-o", out], capsys)
     assert code == 0, err
     import json
 

@@ -119,3 +119,85 @@ def test_cli_budget_must_be_a_positive_number(write_yaml, capsys):
 def test_cli_budget_with_the_dtfm_objective_is_refused(write_yaml, capsys):
     assert main([str(write_yaml(small_topology())), "--budget", "1", "--objective", "dtfm"]) == 2
     assert "--budget" in capsys.readouterr().err
+
+
+def _auto_sync_topology(**training) -> dict:
+    """``small_topology`` with ``sync: auto`` and four replicas pinned: every algorithm may run."""
+    document = small_topology()
+    document["training"] = {**document["training"], "sync": "auto", **training}
+    return document
+
+
+def test_auto_sync_is_chosen_within_the_budget_and_the_same_budget_gives_the_same_plan(write_yaml):
+    """``sync: auto``: the best plan is simulated with every algorithm inside the finalists' share
+    (the fastest wins), and two time limits with the same budget and seed give the same plan."""
+    job = load_job(write_yaml(_auto_sync_topology()))
+    runs = [search(job.topology, job.model, job.training,
+                   SearchOptions(seed=2, time_limit_s=limit, budget_s=1.0, replicas=4, stages=1))
+            for limit in (8.0, 40.0)]
+    assert [r.plan.search["clock_cut"] for r in runs] == [[], []]
+    tried = runs[0].plan.search["sync_tried"]
+    assert set(tried) == {"ring", "hierarchical", "parameter-server", "sharded"}
+    assert "sync_untried" not in runs[0].plan.search
+    assert runs[0].plan.sync == min(tried, key=tried.get) and runs[0].predicted_s == pytest.approx(min(tried.values()))
+    assert _plan_key(runs[0]) == _plan_key(runs[1]) and runs[0].plan.sync == runs[1].plan.sync
+    assert runs[0].plan.search["sync_tried"] == runs[1].plan.search["sync_tried"]
+    assert runs[0].training.sync == str(runs[0].plan.sync)
+    validate_plan(runs[0].plan, job.topology, job.model, runs[0].training)
+
+
+def test_auto_sync_out_of_time_keeps_the_estimates_choice_and_simulates_once(write_yaml, monkeypatch):
+    """With no time left, ``sync: auto`` is not simulated per algorithm after the search: the one
+    plan simulated syncs by the algorithm the estimate prefers."""
+    import planner.prediction.predict as predict_module
+    from planner.search import front, sync_choice
+
+    job = load_job(write_yaml(_auto_sync_topology()))
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].sync)
+        return predict_module.predict(*args, **kwargs)
+
+    monkeypatch.setattr(front, "predict", counted)
+    monkeypatch.setattr(sync_choice, "predict", counted)
+    result = search(job.topology, job.model, job.training,
+                    SearchOptions(time_limit_s=1e-3, replicas=4, stages=1, exact=False))
+    record = result.plan.search
+    assert len(calls) == 1 and record["simulated"] == 1 and "finalists" in record["clock_cut"]
+    assert list(record["sync_tried"]) == [str(result.plan.sync)] and len(record["sync_untried"]) == 3
+    validate_plan(result.plan, job.topology, job.model, result.training)
+
+
+@pytest.mark.slow
+def test_the_command_with_auto_sync_ends_within_its_limit_at_256_devices(write_yaml, tmp_path, capsys):
+    """``--sync auto`` on 256 generated devices (a sharded sync's simulation there takes ~0.7 s):
+    within the limit plus max(2 s, 5%), as without it."""
+    path, out, limit = _generated(write_yaml, 256), tmp_path / "plan.json", 3.0
+    started = time.perf_counter()
+    assert main([str(path), "--time-limit", str(limit), "--sync", "auto", "-o", str(out)]) == 0
+    assert time.perf_counter() - started <= limit + max(2.0, 0.05 * limit)
+    plan = read_plan(out)[0]
+    assert plan.search["simulated"] >= 1 and str(plan.sync) in plan.search["sync_tried"]
+
+
+def test_the_grouped_search_gets_the_budget_the_search_without_groups_left(write_yaml, monkeypatch):
+    """Two groupings: the search without tensor groups on half the work budget, the grouped one on
+    all that the first did not use (``Budget.spent_s``), not on a fixed half."""
+    from planner.search import front
+    from test_tensor_parallel import WIDE
+
+    job = load_job(write_yaml(WIDE))
+    seen, inner = [], front._grouped_placement_search
+
+    def recorded(*args, **kwargs):
+        plan, record = inner(*args, **kwargs)
+        seen.append((args[3].work_s, record["work_used_s"]))
+        return plan, record
+
+    monkeypatch.setattr(front, "_grouped_placement_search", recorded)
+    result = search(job.topology, job.model, job.training, SearchOptions(time_limit_s=60.0, budget_s=5.0))
+    (first_s, first_used_s), (second_s, second_used_s) = seen
+    assert first_s == pytest.approx(2.5) and 0.0 < first_used_s < first_s and 0.0 < second_used_s <= second_s
+    assert second_s == pytest.approx(5.0 - first_used_s)
+    assert (result.plan.stages, result.plan.replicas) == (2, 2) and result.predicted_s == pytest.approx(15.71, rel=1e-3)

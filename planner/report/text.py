@@ -130,7 +130,9 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
            + f", gradient sync: {plan.sync}"
            + (f" (servers: {', '.join(plan.server(s) for s in range(S))})" if plan.sync_servers else "")
            + (" (chosen by the search: fastest of " + ", ".join(f"{k} {v:.4g} s" for k, v in
-                                                                  plan.search["sync_tried"].items()) + ")"
+                                                                  plan.search["sync_tried"].items())
+              + ("; by the estimate over " + ", ".join(plan.search["sync_untried"]) + ", not simulated within "
+                 "the search's budget" if plan.search.get("sync_untried") else "") + ")"
               if plan.search.get("sync_tried") else "")
            + (f" of parameter deltas every {plan.sync_every} iterations" if plan.sync_every > 1 else ""),
            *_local_steps_lines(plan, training),

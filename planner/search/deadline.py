@@ -66,6 +66,7 @@ class Budget:
     clock_cut: list = field(default_factory=list)  # phases the clock ended before their work budget
     stopped: bool = False  # a progress callback asked to stop: every phase is out of time
     finalists: float = FINALISTS_MIN  # the finalists' fraction, set by ``reserve_finalists``
+    spent: dict = field(default_factory=dict)  # work used per phase, seconds at the rates above (``spend``)
 
     def __post_init__(self):
         if self.work_s is None:
@@ -73,6 +74,16 @@ class Budget:
 
     def stop(self) -> None:
         self.stopped = True
+
+    def spend(self, phase: str, seconds: float) -> None:
+        """Count ``seconds`` of work (at the rates above) as used by ``phase``."""
+        self.spent[phase] = self.spent.get(phase, 0.0) + seconds
+
+    @property
+    def spent_s(self) -> float:
+        """The work used so far, over every phase: a search that ends a phase on its stopping rule
+        before its share leaves the rest (``work_s - spent_s``) unused."""
+        return sum(self.spent.values())
 
     def reserve_finalists(self, stages: int, replicas: int, micro_batches: int) -> None:
         """Size the finalists' share by the simulation work of a plan like the best constructed

@@ -322,7 +322,7 @@ def _queued_sync_starts(ctx, assign, finish, sync, grads, algorithm: Sync = Sync
             if memo not in ctx.routes:
                 order, server = sync_route(ctx, algorithm, key)
                 ctx.routes[memo] = [(k, busy) for k, busy in ctx.network.sync_holds(
-                    algorithm, order, float(grads[s]), float(sync[s]), server) if k[0] != "link"]
+                    algorithm, order, float(grads[s]), float(sync[s]), server, links=False) if k[0] != "link"]
             holds = ctx.routes[memo]
         else:
             if key not in ctx.ring_nics:

@@ -29,12 +29,13 @@ from planner.errors import InputError
 from planner.plan.dims import Compression, GradientCompression, MessageCompression
 from planner.plan.plan import Plan, validate_plan
 from planner.plan.precision import resolve_precision
-from planner.plan.sync import syncs_for
+from planner.plan.sync import AUTO, syncs_for
 from planner.plan.tensor import TENSOR_DEGREES, grouping_groups, groupings
 from planner.search.bounds import work_flops
 from planner.search.construct import layouts, probe_layouts
 from planner.search.cpsat_placement import exact_placement, model_is_small_enough
-from planner.search.deadline import (REFINE_ESTIMATES_PER_S, SIMULATION_UNITS_PER_S, Budget, construct_units,
+from planner.search.deadline import (CONSTRUCT_UNITS_PER_S, ESTIMATES_PER_S, EXACT_WORK_PER_S,
+                                     REFINE_ESTIMATES_PER_S, SIMULATION_UNITS_PER_S, Budget, construct_units,
                                      simulation_units)
 from planner.search.dtfm_plan import dtfm_objective_plan
 from planner.search.evaluate import Candidate, evaluate_placement, make_context, score_split
@@ -46,7 +47,7 @@ from planner.search.locality import bandwidth_clusters
 from planner.search.moves import Neighbourhood
 from planner.search.objective import IterationTime, Objective
 from planner.search.plans import candidate_to_plan
-from planner.search.sync_choice import choose_sync
+from planner.search.sync_choice import choose_sync, estimated_sync, plan_with_sync, sync_training
 from planner.search.group_choice import choose_sync_groups
 from planner.search.no_plan import network_error, no_degrees_error, no_fit_error, too_few_micro_batches_error
 from planner.search.refine import REFINE_EVALUATIONS, refine_split
@@ -179,7 +180,11 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     history, pool = record.pop("history", []), record.pop("pool", [])
     bound = objective.lower_bound(topology, model, training)  # over every device, at the asked precision
     bound = max(bound, record.pop("engine_bound_s", 0.0))  # an engine's proof over the same plans, if tighter
-    plan, training, sync_tried = choose_sync(plan, topology, model, training)
+    sync_tried = record.pop("sync_tried", None)
+    if sync_tried is not None and objective.engine == "placement":  # ``sync: auto`` resolved within the budget
+        training = sync_training(training, plan.sync, plan.replicas)
+    else:
+        plan, training, sync_tried = choose_sync(plan, topology, model, training)
     plan, groups_tried = choose_sync_groups(plan, topology, model, training)
     training, plan = _resolved_training(plan, topology, model, training)
     validate_plan(plan, topology, model, training)
@@ -380,8 +385,10 @@ UNGROUPED_SHARE = 0.5  # of the time limit, for the search without tensor groups
 
 def _placement_search(topology, model, training, options, *, rng, callback, x0, started) -> tuple:
     """The placement engine over tensor groupings (``planner.plan.tensor.groupings``): without
-    tensor groups on ``UNGROUPED_SHARE`` of the time limit and the smaller-memory types grouped on
-    the rest (all of it without groups where the types' memory is alike); only when neither finds
+    tensor groups on ``UNGROUPED_SHARE`` of the time limit and of the work budget, and the
+    smaller-memory types grouped on the rest: the work budget the first search did not use (its
+    stopping rules end phases before their shares; ``Budget.spent_s``) and the clock it left (all of
+    it without groups where the types' memory is alike); only when neither finds
     a plan, every type in groups of 2, 4, 8 on equal parts of the time left. The plan the
     simulator finds fastest, and its search's record."""
     first, fallback = groupings(topology, model, options.tensor_degrees)
@@ -390,6 +397,7 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
         first, fallback = [None], []  # re-planning a plan with tensor groups keeps its groups
     parts = [1.0] if len(first) == 1 else [UNGROUPED_SHARE, 1.0 - UNGROUPED_SHARE]
     best, tried, failure, attempts, skipped = None, {}, None, 0, False
+    spent_s = 0.0  # the work budget the groupings tried so far used
     for k, mapping in enumerate(first + fallback):
         if k >= len(first):
             if best is not None:
@@ -398,7 +406,9 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
             share = replace(options, time_limit_s=max(left, 0.0) / (len(first) + len(fallback) - k),
                             budget_s=options.work_s / (len(first) + len(fallback)))  # work: not the clock's
         else:
-            share = options.share(parts[k])
+            # The ungrouped search gets its share; a later grouping gets the work budget the searches
+            # before it left unused (their stopping rules end phases early) and the clock left.
+            share = options.share(parts[k]) if k == 0 else replace(options, budget_s=max(options.work_s - spent_s, 0.0))
             left = options.time_limit_s - (time.perf_counter() - started)  # an earlier grouping's overrun
             if best is not None and left <= 0.0:  # the clock ran out: a plan is at hand
                 skipped = True
@@ -412,7 +422,9 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
                                                      started=time.perf_counter() if best or failure else started)
         except InputError as error:
             failure = failure or error
+            spent_s += share.work_s  # a search that found no plan: its share counts as spent
             continue
+        spent_s += record["work_used_s"]
         label = ", ".join(f"{t}: {d}" for t, d in sorted((mapping or {}).items())) or "as the starting plan"
         tried[label] = plan.prediction.iteration_s
         if best is None or plan.prediction.iteration_s < best[0].prediction.iteration_s:
@@ -478,6 +490,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
                         candidates.append(candidate)
                         best_score = min(best_score, candidate.score_s)
         report("construct", best_score)
+    budget.spend("construct", units / CONSTRUCT_UNITS_PER_S)
     x0_candidate = _start_candidate(ctx, x0)
     if x0_candidate is not None:
         candidates.append(x0_candidate)
@@ -512,6 +525,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         result, used = iterated_local_search(ctx, start, rng, per_start, budget.end("local"),
                                              hood if options.structural else None)
         budget.note_cut("local", used < per_start and budget.out_of_time("local"))
+        budget.spend("local", used * construct_units(first.assign.size) / ESTIMATES_PER_S)
         evaluations += used
         improved.append(result)
         best_estimate = min(best_estimate, result.score_s)
@@ -525,6 +539,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     genetic_budget = budget.estimates("genetic", options.max_evaluations // 4, leader.assign.size)
     result, used = genetic_search(ctx, seeds, rng, genetic_budget, budget.end("genetic"))
     budget.note_cut("genetic", used < genetic_budget and budget.out_of_time("genetic"))
+    budget.spend("genetic", used * construct_units(leader.assign.size) / ESTIMATES_PER_S)
     evaluations += used
     improved.append(result)
     best_estimate = min(best_estimate, result.score_s)
@@ -540,6 +555,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
                 break
             shape_best = min((c for c in improved + candidates if _shape(c) == _shape(start)), key=lambda c: c.score_s)
             record, exact = _solve_exactly(ctx, shape_best, work, budget.remaining_s("exact"))
+            budget.spend("exact", work / EXACT_WORK_PER_S if record is not None else 0.0)
             if record is not None:
                 exact_shapes.append(record)
             if exact is not None:
@@ -588,37 +604,54 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     # Refined splits go to the simulator, and the two leading unrefined ones too: the estimate that
     # refinement lowers is not the simulator's prediction, which has the last word. Finalists are
     # refined and simulated in order until the finalists' share of the limit is spent; the first
-    # is always simulated, so there is a plan.
+    # is always simulated, so there is a plan. With ``sync: auto`` each finalist syncs by the
+    # algorithm its estimate prefers, and the share keeps room to simulate the best plan with
+    # every other algorithm (``sync_reserve_s``) before the last word.
     best_plan, best_time, unfinished, simulated = None, np.inf, [], 0
     finalists = []  # (estimate, simulator) of every simulated candidate, for benchmarks/estimate_at_scale.py
     work_s, allowed_s = 0.0, budget.finalists_work_s()  # deterministic work, in seconds at fixed rates
     simulation_wall_s = 0.0  # the longest simulation yet: one more starts only if the finalists' share holds it
+    auto_sync = training.sync == AUTO
+    sync_reserve_s = _sync_reserve_s(training, unique[0]) if auto_sync else 0.0
 
-    def more(simulating: bool = False) -> bool:  # whether another finalist may be refined or simulated
+    def more(simulating: bool = False, reserve_s: float = 0.0) -> bool:  # whether more may be refined or simulated
         if best_plan is None:  # until one fits, always
             return True
         if simulating and budget.remaining_s("finalists") < simulation_wall_s:
             budget.note_cut("finalists", True)
             return False
-        return work_s < allowed_s and not budget.out_of_time("finalists")
+        return work_s + reserve_s < allowed_s and not budget.out_of_time("finalists")
+
+    def simulate(plan, run):  # the simulator's prediction of ``plan`` run with ``run``, its work counted
+        nonlocal simulation_wall_s, simulated, work_s
+        simulation_started = time.perf_counter()
+        prediction, _ = predict(plan, real, model, run)
+        simulation_wall_s = max(simulation_wall_s, time.perf_counter() - simulation_started)
+        simulated += 1
+        work_s += plan.virtual_stages * simulation_units(plan.stages, plan.replicas,
+                                                         sum(plan.micro_batches)) / SIMULATION_UNITS_PER_S
+        return prediction
 
     choices, interleaved = virtual_stage_choices(training), set()  # the v tried, and (candidate, v) simulated
     for rank, c in enumerate(unique):
-        if not more():
+        if not more(reserve_s=sync_reserve_s):
             break
         tries = [c]
-        if more():
+        if more(reserve_s=sync_reserve_s):
             refine_rate = REFINE_ESTIMATES_PER_S / construct_units(c.assign.size)
             better, used = refine_split(ctx, c, budget=min(REFINE_EVALUATIONS, max(1, int(
-                refine_rate * max(allowed_s - work_s, 0.0)))), deadline=budget.end("finalists"))
+                refine_rate * max(allowed_s - sync_reserve_s - work_s, 0.0)))), deadline=budget.end("finalists"))
             evaluations += used
             work_s += used / refine_rate
             tries = [better, c] if rank < KEEP_UNREFINED and better is not c else [better]
             best_estimate = min(best_estimate, better.score_s)
         for candidate in tries:
-            if not more(simulating=True):
+            if not more(simulating=True, reserve_s=sync_reserve_s):
                 break
-            plain = candidate_to_plan(ctx, candidate)
+            plain, run = candidate_to_plan(ctx, candidate), training
+            if auto_sync:
+                sync = estimated_sync(ctx, candidate)
+                plain, run = plan_with_sync(plain, real, sync), sync_training(training, sync, plain.replicas)
             # Interleaved 1F1B: the candidate's variants with v > 1 chunks per device, simulated too
             # (planner.search.interleave); with virtual_stages fixed above 1 only they may win.
             variants = [(candidate.score_s, plain)] if 1 in choices else []
@@ -626,21 +659,32 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
                          if (candidate.key(), p.virtual_stages) not in interleaved]
             interleaved.update((candidate.key(), p.virtual_stages) for _, p in variants)
             for estimate, plan in variants:
-                if plan is not plain and not more(simulating=True):
+                if plan is not plain and not more(simulating=True, reserve_s=sync_reserve_s):
                     break
-                simulation_started = time.perf_counter()
-                prediction, _ = predict(plan, real, model, training)
-                simulation_wall_s = max(simulation_wall_s, time.perf_counter() - simulation_started)
-                simulated += 1
+                prediction = simulate(plan, run)
                 finalists.append({"stages": plan.stages, "replicas": plan.replicas, "estimate_s": float(estimate),
                                   "simulated_s": float(prediction.iteration_s), "fits": prediction.fits,
                                   **({"virtual_stages": plan.virtual_stages} if plan.virtual_stages > 1 else {})})
-                work_s += plan.virtual_stages * simulation_units(plan.stages, plan.replicas,
-                                                                 sum(plan.micro_batches)) / SIMULATION_UNITS_PER_S
                 if prediction.fits and not math.isfinite(prediction.iteration_s):
                     unfinished.append(prediction.iteration_s)
                 elif prediction.fits and prediction.iteration_s < best_time:
                     best_plan, best_time = plan.with_prediction(prediction), prediction.iteration_s
+    sync_record = {}
+    if auto_sync and best_plan is not None:  # the best plan with every other algorithm, while the share holds
+        tried, untried = {str(best_plan.sync): best_time}, []
+        for sync in syncs_for(training, best_plan.replicas) if best_plan.replicas > 1 else ():
+            if str(sync) in tried:
+                continue
+            if untried or not more(simulating=True):
+                untried.append(str(sync))
+                continue
+            other = plan_with_sync(best_plan, real, sync)
+            prediction = simulate(other, sync_training(training, sync, best_plan.replicas))
+            tried[str(sync)] = prediction.iteration_s
+            if prediction.fits and math.isfinite(prediction.iteration_s) and prediction.iteration_s < best_time:
+                best_plan, best_time = other.with_prediction(prediction), prediction.iteration_s
+        sync_record = {"sync_tried": tried, **({"sync_untried": untried} if untried else {})}
+    budget.spend("finalists", work_s)
     history.append((evaluations, time.perf_counter() - started, best_estimate))
     if best_plan is None:
         if unfinished:
@@ -653,7 +697,15 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     return best_plan, {"algorithm": algorithm, "evaluations": evaluations, "exact": exact_shapes,
                        "history": history, "pinned": {"stages": options.stages, "replicas": options.replicas},
                        "simulated": simulated, "finalists": finalists, "clock_cut": list(budget.clock_cut),
-                       "simulation_wall_s": round(simulation_wall_s, 3)}
+                       "simulation_wall_s": round(simulation_wall_s, 3), "work_used_s": budget.spent_s, **sync_record}
+
+
+def _sync_reserve_s(training, lead: Candidate) -> float:
+    """Work (seconds at the simulator's rate) to simulate a plan of ``lead``'s shape with each sync
+    algorithm but one: what ``sync: auto`` keeps of the finalists' share for the best plan."""
+    R, S = lead.assign.shape
+    others = len(syncs_for(training, R)) - 1 if R > 1 else 0
+    return others * simulation_units(S, R, sum(lead.micro_batches)) / SIMULATION_UNITS_PER_S
 
 
 def _start_candidate(ctx, x0: Plan | None) -> Candidate | None:

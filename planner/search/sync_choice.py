@@ -1,5 +1,7 @@
 """The plan's gradient sync algorithm: a plan with a given one (and its parameter servers), and
-``training.sync: auto`` resolved per plan by the simulator.
+``training.sync: auto`` resolved per plan: first by the search's estimate (``estimated_sync``), then
+by the simulator where the search's budget allows (``planner.search.front``'s finalists), or after
+the search for plans of other engines (``choose_sync``).
 
 A stage's parameter server is the replica whose device serves the stage fastest
 (``Network.parameter_server_of``: the best links to the others, the least shared NIC).
@@ -7,13 +9,16 @@ A stage's parameter server is the replica whose device serves the stage fastest
 
 from dataclasses import replace
 
+import numpy as np
+
 from cost_models.network import Sync
 from planner.plan.sync import AUTO, syncs_for
 from planner.plan.tensor import groups_of_plan
 from planner.prediction.predict import predict
 from planner.prediction.stage_model import optimizer_shards
+from planner.search.evaluate import score_split
 
-__all__ = ["plan_with_sync", "choose_sync"]
+__all__ = ["plan_with_sync", "choose_sync", "estimated_sync", "sync_training"]
 
 
 def plan_with_sync(plan, topology, sync: Sync):
@@ -31,7 +36,7 @@ def plan_with_sync(plan, topology, sync: Sync):
     return replace(plan, sync=sync, sync_servers=tuple(servers), prediction=None)
 
 
-def _with_sync_training(training, sync: Sync, replicas: int):
+def sync_training(training, sync: Sync, replicas: int):
     """``training`` with ``sync`` named and ``shard_optimizer`` as this sync allows it."""
     chosen = replace(training, sync=str(sync))
     if training.shard_optimizer == "auto" and optimizer_shards(chosen, replicas) == 1:
@@ -52,7 +57,7 @@ def choose_sync(plan, topology, model, training) -> tuple:
         return plan, training, {}
     best, tried = None, {}
     for sync in syncs_for(training, plan.replicas):
-        chosen = _with_sync_training(training, sync, plan.replicas)
+        chosen = sync_training(training, sync, plan.replicas)
         candidate = plan_with_sync(plan, topology, sync)
         candidate = candidate.with_prediction(predict(candidate, topology, model, chosen)[0])
         tried[str(sync)] = candidate.prediction.iteration_s
@@ -60,5 +65,21 @@ def choose_sync(plan, topology, model, training) -> tuple:
                                           < best[0].prediction.iteration_s):
             best = (candidate, chosen)
     if best is None:  # nothing fits: the ring, as the search planned it
-        return plan, _with_sync_training(training, Sync.RING, plan.replicas), tried
+        return plan, sync_training(training, Sync.RING, plan.replicas), tried
     return best[0], best[1], tried
+
+
+def estimated_sync(ctx, candidate) -> Sync:
+    """The algorithm of ``syncs_for`` whose estimate (``evaluate.score_split``, with the optimizer
+    sharded as that algorithm allows) of ``candidate`` is shortest among those that fit (ties: the
+    first of ``Sync``'s order, ring first); the ring for one replica or where none fits."""
+    R = candidate.assign.shape[0]
+    algorithms = syncs_for(ctx.training, R) if R > 1 else (Sync.RING,)
+    best, best_s = Sync.RING, np.inf
+    for sync in algorithms:
+        one = replace(ctx, training=sync_training(ctx.training, sync, R), costs={})  # costs follow the sharding
+        score = score_split(one, candidate.assign, candidate.layer_counts, candidate.micro_batches,
+                            candidate.micro_batch_size, candidate.schedule)
+        if score is not None and score < best_s:
+            best, best_s = sync, score
+    return best
