@@ -11,7 +11,7 @@ __all__ = ["p2p_time_s", "ring_allreduce_time_s", "sharded_exchange_time_s", "sh
 # slowest one's launches. Fitted to one run of the runtime on 4x H100 (torch 2.11, NCCL, compiled
 # blocks): GPT-3 XL on one group of 4 at micro-batch 2, 384 block passes per iteration, measured
 # 1.305 s where the GPUs' share predicts 0.584 s; checked on 2 stages of groups of 2 at micro-batch 2
-# (0.821 s measured, 0.751 s predicted with it, 0.441 s without); at 4x the micro-batch neither plan
+# (0.821 s measured, 0.740 s predicted with it, 0.441 s without); at 4x the micro-batch neither plan
 # is bound by it (``benchmarks/results/runtime_gpu_tensor_x4.json``).
 TENSOR_BLOCK_ISSUE_S = 3.15e-3
 

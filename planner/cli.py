@@ -473,6 +473,7 @@ def _replan(args) -> int:
     for flag, value in (("--model", args.model), ("--model-file", args.model_file),
                         ("--global-batch", args.global_batch), ("--calibration", args.calibration),
                         ("--sync-every", args.sync_every), ("--sync-groups", args.sync_groups),
+                        ("--virtual-stages", args.virtual_stages),
                         ("--micro-batches-per-round", args.micro_batches_per_round),
                         ("--compress-messages", args.compress_messages),
                         ("--compress-gradients", args.compress_gradients), ("--powersgd-rank", args.powersgd_rank),
@@ -518,8 +519,7 @@ def _replan(args) -> int:
         print(render_plan(result.plan, topology, model, result.training))
         print("\n" + render_moves(result, args.from_plan))
         if changed is not None:
-            print(f"\nThe changed cluster: {topology_source}" if args.output else
-                  "\nThe changed cluster was not written (no --output)")
+            print(f"\nThe changed cluster: {topology_source}")
         if args.output:
             print(f"\nPlan written to {args.output}")
     return 0
@@ -527,25 +527,37 @@ def _replan(args) -> int:
 
 def _changed_cluster(args, old, topology) -> tuple:
     """(topology document, path to write it to) of OLD_PLAN's cluster (TOPOLOGY) after ``--lost`` and
-    ``--added``; the path is ``--output``'s with ``.topology.yaml``, or TOPOLOGY's when nothing is written."""
+    ``--added``: ``--output``'s path with ``.topology.yaml``, which the plan names so that ``plan
+    launch`` finds the cluster; a relative calibration file the network names stays the same file."""
     from planner.io import read_yaml
     from planner.search.replan import changed_topology
 
+    field = "--lost" if args.lost else "--added"
+    if not args.output:
+        raise InputError("writes the changed cluster beside the plan, which the plan names: add -o FILE",
+                         field=field)
     if topology.sha256 != old.topology_sha256:
         raise InputError(f"with --lost or --added, TOPOLOGY is the cluster {args.from_plan} was planned on, but "
                          f"{args.topology} is another ({topology.name}): give that file, or give the changed cluster "
-                         "as TOPOLOGY without --lost/--added", field="--lost" if args.lost else "--added")
+                         "as TOPOLOGY without --lost/--added", field=field)
+    output = Path(args.output)
+    path = output.with_name(output.stem + ".topology.yaml")
+    inputs = [Path(p).resolve() for p in (args.topology, args.from_plan, args.added) if p]
+    if path.resolve() in inputs:
+        raise InputError(f"would write the changed cluster to {path}, one of this command's inputs: name the "
+                         "plan file otherwise", source=args.output, field="--output")
+    _check_writable(str(path), "--output")
     added = read_yaml(args.added) if args.added else None
     if added is not None and not isinstance(added, dict):
         raise InputError("expected a mapping with a 'devices' list", source=args.added, field="devices")
     document = changed_topology(read_yaml(args.topology), lost=tuple(args.lost or ()), added=added,
                                 source=args.added or "--added")
-    if not args.output:
-        return document, args.topology
-    output = Path(args.output)
-    path = str(output.with_name(output.stem + ".topology.yaml"))
-    _check_writable(path, "--output")
-    return document, path
+    network = document.get("network")
+    if isinstance(network, dict) and isinstance(network.get("calibration"), str) \
+            and not Path(network["calibration"]).is_absolute():
+        calibration = Path(args.topology).resolve().parent / network["calibration"]
+        document = {**document, "network": {**network, "calibration": str(calibration)}}
+    return document, str(path)
 
 
 def _refuse_checkpoints_with_local_steps(args) -> None:

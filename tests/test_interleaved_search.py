@@ -219,3 +219,13 @@ def test_the_searched_interleaved_plan_launches(tmp_path, capsys):
     assert {(op["stage"], op["chunk"]) for op in results["measured"]["trace"] if op["kind"] == "bwd"} == \
         {(s, c) for s in range(stages) for c in range(2)}
     assert math.isfinite(results["comparison"]["measured_s"])
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "zb-h1"])
+def test_auto_chunks_under_a_schedule_that_cannot_interleave_is_refused(tmp_path, capsys, schedule):
+    """``auto`` asks for interleaving where it pays; under GPipe or ZB-H1 it never could."""
+    from tests.runtime_helpers import run_cli
+
+    code, out, err = run_cli([_cli_topology(tmp_path), "--virtual-stages", "auto", "--schedule", schedule], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "is auto" in err and "set schedule 1f1b or auto" in err

@@ -319,3 +319,48 @@ def test_lost_without_from_is_refused(tmp_path, capsys):
     _files(tmp_path)
     code, out, err = run_cli([tmp_path / "old.yaml", "--lost", "g1"], capsys)
     assert code == 2 and "field '--lost'" in err and "--from" in err
+
+
+def test_lost_needs_an_output_and_never_writes_over_its_inputs(tmp_path, capsys):
+    """Without -o the plan could not name the changed cluster: one line. An -o whose
+    ``.topology.yaml`` is TOPOLOGY itself is refused and TOPOLOGY keeps its bytes."""
+    _, old = _files(tmp_path)
+    code, out, err = run_cli([tmp_path / "old.yaml", "--from", old, "--lost", "g1"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "field '--lost'" in err and "-o FILE" in err, err
+    (tmp_path / "lab.topology.yaml").write_bytes((tmp_path / "old.yaml").read_bytes())
+    plan_path = tmp_path / "lab-plan.yaml"
+    assert run_cli([tmp_path / "lab.topology.yaml", "-o", plan_path, "--budget", "1"], capsys)[0] == 0
+    before = (tmp_path / "lab.topology.yaml").read_bytes()
+    code, out, err = run_cli([tmp_path / "lab.topology.yaml", "--from", plan_path, "--lost", "g1",
+                              "-o", tmp_path / "lab.yaml"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "one of this command's inputs" in err, err
+    assert (tmp_path / "lab.topology.yaml").read_bytes() == before and not (tmp_path / "lab.yaml").exists()
+
+
+def test_a_relative_calibration_file_stays_the_same_file_in_the_changed_cluster(tmp_path, capsys):
+    """TOPOLOGY's network names its calibration relative to TOPOLOGY's folder; the changed cluster,
+    written into another folder, still reads that file."""
+    from planner.inputs.job import load_topology
+
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "in" / "cal.yaml").write_bytes(
+        (root / "benchmarks" / "results" / "accuracy_gpu4" / "calibration.yaml").read_bytes())
+    document = yaml.safe_load((root / "topologies" / "local" / "h100-x4.yaml").read_text())
+    document["network"] = {"calibration": "cal.yaml", **document["network"]}
+    (tmp_path / "in" / "x4.yaml").write_text(yaml.safe_dump(document))
+    assert run_cli([tmp_path / "in" / "x4.yaml", "-o", tmp_path / "in" / "old.yaml", "--budget", "1"], capsys)[0] == 0
+    code, out, err = run_cli([tmp_path / "in" / "x4.yaml", "--from", tmp_path / "in" / "old.yaml", "--lost", "gpu-3",
+                              "--budget", "1", "-o", tmp_path / "out" / "new.yaml"], capsys)
+    assert code == 0, err
+    cluster = load_topology(tmp_path / "out" / "new.topology.yaml")
+    assert cluster.names == ["gpu-0", "gpu-1", "gpu-2"]
+    whole = load_topology(tmp_path / "in" / "x4.yaml")
+    assert cluster.bandwidth_bytes_per_s[0, 1] == whole.bandwidth_bytes_per_s[0, 1]  # the measured link
+
+
+def test_a_replan_refuses_virtual_stages_in_one_line(tmp_path, capsys):
+    new, old = _files(tmp_path)
+    code, out, err = run_cli([new, "--from", old, "--virtual-stages", "2"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "field '--virtual-stages'" in err, err

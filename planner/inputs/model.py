@@ -183,6 +183,9 @@ class TrainingSpec:
                                                or not 1 <= self.virtual_stages <= MAX_VIRTUAL_STAGES):
             raise InputError(f"{self.virtual_stages!r} is not a whole number from 1 to {MAX_VIRTUAL_STAGES} or auto",
                              field="training.virtual_stages")
+        if self.virtual_stages == "auto" and self.schedule not in (Schedule.ONE_F_ONE_B, "auto"):
+            raise InputError(f"is auto, which chooses chunks for interleaved 1F1B, but the schedule is {self.schedule}: "
+                             "set schedule 1f1b or auto, or virtual_stages 1", field="training.virtual_stages")
         if self.fixed_virtual_stages > 1 and self.schedule not in (Schedule.ONE_F_ONE_B, "auto"):
             raise InputError(f"is {self.virtual_stages}, which interleaves 1F1B, but the schedule is {self.schedule}: "
                              "set schedule 1f1b or virtual_stages 1", field="training.virtual_stages")
