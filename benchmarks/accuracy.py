@@ -157,9 +157,11 @@ def _wanted(label: str, dimension: str, only: tuple) -> bool:
     return not only or label in only or label.split("--", 1)[1] in only or dimension in only
 
 
-def emulated(out: Path, iterations: int, warmup: int, seed: int, only: tuple = ()) -> dict:
+def emulated(out: Path, iterations: int, warmup: int, seed: int, only: tuple = (),
+             seconds: float = EMULATED_SECONDS) -> dict:
     """Run the emulated plans; with ``only``, just those (see ``_wanted``), keeping every other row of an
-    earlier run (``out/partial.json``, started from ``accuracy_emulated.json`` when there is none)."""
+    earlier run (``out/partial.json``, started from ``accuracy_emulated.json`` when there is none).
+    ``seconds``: the pick's emulated iteration (longer leaves a loaded host more room per op)."""
     from planner.runtime.launch import LaunchOptions, launch
     from planner.search.front import SearchOptions, search
 
@@ -193,7 +195,7 @@ def emulated(out: Path, iterations: int, warmup: int, seed: int, only: tuple = (
             plans["planner-unsharded"] = (pick, replace(job, training=replace(job.training, shard_optimizer=False)))
         plans = {label: (plan, run_job, "") for label, (plan, run_job) in plans.items()}
         plans.update(_dimension_plans(pick, job, seed))
-        scale = EMULATED_SECONDS / predict(pick, job.topology, job.model, job.training)[0].iteration_s
+        scale = seconds / predict(pick, job.topology, job.model, job.training)[0].iteration_s
         first = next(iter(plans))
         for label, (plan, run_job, dimension) in plans.items():
             if not _wanted(f"{name}--{label}", dimension, only):
@@ -382,8 +384,12 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", nargs="+", default=(), metavar="LABEL", help="run only these plans (emulated: also a topology-less label or a dimension, "
-                        f"one of {', '.join(DIMENSIONS)}; the other rows of the last run are kept)")
+    parser.add_argument("--seconds", type=float, default=EMULATED_SECONDS,
+                        help="emulated: the planner's pick emulated at about this many seconds per iteration "
+                             "(raise it when runs warn of compute overrun)")
+    parser.add_argument("--only", nargs="+", default=(), metavar="LABEL",
+                        help="run only these plans (emulated: also a label without its topology or a dimension, "
+                             f"one of {', '.join(DIMENSIONS)}; the other rows of the last run are kept)")
     args = parser.parse_args()
     out = Path(args.out)
     runs = out / f"accuracy_{args.mode}"
@@ -392,7 +398,7 @@ def main() -> int:
     elif args.mode == "gpu4":
         report = gpu4(runs, args.iterations, args.warmup, args.seed, tuple(args.only))
     else:
-        report = emulated(runs, args.iterations, args.warmup, args.seed, tuple(args.only))
+        report = emulated(runs, args.iterations, args.warmup, args.seed, tuple(args.only), args.seconds)
     rows = report["rows"]
     predicted, measured = [r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]
     report["summary"] = {"runs": len(rows), "mape": mean_absolute_percentage_error(predicted, measured),
