@@ -1,7 +1,7 @@
 """Accuracy of the cost model: plans executed by the runtime, predicted against measured.
 
     python benchmarks/accuracy.py emulated   # CPU: >= 12 plans over 3 topologies, network and devices emulated
-    python benchmarks/accuracy.py emulated --only tensor sync-sharded   # those dimensions' rows (or labels); others kept
+    python benchmarks/accuracy.py emulated --only tensor zb-h1   # just those dimensions (or labels); others kept
     python benchmarks/accuracy.py gpu        # 2 CUDA GPUs: calibrate, then >= 6 plans on real hardware
     python benchmarks/accuracy.py gpu4       # 4 CUDA GPUs: every plan dimension and schedule (GPU4_CASES)
 
@@ -212,8 +212,9 @@ def emulated(out: Path, iterations: int, warmup: int, seed: int, only: tuple = (
             overrun = results.get("emulation", {}).get("compute_overrun", {})
             row["compute_overrun_share"] = overrun.get("worst_share_of_iteration")
             rows.append(row)
-            partial.write_text(json.dumps({"rows": rows + [r for r in kept if r["label"] not in
-                                                           {x["label"] for x in rows}]}, indent=1, default=float) + "\n")
+            done = {r["label"] for r in rows}
+            partial.write_text(json.dumps({"rows": rows + [r for r in kept if r["label"] not in done]},
+                                          indent=1, default=float) + "\n")
             print(f"{row['label']:58} predicted {row['predicted_s']:8.3f} s  measured {row['measured_s']:8.3f} s  "
                   f"{100 * row['error']:+6.1f}%" + (f"  (compute overrun {100 * row['compute_overrun_share']:.1f}%)"
                                                    if overrun.get("warning") else ""), flush=True)
