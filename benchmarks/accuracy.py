@@ -1,6 +1,7 @@
 """Accuracy of the cost model: plans executed by the runtime, predicted against measured.
 
     python benchmarks/accuracy.py emulated   # CPU: >= 12 plans over 3 topologies, network and devices emulated
+    python benchmarks/accuracy.py emulated --only tensor zb-h1   # just those dimensions (or labels); others kept
     python benchmarks/accuracy.py gpu        # 2 CUDA GPUs: calibrate, then >= 6 plans on real hardware
     python benchmarks/accuracy.py gpu4       # 4 CUDA GPUs: every plan dimension and schedule (GPU4_CASES)
 
@@ -67,10 +68,106 @@ def _write(plan, job, topology_path: str, path: Path, calibration=None) -> Path:
     return path
 
 
-def emulated(out: Path, iterations: int, warmup: int, seed: int) -> dict:
+# The plan space's dimensions run on each topology where they are legal (``_dimension_plans``).
+DIMENSIONS = ("tensor", "zero1-uneven", "rounds", "sync-hierarchical", "sync-parameter-server", "sync-sharded",
+              "zb-h1", "interleaved", "int8-messages", "powersgd", "local-steps")
+
+
+def _hosts_of_two(topology) -> bool:
+    """Whether some host holds two devices of one type (a tensor group of degree 2)."""
+    types = {}
+    for d in topology.devices:
+        types.setdefault((d.host, d.type_name), []).append(d)
+    return any(len(v) >= 2 for v in types.values())
+
+
+def _dimension_plans(pick, job, seed: int) -> dict:
+    """label: (plan, job, dimension) of the new dimensions on ``pick`` (or on a search pinned to the
+    dimension where the pick's shape cannot carry it): replicas carry the sync algorithms, PowerSGD,
+    local steps and ZeRO-1 on uneven batch shares; stages carry accumulation rounds, ZB-H1,
+    interleaved 1F1B and int8 messages; hosts of two devices carry tensor groups, and hosts of several
+    devices a hierarchical sync over every device."""
+    from cost_models.network import Sync
+    from planner.errors import InputError
+    from planner.plan.dims import Compression
+    from planner.search.front import SearchOptions, search
+
+    def trained(**fields):
+        return replace(job, training=replace(job.training, **fields))
+
+    topology, plans = job.topology, {}
+    S, R = pick.stages, pick.replicas
+    if R > 1:
+        counts = list(pick.micro_batches)
+        shift = max(1, min(counts) // 4)
+        counts[0], counts[-1] = counts[0] + shift, counts[-1] - shift
+        plans[f"zero1-uneven-{'-'.join(map(str, counts))}"] = (
+            replace(pick, micro_batches=tuple(counts)), trained(shard_optimizer=True), "zero1-uneven")
+        plans["local-steps-4"] = (replace(pick, sync_every=4), trained(sync_every=4, shard_optimizer=False),
+                                  "local-steps")
+    if R > 1 and S > 1:  # the geo-distributed pick: its replicas sync over slow links
+        plans["sync-parameter-server"] = (replace(pick, sync=Sync.PARAMETER_SERVER, sync_servers=(0,) * S),
+                                          trained(sync="parameter-server", shard_optimizer=False),
+                                          "sync-parameter-server")
+        plans["sync-sharded"] = (replace(pick, sync=Sync.SHARDED), trained(sync="sharded"), "sync-sharded")
+        plans["powersgd-rank-4"] = (replace(pick, compression=Compression(gradients="powersgd", rank=4)),
+                                    trained(compress_gradients="powersgd", powersgd_rank=4, shard_optimizer=False),
+                                    "powersgd")
+    if S > 1:
+        per_replica = min(pick.micro_batches)
+        plans["gpipe-rounds-4"] = (replace(pick, schedule="gpipe", micro_batches_per_round=4),
+                                   trained(schedule="gpipe", micro_batches_per_round=4), "rounds") \
+            if per_replica > 4 else None
+        plans["zb-h1"] = (replace(pick, schedule="zb-h1"), trained(schedule="zb-h1"), "zb-h1")
+        layers = job.model.layers
+        # Interleaving runs micro-batches in groups of S and splits each stage in 2 chunks: where a stage
+        # of the pick has one layer, the pick's placement with even layers.
+        if all(m % S == 0 for m in pick.micro_batches) and layers % S == 0:
+            uneven = min(b - a for a, b in zip(pick.layer_bounds, pick.layer_bounds[1:])) < 2
+            base = replace(pick, schedule="1f1b", layer_bounds=tuple(range(0, layers + 1, layers // S))) if uneven \
+                else replace(pick, schedule="1f1b")
+            plans["interleaved-v2" + ("-even-layers" if uneven else "")] = (
+                interleave_plan(base, 2), trained(schedule="1f1b", virtual_stages=2), "interleaved")
+        plans["int8-messages"] = (replace(pick, compression=Compression(messages="int8")),
+                                  trained(compress_messages="int8"), "int8-messages")
+    if _hosts_of_two(topology):
+        for stages in (1, 2):
+            pinned = trained(shard_optimizer="auto")
+            plan = search(topology, job.model, pinned.training,
+                          SearchOptions(seed=seed, time_limit_s=10, stages=stages, tensor_degrees=(2,))).plan
+            plans[f"tensor-2-{plan.stages}x{plan.replicas}"] = (plan, pinned, "tensor")
+        # One stage on as many devices as fit: its replicas span hosts of several devices each.
+        pinned = trained(sync="hierarchical", shard_optimizer=False)
+        for replicas in range(topology.size, 1, -1):
+            try:
+                plan = search(topology, job.model, pinned.training,
+                              SearchOptions(seed=seed, time_limit_s=10, stages=1, replicas=replicas,
+                                            tensor_degrees=(1,))).plan
+            except InputError:  # no plan of this many replicas fits in memory
+                continue
+            members = [topology.devices[topology.index(d)].host for d in plan.ring(0)]
+            if len(set(members)) > 1 and len(set(members)) < len(members):
+                plans[f"sync-hierarchical-1x{plan.replicas}"] = (plan, pinned, "sync-hierarchical")
+                break
+    return {label: entry for label, entry in plans.items() if entry is not None}
+
+
+def _wanted(label: str, dimension: str, only: tuple) -> bool:
+    """Whether ``only`` (run labels, labels without their topology, or dimension names; empty: all) names the run."""
+    return not only or label in only or label.split("--", 1)[1] in only or dimension in only
+
+
+def emulated(out: Path, iterations: int, warmup: int, seed: int, only: tuple = (),
+             seconds: float = EMULATED_SECONDS) -> dict:
+    """Run the emulated plans; with ``only``, just those (see ``_wanted``), keeping every other row of an
+    earlier run (``out/partial.json``, started from ``accuracy_emulated.json`` when there is none).
+    ``seconds``: the pick's emulated iteration (longer leaves a loaded host more room per op)."""
     from planner.runtime.launch import LaunchOptions, launch
     from planner.search.front import SearchOptions, search
 
+    partial, earlier = out / "partial.json", out.parent / "accuracy_emulated.json"
+    kept = json.loads(partial.read_text())["rows"] if partial.exists() else \
+        json.loads(earlier.read_text())["rows"] if only and earlier.exists() else []
     rows, picks = [], {}
     for topology_path in EMULATED_TOPOLOGIES:
         job = load_job(ROOT / topology_path)
@@ -96,20 +193,37 @@ def emulated(out: Path, iterations: int, warmup: int, seed: int) -> dict:
             pick, replace(job, training=replace(job.training, recompute=flipped)))
         if pick.replicas > 1:
             plans["planner-unsharded"] = (pick, replace(job, training=replace(job.training, shard_optimizer=False)))
-        scale = EMULATED_SECONDS / predict(pick, job.topology, job.model, job.training)[0].iteration_s
-        for label, (plan, run_job) in plans.items():
+        plans = {label: (plan, run_job, "") for label, (plan, run_job) in plans.items()}
+        plans.update(_dimension_plans(pick, job, seed))
+        scale = seconds / predict(pick, job.topology, job.model, job.training)[0].iteration_s
+        first = next(iter(plans))
+        for label, (plan, run_job, dimension) in plans.items():
+            if not _wanted(f"{name}--{label}", dimension, only):
+                rows.extend(r for r in kept if r["label"] == f"{name}--{label}")
+                continue
             path = _write(plan, run_job, topology_path, out / "plans" / f"{name}--{label}.yaml")
             run_dir = out / f"{name}--{label}"
             results = launch(path, LaunchOptions(iterations=iterations, warmup=warmup, out_dir=str(run_dir),
                                                  emulate=True, time_scale=scale, backend="gloo"), log=lambda s: None)
             row = run_row(results, f"{name}--{label}")
-            row["planner_pick"] = label == next(iter(plans))
+            row["planner_pick"] = label == first
             row["fits"] = predict(plan, run_job.topology, run_job.model, run_job.training)[0].fits
+            row["dimension"] = dimension
+            overrun = results.get("emulation", {}).get("compute_overrun", {})
+            row["compute_overrun_share"] = overrun.get("worst_share_of_iteration")
             rows.append(row)
+            done = {r["label"] for r in rows}
+            partial.write_text(json.dumps({"rows": rows + [r for r in kept if r["label"] not in done]},
+                                          indent=1, default=float) + "\n")
             print(f"{row['label']:58} predicted {row['predicted_s']:8.3f} s  measured {row['measured_s']:8.3f} s  "
-                  f"{100 * row['error']:+6.1f}%", flush=True)
+                  f"{100 * row['error']:+6.1f}%" + (f"  (compute overrun {100 * row['compute_overrun_share']:.1f}%)"
+                                                   if overrun.get("warning") else ""), flush=True)
         ours = [r for r in rows if r["topology"] == name]
-        fastest = min(r["measured_s"] for r in ours if r["fits"])
+        if not any(r["planner_pick"] for r in ours):
+            continue
+        # Against the plans of the topology's own training: the dimensions' rows change what is trained
+        # (int8, PowerSGD, local steps) or the job's settings, which the search did not plan with.
+        fastest = min(r["measured_s"] for r in ours if r.get("fits", True) and not r.get("dimension"))
         pick_row = next(r for r in ours if r["planner_pick"])
         picks[name] = {"pick": pick_row["label"], "pick_measured_s": pick_row["measured_s"],
                        "fastest_measured_s": fastest, "pick_over_fastest": pick_row["measured_s"] / fastest - 1}
@@ -283,7 +397,12 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", nargs="+", default=(), metavar="LABEL", help="gpu: run only these plans")
+    parser.add_argument("--seconds", type=float, default=EMULATED_SECONDS,
+                        help="emulated: the planner's pick emulated at about this many seconds per iteration "
+                             "(raise it when runs warn of compute overrun)")
+    parser.add_argument("--only", nargs="+", default=(), metavar="LABEL",
+                        help="run only these plans (emulated: also a label without its topology or a dimension, "
+                             f"one of {', '.join(DIMENSIONS)}; the other rows of the last run are kept)")
     args = parser.parse_args()
     out = Path(args.out)
     runs = out / f"accuracy_{args.mode}"
@@ -292,7 +411,7 @@ def main() -> int:
     elif args.mode == "gpu4":
         report = gpu4(runs, args.iterations, args.warmup, args.seed, tuple(args.only))
     else:
-        report = emulated(runs, args.iterations, args.warmup, args.seed)
+        report = emulated(runs, args.iterations, args.warmup, args.seed, tuple(args.only), args.seconds)
     rows = report["rows"]
     predicted, measured = [r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]
     report["summary"] = {"runs": len(rows), "mape": mean_absolute_percentage_error(predicted, measured),

@@ -78,3 +78,27 @@ def test_timeline_titles_name_the_clock():
     gpu = json.loads((DATA / "gpu-run" / "results.json").read_text())
     title, xlabel = timeline_title(gpu, "g")
     assert "emulated" not in title + xlabel and "(predicted - measured) / measured" in title
+
+
+@pytest.mark.parametrize("pick, expected", [
+    ("dtfm-case5-mini--planner-3x2-1f1b", {"zero1-uneven", "local-steps", "sync-parameter-server", "sync-sharded",
+                                           "powersgd", "rounds", "zb-h1", "int8-messages"}),
+    ("home-mini--planner-2x1-1f1b", {"rounds", "zb-h1", "interleaved", "int8-messages"}),
+])
+def test_emulated_dimension_plans_are_valid_plans(tmp_path, pick, expected):
+    """Every plan the emulated benchmark adds for the plan space's dimensions passes the launch's checks."""
+    from benchmarks.accuracy import DIMENSIONS, _dimension_plans, _wanted, _write
+    from planner.inputs.job import Job
+    from planner.runtime.inputs import load_run_inputs
+
+    root = Path(__file__).resolve().parent.parent
+    inputs = load_run_inputs(root / "benchmarks" / "results" / "accuracy_emulated" / "plans" / f"{pick}.yaml")
+    job = Job(topology=inputs.topology, model=inputs.model, training=inputs.training)
+    plans = _dimension_plans(inputs.plan, job, seed=0)
+    assert {dimension for _, _, dimension in plans.values()} == expected and expected <= set(DIMENSIONS)
+    for label, (plan, run_job, dimension) in plans.items():
+        path = _write(plan, run_job, inputs.topology_path, tmp_path / f"{label}.yaml")
+        ran = load_run_inputs(path).plan
+        assert ran.stages == plan.stages and ran.replicas == plan.replicas
+        assert _wanted(f"{inputs.topology.name}--{label}", dimension, (dimension,))
+        assert not _wanted(f"{inputs.topology.name}--{label}", dimension, ("tensor",))
