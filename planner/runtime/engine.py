@@ -21,7 +21,7 @@ from planner.runtime.compression import decode_int8, encode_int8, int8_wire_shap
 from planner.runtime.data import global_batch_tokens, micro_batch_rows, training_inputs, training_targets
 from planner.runtime.emulation import Emulator, now_s, sleep_until
 from planner.runtime.gpt import lm_loss
-from planner.runtime.gradient_sync import SyncRoute, sum_over_route
+from planner.runtime.gradient_sync import SyncRoute, ring_member_bytes, sum_over_route
 from planner.runtime.powersgd import PowerSGD
 from planner.runtime.split_backward import defer_weight_gradients
 from planner.runtime.tensor_parallel import broadcast_whole
@@ -428,8 +428,7 @@ def _reduce_bucket(grads: list, group, route: SyncRoute | None = None) -> int:
         sent = sum_over_route(flat, route)
     else:
         dist.all_reduce(flat, group=group)
-        k = dist.get_world_size(group)
-        sent = 2 * (k - 1) * flat.numel() * flat.element_size() // k
+        sent = ring_member_bytes(flat, group)
     for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
         grad.copy_(reduced)
     return sent

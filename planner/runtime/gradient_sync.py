@@ -31,7 +31,7 @@ import torch.distributed as dist
 from cost_models.network import Sync
 
 __all__ = ["SyncRoute", "sync_route", "route_matters", "sum_over_route", "reduce_scatter_over_route",
-           "all_gather_over_route"]
+           "all_gather_over_route", "ring_member_bytes"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +90,13 @@ def sum_over_route(flat: torch.Tensor, route: SyncRoute) -> int:
     if route.sync == Sync.PARAMETER_SERVER:
         return _star(flat, list(route.ranks), route.server, route.me)
     return _hierarchical(flat, route)
+
+
+def ring_member_bytes(flat: torch.Tensor, group) -> int:
+    """Bytes one of ``group``'s ``k`` ranks sends in a ring all-reduce of ``flat``, as torch's
+    collective is counted: ``2 (k - 1) / k`` of the message (Patarasuk & Yuan 2009)."""
+    k = dist.get_world_size(group)
+    return 2 * (k - 1) * _bytes(flat) // k
 
 
 def _bytes(t: torch.Tensor) -> int:

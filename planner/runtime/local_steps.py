@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from planner.runtime.gradient_sync import ring_member_bytes
+
 __all__ = ["LocalSteps", "outer_nesterov_step", "master_copies"]
 
 _BUCKET_BYTES = 64 * 2**20  # as the gradient all-reduce (planner.runtime.engine.BUCKET_BYTES)
@@ -111,7 +113,7 @@ class LocalSteps:
 
     def _reduce(self, bucket: list) -> None:
         flat = _flatten_dense_tensors(bucket)
-        self.bytes_sent += _ring_share(flat, self.group)
+        self.bytes_sent += ring_member_bytes(flat, self.group)
         dist.all_reduce(flat, group=self.group)
         flat.div_(self.replicas)
         for t, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
@@ -119,14 +121,7 @@ class LocalSteps:
 
     def _broadcast(self, bucket: list) -> None:
         flat = _flatten_dense_tensors(bucket)
-        self.bytes_sent += _ring_share(flat, self.within)  # a long-message broadcast: scatter, then all-gather
+        self.bytes_sent += ring_member_bytes(flat, self.within)  # a long-message broadcast: scatter, then all-gather
         dist.broadcast(flat, self.source, group=self.within)
         for t, value in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
             t.copy_(value)
-
-
-def _ring_share(flat: torch.Tensor, group) -> int:
-    """Bytes one of ``group``'s ``k`` ranks sends in a ring all-reduce of ``flat`` (as
-    ``planner.runtime.engine`` counts torch's): ``2 (k - 1) / k`` of the message."""
-    k = dist.get_world_size(group)
-    return 2 * (k - 1) * flat.numel() * flat.element_size() // k
