@@ -7,9 +7,11 @@ __all__ = ["render_plan", "render_moves"]
 
 # What an uncalibrated prediction is worth, from the GPU runs: 2x H100, GPT-3 XL, five plans
 # (benchmarks/results/runtime_gpu.json, runtime_gpu_zero_bubble.json, runtime_gpu_tensor.json) and the
-# same plans after ``plan calibrate`` (benchmarks/results/accuracy_gpu_zero_bubble.json).
+# same plans after ``plan calibrate`` (benchmarks/results/accuracy_gpu_zero_bubble.json); 4x H100,
+# seven plans calibrated (benchmarks/results/accuracy_gpu4.json).
 UNCALIBRATED_ERROR = ("uncalibrated predictions of GPT-3 XL on 2x H100 ran 12% below to 20% above the measured time, "
-                      "calibrated ones within 1.3%: run 'plan calibrate' on the cluster")
+                      "calibrated ones within 1.3% there and 0.4-3.5% on 4x H100 (recomputation and tensor groups "
+                      "up to 11% below): run 'plan calibrate' on the cluster")
 
 
 def _table(header: list, rows: list) -> list:
