@@ -55,9 +55,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--time-limit", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="each search's work budget (the same plans whatever the machine's load, while "
+                             "--time-limit leaves it time); default: the time limit's share")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "local_steps.json"))
     args = parser.parse_args(argv)
-    options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit)
+    options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit, budget_s=args.budget)
     rows = []
     print(f"{'topology':<22} {'H':>3} {'plan':<15} {'S x R':>6} {'iteration s':>12} {'sync s':>9} "
           f"{'KiB/token':>10} {'DP KiB/token':>13} {'within/across':>14} groups")
@@ -97,8 +100,8 @@ def main(argv=None) -> int:
                       + ("" if row["fits"] else "  (does not fit)"), flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"time_limit_s": args.time_limit, "seed": args.seed, "sync_every": list(SYNC_EVERY),
-                               "groupings": list(GROUPINGS),
+    out.write_text(json.dumps({"time_limit_s": args.time_limit, "budget_s": args.budget, "seed": args.seed,
+                               "sync_every": list(SYNC_EVERY), "groupings": list(GROUPINGS),
                                "note": "H > 1 changes the optimisation: speeds, not model quality", "rows": rows},
                               indent=1))
     print(f"wrote {out}")
