@@ -99,7 +99,7 @@ def grouped_sync(network, devices: list, order: list, groups: tuple, message_byt
     lead_ring = [devices[r] for r in order if r in set(leads(groups))]
     inner = [network.sync_s(Sync.RING, message_bytes, ring) for ring in rings]
     outer = network.sync_s(Sync.RING, message_bytes, lead_ring)
-    broadcast = 1.0 / H if len(groups) > 1 else 0.0  # one group: every member already holds the mean
+    broadcast = _broadcast_share(groups, H)
     seconds = max(inner) * (1.0 + broadcast) + outer / H
     holds = {}
     parts = [(ring, t, 1.0 + broadcast) for ring, t in zip(rings, inner)] + [(lead_ring, outer, 1.0 / H)]
@@ -110,13 +110,19 @@ def grouped_sync(network, devices: list, order: list, groups: tuple, message_byt
     return seconds, list(holds.items())
 
 
+def _broadcast_share(groups: tuple, sync_every: int) -> float:
+    """Iterations' share in which each group's lead broadcasts the outer step's result to its group:
+    once every H, none with one group (every member already holds the mean)."""
+    return 1.0 / sync_every if len(groups) > 1 else 0.0
+
+
 def grouped_sync_bytes(groups: tuple, message_bytes: float, sync_every: int) -> tuple:
     """(bytes within groups, bytes across groups) every worker sends per iteration for one stage's
     message: ``2 (g - 1) n`` for each group's ring every iteration and again for its broadcast every
     H, and ``2 (G - 1) n`` for the leads' ring every H (Patarasuk & Yuan 2009, as
     ``Network.sync_flows``)."""
     n, H = float(message_bytes), sync_every
-    broadcast = 1.0 / H if len(groups) > 1 else 0.0  # one group: no broadcast
+    broadcast = _broadcast_share(groups, H)
     within = sum(2.0 * (len(g) - 1) * n for g in groups) * (1.0 + broadcast)
     across = 2.0 * (len(groups) - 1) * n / H
     return within, across

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from cost_models.schedule import Schedule
+from cost_models.schedule import Schedule, interleaving_problem
 from planner.errors import InputError
 from planner.inputs.model import MAX_VIRTUAL_STAGES
 from planner.plan.plan import Plan, interleave_plan
@@ -111,8 +111,8 @@ def interleaving_refusal(model, training, options, engine: str) -> InputError | 
         [b for b in options.micro_batch_sizes if training.global_batch % b == 0] or [1]
     stage_counts = [options.stages] if options.stages else range(2, model.layers // v + 1)
     per_round = training.micro_batches_per_round
-    if not any((training.global_batch // b) % s == 0 and (not per_round or per_round % s == 0)
-               for b in sizes for s in stage_counts):
+    if all(interleaving_problem(Schedule.ONE_F_ONE_B, s, [training.global_batch // b], per_round, v)
+           for b in sizes for s in stage_counts):
         what = f"{options.stages} stages" if options.stages else "any stage count"
         return InputError(f"is {v}, but no micro-batch count of global_batch {training.global_batch} splits into "
                           f"multiples of {what}{' per round' if per_round else ''}, as interleaved 1F1B needs: "
