@@ -376,13 +376,18 @@ def gpu4(out: Path, iterations: int, warmup: int, seed: int, only: tuple = ()) -
         print(f"{label:34} predicted {row['predicted_s']:.4f} s  measured {row['measured_s']:.4f} s  "
               f"{100 * row['error']:+6.1f}%", flush=True)
     # Which schedule auto picks for 4 stages on the compiled calibration, against the measurements.
-    training = replace(compiled_job.training, micro_batch_size=2, schedule="auto")
-    pick = search(compiled_job.topology, compiled_job.model, training,
-                  SearchOptions(seed=seed, time_limit_s=10, stages=4, replicas=1, tensor_degrees=(1,))).plan
+    # Picked with one chunk per device (the default) and with interleaving searched too.
+    picks = {}
+    for virtual_stages in (1, "auto"):
+        training = replace(compiled_job.training, micro_batch_size=2, schedule="auto", virtual_stages=virtual_stages)
+        pick = search(compiled_job.topology, compiled_job.model, training,
+                      SearchOptions(seed=seed, time_limit_s=10, stages=4, replicas=1, tensor_degrees=(1,))).plan
+        picks[f"virtual_stages {virtual_stages}"] = {"schedule": str(pick.schedule),
+                                                     "virtual_stages": pick.virtual_stages}
     four = [r for r in report["rows"] if r["label"] in GPU4_SCHEDULE_ROWS]
     if four:
         fastest = min(four, key=lambda r: r["measured_s"])
-        report["schedule_pick"] = {"auto_picks": str(pick.schedule), "fastest_measured": fastest["label"],
+        report["schedule_pick"] = {"auto_picks": picks, "fastest_measured": fastest["label"],
                                    "measured_s": {r["label"]: r["measured_s"] for r in four}}
     report["calibration"] = compiled.document
     if eager is not None:
