@@ -139,6 +139,53 @@ def test_search_chooses_groups_by_the_simulator_or_as_asked(job):
     validate_plan(one.plan, job.topology, job.model, one.training)
 
 
+def _two_clusters(write_yaml):
+    """Two regions of 4 A100s each (100 Gbps inside) joined by a 3 Gbps, 50 ms link; GPT-3 XL, local
+    steps every 4 iterations."""
+    return load_job(write_yaml({
+        "name": "two-clusters",
+        "devices": [{"name": "a", "count": 4, "type": "A100-80GB", "region": "east"},
+                    {"name": "b", "count": 4, "type": "A100-80GB", "region": "west"}],
+        "network": {"region": {"latency": "0.1ms", "bandwidth": "100Gbps"},
+                    "global": {"latency": "50ms", "bandwidth": "3Gbps"}},
+        "model": "gpt3-xl",
+        "training": {"global_batch": 128, "micro_batch_size": 1, "schedule": "1f1b", "precision": "bf16",
+                     "sync_every": 4},
+    }))
+
+
+def _estimate_s(result, job) -> float:
+    """The search's estimate (``score_split``) of the returned plan."""
+    from planner.search.evaluate import make_context, score_split
+
+    plan = result.plan
+    ctx = make_context(job.topology, job.model, result.training, plan.tensor_groups)
+    assign = np.array([[ctx.topology.index(d) for d in row] for row in plan.assignment])
+    counts = tuple(b - a for a, b in zip(plan.layer_bounds, plan.layer_bounds[1:]))
+    return score_split(ctx, assign, counts, plan.micro_batches, plan.micro_batch_size, plan.schedule)
+
+
+def test_search_places_for_the_groups_asked_for(write_yaml):
+    from planner.search.front import SearchOptions, search
+    from planner.search.group_choice import plan_with_groups
+
+    job = _two_clusters(write_yaml)
+    found = {kind: search(job.topology, job.model, dataclasses.replace(job.training, sync_groups=kind),
+                          SearchOptions(seed=0, budget_s=2, replicas=4)) for kind in ("cluster", "one")}
+    assert found["cluster"].plan.sync_groups == ((0, 1), (2, 3))  # a group per region
+    assert found["one"].plan.sync_groups == ((0, 1, 2, 3),)
+    for kind, result in found.items():  # the estimate charges the groups as the simulator does
+        assert _estimate_s(result, job) == pytest.approx(result.predicted_s, rel=0.05), kind
+    # One group syncs every iteration: across the slow link it costs more than it saves, so its
+    # replicas stay in one region; by cluster they span both (the leads cross once every 4).
+    regions = {kind: {job.topology.devices[job.topology.index(d)].region for row in r.plan.assignment for d in row}
+               for kind, r in found.items()}
+    assert regions == {"cluster": {"east", "west"}, "one": {"east"}}
+    spanning = plan_with_groups(found["cluster"].plan, job.topology, "one")
+    slower = predict(spanning, job.topology, job.model, found["one"].training)[0].iteration_s
+    assert found["one"].predicted_s < 0.6 * slower
+
+
 def test_cli_refuses_a_bad_sync_groups_in_one_line(write_yaml, capsys):
     from conftest import small_topology
     from planner.cli import main

@@ -48,7 +48,7 @@ from planner.search.moves import Neighbourhood
 from planner.search.objective import IterationTime, Objective
 from planner.search.plans import candidate_to_plan
 from planner.search.sync_choice import choose_sync, estimated_sync, plan_with_sync, sync_training
-from planner.search.group_choice import choose_sync_groups
+from planner.search.group_choice import choose_sync_groups, with_asked_groups
 from planner.search.no_plan import network_error, no_degrees_error, no_fit_error, too_few_micro_batches_error
 from planner.search.refine import REFINE_EVALUATIONS, refine_split
 
@@ -652,6 +652,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
             if auto_sync:
                 sync = estimated_sync(ctx, candidate)
                 plain, run = plan_with_sync(plain, real, sync), sync_training(training, sync, plain.replicas)
+            plain = with_asked_groups(plain, real, run)  # ``cluster`` / ``one``: simulated in their groups
             # Interleaved 1F1B: the candidate's variants with v > 1 chunks per device, simulated too
             # (planner.search.interleave); with virtual_stages fixed above 1 only they may win.
             variants = [(candidate.score_s, plain)] if 1 in choices else []
