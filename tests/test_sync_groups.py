@@ -15,7 +15,7 @@ from planner.plan.dims import Schedule
 from planner.plan.document import plan_from_document, plan_to_document
 from planner.plan.plan import Plan, validate_plan
 from planner.plan.sync_groups import (cluster_groups, grouped_sync, grouped_sync_bytes, grouping, kept_groups,
-                                      sync_groups_problem)
+                                      outer_weights, sync_groups_problem)
 from planner.prediction.predict import communication_bytes, predict
 from planner.prediction.stage_model import layer_costs, stage_parameters
 
@@ -210,6 +210,29 @@ def test_report_says_which_replicas_sync_every_step(job):
     assert "Sync groups: none, every replica alone (chosen by the search: fastest of replica 1 s, cluster 2 s)" in text
 
 
+def test_token_weights_make_one_inner_step_synchronous_training():
+    import torch
+
+    from planner.runtime.local_steps import outer_nesterov_step
+
+    generator = torch.Generator().manual_seed(0)
+    start, x, y = (torch.randn(*shape, generator=generator) for shape in ((5,), (6, 5), (6,)))
+    micro_batches, groups, lr = (1, 1, 4), ((0, 1), (2,)), 0.1  # a row per micro-batch; groups of 2 and 4 rows
+
+    def step(rows):  # one SGD step on the mean squared error over ``rows``: the delta snapshot - new
+        w = start.clone().requires_grad_(True)
+        ((x[rows] @ w - y[rows]) ** 2).mean().backward()
+        return lr * w.grad
+
+    weights = outer_weights(groups, micro_batches)
+    assert weights == pytest.approx((2 / 6, 4 / 6))  # by tokens; by replica count it would be 2/3, 1/3
+    assert outer_weights((), micro_batches) == pytest.approx((1 / 6, 1 / 6, 4 / 6))
+    deltas = [step(list(range(0, 2))), step(list(range(2, 6)))]
+    mean = sum(w * d for w, d in zip(weights, deltas))
+    new = outer_nesterov_step([start], [mean], [torch.zeros(5)], learning_rate=1.0, momentum_factor=0.0)[0]
+    assert torch.allclose(new, start - step(list(range(6))), atol=1e-6)  # H = 1: the whole batch's step
+
+
 # -- runtime (CPU, gloo, fp32) --------------------------------------------------------------------
 def _grouped_plan(folder, groups, micro_batches=(2, 1, 1, 2), sync_every=2):
     """4 replicas x 1 stage of the tiny model on CPU devices a0 a1 (host a) b0 b1 (host b), SGD, fp32."""
@@ -240,7 +263,8 @@ def _grouped_plan(folder, groups, micro_batches=(2, 1, 1, 2), sync_every=2):
 @pytest.mark.parametrize("groups, workers", [
     (((0, 1), (2, 3)), (3, 3)),  # each group one DiLoCo worker on its replicas' combined rows
     (((0,), (1,), (2,), (3,)), (2, 1, 1, 2)),  # groups of one: plain local steps, four workers
-], ids=["two-groups", "groups-of-one"])
+    (((0, 1, 2), (3,)), (4, 2)),  # unequal groups: deltas weighted 2/3 and 1/3 by tokens, not 3/4 and 1/4
+], ids=["two-groups", "groups-of-one", "unequal-groups"])
 def test_runtime_groups_equal_a_hand_written_diloco_and_send_the_predicted_bytes(tmp_path, groups, workers):
     import torch
 
