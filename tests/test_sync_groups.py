@@ -203,6 +203,7 @@ def test_report_says_which_replicas_sync_every_step(job):
     text = render_plan(plan, job.topology, job.model, training)
     assert "Sync groups" in text and "replicas 0, 1" in text and "This changes the optimisation" in text
     assert "within groups" in text and "across groups" in text and "stage 0: slow-0 slow-1" in text
+    assert "replicas 0, 1 (delta weight 0.5)" in text  # 8 of the 16 micro-batches
     alone, _ = _four(job)
     alone = dataclasses.replace(alone, search={"sync_groups_tried": {"replica": 1.0, "cluster": 2.0}})
     alone = alone.with_prediction(predict(alone, job.topology, job.model, training)[0])
