@@ -472,7 +472,8 @@ def _replan(args) -> int:
     from planner.search.replan import DEFAULT_MOVE_WEIGHT, read_old_plan, replan
 
     for flag, value in (("--model", args.model), ("--model-file", args.model_file),
-                        ("--global-batch", args.global_batch), ("--sync-every", args.sync_every), ("--sync-groups", args.sync_groups),
+                        ("--global-batch", args.global_batch), ("--sync-every", args.sync_every),
+                        ("--sync-groups", args.sync_groups),
                         ("--virtual-stages", args.virtual_stages),
                         ("--micro-batches-per-round", args.micro_batches_per_round),
                         ("--compress-messages", args.compress_messages),

@@ -24,8 +24,8 @@ from planner.search.balance import split_batch, split_layers
 from planner.search.locality import best_ring
 
 __all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "score_split", "fits", "stage_costs",
-           "ring_cost", "sync_route", "asked_groups", "gradient_bytes", "step_seconds", "backward_share",
-           "interleaved_shape"]
+           "ring_cost", "sync_route", "asked_groups", "charges_groups", "gradient_bytes", "step_seconds",
+           "backward_share", "interleaved_shape"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -314,10 +314,15 @@ def asked_groups(ctx: SearchContext, assign: np.ndarray) -> tuple:
     local steps over two or more replicas; ``planner.plan.sync_groups.grouping``), as the plan file
     writes them; () for every replica alone and for ``auto``, which is chosen on the found
     placement (``planner.search.group_choice``)."""
-    training = ctx.training
-    if training.sync_every <= 1 or assign.shape[0] <= 1 or training.sync_groups not in (CLUSTER, ONE):
+    if not charges_groups(ctx.training, assign.shape[0]):
         return ()
-    return grouping(training.sync_groups, assign.shape[0], ctx.topology.region_ids, assign.tolist())
+    return grouping(ctx.training.sync_groups, assign.shape[0], ctx.topology.region_ids, assign.tolist())
+
+
+def charges_groups(training, replicas: int) -> bool:
+    """Whether the estimate charges ``training.sync_groups``' groups (``asked_groups``) on plans of
+    ``replicas`` replicas: ``cluster`` or ``one`` with local steps over two or more replicas."""
+    return training.sync_every > 1 and replicas > 1 and training.sync_groups in (CLUSTER, ONE)
 
 
 def _grouped_sync(ctx, devices: np.ndarray, groups: tuple, message_bytes: float, sync_every: int) -> tuple:
