@@ -58,7 +58,8 @@ def _plan_parser(sub) -> None:
                         "plan (default: the file's training.sync, else ring)")
     p.add_argument("--stages", type=int, help="pin the number of pipeline stages")
     p.add_argument("--replicas", type=int, help="pin the number of data-parallel replicas")
-    p.add_argument("--calibration", help="calibration file from 'plan calibrate' (measured efficiency, links)")
+    p.add_argument("--calibration", help="calibration file from 'plan calibrate' (measured efficiency, links); "
+                   "with --from: the one the re-plan uses (default: the old plan's)")
     p.add_argument("--seed", type=int, default=0, help="random seed, 0 or more (same seed, same plan)")
     p.add_argument("--time-limit", type=float, default=30.0,
                    help="time limit in seconds of the whole command: reading, search, report and writing end "
@@ -471,8 +472,8 @@ def _replan(args) -> int:
     from planner.search.replan import DEFAULT_MOVE_WEIGHT, read_old_plan, replan
 
     for flag, value in (("--model", args.model), ("--model-file", args.model_file),
-                        ("--global-batch", args.global_batch), ("--calibration", args.calibration),
-                        ("--sync-every", args.sync_every), ("--sync-groups", args.sync_groups),
+                        ("--global-batch", args.global_batch), ("--sync-every", args.sync_every),
+                        ("--sync-groups", args.sync_groups),
                         ("--virtual-stages", args.virtual_stages),
                         ("--micro-batches-per-round", args.micro_batches_per_round),
                         ("--compress-messages", args.compress_messages),
@@ -493,6 +494,7 @@ def _replan(args) -> int:
     if args.lost or args.added:
         changed, topology_source = _changed_cluster(args, old, topology)
         topology = topology_from_document(changed, topology_source)
+    topology, record = _replan_calibration(args, old, topology)
     try:
         check_replan_precision(topology, training, args.from_plan)
     except InputError as error:
@@ -508,6 +510,7 @@ def _replan(args) -> int:
         raise error.located(source=args.topology) from None
     finally:
         progress.close()
+    result = dataclasses.replace(result, plan=dataclasses.replace(result.plan, calibration=record))
     document = plan_to_document(result.plan, model=model, training=result.training, topology_source=topology_source)
     if args.output:
         if changed is not None:
@@ -523,6 +526,26 @@ def _replan(args) -> int:
         if args.output:
             print(f"\nPlan written to {args.output}")
     return 0
+
+
+def _replan_calibration(args, old, topology) -> tuple:
+    """(topology, the new plan's calibration record) of a re-plan: ``--calibration``'s measurements,
+    else those the old plan was made with (the same file by hash, ``recorded_calibration``), else
+    none; the old plan and the new ones are scored on the same calibrated devices."""
+    from planner.inputs.calibration import (apply_calibration, calibration_record, read_calibration,
+                                            recorded_calibration)
+
+    if args.calibration:
+        calibration = read_calibration(args.calibration)
+    elif old.calibration:
+        try:
+            calibration = recorded_calibration(old.calibration, args.from_plan)
+        except InputError as error:
+            raise InputError(f"{error.detail}; or pass the calibration to use with --calibration",
+                             source=error.source, field=error.field) from None
+    else:
+        return topology, {}
+    return apply_calibration(topology, calibration), calibration_record(calibration)
 
 
 def _changed_cluster(args, old, topology) -> tuple:

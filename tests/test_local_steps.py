@@ -201,8 +201,8 @@ def _diloco_reference(spec, *, micro_batches, sync_every: int, iterations: int, 
                       outer_momentum=0.9) -> dict:
     """Hand-written DiLoCo: each replica a whole model trained alone (SGD with momentum 0.9, the
     inner optimizer keeping its state across syncs as in DiLoCo; the mean loss over its own
-    rows of each global batch) for ``sync_every`` steps; then the deltas averaged and an outer
-    Nesterov step from the common snapshot."""
+    rows of each global batch) for ``sync_every`` steps; then the deltas averaged, each weighted by
+    its replica's rows over the batch's, and an outer Nesterov step from the common snapshot."""
     import torch
     import torch.nn.functional as F
 
@@ -228,7 +228,7 @@ def _diloco_reference(spec, *, micro_batches, sync_every: int, iterations: int, 
             states = [m.state_dict() for m in replicas]
             new = {}
             for name in snapshot:
-                delta = sum(snapshot[name] - s[name] for s in states) / R
+                delta = sum(count / batch * (snapshot[name] - s[name]) for s, count in zip(states, micro_batches))
                 momentum[name] = outer_momentum * momentum[name] + delta
                 new[name] = snapshot[name] - outer_lr * (delta + outer_momentum * momentum[name])
             snapshot = new

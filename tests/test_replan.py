@@ -364,3 +364,38 @@ def test_a_replan_refuses_virtual_stages_in_one_line(tmp_path, capsys):
     new, old = _files(tmp_path)
     code, out, err = run_cli([new, "--from", old, "--virtual-stages", "2"], capsys)
     assert code == 2 and err.count("\n") == 1 and "field '--virtual-stages'" in err, err
+
+
+def test_a_replan_takes_a_calibration_or_the_old_plans(tmp_path, capsys):
+    """``--calibration`` on a re-plan applies the measurements and records them; without it the old
+    plan's calibration (the same file by hash) is applied; a changed file is one line."""
+    from planner.inputs.calibration import calibration_record, read_calibration
+    from tests.test_calibration import _calibration
+
+    new, old = _files(tmp_path)
+    cal = _calibration(tmp_path / "cal.yaml", efficiency=0.05, kind="A100-80GB", names=("g0", "g2"))
+    predicted = {}
+    for name, extra in (("plain", []), ("calibrated", ["--calibration", cal])):
+        code, out, err = run_cli([new, "--from", old, "--budget", "1", "-o", tmp_path / f"{name}.yaml", *extra], capsys)
+        assert code == 0, err
+        document = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())
+        predicted[name] = document["prediction"]["iteration_s"]
+        assert ("calibration" in document) == (name == "calibrated")
+    assert f"Calibration: {cal}" in out
+    assert document["calibration"]["sha256"] == read_calibration(cal).sha256
+    # the A100s measured at 5% of peak: the re-plan is predicted on them
+    assert predicted["calibrated"] > 2 * predicted["plain"]
+    # an old plan made with the calibration: the re-plan applies it without being told
+    document = yaml.safe_load(old.read_text())
+    assert "calibration" not in document
+    document["calibration"] = calibration_record(read_calibration(cal))
+    (tmp_path / "old-calibrated.yaml").write_text(yaml.safe_dump(document))
+    code, out, err = run_cli([new, "--from", tmp_path / "old-calibrated.yaml", "--budget", "1",
+                              "-o", tmp_path / "inherited.yaml"], capsys)
+    assert code == 0, err
+    inherited = yaml.safe_load((tmp_path / "inherited.yaml").read_text())
+    assert inherited["calibration"]["sha256"] == read_calibration(cal).sha256
+    assert inherited["prediction"]["iteration_s"] == pytest.approx(predicted["calibrated"], rel=1e-9)
+    _calibration(cal, efficiency=0.06, kind="A100-80GB", names=("g0", "g2"))  # measured again since
+    code, out, err = run_cli([new, "--from", tmp_path / "old-calibrated.yaml", "--budget", "1"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "field 'calibration.sha256'" in err and "--calibration" in err, err

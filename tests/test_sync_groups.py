@@ -15,7 +15,7 @@ from planner.plan.dims import Schedule
 from planner.plan.document import plan_from_document, plan_to_document
 from planner.plan.plan import Plan, validate_plan
 from planner.plan.sync_groups import (cluster_groups, grouped_sync, grouped_sync_bytes, grouping, kept_groups,
-                                      sync_groups_problem)
+                                      outer_weights, sync_groups_problem)
 from planner.prediction.predict import communication_bytes, predict
 from planner.prediction.stage_model import layer_costs, stage_parameters
 
@@ -139,6 +139,55 @@ def test_search_chooses_groups_by_the_simulator_or_as_asked(job):
     validate_plan(one.plan, job.topology, job.model, one.training)
 
 
+def _two_clusters(write_yaml):
+    """Two regions of 4 A100s each (100 Gbps inside) joined by a 3 Gbps, 50 ms link; GPT-3 XL, local
+    steps every 4 iterations."""
+    return load_job(write_yaml({
+        "name": "two-clusters",
+        "devices": [{"name": "a", "count": 4, "type": "A100-80GB", "region": "east"},
+                    {"name": "b", "count": 4, "type": "A100-80GB", "region": "west"}],
+        "network": {"region": {"latency": "0.1ms", "bandwidth": "100Gbps"},
+                    "global": {"latency": "50ms", "bandwidth": "3Gbps"}},
+        "model": "gpt3-xl",
+        "training": {"global_batch": 128, "micro_batch_size": 1, "schedule": "1f1b", "precision": "bf16",
+                     "sync_every": 4},
+    }))
+
+
+def _estimate_s(result, job) -> float:
+    """The search's estimate (``score_split``) of the returned plan."""
+    from planner.search.evaluate import make_context, score_split
+
+    plan = result.plan
+    ctx = make_context(job.topology, job.model, result.training, plan.tensor_groups)
+    assign = np.array([[ctx.topology.index(d) for d in row] for row in plan.assignment])
+    counts = tuple(b - a for a, b in zip(plan.layer_bounds, plan.layer_bounds[1:]))
+    return score_split(ctx, assign, counts, plan.micro_batches, plan.micro_batch_size, plan.schedule)
+
+
+def test_search_places_for_the_groups_asked_for(write_yaml):
+    from planner.search.front import SearchOptions, search
+    from planner.search.group_choice import plan_with_groups
+
+    job = _two_clusters(write_yaml)
+    found = {kind: search(job.topology, job.model, dataclasses.replace(job.training, sync_groups=kind),
+                          SearchOptions(seed=0, budget_s=2, replicas=4)) for kind in ("cluster", "one")}
+    assert found["cluster"].plan.sync_groups == ((0, 1), (2, 3))  # a group per region
+    assert found["one"].plan.sync_groups == ((0, 1, 2, 3),)
+    for kind, result in found.items():  # the estimate charges the groups as the simulator does
+        assert _estimate_s(result, job) == pytest.approx(result.predicted_s, rel=0.05), kind
+        # CP-SAT times one ring over all replicas: its candidates count, its bounds prove nothing here
+        assert result.exact_shapes and all(e["bound_s"] is None for e in result.exact_shapes), kind
+    # One group syncs every iteration: across the slow link it costs more than it saves, so its
+    # replicas stay in one region; by cluster they span both (the leads cross once every 4).
+    regions = {kind: {job.topology.devices[job.topology.index(d)].region for row in r.plan.assignment for d in row}
+               for kind, r in found.items()}
+    assert regions == {"cluster": {"east", "west"}, "one": {"east"}}
+    spanning = plan_with_groups(found["cluster"].plan, job.topology, "one")
+    slower = predict(spanning, job.topology, job.model, found["one"].training)[0].iteration_s
+    assert found["one"].predicted_s < 0.6 * slower
+
+
 def test_cli_refuses_a_bad_sync_groups_in_one_line(write_yaml, capsys):
     from conftest import small_topology
     from planner.cli import main
@@ -156,11 +205,35 @@ def test_report_says_which_replicas_sync_every_step(job):
     text = render_plan(plan, job.topology, job.model, training)
     assert "Sync groups" in text and "replicas 0, 1" in text and "This changes the optimisation" in text
     assert "within groups" in text and "across groups" in text and "stage 0: slow-0 slow-1" in text
+    assert "replicas 0, 1 (delta weight 0.5)" in text  # 8 of the 16 micro-batches
     alone, _ = _four(job)
     alone = dataclasses.replace(alone, search={"sync_groups_tried": {"replica": 1.0, "cluster": 2.0}})
     alone = alone.with_prediction(predict(alone, job.topology, job.model, training)[0])
     text = render_plan(alone, job.topology, job.model, training)
     assert "Sync groups: none, every replica alone (chosen by the search: fastest of replica 1 s, cluster 2 s)" in text
+
+
+def test_token_weights_make_one_inner_step_synchronous_training():
+    import torch
+
+    from planner.runtime.local_steps import outer_nesterov_step
+
+    generator = torch.Generator().manual_seed(0)
+    start, x, y = (torch.randn(*shape, generator=generator) for shape in ((5,), (6, 5), (6,)))
+    micro_batches, groups, lr = (1, 1, 4), ((0, 1), (2,)), 0.1  # a row per micro-batch; groups of 2 and 4 rows
+
+    def step(rows):  # one SGD step on the mean squared error over ``rows``: the delta snapshot - new
+        w = start.clone().requires_grad_(True)
+        ((x[rows] @ w - y[rows]) ** 2).mean().backward()
+        return lr * w.grad
+
+    weights = outer_weights(groups, micro_batches)
+    assert weights == pytest.approx((2 / 6, 4 / 6))  # by tokens; by replica count it would be 2/3, 1/3
+    assert outer_weights((), micro_batches) == pytest.approx((1 / 6, 1 / 6, 4 / 6))
+    deltas = [step(list(range(0, 2))), step(list(range(2, 6)))]
+    mean = sum(w * d for w, d in zip(weights, deltas))
+    new = outer_nesterov_step([start], [mean], [torch.zeros(5)], learning_rate=1.0, momentum_factor=0.0)[0]
+    assert torch.allclose(new, start - step(list(range(6))), atol=1e-6)  # H = 1: the whole batch's step
 
 
 # -- runtime (CPU, gloo, fp32) --------------------------------------------------------------------
@@ -193,7 +266,8 @@ def _grouped_plan(folder, groups, micro_batches=(2, 1, 1, 2), sync_every=2):
 @pytest.mark.parametrize("groups, workers", [
     (((0, 1), (2, 3)), (3, 3)),  # each group one DiLoCo worker on its replicas' combined rows
     (((0,), (1,), (2,), (3,)), (2, 1, 1, 2)),  # groups of one: plain local steps, four workers
-], ids=["two-groups", "groups-of-one"])
+    (((0, 1, 2), (3,)), (4, 2)),  # unequal groups: deltas weighted 2/3 and 1/3 by tokens, not 3/4 and 1/4
+], ids=["two-groups", "groups-of-one", "unequal-groups"])
 def test_runtime_groups_equal_a_hand_written_diloco_and_send_the_predicted_bytes(tmp_path, groups, workers):
     import torch
 

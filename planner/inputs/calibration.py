@@ -22,7 +22,7 @@ from planner.fields import Fields
 from planner.io import read_yaml, write_document
 
 __all__ = ["CALIBRATION_FORMAT", "Calibration", "read_calibration", "write_calibration", "apply_calibration",
-           "calibration_record", "measured_links"]
+           "calibration_record", "recorded_calibration", "measured_links"]
 
 CALIBRATION_FORMAT = "hetplan-calibration/1"
 
@@ -116,6 +116,25 @@ def apply_calibration(topology, calibration: Calibration):
 def calibration_record(calibration: Calibration) -> dict:
     """What a plan keeps of the calibration it was made with."""
     return {"path": calibration.path, "sha256": calibration.sha256, "measured_at_utc": calibration.measured_at_utc}
+
+
+def recorded_calibration(record: dict, plan_path) -> Calibration:
+    """The calibration a plan was made with (its ``calibration`` record): the same file by hash, at
+    the recorded path or beside the plan (a plan moved with its calibration), else a refusal in one
+    line naming the plan's field."""
+    plan_path = Path(plan_path)
+    path = Path(record["path"])
+    for beside in (plan_path.parent / path, plan_path.parent / path.name):
+        if not path.exists() and beside.exists():
+            path = beside
+    if not path.exists():
+        raise InputError(f"names calibration {record['path']}, which is not here: copy it beside the plan or "
+                         "plan again without it", source=str(plan_path), field="calibration.path")
+    calibration = read_calibration(path)
+    if calibration.sha256 != record["sha256"]:
+        raise InputError(f"{path} changed since the plan was made (hash differs): plan again with it",
+                         source=str(plan_path), field="calibration.sha256")
+    return calibration
 
 
 def measured_links(calibration: Calibration, names: list) -> tuple:

@@ -5,9 +5,9 @@ gradients are all-reduced every iteration (a ring over the group's replicas of e
 group trains as one DiLoCo worker on its replicas' combined batch; across groups the parameter
 deltas are averaged once every H iterations and an outer Nesterov step applies them. Every member
 of a group holds the same weights and the same delta, so the outer sync runs between one lead per
-group (the group's first replica, its delta weighted by the group's replica count: the mean over
-all replicas), and each lead then broadcasts the result to its group (with one group, every member
-already holds the mean: no sync at all). Groups of one replica each
+group (the group's first replica, its delta weighted by the group's share of the batch's tokens,
+``outer_weights``), and each lead then broadcasts the result to its group (with one group, every
+member already holds the mean: no sync at all). Groups of one replica each
 (the plan file's default) are plain local steps: no sync between outer steps.
 
 Costs per stage on the plan's network model (``Network.sync_s`` and ``sync_holds`` of a ring):
@@ -20,7 +20,7 @@ bytes, ``2 (g - 1) / g`` of the message per hop).
 from cost_models.network import Sync
 
 __all__ = ["SYNC_GROUPINGS", "AUTO", "REPLICA", "CLUSTER", "ONE", "cluster_groups", "grouping", "kept_groups",
-           "sync_groups_problem", "leads", "group_rings", "grouped_sync", "grouped_sync_bytes"]
+           "sync_groups_problem", "leads", "outer_weights", "group_rings", "grouped_sync", "grouped_sync_bytes"]
 
 AUTO, REPLICA, CLUSTER, ONE = "auto", "replica", "cluster", "one"
 SYNC_GROUPINGS = (AUTO, REPLICA, CLUSTER, ONE)  # training.sync_groups / --sync-groups
@@ -78,6 +78,18 @@ def sync_groups_problem(sync_groups: tuple, replicas: int, sync_every: int, sync
 def leads(groups: tuple) -> list:
     """Each group's first replica: the one that joins the outer sync."""
     return [g[0] for g in groups]
+
+
+def outer_weights(groups: tuple, micro_batches) -> tuple:
+    """Each group's weight in the outer step's average of deltas: its replicas' micro-batches over
+    all of them (every micro-batch holds the same tokens), so a group's delta counts by the tokens
+    it trained on, as FedAvg weights each client's update by its samples ``n_k / n`` (McMahan et al.
+    2017, arXiv 1602.05629, Algorithm 1). ``groups``: () for every replica alone (a weight per
+    replica). With one inner SGD step (H = 1, outer rate 1, no momentum) the weighted delta is the
+    whole batch's gradient step: synchronous training."""
+    groups = groups or tuple((r,) for r in range(len(micro_batches)))
+    total = float(sum(micro_batches))
+    return tuple(sum(micro_batches[r] for r in g) / total for g in groups)
 
 
 def group_rings(order: list, groups: tuple) -> list:

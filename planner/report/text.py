@@ -2,6 +2,7 @@
 
 from planner.inputs.units import format_bytes, format_flops, format_seconds
 from planner.prediction.predict import communication_bytes
+from planner.plan.sync_groups import outer_weights
 
 __all__ = ["render_plan", "render_moves"]
 
@@ -59,7 +60,8 @@ def _local_steps_lines(plan, training) -> list:
         return [f"Local steps: sync_every {plan.sync_every} changes nothing here (one replica, no data-parallel sync)."]
     return [f"Local steps (DiLoCo): each {'sync group' if plan.sync_groups else 'replica'} takes "
             f"{plan.sync_every} optimizer steps on its own, then the "
-            f"replicas average their parameter deltas and an outer Nesterov step applies them (learning rate "
+            f"replicas average their parameter deltas, each weighted by its share of the batch's tokens, and an "
+            f"outer Nesterov step applies them (learning rate "
             f"{training.outer_learning_rate:g}, momentum {training.outer_momentum:g}).",
             *_sync_group_lines(plan),
             "  This changes the optimisation: the loss per step may differ from syncing every iteration; "
@@ -80,9 +82,10 @@ def _sync_group_lines(plan) -> list:
            f"replicas' devices (each stage's ring); their leads (replicas "
            f"{', '.join(str(g[0]) for g in plan.sync_groups)}) average the deltas every {plan.sync_every} "
            f"iterations and broadcast them to their groups{chosen}."]
-    for g in plan.sync_groups[:_GROUPS_SHOWN]:
+    weights = outer_weights(plan.sync_groups, plan.micro_batches)
+    for g, weight in list(zip(plan.sync_groups, weights))[:_GROUPS_SHOWN]:
         rings = "; ".join(f"stage {s}: " + " ".join(plan.assignment[r][s] for r in g) for s in range(plan.stages))
-        out.append(f"    replicas {', '.join(str(r) for r in g)}: {rings}")
+        out.append(f"    replicas {', '.join(str(r) for r in g)} (delta weight {weight:.3g}): {rings}")
     if len(plan.sync_groups) > _GROUPS_SHOWN:
         out.append(f"    ... and {len(plan.sync_groups) - _GROUPS_SHOWN} more groups")
     return out

@@ -91,11 +91,10 @@ class StageGroups:
     # Local steps in sync groups (``planner.plan.sync_groups``): this replica's group at this stage
     # (its gradients all-reduced every iteration; None for a group of one), the ranks the outer step
     # sums deltas over (the stage's replicas, or the groups' leads; None on other ranks and with one
-    # group), the group's lead's global rank and the group's replica count.
+    # group) and the group's lead's global rank.
     sync_group: object = None
     outer: object = None
     sync_lead: int = 0
-    group_size: int = 1
 
 
 def make_groups(layout: Layout, stage: int, tied: bool, *, local_steps: bool = False,
@@ -143,7 +142,7 @@ def make_groups(layout: Layout, stage: int, tied: bool, *, local_steps: bool = F
         embedding = replica_embedding = None
     return StageGroups(stage=stage_groups[(stage, member)], embedding=embedding, replica_embedding=replica_embedding,
                        tensor=tensor, tensor_lead=layout.rank(replica, stage), sync_group=sync_group, outer=outer,
-                       sync_lead=layout.rank(mine[0], stage, member), group_size=len(mine))
+                       sync_lead=layout.rank(mine[0], stage, member))
 
 
 class _Timer:

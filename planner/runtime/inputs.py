@@ -115,20 +115,9 @@ def _check_idle(plan: Plan, document: dict, topology: Topology, source: str) -> 
 
 def _calibrated(topology: Topology, record: dict, plan_path: Path) -> Topology:
     """Apply the calibration the plan was made with: the same file (by hash), or a refusal."""
-    from planner.inputs.calibration import apply_calibration, read_calibration
+    from planner.inputs.calibration import apply_calibration, recorded_calibration
 
-    path = Path(record["path"])
-    for beside in (plan_path.parent / path, plan_path.parent / path.name):  # a plan moved with its calibration
-        if not path.exists() and beside.exists():
-            path = beside
-    if not path.exists():
-        raise InputError(f"names calibration {record['path']}, which is not here: copy it beside the plan or "
-                         "plan again without it", source=str(plan_path), field="calibration.path")
-    calibration = read_calibration(path)
-    if calibration.sha256 != record["sha256"]:
-        raise InputError(f"{path} changed since the plan was made (hash differs): plan again with it",
-                         source=str(plan_path), field="calibration.sha256")
-    return apply_calibration(topology, calibration)
+    return apply_calibration(topology, recorded_calibration(record, plan_path))
 
 
 def emulated_model(model: ModelSpec, tensor: int = 1) -> ModelSpec:

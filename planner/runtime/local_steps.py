@@ -11,9 +11,9 @@ same bytes as one gradient all-reduce.
 
 With sync groups (``planner.plan.sync_groups``) a group's replicas all-reduce their gradients every
 iteration (the engine, over the group's ranks) and so hold the same weights and delta: the outer
-sync runs between the groups' leads, each delta weighted by its group's replica count (the mean
-over all replicas), and each lead broadcasts the mean to its group. With one group there is
-nothing to exchange.
+sync runs between the groups' leads, and each lead broadcasts the mean to its group. With one group
+there is nothing to exchange. Every delta (a replica's, or a group's) is weighted by its share of
+the batch's tokens (``planner.plan.sync_groups.outer_weights``).
 """
 
 import torch
@@ -53,17 +53,18 @@ class LocalSteps:
     iterations over ``group`` (the stage's ``replicas``), and the bytes it hands the all-reduce."""
 
     def __init__(self, parameters, *, sync_every: int, learning_rate: float, momentum: float, group, replicas: int,
-                 masters: dict | None = None, group_size: int = 1, within=None, source: int = 0):
+                 masters: dict | None = None, weight: float, within=None, source: int = 0):
         """``group``: the ranks the deltas are summed over (the stage's replicas; with sync groups the
-        groups' leads, None on other ranks and with one group); ``group_size``: the replicas of this
-        rank's sync group (its delta's weight); ``within``: the sync group's ranks, to which
-        ``source`` (the lead's global rank) broadcasts the mean (None: a group of one, or one group)."""
+        groups' leads, None on other ranks and with one group); ``weight``: this rank's delta's weight
+        in that sum, its replica's or sync group's share of the tokens (``outer_weights``; the
+        weights of ``group`` add up to 1); ``within``: the sync group's ranks, to which ``source``
+        (the lead's global rank) broadcasts the mean (None: a group of one, or one group)."""
         assert sync_every > 1 and replicas > 1, "local steps need a sync to space out"
         self.parameters = list(parameters)
         self.masters = masters or {}  # id(weight) -> its fp32 master copy, for 16-bit weights
         self.sync_every, self.learning_rate, self.momentum_factor = sync_every, learning_rate, momentum
         self.group, self.replicas = group, replicas
-        self.group_size, self.within, self.source = group_size, within, source
+        self.weight, self.within, self.source = weight, within, source
         self.snapshot = [self._fp32(p).detach().clone() for p in self.parameters]
         self.momentum = [torch.zeros_like(s) for s in self.snapshot]
         self.bytes_sent = 0  # message bytes handed to the delta all-reduce, all outer steps together
@@ -78,13 +79,12 @@ class LocalSteps:
 
     @torch.no_grad()
     def outer_step(self) -> None:
-        """Average the deltas over the stage's replicas, step, set the weights, take the new snapshot."""
+        """Average the deltas over the stage's replicas (by tokens), step, set the weights, take the new snapshot."""
         current = [self._fp32(p).float() for p in self.parameters]
         wire = [(s - c).to(p.dtype) for s, c, p in zip(self.snapshot, current, self.parameters)]
-        if self.group is not None:  # the mean over all replicas, each group's delta weighted by its size
-            if self.group_size > 1:
-                for w in wire:
-                    w.mul_(self.group_size)
+        if self.group is not None:  # the mean over the tokens: each delta weighted by its share of them
+            for w in wire:
+                w.mul_(self.weight)
             self._in_buckets(wire, self._reduce)
         if self.within is not None:  # the lead's mean to the rest of its group
             self._in_buckets(wire, self._broadcast)
@@ -115,7 +115,6 @@ class LocalSteps:
         flat = _flatten_dense_tensors(bucket)
         self.bytes_sent += ring_member_bytes(flat, self.group)
         dist.all_reduce(flat, group=self.group)
-        flat.div_(self.replicas)
         for t, reduced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
             t.copy_(reduced)
 

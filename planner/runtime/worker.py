@@ -25,6 +25,7 @@ from cost_models.schedule import Schedule
 from planner.prediction.predict import build_pipeline_job, model_flops_per_iteration, predict
 from planner.prediction.stage_model import optimizer_shards
 from planner.plan.document import plan_to_document
+from planner.plan.sync_groups import outer_weights
 from planner.runtime.checkpoint import checkpoint_due, checkpoint_meta, save_checkpoint
 from planner.runtime.emulation import Emulator, SharedResources, now_s, slowed_job
 from planner.runtime.engine import Layout, StageExecutor, make_groups, split_parameters
@@ -150,7 +151,7 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     # The snapshot is taken from the weights trained from (a resumed run's outer momentum starts at zero).
     local_steps = LocalSteps(trained, sync_every=plan.sync_every, momentum=training.outer_momentum,
                              learning_rate=training.outer_learning_rate, group=groups.outer, replicas=layout.replicas,
-                             masters=master_copies(optimizer), group_size=groups.group_size,
+                             masters=master_copies(optimizer), weight=_outer_weight(plan, replica),
                              within=groups.sync_group if len(plan.sync_groups) > 1 else None,
                              source=groups.sync_lead) if local else None
     emulator = None
@@ -260,6 +261,13 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         scaling.update(first_iteration=first, checkpoints=checkpoints,
                        resumed_from={"path": config.resume_from, "iteration": first} if resumed else None)
         _write(config, inputs, executed, times, losses, gathered, device, dtype, scaling)
+
+
+def _outer_weight(plan, replica: int) -> float:
+    """The weight of ``replica``'s delta (its sync group's) in the outer step: its share of the tokens."""
+    groups = plan.sync_groups or tuple((r,) for r in range(plan.replicas))
+    mine = next(k for k, g in enumerate(groups) if replica in g)
+    return outer_weights(groups, plan.micro_batches)[mine]
 
 
 def _checkpoint(config: WorkerConfig, inputs: RunInputs, executed, module, optimizer, rank, replica, stage,

@@ -2,8 +2,10 @@
 
 The estimate is the flow-shop makespan of each pipeline (``fill + (M - 1) * bottleneck`` with
 links as extra machines; formulas.md, Pipeline schedules) plus each stage's gradient sync after its
-last backward, by the plan's algorithm on the simulator's network (``Network.sync_s``). It ranks
-candidates in the search; the event simulator gives the final prediction.
+last backward, by the plan's algorithm on the simulator's network (``Network.sync_s``); with local
+steps in the sync groups ``training.sync_groups`` names (``cluster``, ``one``), the groups' syncs by
+the prediction's own formula (``planner.plan.sync_groups.grouped_sync``). It ranks candidates in the
+search; the event simulator gives the final prediction.
 """
 
 from dataclasses import dataclass, field
@@ -13,6 +15,7 @@ import numpy as np
 from cost_models.network import Sync
 from cost_models.schedule import Schedule
 from planner.plan.sync import syncs_for
+from planner.plan.sync_groups import CLUSTER, ONE, grouped_sync, grouping
 from planner.plan.tensor import group_devices
 from planner.prediction.stage_model import (in_flight_table, layer_costs, message_codec_s, optimizer_time_s,
                                             stage_compress_flops, stage_gradient_bytes, stage_memory_bytes,
@@ -21,7 +24,8 @@ from planner.search.balance import split_batch, split_layers
 from planner.search.locality import best_ring
 
 __all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "score_split", "fits", "stage_costs",
-           "ring_cost", "sync_route", "gradient_bytes", "step_seconds", "backward_share", "interleaved_shape"]
+           "ring_cost", "sync_route", "asked_groups", "charges_groups", "gradient_bytes", "step_seconds",
+           "backward_share", "interleaved_shape"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -290,6 +294,12 @@ def _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottlenec
         return float((finish + step).max())
     grads = gradient_bytes(costs, counts)
     H = costs.sync_every  # local steps: the whole sync, latency included, once every H iterations
+    groups = asked_groups(ctx, assign)
+    if groups:  # local steps in the sync groups asked for: the prediction's formula, stage by stage
+        timed = [_grouped_sync(ctx, assign[:, s], groups, float(grads[s]) * H, H) for s in range(S)]
+        sync = np.array([t for t, _ in timed])
+        start = _queued_starts(finish, [holds for _, holds in timed]) if ctx.network.has_shared_nics else finish
+        return float((start + sync + step).max())
     best = np.inf
     for algorithm in syncs_for(ctx.training, R):
         sync = np.array([_sync_s(ctx, algorithm, assign[:, s], grads[s] * H) / H for s in range(S)])
@@ -297,6 +307,47 @@ def _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottlenec
             else finish
         best = min(best, float((start + sync + step).max()))
     return best
+
+
+def asked_groups(ctx: SearchContext, assign: np.ndarray) -> tuple:
+    """The sync groups ``training.sync_groups`` asks for on ``assign`` (``cluster`` or ``one``, with
+    local steps over two or more replicas; ``planner.plan.sync_groups.grouping``), as the plan file
+    writes them; () for every replica alone and for ``auto``, which is chosen on the found
+    placement (``planner.search.group_choice``)."""
+    if not charges_groups(ctx.training, assign.shape[0]):
+        return ()
+    return grouping(ctx.training.sync_groups, assign.shape[0], ctx.topology.region_ids, assign.tolist())
+
+
+def charges_groups(training, replicas: int) -> bool:
+    """Whether the estimate charges ``training.sync_groups``' groups (``asked_groups``) on plans of
+    ``replicas`` replicas: ``cluster`` or ``one`` with local steps over two or more replicas."""
+    return training.sync_every > 1 and replicas > 1 and training.sync_groups in (CLUSTER, ONE)
+
+
+def _grouped_sync(ctx, devices: np.ndarray, groups: tuple, message_bytes: float, sync_every: int) -> tuple:
+    """(seconds per iteration, shared NICs' holds) of one stage's grouped syncs: the prediction's
+    ``planner.plan.sync_groups.grouped_sync`` over the ring the plan will use (``best_ring``),
+    memoised per devices, groups and bytes."""
+    memo = ("groups", tuple(int(d) for d in devices), groups, message_bytes, sync_every)
+    if memo not in ctx.routes:
+        order = best_ring(ctx.topology, devices, ctx.rings, improve=False)
+        seconds, holds = grouped_sync(ctx.network, [int(d) for d in devices], order, groups, message_bytes,
+                                      sync_every)
+        ctx.routes[memo] = (seconds, [(k, busy) for k, busy in holds if k[0] != "link"])
+    return ctx.routes[memo]
+
+
+def _queued_starts(finish: np.ndarray, holds: list) -> np.ndarray:
+    """Start of each stage's sync when syncs that hold the same shared NIC (``holds[s]``: (resource,
+    seconds)) queue for it in the order they become ready: the simulator's rule, as
+    ``_queued_sync_starts``."""
+    free_at, start = {}, finish.astype(float).copy()
+    for s in np.argsort(finish, kind="stable"):
+        start[s] = max([finish[s]] + [free_at.get(k, 0.0) for k, _ in holds[s]])
+        for k, busy in holds[s]:
+            free_at[k] = start[s] + busy
+    return start
 
 
 def _rounds_makespan(micro_batches: np.ndarray, per_round: int, fill, bottleneck) -> np.ndarray:
@@ -314,8 +365,8 @@ def _queued_sync_starts(ctx, assign, finish, sync, grads, algorithm: Sync = Sync
     order they become ready, each holding a NIC for its bytes through it at the NIC's rate (the
     simulator's rule, ``Network.sync_holds``; a ring taken in device order, one crossing per
     host)."""
-    free_at, start = {}, finish.astype(float).copy()
-    for s in np.argsort(finish, kind="stable"):
+    holds = []
+    for s in range(len(finish)):
         key = tuple(sorted(assign[:, s].tolist()))
         if algorithm != Sync.RING:
             memo = ("holds", algorithm, key, float(grads[s]), float(sync[s]))
@@ -323,17 +374,13 @@ def _queued_sync_starts(ctx, assign, finish, sync, grads, algorithm: Sync = Sync
                 order, server = sync_route(ctx, algorithm, key)
                 ctx.routes[memo] = [(k, busy) for k, busy in ctx.network.sync_holds(
                     algorithm, order, float(grads[s]), float(sync[s]), server, links=False) if k[0] != "link"]
-            holds = ctx.routes[memo]
-        else:
-            if key not in ctx.ring_nics:
-                ctx.ring_nics[key] = ctx.network.ring_nic_rates(key)
-            if not ctx.ring_nics[key]:
-                continue
-            holds = ctx.network.ring_nic_holds(key, float(grads[s]), float(sync[s]), ctx.ring_nics[key])
-        start[s] = max([finish[s]] + [free_at.get(k, 0.0) for k, _ in holds])
-        for k, busy in holds:
-            free_at[k] = start[s] + busy
-    return start
+            holds.append(ctx.routes[memo])
+            continue
+        if key not in ctx.ring_nics:
+            ctx.ring_nics[key] = ctx.network.ring_nic_rates(key)
+        holds.append(ctx.network.ring_nic_holds(key, float(grads[s]), float(sync[s]), ctx.ring_nics[key])
+                     if ctx.ring_nics[key] else [])
+    return _queued_starts(finish, holds)
 
 
 def _step(ctx, assign, costs, counts) -> np.ndarray:

@@ -38,7 +38,7 @@ from planner.search.deadline import (CONSTRUCT_UNITS_PER_S, ESTIMATES_PER_S, EXA
                                      REFINE_ESTIMATES_PER_S, SIMULATION_UNITS_PER_S, Budget, construct_units,
                                      simulation_units)
 from planner.search.dtfm_plan import dtfm_objective_plan
-from planner.search.evaluate import Candidate, evaluate_placement, make_context, score_split
+from planner.search.evaluate import Candidate, charges_groups, evaluate_placement, make_context, score_split
 from planner.search.genetic import POPULATION, genetic_search
 from planner.search.interleave import (interleaved_variants, interleaving_error, interleaving_refusal,
                                        virtual_stage_choices)
@@ -48,7 +48,7 @@ from planner.search.moves import Neighbourhood
 from planner.search.objective import IterationTime, Objective
 from planner.search.plans import candidate_to_plan
 from planner.search.sync_choice import choose_sync, estimated_sync, plan_with_sync, sync_training
-from planner.search.group_choice import choose_sync_groups
+from planner.search.group_choice import choose_sync_groups, with_asked_groups
 from planner.search.no_plan import network_error, no_degrees_error, no_fit_error, too_few_micro_batches_error
 from planner.search.refine import REFINE_EVALUATIONS, refine_split
 
@@ -652,6 +652,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
             if auto_sync:
                 sync = estimated_sync(ctx, candidate)
                 plain, run = plan_with_sync(plain, real, sync), sync_training(training, sync, plain.replicas)
+            plain = with_asked_groups(plain, real, run)  # ``cluster`` / ``one``: simulated in their groups
             # Interleaved 1F1B: the candidate's variants with v > 1 chunks per device, simulated too
             # (planner.search.interleave); with virtual_stages fixed above 1 only they may win.
             variants = [(candidate.score_s, plain)] if 1 in choices else []
@@ -739,9 +740,10 @@ def _solve_exactly(ctx, hint: Candidate, work_limit: float, seconds: float) -> t
         return None, None  # the CP-SAT model knows GPipe's and 1F1B's timing, not split backwards
     result = exact_placement(ctx, S, R, hint.micro_batch_size, hint.schedule, hint=hint, work_limit=work_limit,
                              time_limit_s=seconds / 2)
-    # The model times each stage's sync as a ring all-reduce: with other algorithms its candidate
-    # is still scored by the estimate, but its optimum and bound are the ring's, no proof.
-    ring_only = R == 1 or syncs_for(ctx.training, R) == (Sync.RING,)
+    # The model times each stage's sync as a ring all-reduce over all replicas: with other
+    # algorithms, or with the sync groups asked for, its candidate is still scored by the estimate,
+    # but its optimum and bound are the whole ring's, no proof.
+    ring_only = R == 1 or (syncs_for(ctx.training, R) == (Sync.RING,) and not charges_groups(ctx.training, R))
     status = result.status if ring_only else f"{result.status} for a ring sync (candidate scored with the plan's)"
     return {"stages": S, "replicas": R, "micro_batch_size": hint.micro_batch_size, "schedule": hint.schedule,
             "status": status, "estimate_s": _finite(result.objective_s),

@@ -1,9 +1,11 @@
 """Local steps' sync groups (``planner.plan.sync_groups``) chosen for a searched plan: the grouping
 ``training.sync_groups`` names, or with ``auto`` the one of every replica alone, replicas by
 cluster (region) and all replicas in one group whose simulated iteration is shortest (ties: that
-order). The search places devices with every replica alone (its estimate's sync, the fastest
-grouping on a given placement but for the smaller ring of group leads); the grouping is then
-chosen on the found placement by the simulator."""
+order). With ``cluster`` or ``one`` the search places devices for those groups (its estimate charges
+them, ``planner.search.evaluate.asked_groups``, and its finalists are simulated with them,
+``with_asked_groups``); with ``auto`` it places devices with every replica alone (the fastest
+grouping on a given placement but for the smaller ring of group leads) and the grouping is then
+chosen on the found placement by the simulator, whose prediction of it the plan keeps."""
 
 from dataclasses import replace
 
@@ -11,7 +13,7 @@ from cost_models.network import Sync
 from planner.plan.sync_groups import AUTO, CLUSTER, ONE, REPLICA, grouping
 from planner.prediction.predict import predict
 
-__all__ = ["choose_sync_groups", "plan_with_groups"]
+__all__ = ["choose_sync_groups", "plan_with_groups", "with_asked_groups"]
 
 _CANDIDATES = (REPLICA, CLUSTER, ONE)
 
@@ -21,6 +23,15 @@ def plan_with_groups(plan, topology, kind: str):
     indices = [[topology.index(d) for d in row] for row in plan.assignment]
     groups = grouping(kind, plan.replicas, topology.region_ids, indices)
     return plan if groups == plan.sync_groups else replace(plan, sync_groups=groups, prediction=None)
+
+
+def with_asked_groups(plan, topology, training):
+    """``plan`` with the sync groups ``training.sync_groups`` names when that is ``cluster`` or
+    ``one`` and the plan has local steps over two or more replicas by ring; else ``plan``."""
+    if (training.sync_groups not in (CLUSTER, ONE) or training.sync_every <= 1 or plan.replicas <= 1
+            or plan.sync != Sync.RING):
+        return plan
+    return plan_with_groups(plan, topology, training.sync_groups)
 
 
 def choose_sync_groups(plan, topology, model, training) -> tuple:
