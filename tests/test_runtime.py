@@ -402,3 +402,22 @@ def test_recompute_keeps_block_inputs_only_and_gives_the_same_gradients():
         grads[recompute] = [p.grad.clone() for p in module.parameters()]
     assert saved[True] < 0.5 * saved[False], saved
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads[False], grads[True]))
+
+
+def test_a_compiled_block_compiles_its_recomputation():
+    """The checkpoint is inside the block's forward, so ``torch.compile`` traces it (one graph, no
+    break) and the recomputation runs compiled; around a compiled block, checkpoint's saved-tensor
+    hooks made it run uncompiled."""
+    import torch._dynamo
+
+    from planner.runtime.gpt import build_stage
+
+    spec = model_preset("tiny")
+    block = next(iter(build_stage(spec, 0, spec.layers, seed=3, recompute=True).blocks.values()))
+    x = torch.randn(2, spec.sequence, spec.hidden, requires_grad=True)
+    explained = torch._dynamo.explain(block.forward)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    code = explained.graphs[0].code
+    assert "checkpoint" in code, code
+    block.recompute = False
+    assert "checkpoint" not in torch._dynamo.explain(block.forward)(x).graphs[0].code

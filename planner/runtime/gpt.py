@@ -68,8 +68,20 @@ class Block(nn.Module):
         # What enters the column-parallel layers (qkv; fc1 and gate): the identity, or a tensor
         # group's ``f`` operator (``planner.runtime.tensor_parallel.shard_stage``).
         self.enter = _identity
+        # Full recomputation keeps the block's input and re-runs its forward in backward (Chen et al.
+        # 2016; Korthikanti et al. 2022, sec. 4), as the memory model counts. The checkpoint sits
+        # inside ``forward``, so a compiled block compiles it too (the recomputation is part of its
+        # compiled backward) instead of calling a compiled forward under checkpoint's saved-tensor
+        # hooks, which ran it uncompiled.
+        self.recompute = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self.layers, x, use_reentrant=False)
+        return self.layers(x)
+
+    def layers(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's computation: attention, then the MLP, each with its residual."""
         qkv = self.qkv(self.enter(self.pre_attention(x)))
         x, y = self.pre_mlp(x, self.proj(self.attend(qkv, self.heads, self.rotary)))
         y = self.enter(y)
@@ -135,6 +147,8 @@ class StageModule(nn.Module):
             if spec.learned_positions:
                 self.positions = nn.Embedding(spec.sequence, spec.hidden)
         self.blocks = nn.ModuleDict({str(i): Block(spec) for i in range(first, end)})
+        for block in self.blocks.values():
+            block.recompute = recompute
         if self.is_last:
             self.norm = make_norm(spec, spec.hidden)
             if not (spec.tied_embeddings and self.is_first):
@@ -152,10 +166,7 @@ class StageModule(nn.Module):
             if self.spec.learned_positions:
                 x = x + self.positions(torch.arange(tokens.shape[1], device=tokens.device))
         for block in self.blocks.values():
-            # Full recomputation keeps each block's input and re-runs its forward in backward
-            # (Chen et al. 2016; Korthikanti et al. 2022, sec. 4), as the memory model counts.
-            recompute = self.recompute and torch.is_grad_enabled()
-            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
+            x = block(x)
         if self.is_last:
             weight = self.embed.weight if not hasattr(self, "head") else self.head.weight
             if self.spec.head == "classification":  # the last position's hidden state
