@@ -7,6 +7,7 @@ from cost_models.schedule import Schedule
 __all__ = [
     "state_bytes_per_parameter",
     "optimizer_state_bytes_per_parameter",
+    "weight_bytes_per_parameter",
     "layer_activation_bytes",
     "in_flight_micro_batches",
     "logits_bytes",
@@ -32,8 +33,14 @@ def optimizer_state_bytes_per_parameter(precision: str, optimizer: str) -> float
     ranks (Rajbhandari et al. 2020, sec. 5.1: ``(2 + 2 + K / N_d) * Psi`` with ``K = 12`` for
     mixed-precision Adam): everything but the working weights and gradients (2 + 2 B in 16-bit,
     4 + 4 B in fp32). Adam: 12 B mixed, 8 B fp32; SGD with momentum: 8 B mixed, 4 B fp32."""
-    working = 8.0 if precision == "fp32" else 4.0
+    working = 2.0 * weight_bytes_per_parameter(precision)  # the weights and their gradients
     return state_bytes_per_parameter(precision, optimizer) - working
+
+
+def weight_bytes_per_parameter(precision: str) -> float:
+    """Bytes of the working weight per parameter: 2 in 16-bit training, 4 in fp32 (the weights part
+    of ZeRO's ``2 + 2 + K`` per parameter, Rajbhandari et al. 2020, sec. 3.1)."""
+    return 4.0 if precision == "fp32" else 2.0
 
 
 def layer_activation_bytes(s: int, b: int, h: int, a: int, *, dtype_bytes: int = 2, flash_attention: bool = False,

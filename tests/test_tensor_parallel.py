@@ -92,6 +92,27 @@ def test_each_member_keeps_its_share_of_a_stage():
     assert need == pytest.approx(3 * (whole - split * 0.75) * state + 2 * 3 * kept)
 
 
+def test_only_the_lead_keeps_the_whole_parameters_state():
+    # fp16 Adam, one stage of 3 blocks (first and last: embeddings, final norm, tied head).
+    model = ModelSpec(name="m", layers=3, hidden=512, heads=8, sequence=256, vocabulary=1000)
+    training = TrainingSpec(global_batch=8, precision="fp16")
+    costs = layer_costs(model, training, 2, 1)
+    whole_block = flops.layer_parameters(512, 2048) - flops.tensor_split_parameters(512, 2048)
+    embeddings = flops.embedding_parameters(1024, 512, 256)  # the padded vocabulary's rows
+    whole = 3 * whole_block + embeddings + flops.head_parameters(1024, 512)
+    lead, member = (stage_memory_bytes(costs, 3, 0, 1, 4, lead=k) for k in (True, False))
+    # A member keeps the whole parameters' 2-byte weights and the embeddings' 2-byte gradients, not
+    # their 16 bytes of weights, gradients and Adam state.
+    assert lead - member == pytest.approx(whole * (16 - 2) - embeddings * 2)
+    # A later stage has no embeddings: a member keeps only the whole weights.
+    two = layer_costs(replace(model, layers=6), training, 2, 2)
+    lead, member = (stage_memory_bytes(two, 3, 1, 1, 2, lead=k) for k in (True, False))
+    last = flops.head_parameters(1024, 512) + 1024 * 512  # final norm and the tied embedding's copy
+    assert lead - member == pytest.approx((3 * whole_block + last) * (16 - 2))
+    # Alone, a device is its own lead.
+    assert stage_memory_bytes(costs, 3, 0, 1) == stage_memory_bytes(costs, 3, 0, 1, 1, lead=True)
+
+
 def test_tensor_all_reduces_by_hand(write_yaml):
     job = load_job(write_yaml(HOSTS))
     groups = group_devices(job.topology, (("a-0", "a-1", "a-2", "a-3"),))
@@ -147,7 +168,7 @@ def test_the_simulator_times_a_group_as_its_members_plus_its_all_reduces(write_y
     assert job_grouped.backward_s[0, 0] == pytest.approx(job_alone.backward_s[0, 0] / 2 + 2 * (0.5 - share) / 2)
     prediction, _ = predict(grouped, job.topology, model, training)
     assert set(prediction.memory_bytes) == {"a-0", "a-1", "b-0"}
-    assert prediction.memory_bytes["a-0"] == prediction.memory_bytes["a-1"]
+    assert prediction.memory_bytes["a-0"] > prediction.memory_bytes["a-1"]  # the lead steps the whole part
     assert prediction.memory_bytes["a-0"] < predict(alone, job.topology, model, training)[0].memory_bytes["a-0"]
 
 
