@@ -10,6 +10,7 @@ import pytest
 from cost_models import comm, flops, memory
 from planner.cli import main
 from planner.errors import InputError
+from planner.inputs.catalog import device_type
 from planner.inputs.job import load_job
 from planner.inputs.model import ModelSpec, TrainingSpec
 from planner.plan.document import plan_from_document, plan_to_document, read_plan, write_plan
@@ -133,10 +134,22 @@ def test_tensor_all_reduces_by_hand(write_yaml):
     assert tensor_layer_s(recomputed, per_byte, latency, 1.0, 4) == pytest.approx(6 * one)
     # A share too small to cover the block's issue time takes that time (forward issued again under
     # recomputation); one device alone takes nothing beyond its compute.
-    assert 4 * one < comm.TENSOR_BLOCK_ISSUE_S
-    assert tensor_layer_s(costs, per_byte, latency, 1e-4, 4) == pytest.approx(comm.TENSOR_BLOCK_ISSUE_S - 1e-4)
-    assert tensor_layer_s(recomputed, per_byte, latency, 0.0, 4) == pytest.approx(4 / 3 * comm.TENSOR_BLOCK_ISSUE_S)
-    assert tensor_layer_s(costs, 0.0, 0.0, 1e-4, 1) == 0.0
+    floor = 3.15e-3
+    assert 4 * one < floor
+    assert tensor_layer_s(costs, per_byte, latency, 1e-4, 4, floor) == pytest.approx(floor - 1e-4)
+    assert tensor_layer_s(recomputed, per_byte, latency, 0.0, 4, floor) == pytest.approx(4 / 3 * floor)
+    assert tensor_layer_s(costs, 0.0, 0.0, 1e-4, 1, floor) == 0.0
+    assert tensor_layer_s(costs, per_byte, latency, 1e-4, 4) == pytest.approx(4 * one)  # no floor: the all-reduces
+    # The floor is the members' device type's: A100s have none in the catalog; H100s the fitted one.
+    assert groups.issue_s[k] == 0.0
+    assert device_type("H100-SXM").tensor_block_issue_s == pytest.approx(floor)
+    floored = group_devices(_with_floor(job.topology, 2e-3), (("a-0", "a-1"),))
+    assert list(floored.issue_s[floored.degree > 1]) == [2e-3] and set(floored.issue_s[floored.degree == 1]) == {0.0}
+
+
+def _with_floor(topology, floor_s):
+    """``topology`` with every device's tensor-group block floor set to ``floor_s``."""
+    return replace(topology, devices=tuple(replace(d, tensor_block_issue_s=floor_s) for d in topology.devices))
 
 
 def _two_stage_plan(job, tensor_groups=(("a-0", "a-1"),)) -> Plan:
@@ -146,7 +159,7 @@ def _two_stage_plan(job, tensor_groups=(("a-0", "a-1"),)) -> Plan:
                 tensor_groups=tuple(tensor_groups))
 
 
-def test_the_simulator_times_a_group_as_its_members_plus_its_all_reduces(write_yaml, monkeypatch):
+def test_the_simulator_times_a_group_as_its_members_plus_its_all_reduces(write_yaml):
     job = load_job(write_yaml(HOSTS))
     model, training = job.model, job.training
     alone, grouped = _two_stage_plan(job, ()), _two_stage_plan(job)
@@ -154,15 +167,13 @@ def test_the_simulator_times_a_group_as_its_members_plus_its_all_reduces(write_y
     costs = layer_costs(model, training, 1, 2)
     one = costs.tensor_message_bytes * 1.0 / 4e11 + 2 * 1e-5  # ring of 2: 2*1/2 bytes / bandwidth + 2 hops
     # This model's blocks are too small to cover a group's issue floor: first without the floor.
-    monkeypatch.setattr(comm, "TENSOR_BLOCK_ISSUE_S", 0.0)
-    job_grouped = build_pipeline_job(grouped, job.topology, model, training)
+    job_grouped = build_pipeline_job(grouped, _with_floor(job.topology, 0.0), model, training)
     # Stage 0 (2 blocks and the embeddings' lookup): half the compute plus 2 all-reduces a block each way.
     assert job_grouped.forward_s[0, 0] == pytest.approx(job_alone.forward_s[0, 0] / 2 + 2 * 2 * one)
     assert job_grouped.backward_s[0, 0] == pytest.approx(job_alone.backward_s[0, 0] / 2 + 2 * 2 * one)
     assert job_grouped.forward_s[0, 1] == pytest.approx(job_alone.forward_s[0, 1])  # the head's stage is alone
     # With the floor, each block of the group takes its issue time in all, split as the all-reduces.
-    monkeypatch.setattr(comm, "TENSOR_BLOCK_ISSUE_S", 0.5)
-    job_grouped = build_pipeline_job(grouped, job.topology, model, training)
+    job_grouped = build_pipeline_job(grouped, _with_floor(job.topology, 0.5), model, training)
     share = costs.layer_flops / (2 * job.topology.effective_flops(training.precision)[job.topology.index("a-0")])
     assert job_grouped.forward_s[0, 0] == pytest.approx(job_alone.forward_s[0, 0] / 2 + 2 * (0.5 - share) / 2)
     assert job_grouped.backward_s[0, 0] == pytest.approx(job_alone.backward_s[0, 0] / 2 + 2 * (0.5 - share) / 2)
@@ -328,7 +339,7 @@ def test_replanning_from_a_plan_with_groups_searches_with_its_groups(write_yaml)
     validate_plan(result.plan, job.topology, job.model, result.training)
 
 
-def test_the_issue_floor_steers_groups_to_larger_micro_batches(monkeypatch):
+def test_the_issue_floor_steers_groups_to_larger_micro_batches():
     """GPT-3 XL on 4 H100s as 2 stages of groups of 2, micro-batch chosen by the search: without the
     floor it picks micro-batch 2 (the smaller bubble), which ran 0.821 s on 4x H100 against 0.433 s
     at micro-batch 4 (``benchmarks/results/runtime_gpu_tensor_x4.json``); with it, 4 or more."""
@@ -338,5 +349,4 @@ def test_the_issue_floor_steers_groups_to_larger_micro_batches(monkeypatch):
     training = replace(job.training, micro_batch_size=0, schedule="1f1b")
     options = SearchOptions(seed=0, budget_s=2, time_limit_s=120, stages=2, replicas=1, tensor_degrees=(2,))
     assert search(job.topology, job.model, training, options).plan.micro_batch_size >= 4
-    monkeypatch.setattr(comm, "TENSOR_BLOCK_ISSUE_S", 0.0)
-    assert search(job.topology, job.model, training, options).plan.micro_batch_size == 2
+    assert search(_with_floor(job.topology, 0.0), job.model, training, options).plan.micro_batch_size == 2

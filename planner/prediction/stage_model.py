@@ -81,7 +81,7 @@ class LayerCosts:
     tensor_message_bytes: float = 0.0
     tensor_allreduces_forward: int = 0
     tensor_allreduces_backward: int = 0
-    tensor_issue_s: float = 0.0  # the least time a group's block takes per micro-batch (comm.tensor_block_issue_s)
+    recompute: bool = False  # full recomputation (a group's block floor grows with it, comm.tensor_block_issue_s)
     sync_every: int = 1  # iterations between data-parallel syncs (local steps; 1: every iteration)
     layer_weight_gradient_flops: float = 0.0  # the weight gradients' part of a block's backward
     micro_batches_per_round: int = 0  # accumulation rounds (``cost_models.schedule.round_sizes``; 0: one round)
@@ -216,7 +216,7 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         layer_split_kept_bytes=2.0 * (kept - half_kept),
         split_transient_bytes=2.0 * (full - half_full) if training.recompute else 0.0,
         tensor_message_bytes=boundary, tensor_allreduces_forward=tensor_forward,
-        tensor_allreduces_backward=tensor_backward, tensor_issue_s=comm.tensor_block_issue_s(training.recompute),
+        tensor_allreduces_backward=tensor_backward, recompute=training.recompute,
         weight_bytes_per_param=memory.weight_bytes_per_parameter(training.precision),
         embedding_params=float(flops.embedding_parameters(v, h, s, learned_positions=model.learned_positions)))
 
@@ -298,16 +298,19 @@ def stage_memory_bytes(costs: LayerCosts, n_layers, stage, in_flight, tensor=1, 
             + activations)
 
 
-def tensor_layer_s(costs: LayerCosts, allreduce_per_byte_s, allreduce_latency_s, block_compute_s, degree):
+def tensor_layer_s(costs: LayerCosts, allreduce_per_byte_s, allreduce_latency_s, block_compute_s, degree,
+                   issue_s=0.0):
     """Seconds one block of a tensor group takes per micro-batch beyond its members' share of the
     compute (``block_compute_s``), forward and backward together: its all-reduces, for groups whose
     ring all-reduce of ``n`` bytes takes ``n * per_byte + latency``
-    (``cost_models.network.Network.ring_cost``), or what the block's issue time
-    (``costs.tensor_issue_s``) leaves when the share is smaller; 0 for a group of one (``degree`` 1)."""
+    (``cost_models.network.Network.ring_cost``), or what the block's floor leaves when the share
+    is smaller (``cost_models.comm.tensor_block_issue_s`` of the members' ``issue_s``, their device
+    type's ``tensor_block_issue``: the block takes ``max(share + all-reduces, floor)``); 0 for a
+    group of one (``degree`` 1). The search's estimate and the simulator's input both call it."""
     one = costs.tensor_message_bytes * np.asarray(allreduce_per_byte_s) + np.asarray(allreduce_latency_s)
     allreduces = (costs.tensor_allreduces_forward + costs.tensor_allreduces_backward) * one
-    floor = np.where(np.asarray(degree) > 1, costs.tensor_issue_s - np.asarray(block_compute_s), 0.0)
-    return np.maximum(allreduces, floor)
+    floor = comm.tensor_block_issue_s(issue_s, costs.recompute)
+    return np.maximum(allreduces, np.where(np.asarray(degree) > 1, floor - np.asarray(block_compute_s), 0.0))
 
 
 def message_codec_s(costs: LayerCosts, memory_bandwidth_bytes_per_s, compressed=None) -> tuple:
