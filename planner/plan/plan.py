@@ -156,18 +156,6 @@ def interleave_plan(plan: Plan, virtual_stages: int) -> Plan:
     return replace(plan, layer_bounds=tuple(bounds), virtual_stages=v, prediction=None)
 
 
-def _check_calibrated_floors(plan: Plan, topology) -> None:
-    """The tensor-group block floor the plan's calibration recorded per device type is the one its
-    topology's devices of that type carry (the calibration applied, ``planner.inputs.calibration``)."""
-    for type_name, floor_s in plan.calibration.get("tensor_block_issue_s", {}).items():
-        carried = {d.tensor_block_issue_s for d in topology.devices if d.type_name == type_name}
-        if carried and carried != {floor_s}:
-            raise InputError(f"is {floor_s:g} s but the topology's {type_name} devices carry "
-                             f"{', '.join(f'{c:g}' for c in sorted(carried))} s: plan again with the calibration "
-                             f"{plan.calibration.get('path', '')}",
-                             field=f"calibration.tensor_block_issue_s.{type_name}")
-
-
 def validate_plan(plan: Plan, topology, model, training) -> None:
     """Check every invariant of ``plan`` against its inputs; raise ``InputError`` naming the broken one.
 
@@ -187,7 +175,6 @@ def validate_plan(plan: Plan, topology, model, training) -> None:
     if R < 1 or any(len(row) != S for row in plan.assignment):
         raise InputError(f"every replica needs exactly {S} devices, one per stage", field="replicas")
     leads = [d for row in plan.assignment for d in row]
-    _check_calibrated_floors(plan, topology)
     for k, group in enumerate(plan.tensor_groups):
         for name in group:
             if not topology.has_device(name):

@@ -114,8 +114,9 @@ def _check_idle(plan: Plan, document: dict, topology: Topology, source: str) -> 
 
 
 def _calibrated(topology: Topology, record: dict, plan_path: Path) -> Topology:
-    """Apply the calibration the plan was made with: the same file (by hash), or a refusal."""
-    from planner.inputs.calibration import apply_calibration, read_calibration
+    """Apply the calibration the plan was made with: the same file (by hash), or a refusal; the
+    tensor-group block floors the plan recorded must be the file's."""
+    from planner.inputs.calibration import apply_calibration, calibration_record, read_calibration
 
     path = Path(record["path"])
     for beside in (plan_path.parent / path, plan_path.parent / path.name):  # a plan moved with its calibration
@@ -128,6 +129,13 @@ def _calibrated(topology: Topology, record: dict, plan_path: Path) -> Topology:
     if calibration.sha256 != record["sha256"]:
         raise InputError(f"{path} changed since the plan was made (hash differs): plan again with it",
                          source=str(plan_path), field="calibration.sha256")
+    measured = calibration_record(calibration).get("tensor_block_issue_s", {})
+    recorded = record.get("tensor_block_issue_s", {})
+    for type_name in sorted(set(measured) | set(recorded)):
+        if measured.get(type_name) != recorded.get(type_name):
+            raise InputError(f"is {recorded.get(type_name, 'missing')} but {path} measured "
+                             f"{measured.get(type_name, 'none')} s for {type_name}: plan again with the calibration",
+                             source=str(plan_path), field=f"calibration.tensor_block_issue_s.{type_name}")
     return apply_calibration(topology, calibration)
 
 
