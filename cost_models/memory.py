@@ -93,6 +93,12 @@ def in_flight_micro_batches(schedule: str, stage: int, stages: int, micro_batche
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
-def logits_bytes(s: int, b: int, v: int) -> float:
-    """fp32 logits and their gradient on the last stage: ``4*s*b*V`` bytes each (formulas.md)."""
-    return 4.0 * s * b * v
+def logits_bytes(s: int, b: int, v: int, dtype_bytes: int = 4) -> float:
+    """The logits the loss keeps for backward, and their gradient, on the last stage: ``s*b*V``
+    values of ``dtype_bytes`` each. ``4*s*b*V`` (fp32, formulas.md) where the loss casts the logits
+    to fp32 before its softmax and keeps the fp32 result; the runtime's compiled loss (``plan
+    launch`` compiles on GPUs, ``planner.runtime.gpt.compile_stage``) fuses the cast into the softmax
+    kernel, so it keeps the 16-bit logits the head wrote and writes their gradient in 16 bits: the
+    training precision's bytes (Megatron-LM's fused cross-entropy keeps its input logits the same
+    way). Eager 16-bit training (``--compile off``) keeps fp32 log-probabilities, twice this."""
+    return float(dtype_bytes) * s * b * v

@@ -196,9 +196,9 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         layer_params=float(flops.layer_parameters(h, model.ffn_hidden, gated_mlp=model.gated_mlp,
                                                   biases=model.biases)),
         first_params=float(first_params), last_params=float(last_params), layer_kept_bytes=kept,
-        first_kept_bytes=boundary, last_kept_bytes=memory.logits_bytes(positions, b, outputs),
+        first_kept_bytes=boundary, last_kept_bytes=memory.logits_bytes(positions, b, outputs, dtype),
         transient_bytes=transient,
-        last_transient_bytes=memory.logits_bytes(positions, b, outputs),  # the logits' gradient
+        last_transient_bytes=memory.logits_bytes(positions, b, outputs, dtype),  # the logits' gradient
         state_bytes_per_param=state - sharded_state * (1.0 - 1.0 / shards),
         gradient_bytes_per_param=float(dtype) / H, sync_every=H,
         micro_batches_per_round=training.micro_batches_per_round,
