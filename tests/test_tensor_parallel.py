@@ -350,3 +350,25 @@ def test_the_issue_floor_steers_groups_to_larger_micro_batches():
     options = SearchOptions(seed=0, budget_s=2, time_limit_s=120, stages=2, replicas=1, tensor_degrees=(2,))
     assert search(job.topology, job.model, training, options).plan.micro_batch_size >= 4
     assert search(_with_floor(job.topology, 0.0), job.model, training, options).plan.micro_batch_size == 2
+
+
+@pytest.mark.parametrize("floor_s", [0.0, 3.15e-3, 5e-3])
+def test_the_estimate_and_the_simulator_charge_the_same_floor(floor_s):
+    """GPT-3 XL on one group of 4 H100s at micro-batch 2 (the floor binds at 3.15 ms): the search's
+    estimate and the simulator take the members' floor from the same function."""
+    import numpy as np
+
+    from planner.search.evaluate import make_context, score_split
+
+    job = load_job(ROOT / "topologies" / "local" / "h100-x4.yaml")
+    topology = _with_floor(job.topology, floor_s)
+    group = tuple(topology.names)
+    ctx = make_context(topology, job.model, job.training, (group,))
+    assign = np.array([[ctx.topology.index(group[0])]])
+    estimate = score_split(ctx, assign, (job.model.layers,), (16,), 2, "1f1b")
+    plan = Plan(layer_bounds=(0, job.model.layers), assignment=((group[0],),), micro_batches=(16,),
+                micro_batch_size=2, schedule="1f1b", tensor_groups=(group,))
+    simulated = predict(plan, topology, job.model, job.training)[0].iteration_s
+    assert estimate == pytest.approx(simulated, rel=0.01)
+    if floor_s == 5e-3:  # bound by the floor: 24 blocks x 16 micro-batches at 5 ms, the head and step on top
+        assert simulated > 24 * 16 * 5e-3
