@@ -183,7 +183,9 @@ def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
     if "tensor_block_issue_s" in entry:
         m = entry["measured"]
         log(f"tensor group of {m['tensor_degree']}: a block took {1e3 * m['tensor_block_s']:.3f} ms, the model gives "
-            f"{1e3 * m['tensor_block_model_s']:.3f} ms: floor {1e3 * entry['tensor_block_issue_s']:.3f} ms")
+            f"{1e3 * m['tensor_block_model_s']:.3f} ms: floor {1e3 * entry['tensor_block_issue_s']:.3f} ms"
+            + ("" if entry["tensor_block_issue_s"] else f" (none shows at micro-batch {m['micro_batch_size']}: "
+               "calibrate at the smallest micro-batch you plan tensor groups with)"))
     efficiency = entry["efficiency"]
     if efficiency < _IMPLAUSIBLE_EFFICIENCY:
         log(f"warning: measured efficiency {efficiency:.4f} of {kind}'s peak is implausibly low: is this host's "
