@@ -2,9 +2,11 @@
 predictions of runs measured earlier (on GPUs, say) without running them again?
 
 Reads ``benchmarks/results/accuracy_<mode>.json`` and each run's plan under
-``accuracy_<mode>/plans/`` (with the calibration the runs were planned with, checked by hash),
-predicts again and prints recorded vs current prediction and the error against the measurement.
-Writes ``benchmarks/results/repredict_<mode>.json``.
+``accuracy_<mode>/plans/`` (or, where that folder is absent, the plan inside each run's
+``results.json``; with the calibration the runs were planned with, checked by hash), predicts again
+and prints recorded vs current prediction and the error against the measurement, and, where the
+report holds measured peak memory (GPU runs), the recorded and current prediction of each device's
+allocated bytes. Writes ``benchmarks/results/repredict_<mode>.json``.
 """
 
 import argparse
@@ -26,22 +28,34 @@ from planner.runtime.inputs import load_run_inputs  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["emulated", "gpu"])
+    parser.add_argument("mode", choices=["emulated", "gpu", "gpu4"])
     parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
     results = Path(args.results)
     runs = results / f"accuracy_{args.mode}"
     report = json.loads((results / f"accuracy_{args.mode}.json").read_text())
-    rows = []
+    rows, memory = [], []
+    measured_memory = {(m["run"], m["device"]): m for m in report.get("memory", [])}
     with tempfile.TemporaryDirectory() as folder:
         for row in report["rows"]:
             plan = Path(folder) / f"{row['label']}.yaml"  # beside its calibration, wherever it was made
-            shutil.copy(runs / "plans" / plan.name, plan)
+            if (runs / "plans").is_dir():
+                shutil.copy(runs / "plans" / plan.name, plan)
+            else:
+                plan.write_text(yaml.safe_dump(json.loads((runs / row["label"] / "results.json").read_text())["plan"]))
             if (runs / "calibration.yaml").exists():
                 shutil.copy(runs / "calibration.yaml", Path(folder) / "calibration.yaml")
             topology = yaml.safe_load(plan.read_text())["topology"]["path"]  # relative to the project
             inputs = load_run_inputs(plan, ROOT / topology)
-            now = predict(inputs.plan, inputs.topology, inputs.model, inputs.training)[0].iteration_s
+            prediction = predict(inputs.plan, inputs.topology, inputs.model, inputs.training)[0]
+            now = prediction.iteration_s
+            for name, used in sorted(prediction.memory_bytes.items()):
+                if (row["label"], name) in measured_memory:
+                    m = measured_memory[(row["label"], name)]
+                    allocated = used - inputs.topology.devices[inputs.topology.index(name)].memory_reserved_bytes
+                    memory.append({"run": row["label"], "device": name, "measured_bytes": m["measured_bytes"],
+                                   "recorded_predicted_bytes": m["predicted_bytes"], "predicted_bytes": allocated,
+                                   "recorded_error": m["error"], "error": allocated / m["measured_bytes"] - 1})
             scale = row.get("time_scale", 1.0)
             rows.append({"label": row["label"], "recorded_predicted_s": row["predicted_s"], "predicted_s": now,
                          "measured_s": row["measured_s"], "change": now / row["predicted_s"] - 1,
@@ -52,9 +66,15 @@ def main() -> None:
               f"{r['measured_s']:11.4f} {100 * r['error']:+6.1f}%")
     mape = mean_absolute_percentage_error([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
     print(f"{len(rows)} runs: MAPE now {100 * mape:.2f}% (recorded {100 * report['summary']['mape']:.2f}%)")
+    if memory:
+        print(f"\n{'run':34} {'device':8} {'measured GB':>11} {'recorded GB':>19} {'now GB':>17}")
+        for m in memory:
+            print(f"{m['run']:34} {m['device']:8} {m['measured_bytes'] / 1e9:11.2f} "
+                  f"{m['recorded_predicted_bytes'] / 1e9:10.2f} ({100 * m['recorded_error']:+5.1f}%) "
+                  f"{m['predicted_bytes'] / 1e9:8.2f} ({100 * m['error']:+5.1f}%)")
     out = results / f"repredict_{args.mode}.json"
-    out.write_text(json.dumps({"rows": rows, "mape": mape, "recorded_mape": report["summary"]["mape"]}, indent=1)
-                   + "\n")
+    out.write_text(json.dumps({"rows": rows, "mape": mape, "recorded_mape": report["summary"]["mape"],
+                               "memory": memory}, indent=1) + "\n")
     print(f"written to {out}")
 
 

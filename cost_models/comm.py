@@ -3,17 +3,7 @@
 import numpy as np
 
 __all__ = ["p2p_time_s", "ring_allreduce_time_s", "sharded_exchange_time_s", "sharded_exchange_pair_s",
-           "tensor_allreduces", "tensor_block_issue_s", "TENSOR_BLOCK_ISSUE_S"]
-
-# Seconds a member of a tensor group takes to issue one block's forward and backward for one
-# micro-batch (kernel launches, the f/g autograd functions and their 4 all-reduces), below which its
-# share of the block cannot run however small it is: the members wait in each all-reduce for the
-# slowest one's launches. Fitted to one run of the runtime on 4x H100 (torch 2.11, NCCL, compiled
-# blocks): GPT-3 XL on one group of 4 at micro-batch 2, 384 block passes per iteration, measured
-# 1.305 s where the GPUs' share predicts 0.584 s; checked on 2 stages of groups of 2 at micro-batch 2
-# (0.821 s measured, 0.740 s predicted with it, 0.441 s without); at 4x the micro-batch neither plan
-# is bound by it (``benchmarks/results/runtime_gpu_tensor_x4.json``).
-TENSOR_BLOCK_ISSUE_S = 3.15e-3
+           "tensor_allreduces", "tensor_block_issue_s"]
 
 
 def p2p_time_s(message_bytes: float, latency_s: float, bandwidth_bytes_per_s: float) -> float:
@@ -71,8 +61,11 @@ def tensor_allreduces(recompute: bool) -> tuple:
     return 2, (4 if recompute else 2)
 
 
-def tensor_block_issue_s(recompute: bool) -> float:
+def tensor_block_issue_s(floor_s, recompute: bool):
     """The least seconds one block of a tensor group takes per micro-batch, forward and backward
-    together (``TENSOR_BLOCK_ISSUE_S``): full recomputation issues the forward, a third of the
-    passes' work, once more."""
-    return TENSOR_BLOCK_ISSUE_S * (4.0 / 3.0 if recompute else 1.0)
+    together, on devices whose floor is ``floor_s`` (a device type's ``tensor_block_issue``: a
+    member issues its block's kernels and the 4 all-reduces of ``tensor_allreduces`` and waits in
+    each for the slowest member's launches, so its share cannot run faster however small it is; the
+    catalog's value and its origin are in ``topologies/devices/``, ``plan calibrate`` measures it).
+    Full recomputation issues the forward, a third of the passes' work, once more. Vectorised."""
+    return np.asarray(floor_s, dtype=float) * (4.0 / 3.0 if recompute else 1.0)

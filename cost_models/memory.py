@@ -7,6 +7,7 @@ from cost_models.schedule import Schedule
 __all__ = [
     "state_bytes_per_parameter",
     "optimizer_state_bytes_per_parameter",
+    "weight_bytes_per_parameter",
     "layer_activation_bytes",
     "in_flight_micro_batches",
     "logits_bytes",
@@ -32,8 +33,14 @@ def optimizer_state_bytes_per_parameter(precision: str, optimizer: str) -> float
     ranks (Rajbhandari et al. 2020, sec. 5.1: ``(2 + 2 + K / N_d) * Psi`` with ``K = 12`` for
     mixed-precision Adam): everything but the working weights and gradients (2 + 2 B in 16-bit,
     4 + 4 B in fp32). Adam: 12 B mixed, 8 B fp32; SGD with momentum: 8 B mixed, 4 B fp32."""
-    working = 8.0 if precision == "fp32" else 4.0
+    working = 2.0 * weight_bytes_per_parameter(precision)  # the weights and their gradients
     return state_bytes_per_parameter(precision, optimizer) - working
+
+
+def weight_bytes_per_parameter(precision: str) -> float:
+    """Bytes of the working weight per parameter: 2 in 16-bit training, 4 in fp32 (the weights part
+    of ZeRO's ``2 + 2 + K`` per parameter, Rajbhandari et al. 2020, sec. 3.1)."""
+    return 4.0 if precision == "fp32" else 2.0
 
 
 def layer_activation_bytes(s: int, b: int, h: int, a: int, *, dtype_bytes: int = 2, flash_attention: bool = False,
@@ -86,6 +93,12 @@ def in_flight_micro_batches(schedule: str, stage: int, stages: int, micro_batche
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
-def logits_bytes(s: int, b: int, v: int) -> float:
-    """fp32 logits and their gradient on the last stage: ``4*s*b*V`` bytes each (formulas.md)."""
-    return 4.0 * s * b * v
+def logits_bytes(s: int, b: int, v: int, dtype_bytes: int = 4) -> float:
+    """The logits the loss keeps for backward, and their gradient, on the last stage: ``s*b*V``
+    values of ``dtype_bytes`` each. ``4*s*b*V`` (fp32, formulas.md) where the loss casts the logits
+    to fp32 before its softmax and keeps the fp32 result; the runtime's compiled loss (``plan
+    launch`` compiles on GPUs, ``planner.runtime.gpt.compile_stage``) fuses the cast into the softmax
+    kernel, so it keeps the 16-bit logits the head wrote and writes their gradient in 16 bits: the
+    training precision's bytes (Megatron-LM's fused cross-entropy keeps its input logits the same
+    way). Eager 16-bit training (``--compile off``) keeps fp32 log-probabilities, twice this."""
+    return float(dtype_bytes) * s * b * v

@@ -11,7 +11,9 @@ from planner.inputs.calibration import apply_calibration, read_calibration
 from planner.cli import main
 from planner.errors import InputError
 from planner.inputs.job import load_job
-from tests.conftest import small_topology
+from tests.conftest import ROOT, small_topology
+
+ROOT_TOPOLOGY_X4 = ROOT / "topologies" / "local" / "h100-x4.yaml"
 
 
 def _calibration(path, *, efficiency=0.2, latency_us=50.0, bandwidth=2e9, names=("fast-0", "slow-0"), kind="T4"):
@@ -153,6 +155,13 @@ def test_plan_calibrate_measures_this_cpu_and_the_file_plans(tmp_path, capsys):
     network = calibration.network
     assert network["devices"] == ["a0", "b0"]
     assert network["bandwidth_bytes_per_s"][0][1] > 1e7 and network["latency_s"][1][0] > 0
+    # Three CPU-cores share host a: the two processes timed the runtime's tensor-parallel block as a
+    # group of 2; the floor is that time where it exceeds the model's share + all-reduces, else 0.
+    measured = calibration.document["device_types"]["CPU-core"]["measured"]
+    assert measured["tensor_degree"] == 2 and measured["tensor_block_s"] > 0 < measured["tensor_block_model_s"]
+    excess = measured["tensor_block_s"] - measured["tensor_block_model_s"]
+    assert measured["tensor_block_excess_s"] == pytest.approx(max(excess, 0.0))
+    assert kind["tensor_block_issue_s"] == (measured["tensor_block_s"] if excess > 0 else 0.0)
     capsys.readouterr()
     assert main([str(topology), "--calibration", str(out), "--time-limit", "5"]) == 0
     assert "Calibration:" in capsys.readouterr().out
@@ -181,3 +190,124 @@ def test_head_efficiency_slows_only_the_last_stage_by_its_flops(tmp_path, write_
     assert after.forward_s[0, 1] == pytest.approx((profile.forward_flops[1] + head) / speed)
     assert after.backward_s[0, 1] == pytest.approx((profile.backward_flops[1] + 2 * head) / speed)
     assert before.forward_s[0, 1] < after.forward_s[0, 1]
+
+
+# Two A100s of one host, the tiny model: a tensor group of 2 whose blocks are far below any floor.
+PAIR = {"name": "pair", "devices": [{"name": "a", "count": 2, "type": "A100-80GB", "host": "node"}],
+        "network": {"host": {"latency": "0.01ms", "bandwidth": "3200Gbps"}},
+        "model": "tiny", "training": {"global_batch": 16, "micro_batch_size": 1, "schedule": "1f1b",
+                                      "precision": "bf16"}}
+
+
+def _floor_calibration(path, floor_s):
+    """A calibration of A100-80GB with the catalog's efficiency and bandwidth and a block floor."""
+    from planner.inputs.catalog import device_type
+
+    kind = device_type("A100-80GB")
+    document = {"format": "hetplan-calibration/1", "measured_at_utc": "2026-11-27T00:00:00+00:00",
+                "device_types": {"A100-80GB": {"efficiency": kind.efficiency,
+                                               "memory_bandwidth_bytes_per_s": kind.memory_bandwidth_bytes_per_s,
+                                               "tensor_block_issue_s": floor_s}}}
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_a_calibrated_block_floor_slows_a_tensor_plan_by_its_excess(tmp_path, write_yaml):
+    from planner.plan.plan import Plan
+    from planner.prediction.predict import predict
+    from planner.prediction.stage_model import layer_costs
+
+    job = load_job(write_yaml(PAIR))
+    plan = Plan(layer_bounds=(0, 4), assignment=(("a-0",),), micro_batches=(16,), micro_batch_size=1,
+                schedule="1f1b", topology_name=job.topology.name, topology_sha256=job.topology.sha256,
+                tensor_groups=(("a-0", "a-1"),))
+    before = predict(plan, job.topology, job.model, job.training)[0].iteration_s
+    calibrated = apply_calibration(job.topology, read_calibration(_floor_calibration(tmp_path / "cal.yaml", 0.05)))
+    assert {d.tensor_block_issue_s for d in calibrated.devices} == {0.05}
+    after = predict(plan, calibrated, job.model, job.training)[0].iteration_s
+    # By hand: a member's block is half its FLOPs at 2 x the A100's bf16 rate plus 4 ring all-reduces
+    # of (b, s, h) = 32 x 64 in bf16 over one 400 GB/s, 10 us link each way (n / B + 2 latencies);
+    # under the 50 ms floor each of the 4 blocks of each of the 16 micro-batches takes 50 ms instead.
+    device = job.topology.devices[0]
+    share = layer_costs(job.model, job.training, 1, 1).layer_flops / (2 * device.effective_flops("bf16"))
+    block = share + 4 * (32 * 64 * 2 / 4e11 + 2e-5)
+    assert after - before == pytest.approx(16 * 4 * (0.05 - block), rel=1e-6)
+    # A floor below the block's time changes nothing.
+    low = apply_calibration(job.topology, read_calibration(_floor_calibration(tmp_path / "low.yaml", block / 2)))
+    assert predict(plan, low, job.model, job.training)[0].iteration_s == pytest.approx(before, rel=1e-12)
+
+
+def test_the_plan_file_records_validates_and_reports_the_floor(tmp_path, write_yaml, capsys):
+    import jsonschema
+
+    from planner.plan.document import read_plan
+    from planner.runtime.inputs import load_run_inputs
+
+    topology = write_yaml(PAIR)
+    cal = _floor_calibration(tmp_path / "cal.yaml", 0.05)
+    out = tmp_path / "plan.json"
+    assert main([str(topology), "--stages", "1", "--replicas", "1", "--tensor-degrees", "2", "--calibration",
+                 str(cal), "-o", str(out), "--time-limit", "5"]) == 0
+    assert "tensor-group block floor A100-80GB 50 ms" in capsys.readouterr().out
+    document = json.loads(out.read_text())
+    assert document["calibration"]["tensor_block_issue_s"] == {"A100-80GB": 0.05}
+    jsonschema.validate(document, json.loads((ROOT / "planner" / "schema" / "plan.schema.json").read_text()))
+    assert read_plan(out)[0].calibration["tensor_block_issue_s"] == {"A100-80GB": 0.05}
+    assert {d.tensor_block_issue_s for d in load_run_inputs(out).topology.devices} == {0.05}
+    # The plan's record disagreeing with its calibration file, or not seconds: one line each.
+    document["calibration"]["tensor_block_issue_s"] = {"A100-80GB": 0.04}
+    out.write_text(json.dumps(document))
+    with pytest.raises(InputError, match="calibration.tensor_block_issue_s.A100-80GB"):
+        load_run_inputs(out)
+    document["calibration"]["tensor_block_issue_s"] = {"A100-80GB": -1}
+    out.write_text(json.dumps(document))
+    with pytest.raises(InputError, match="calibration.tensor_block_issue_s.A100-80GB.*seconds"):
+        read_plan(out)
+
+
+def test_the_floor_comes_from_the_catalog_the_file_or_the_calibration(tmp_path, write_yaml, capsys):
+    from planner.inputs.catalog import device_type
+
+    h100 = device_type("H100-SXM")
+    assert h100.tensor_block_issue_s == pytest.approx(3.15e-3) and "4x H100" in h100.tensor_block_issue_origin
+    assert device_type("A100-80GB").tensor_block_issue_s == 0.0  # not measured: no floor
+    document = {**PAIR, "devices": [{"name": "a", "count": 2, "type": "A100-80GB", "host": "node",
+                                     "tensor_block_issue": "2ms"}]}
+    assert {d.tensor_block_issue_s for d in load_job(write_yaml(document)).topology.devices} == {2e-3}
+    document["devices"][0]["tensor_block_issue"] = "2h"
+    assert main([str(write_yaml(document)), "--time-limit", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "devices[0].tensor_block_issue" in err and len(err.strip().splitlines()) == 1
+    cal = yaml.safe_load(_floor_calibration(tmp_path / "cal.yaml", 0.05).read_text())
+    cal["device_types"]["A100-80GB"]["tensor_block_issue_s"] = 1.5
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(cal))
+    with pytest.raises(InputError, match="device_types.A100-80GB.tensor_block_issue_s"):
+        read_calibration(tmp_path / "bad.yaml")
+
+
+def test_the_block_floor_is_the_measured_time_where_it_exceeds_the_model():
+    pytest.importorskip("torch")
+    from dataclasses import replace
+
+    from planner.inputs.model import TrainingSpec, model_preset
+    from planner.runtime.calibrate import tensor_block_floor, tensor_probe_degree
+    from cost_models.flops import layer_forward_flops
+
+    model = model_preset("gpt3-xl")
+    training = TrainingSpec(global_batch=8, precision="bf16")
+    # By hand: a group of 4 at micro-batch 2 splits 3 forwards of the block over 4 devices at 0.5 of
+    # 989.4 TFLOP/s, and all-reduces (2, 2048, 2048) bf16 4 times over a ring of 4 hops of 10 us and
+    # 300 GB/s: 2 * 3 / 4 of the bytes / bandwidth + 2 * 3 latencies each.
+    share = 3 * layer_forward_flops(2, 2048, 2048, 8192) / (4 * 989.4e12 * 0.5)
+    modelled = share + 4 * (1.5 * 2 * 2048 * 2048 * 2 / 3e11 + 6 * 1e-5)
+    args = (model, training, 2, 4, 989.4e12, 0.5, [1e-5] * 4, [3e11] * 4)
+    assert tensor_block_floor(*args, modelled + 1e-3) == pytest.approx((modelled + 1e-3, modelled))
+    assert tensor_block_floor(*args, modelled - 1e-4) == (0.0, pytest.approx(modelled))
+    assert tensor_block_floor(*args[:2], 2, 4, 989.4e12, 0.5, [1e-5] * 4, [3e11] * 4, 0.0)[0] == 0.0
+    assert tensor_block_floor(model, replace(training, recompute=True), *args[2:], 1.0)[1] == pytest.approx(modelled)
+
+    job_devices = load_job(ROOT_TOPOLOGY_X4).topology
+    assert tensor_probe_degree(job_devices, model, "H100-SXM", 4) == 4
+    assert tensor_probe_degree(job_devices, model, "H100-SXM", 3) == 2  # 3 processes: a group of 2
+    assert tensor_probe_degree(job_devices, model, "H100-SXM", 1) == 1  # nothing to time
+    assert tensor_probe_degree(job_devices, replace(model, hidden=2049, heads=1), "H100-SXM", 4) == 1

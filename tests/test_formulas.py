@@ -80,3 +80,44 @@ def test_sharded_exchange_matches_ring_bandwidth_term_on_uniform_links():
     k, n, bw = 4, 1e9, 1e9
     sharded = comm.sharded_exchange_time_s(n, np.zeros((k, k)), np.full((k, k), bw))
     assert sharded == pytest.approx(comm.ring_allreduce_time_s(n, [0] * k, [bw] * k))
+
+
+def _saved_bytes(output) -> int:
+    """Bytes of the distinct storages autograd keeps for ``output``'s backward."""
+    import torch
+
+    storages, seen, pending = {}, set(), [output.grad_fn]
+    while pending:
+        node = pending.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        kept = [getattr(node, name) for name in dir(node) if name.startswith("_saved_")]
+        kept += list(node.saved_tensors) if hasattr(node, "saved_tensors") else []
+        for value in kept:
+            if torch.is_tensor(value):
+                storages[value.untyped_storage().data_ptr()] = value.untyped_storage().nbytes()
+        pending += [n for n, _ in node.next_functions]
+    return sum(storages.values())
+
+
+def test_logits_bytes_by_hand():
+    assert memory.logits_bytes(2048, 2, 50304) == 4 * 2048 * 2 * 50304  # fp32 (formulas.md)
+    assert memory.logits_bytes(2048, 2, 50304, 2) == 2 * 2048 * 2 * 50304
+
+
+@pytest.mark.runtime
+@pytest.mark.slow
+def test_the_compiled_loss_keeps_16_bit_logits_and_the_eager_one_fp32():
+    """Second derivation of ``memory.logits_bytes``: what the runtime's loss keeps for backward,
+    counted: eager, the fp32 log-probabilities (4 B a logit); compiled (``plan launch`` on GPUs),
+    the bf16 logits themselves (2 B), as the cost model counts them."""
+    torch = pytest.importorskip("torch")
+    from planner.runtime.gpt import lm_loss
+
+    b, s, v = 2, 64, 1000
+    logits = torch.randn(b, s, v, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, v, (b, s))
+    assert _saved_bytes(lm_loss(logits, targets)) == pytest.approx(memory.logits_bytes(s, b, v), rel=0.02)
+    compiled = _saved_bytes(torch.compile(lm_loss)(logits, targets))
+    assert compiled == pytest.approx(memory.logits_bytes(s, b, v, dtype_bytes=2), rel=0.02)

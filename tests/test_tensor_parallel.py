@@ -10,6 +10,7 @@ import pytest
 from cost_models import comm, flops, memory
 from planner.cli import main
 from planner.errors import InputError
+from planner.inputs.catalog import device_type
 from planner.inputs.job import load_job
 from planner.inputs.model import ModelSpec, TrainingSpec
 from planner.plan.document import plan_from_document, plan_to_document, read_plan, write_plan
@@ -92,6 +93,27 @@ def test_each_member_keeps_its_share_of_a_stage():
     assert need == pytest.approx(3 * (whole - split * 0.75) * state + 2 * 3 * kept)
 
 
+def test_only_the_lead_keeps_the_whole_parameters_state():
+    # fp16 Adam, one stage of 3 blocks (first and last: embeddings, final norm, tied head).
+    model = ModelSpec(name="m", layers=3, hidden=512, heads=8, sequence=256, vocabulary=1000)
+    training = TrainingSpec(global_batch=8, precision="fp16")
+    costs = layer_costs(model, training, 2, 1)
+    whole_block = flops.layer_parameters(512, 2048) - flops.tensor_split_parameters(512, 2048)
+    embeddings = flops.embedding_parameters(1024, 512, 256)  # the padded vocabulary's rows
+    whole = 3 * whole_block + embeddings + flops.head_parameters(1024, 512)
+    lead, member = (stage_memory_bytes(costs, 3, 0, 1, 4, lead=k) for k in (True, False))
+    # A member keeps the whole parameters' 2-byte weights and the embeddings' 2-byte gradients, not
+    # their 16 bytes of weights, gradients and Adam state.
+    assert lead - member == pytest.approx(whole * (16 - 2) - embeddings * 2)
+    # A later stage has no embeddings: a member keeps only the whole weights.
+    two = layer_costs(replace(model, layers=6), training, 2, 2)
+    lead, member = (stage_memory_bytes(two, 3, 1, 1, 2, lead=k) for k in (True, False))
+    last = flops.head_parameters(1024, 512) + 1024 * 512  # final norm and the tied embedding's copy
+    assert lead - member == pytest.approx((3 * whole_block + last) * (16 - 2))
+    # Alone, a device is its own lead.
+    assert stage_memory_bytes(costs, 3, 0, 1) == stage_memory_bytes(costs, 3, 0, 1, 1, lead=True)
+
+
 def test_tensor_all_reduces_by_hand(write_yaml):
     job = load_job(write_yaml(HOSTS))
     groups = group_devices(job.topology, (("a-0", "a-1", "a-2", "a-3"),))
@@ -112,10 +134,22 @@ def test_tensor_all_reduces_by_hand(write_yaml):
     assert tensor_layer_s(recomputed, per_byte, latency, 1.0, 4) == pytest.approx(6 * one)
     # A share too small to cover the block's issue time takes that time (forward issued again under
     # recomputation); one device alone takes nothing beyond its compute.
-    assert 4 * one < comm.TENSOR_BLOCK_ISSUE_S
-    assert tensor_layer_s(costs, per_byte, latency, 1e-4, 4) == pytest.approx(comm.TENSOR_BLOCK_ISSUE_S - 1e-4)
-    assert tensor_layer_s(recomputed, per_byte, latency, 0.0, 4) == pytest.approx(4 / 3 * comm.TENSOR_BLOCK_ISSUE_S)
-    assert tensor_layer_s(costs, 0.0, 0.0, 1e-4, 1) == 0.0
+    floor = 3.15e-3
+    assert 4 * one < floor
+    assert tensor_layer_s(costs, per_byte, latency, 1e-4, 4, floor) == pytest.approx(floor - 1e-4)
+    assert tensor_layer_s(recomputed, per_byte, latency, 0.0, 4, floor) == pytest.approx(4 / 3 * floor)
+    assert tensor_layer_s(costs, 0.0, 0.0, 1e-4, 1, floor) == 0.0
+    assert tensor_layer_s(costs, per_byte, latency, 1e-4, 4) == pytest.approx(4 * one)  # no floor: the all-reduces
+    # The floor is the members' device type's: A100s have none in the catalog; H100s the fitted one.
+    assert groups.issue_s[k] == 0.0
+    assert device_type("H100-SXM").tensor_block_issue_s == pytest.approx(floor)
+    floored = group_devices(_with_floor(job.topology, 2e-3), (("a-0", "a-1"),))
+    assert list(floored.issue_s[floored.degree > 1]) == [2e-3] and set(floored.issue_s[floored.degree == 1]) == {0.0}
+
+
+def _with_floor(topology, floor_s):
+    """``topology`` with every device's tensor-group block floor set to ``floor_s``."""
+    return replace(topology, devices=tuple(replace(d, tensor_block_issue_s=floor_s) for d in topology.devices))
 
 
 def _two_stage_plan(job, tensor_groups=(("a-0", "a-1"),)) -> Plan:
@@ -125,7 +159,7 @@ def _two_stage_plan(job, tensor_groups=(("a-0", "a-1"),)) -> Plan:
                 tensor_groups=tuple(tensor_groups))
 
 
-def test_the_simulator_times_a_group_as_its_members_plus_its_all_reduces(write_yaml, monkeypatch):
+def test_the_simulator_times_a_group_as_its_members_plus_its_all_reduces(write_yaml):
     job = load_job(write_yaml(HOSTS))
     model, training = job.model, job.training
     alone, grouped = _two_stage_plan(job, ()), _two_stage_plan(job)
@@ -133,21 +167,19 @@ def test_the_simulator_times_a_group_as_its_members_plus_its_all_reduces(write_y
     costs = layer_costs(model, training, 1, 2)
     one = costs.tensor_message_bytes * 1.0 / 4e11 + 2 * 1e-5  # ring of 2: 2*1/2 bytes / bandwidth + 2 hops
     # This model's blocks are too small to cover a group's issue floor: first without the floor.
-    monkeypatch.setattr(comm, "TENSOR_BLOCK_ISSUE_S", 0.0)
-    job_grouped = build_pipeline_job(grouped, job.topology, model, training)
+    job_grouped = build_pipeline_job(grouped, _with_floor(job.topology, 0.0), model, training)
     # Stage 0 (2 blocks and the embeddings' lookup): half the compute plus 2 all-reduces a block each way.
     assert job_grouped.forward_s[0, 0] == pytest.approx(job_alone.forward_s[0, 0] / 2 + 2 * 2 * one)
     assert job_grouped.backward_s[0, 0] == pytest.approx(job_alone.backward_s[0, 0] / 2 + 2 * 2 * one)
     assert job_grouped.forward_s[0, 1] == pytest.approx(job_alone.forward_s[0, 1])  # the head's stage is alone
     # With the floor, each block of the group takes its issue time in all, split as the all-reduces.
-    monkeypatch.setattr(comm, "TENSOR_BLOCK_ISSUE_S", 0.5)
-    job_grouped = build_pipeline_job(grouped, job.topology, model, training)
+    job_grouped = build_pipeline_job(grouped, _with_floor(job.topology, 0.5), model, training)
     share = costs.layer_flops / (2 * job.topology.effective_flops(training.precision)[job.topology.index("a-0")])
     assert job_grouped.forward_s[0, 0] == pytest.approx(job_alone.forward_s[0, 0] / 2 + 2 * (0.5 - share) / 2)
     assert job_grouped.backward_s[0, 0] == pytest.approx(job_alone.backward_s[0, 0] / 2 + 2 * (0.5 - share) / 2)
     prediction, _ = predict(grouped, job.topology, model, training)
     assert set(prediction.memory_bytes) == {"a-0", "a-1", "b-0"}
-    assert prediction.memory_bytes["a-0"] == prediction.memory_bytes["a-1"]
+    assert prediction.memory_bytes["a-0"] > prediction.memory_bytes["a-1"]  # the lead steps the whole part
     assert prediction.memory_bytes["a-0"] < predict(alone, job.topology, model, training)[0].memory_bytes["a-0"]
 
 
@@ -307,7 +339,7 @@ def test_replanning_from_a_plan_with_groups_searches_with_its_groups(write_yaml)
     validate_plan(result.plan, job.topology, job.model, result.training)
 
 
-def test_the_issue_floor_steers_groups_to_larger_micro_batches(monkeypatch):
+def test_the_issue_floor_steers_groups_to_larger_micro_batches():
     """GPT-3 XL on 4 H100s as 2 stages of groups of 2, micro-batch chosen by the search: without the
     floor it picks micro-batch 2 (the smaller bubble), which ran 0.821 s on 4x H100 against 0.433 s
     at micro-batch 4 (``benchmarks/results/runtime_gpu_tensor_x4.json``); with it, 4 or more."""
@@ -317,5 +349,26 @@ def test_the_issue_floor_steers_groups_to_larger_micro_batches(monkeypatch):
     training = replace(job.training, micro_batch_size=0, schedule="1f1b")
     options = SearchOptions(seed=0, budget_s=2, time_limit_s=120, stages=2, replicas=1, tensor_degrees=(2,))
     assert search(job.topology, job.model, training, options).plan.micro_batch_size >= 4
-    monkeypatch.setattr(comm, "TENSOR_BLOCK_ISSUE_S", 0.0)
-    assert search(job.topology, job.model, training, options).plan.micro_batch_size == 2
+    assert search(_with_floor(job.topology, 0.0), job.model, training, options).plan.micro_batch_size == 2
+
+
+@pytest.mark.parametrize("floor_s", [0.0, 3.15e-3, 5e-3])
+def test_the_estimate_and_the_simulator_charge_the_same_floor(floor_s):
+    """GPT-3 XL on one group of 4 H100s at micro-batch 2 (the floor binds at 3.15 ms): the search's
+    estimate and the simulator take the members' floor from the same function."""
+    import numpy as np
+
+    from planner.search.evaluate import make_context, score_split
+
+    job = load_job(ROOT / "topologies" / "local" / "h100-x4.yaml")
+    topology = _with_floor(job.topology, floor_s)
+    group = tuple(topology.names)
+    ctx = make_context(topology, job.model, job.training, (group,))
+    assign = np.array([[ctx.topology.index(group[0])]])
+    estimate = score_split(ctx, assign, (job.model.layers,), (16,), 2, "1f1b")
+    plan = Plan(layer_bounds=(0, job.model.layers), assignment=((group[0],),), micro_batches=(16,),
+                micro_batch_size=2, schedule="1f1b", tensor_groups=(group,))
+    simulated = predict(plan, topology, job.model, job.training)[0].iteration_s
+    assert estimate == pytest.approx(simulated, rel=0.01)
+    if floor_s == 5e-3:  # bound by the floor: 24 blocks x 16 micro-batches at 5 ms, the head and step on top
+        assert simulated > 24 * 16 * 5e-3

@@ -3,7 +3,9 @@ planner uses it.
 
 A calibration replaces, for each device type it measured, the catalog's default ``efficiency``
 (achieved / peak FLOP/s of a transformer block's forward and backward at the plan's shapes),
-adds ``head_efficiency`` (the same for the LM head and loss, often far lower: a large, odd-sized
+and, where it was measured (a host with two or more devices of the type), the catalog's
+``tensor_block_issue`` (``tensor_block_issue_s``: the least time a tensor group's block takes per
+micro-batch, ``cost_models.comm.tensor_block_issue_s``), adds ``head_efficiency`` (the same for the LM head and loss, often far lower: a large, odd-sized
 vocabulary and a memory-bound softmax) and replaces ``memory_bandwidth`` (the optimizer step's effective bytes/s); its ``network``
 section holds measured latency and bandwidth matrices between named devices, which a topology can
 use instead of typed numbers (``network: {calibration: FILE}``). A plan made with a calibration
@@ -32,7 +34,7 @@ class Calibration:
     path: str
     sha256: str
     measured_at_utc: str
-    device_types: dict  # type name -> {"efficiency": float, "memory_bandwidth_bytes_per_s": float}
+    device_types: dict  # type name -> {"efficiency", "head_efficiency", "memory_bandwidth_bytes_per_s"[, "tensor_block_issue_s"]}
     network: dict | None  # {"devices": [...], "latency_s": NxN, "bandwidth_bytes_per_s": NxN} or None
     document: dict
 
@@ -69,6 +71,12 @@ def read_calibration(path) -> Calibration:
             types[str(name)] = {"efficiency": e.float("efficiency", high=1.0),
                                 "head_efficiency": e.float("head_efficiency", 0.0, high=1.0),
                                 "memory_bandwidth_bytes_per_s": e.float("memory_bandwidth_bytes_per_s")}
+            if e.has("tensor_block_issue_s"):
+                issue = e.raw("tensor_block_issue_s")
+                if isinstance(issue, bool) or not isinstance(issue, (int, float)) or not 0 <= issue < 1:
+                    raise InputError(f"must be seconds in [0, 1), got {issue!r}: measure again with 'plan calibrate'",
+                                     field=e.path("tensor_block_issue_s"))
+                types[str(name)]["tensor_block_issue_s"] = float(issue)
             e.raw("measured", {})
             e.finish()
         network = None
@@ -102,20 +110,28 @@ def write_calibration(document: dict, path) -> None:
 
 
 def apply_calibration(topology, calibration: Calibration):
-    """``topology`` with the measured efficiency and memory bandwidth of every calibrated device type."""
+    """``topology`` with the measured efficiency and memory bandwidth of every calibrated device type,
+    and its tensor groups' block floor where the calibration measured one."""
     devices = []
     for d in topology.devices:
         measured = calibration.device_types.get(d.type_name)
         if measured:
             d = replace(d, efficiency=measured["efficiency"], head_efficiency=measured["head_efficiency"],
-                        memory_bandwidth_bytes_per_s=measured["memory_bandwidth_bytes_per_s"])
+                        memory_bandwidth_bytes_per_s=measured["memory_bandwidth_bytes_per_s"],
+                        tensor_block_issue_s=measured.get("tensor_block_issue_s", d.tensor_block_issue_s))
         devices.append(d)
     return replace(topology, devices=tuple(devices))
 
 
 def calibration_record(calibration: Calibration) -> dict:
-    """What a plan keeps of the calibration it was made with."""
-    return {"path": calibration.path, "sha256": calibration.sha256, "measured_at_utc": calibration.measured_at_utc}
+    """What a plan keeps of the calibration it was made with (and the tensor-group block floor of each
+    device type it measured one for, in seconds)."""
+    record = {"path": calibration.path, "sha256": calibration.sha256, "measured_at_utc": calibration.measured_at_utc}
+    floors = {name: entry["tensor_block_issue_s"] for name, entry in sorted(calibration.device_types.items())
+              if "tensor_block_issue_s" in entry}
+    if floors:
+        record["tensor_block_issue_s"] = floors
+    return record
 
 
 def recorded_calibration(record: dict, plan_path) -> Calibration:

@@ -8,7 +8,7 @@ import yaml
 
 from planner.errors import InputError
 from planner.fields import Fields
-from planner.inputs.units import parse_bandwidth_bytes_per_s, parse_bytes, parse_flops
+from planner.inputs.units import parse_bandwidth_bytes_per_s, parse_bytes, parse_flops, parse_seconds
 
 __all__ = ["DeviceType", "PRECISIONS", "PRICE_PER_HOUR_USD", "EGRESS_USD_PER_GB", "load_catalog", "device_type",
            "parse_device_type", "peak_for", "runs"]
@@ -53,6 +53,10 @@ class DeviceType:
     source: str
     description: str = ""
     price_per_hour_usd: float | None = None  # on-demand price of one device (``PRICE_PER_HOUR_USD``); None: unknown
+    # The least seconds a member of a tensor group takes per block and micro-batch, forward and
+    # backward (``cost_models.comm.tensor_block_issue_s``; calibration data, 0 where not measured).
+    tensor_block_issue_s: float = 0.0
+    tensor_block_issue_origin: str = "default, not measured: no floor"
 
     def __post_init__(self):
         if self.memory_bytes <= 0:
@@ -101,6 +105,8 @@ def parse_device_type(document, *, source: str) -> DeviceType:
         efficiency_origin=cal.str("efficiency_origin", "default, not measured"),
         memory_reserved_bytes=cal.quantity("memory_reserved", parse_bytes, 2.0**30),
         memory_reserved_origin=cal.str("memory_reserved_origin", "default, not measured"),
+        tensor_block_issue_s=cal.quantity("tensor_block_issue", parse_seconds, 0.0),
+        tensor_block_issue_origin=cal.str("tensor_block_issue_origin", "default, not measured: no floor"),
         price_per_hour_usd=PRICE_PER_HOUR_USD.get(f.str("type")),
     )
     cal.finish()

@@ -43,6 +43,7 @@ class Device:
     region: str
     head_efficiency: float = 0.0  # measured efficiency of the LM head and loss; 0: same as the blocks
     price_per_hour_usd: float | None = None  # what one hour of this device costs; None: unknown (custom type)
+    tensor_block_issue_s: float = 0.0  # a tensor group member's least time per block (catalog, file or calibration)
 
     @property
     def head_slowdown(self) -> float:
@@ -168,10 +169,10 @@ def _parse_devices(entries) -> list:
                 raise error.located(field_prefix=where) from None
             peak, memory, eff = dict(kind.peak_flops), kind.memory_bytes, kind.efficiency
             mem_bw, reserved = kind.memory_bandwidth_bytes_per_s, kind.memory_reserved_bytes
-            price = kind.price_per_hour_usd
+            price, issue = kind.price_per_hour_usd, kind.tensor_block_issue_s
         else:
             peak = memory = price = None
-            eff, mem_bw, reserved = 0.4, 1e12, 2.0**30
+            eff, mem_bw, reserved, issue = 0.4, 1e12, 2.0**30, 0.0
         if f.has("price_per_hour_usd"):
             price = parse_price(f.raw("price_per_hour_usd"), field=f.path("price_per_hour_usd"))
         if f.has("peak_flops"):
@@ -184,6 +185,10 @@ def _parse_devices(entries) -> list:
         eff = f.float("efficiency", eff, high=1.0)
         mem_bw = f.quantity("memory_bandwidth", parse_bandwidth_bytes_per_s, mem_bw)
         reserved = f.quantity("memory_reserved", parse_bytes, reserved)
+        issue = f.quantity("tensor_block_issue", parse_seconds, issue)
+        if issue >= 1.0:
+            raise InputError(f"is {issue:g} s, which no block takes: give the time of one block, e.g. 3ms",
+                             field=f.path("tensor_block_issue"))
         if reserved >= memory:
             raise InputError("memory_reserved is not below memory: lower it", field=f.path("memory_reserved"))
         host = f.str("host", None)
@@ -204,7 +209,7 @@ def _parse_devices(entries) -> list:
             devices.append(Device(name=dev_name, type_name=type_name or "custom", memory_bytes=memory,
                                   peak_flops=peak, efficiency=eff, memory_bandwidth_bytes_per_s=mem_bw,
                                   memory_reserved_bytes=reserved, host=dev_host, region=region,
-                                  price_per_hour_usd=price))
+                                  price_per_hour_usd=price, tensor_block_issue_s=issue))
     return devices
 
 

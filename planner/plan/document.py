@@ -301,6 +301,16 @@ def _calibration(f: Fields) -> dict:
         return {}
     c = Fields(f.raw("calibration"), "calibration")
     record = {"path": c.str("path"), "sha256": c.str("sha256"), "measured_at_utc": c.str("measured_at_utc", "")}
+    if c.has("tensor_block_issue_s"):  # per device type, seconds (``planner.inputs.calibration``)
+        floors = c.raw("tensor_block_issue_s")
+        field = c.path("tensor_block_issue_s")
+        if not isinstance(floors, dict) or not floors:
+            raise InputError("must map device types to seconds, e.g. {H100-SXM: 0.00315}", field=field)
+        for name, value in floors.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise InputError(f"must be seconds in [0, 1), got {value!r}: plan again with the calibration",
+                                 field=f"{field}.{name}")
+        record["tensor_block_issue_s"] = {str(name): float(value) for name, value in floors.items()}
     c.finish()
     return record
 

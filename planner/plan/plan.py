@@ -56,7 +56,8 @@ class Plan:
     idle: tuple = ()
     prediction: Prediction | None = None
     search: dict = field(default_factory=dict)
-    calibration: dict = field(default_factory=dict)  # path, sha256, measured_at_utc of the calibration used
+    calibration: dict = field(default_factory=dict)  # path, sha256, measured_at_utc (and tensor_block_issue_s
+    # per device type, where it measured one) of the calibration used
     # Tensor groups of more than one device, each lead first; the lead names the group in ``assignment``.
     tensor_groups: tuple = ()
     # Iterations between data-parallel syncs (local steps, ``TrainingSpec.sync_every``; 1: every one).

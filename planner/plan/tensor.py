@@ -38,6 +38,7 @@ class TensorGroups:
     degree: np.ndarray  # per virtual device: its group's size
     allreduce_per_byte_s: np.ndarray  # per virtual device: ring all-reduce seconds per byte among its members
     allreduce_latency_s: np.ndarray  # ... and its fixed seconds (0 for a group of one)
+    issue_s: np.ndarray  # per virtual device: its members' block floor (their type's tensor_block_issue; 0 alone)
 
     @property
     def grouped(self) -> tuple:
@@ -52,7 +53,7 @@ def group_devices(topology, groups) -> TensorGroups:
         n = topology.size
         return TensorGroups(topology=topology, virtual=topology, members=tuple((name,) for name in topology.names),
                             degree=np.ones(n, dtype=np.int64), allreduce_per_byte_s=np.zeros(n),
-                            allreduce_latency_s=np.zeros(n))
+                            allreduce_latency_s=np.zeros(n), issue_s=np.zeros(n))
     joined = {g[0]: tuple(g) for g in groups}
     inside = {name for g in groups for name in g[1:]}
     members = tuple(joined.get(name, (name,)) for name in topology.names if name not in inside)
@@ -70,14 +71,15 @@ def group_devices(topology, groups) -> TensorGroups:
                              nic_bytes_per_s=dict(topology.nic_bytes_per_s),
                              message_overhead_s=topology.message_overhead_s, sha256=topology.sha256,
                              source=topology.source)
-    per_byte, latency = np.zeros(len(members)), np.zeros(len(members))
+    per_byte, latency, issue = np.zeros(len(members)), np.zeros(len(members)), np.zeros(len(members))
     network = topology.network
     for k, m in enumerate(members):
         if len(m) > 1:
             order = [topology.index(name) for name in m]
             per_byte[k], latency[k] = network.ring_cost(order)
+            issue[k] = max(topology.devices[i].tensor_block_issue_s for i in order)  # one type: the same
     return TensorGroups(topology=topology, virtual=virtual, members=members, degree=degree,
-                        allreduce_per_byte_s=per_byte, allreduce_latency_s=latency)
+                        allreduce_per_byte_s=per_byte, allreduce_latency_s=latency, issue_s=issue)
 
 
 def groups_of_plan(topology, plan) -> TensorGroups:

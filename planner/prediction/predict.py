@@ -71,7 +71,7 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
         optimizer = optimizer + work / speed
     # A group's block beyond its compute (all-reduces or issue floor), split as its all-reduces are.
     beyond = tensor_layer_s(costs, groups.allreduce_per_byte_s[device], groups.allreduce_latency_s[device],
-                            costs.layer_flops / speed, tensor)
+                            costs.layer_flops / speed, tensor, groups.issue_s[device])
     forward_share = costs.tensor_allreduces_forward / (costs.tensor_allreduces_forward + costs.tensor_allreduces_backward)
     tensor_forward = profile.layer_counts[None, :] * forward_share * beyond
     tensor_backward = profile.layer_counts[None, :] * (1.0 - forward_share) * beyond
@@ -162,8 +162,8 @@ def predict(plan: Plan, topology, model, training, *, keep_records: bool = False
             in_flight = memory.in_flight_micro_batches(plan.schedule, s, plan.stages, plan.micro_batches[r],
                                                        plan.micro_batches_per_round, plan.virtual_stages)
             members = plan.members(name)
-            need = float(stage_memory_bytes(costs, counts[s], s, in_flight, len(members)))
-            for member in members:  # every member of a tensor group holds the same share
+            for k, member in enumerate(members):  # the lead also steps the whole parameters
+                need = float(stage_memory_bytes(costs, counts[s], s, in_flight, len(members), lead=k == 0))
                 dev = topology.devices[topology.index(member)]
                 used[member] = need + dev.memory_reserved_bytes
                 capacity[member] = dev.memory_bytes

@@ -74,10 +74,14 @@ class LayerCosts:
     layer_split_params: float = 0.0
     layer_split_kept_bytes: float = 0.0
     split_transient_bytes: float = 0.0  # the recomputed block's divided part
+    # A member other than the group's lead keeps the whole parameters' 16-bit (or fp32) weights only,
+    # and the gradients of the first stage's embeddings (``planner.runtime.tensor_parallel.follow_lead``).
+    weight_bytes_per_param: float = 0.0
+    embedding_params: float = 0.0  # the first stage's token and position embeddings
     tensor_message_bytes: float = 0.0
     tensor_allreduces_forward: int = 0
     tensor_allreduces_backward: int = 0
-    tensor_issue_s: float = 0.0  # the least time a group's block takes per micro-batch (comm.tensor_block_issue_s)
+    recompute: bool = False  # full recomputation (a group's block floor grows with it, comm.tensor_block_issue_s)
     sync_every: int = 1  # iterations between data-parallel syncs (local steps; 1: every iteration)
     layer_weight_gradient_flops: float = 0.0  # the weight gradients' part of a block's backward
     micro_batches_per_round: int = 0  # accumulation rounds (``cost_models.schedule.round_sizes``; 0: one round)
@@ -192,9 +196,9 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         layer_params=float(flops.layer_parameters(h, model.ffn_hidden, gated_mlp=model.gated_mlp,
                                                   biases=model.biases)),
         first_params=float(first_params), last_params=float(last_params), layer_kept_bytes=kept,
-        first_kept_bytes=boundary, last_kept_bytes=memory.logits_bytes(positions, b, outputs),
+        first_kept_bytes=boundary, last_kept_bytes=memory.logits_bytes(positions, b, outputs, dtype),
         transient_bytes=transient,
-        last_transient_bytes=memory.logits_bytes(positions, b, outputs),  # the logits' gradient
+        last_transient_bytes=memory.logits_bytes(positions, b, outputs, dtype),  # the logits' gradient
         state_bytes_per_param=state - sharded_state * (1.0 - 1.0 / shards),
         gradient_bytes_per_param=float(dtype) / H, sync_every=H,
         micro_batches_per_round=training.micro_batches_per_round,
@@ -212,7 +216,9 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         layer_split_kept_bytes=2.0 * (kept - half_kept),
         split_transient_bytes=2.0 * (full - half_full) if training.recompute else 0.0,
         tensor_message_bytes=boundary, tensor_allreduces_forward=tensor_forward,
-        tensor_allreduces_backward=tensor_backward, tensor_issue_s=comm.tensor_block_issue_s(training.recompute))
+        tensor_allreduces_backward=tensor_backward, recompute=training.recompute,
+        weight_bytes_per_param=memory.weight_bytes_per_parameter(training.precision),
+        embedding_params=float(flops.embedding_parameters(v, h, s, learned_positions=model.learned_positions)))
 
 
 def _powersgd_costs(model, training, stages, first_params, last_params, v, dtype) -> dict:
@@ -267,28 +273,44 @@ def stage_parameters(costs: LayerCosts, n_layers, stage, tensor=1):
     return n_layers * _per_member(costs.layer_params, costs.layer_split_params, tensor) + costs.stage_extra_params[stage]
 
 
-def stage_memory_bytes(costs: LayerCosts, n_layers, stage, in_flight, tensor=1):
+def stage_memory_bytes(costs: LayerCosts, n_layers, stage, in_flight, tensor=1, lead=True):
     """Peak bytes of stage ``stage`` with ``n_layers`` blocks and ``in_flight`` micro-batches'
     activations kept, on each member of a tensor group of ``tensor`` devices: weights, gradients
     and optimizer state, the kept activations, one micro-batch's transient working set
-    (recomputation, logits gradient, message buffers)."""
+    (recomputation, logits gradient, message buffers). ``lead=False``: a member other than the
+    group's lead, which steps only its share of the split parameters; of the whole ones (norms,
+    row-parallel biases, embeddings, head) it keeps the weights, which the lead broadcasts after
+    each step, and the gradients of the first stage's embeddings only (Shoeybi et al. 2019, sec. 3:
+    the whole parameters are duplicated on every member and take the same update, so one member
+    steps them; ``planner.runtime.tensor_parallel.follow_lead``)."""
     kept = n_layers * _per_member(costs.layer_kept_bytes, costs.layer_split_kept_bytes, tensor) \
         + costs.stage_extra_kept_bytes[stage]
     transient = _per_member(costs.stage_transient_bytes[stage], costs.split_transient_bytes, tensor)
-    return (stage_parameters(costs, n_layers, stage, tensor) * costs.state_bytes_per_param + in_flight * kept
-            + transient + costs.stage_unsharded_bytes[stage])
+    activations = in_flight * kept + transient
+    parameters = stage_parameters(costs, n_layers, stage, tensor)
+    if lead:
+        return parameters * costs.state_bytes_per_param + activations + costs.stage_unsharded_bytes[stage]
+    whole = n_layers * (costs.layer_params - costs.layer_split_params) + costs.stage_extra_params[stage]
+    first = np.asarray(stage) == 0
+    # the embeddings' gradients: the weight's bytes again (a 16-bit gradient of a 16-bit weight)
+    gradients = np.where(first, costs.embedding_params, 0.0) * costs.weight_bytes_per_param
+    return ((parameters - whole) * costs.state_bytes_per_param + whole * costs.weight_bytes_per_param + gradients
+            + activations)
 
 
-def tensor_layer_s(costs: LayerCosts, allreduce_per_byte_s, allreduce_latency_s, block_compute_s, degree):
+def tensor_layer_s(costs: LayerCosts, allreduce_per_byte_s, allreduce_latency_s, block_compute_s, degree,
+                   issue_s=0.0):
     """Seconds one block of a tensor group takes per micro-batch beyond its members' share of the
     compute (``block_compute_s``), forward and backward together: its all-reduces, for groups whose
     ring all-reduce of ``n`` bytes takes ``n * per_byte + latency``
-    (``cost_models.network.Network.ring_cost``), or what the block's issue time
-    (``costs.tensor_issue_s``) leaves when the share is smaller; 0 for a group of one (``degree`` 1)."""
+    (``cost_models.network.Network.ring_cost``), or what the block's floor leaves when the share
+    is smaller (``cost_models.comm.tensor_block_issue_s`` of the members' ``issue_s``, their device
+    type's ``tensor_block_issue``: the block takes ``max(share + all-reduces, floor)``); 0 for a
+    group of one (``degree`` 1). The search's estimate and the simulator's input both call it."""
     one = costs.tensor_message_bytes * np.asarray(allreduce_per_byte_s) + np.asarray(allreduce_latency_s)
     allreduces = (costs.tensor_allreduces_forward + costs.tensor_allreduces_backward) * one
-    floor = np.where(np.asarray(degree) > 1, costs.tensor_issue_s - np.asarray(block_compute_s), 0.0)
-    return np.maximum(allreduces, floor)
+    floor = comm.tensor_block_issue_s(issue_s, costs.recompute)
+    return np.maximum(allreduces, np.where(np.asarray(degree) > 1, floor - np.asarray(block_compute_s), 0.0))
 
 
 def message_codec_s(costs: LayerCosts, memory_bandwidth_bytes_per_s, compressed=None) -> tuple:

@@ -144,6 +144,8 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
            *_interleaving_lines(plan),
            *_compression_lines(plan),
            (f"Calibration: {plan.calibration['path']} (measured {plan.calibration['measured_at_utc']})"
+            + "".join(f"; tensor-group block floor {name} {1e3 * floor_s:.3g} ms" for name, floor_s in
+                      plan.calibration.get("tensor_block_issue_s", {}).items())
             if plan.calibration else f"Calibration: none (the catalog's default efficiencies; {UNCALIBRATED_ERROR})"),
            ""]
     header = ["replica", "micro-batches"] + [f"stage {s} {_stage_layers(plan, s)}" for s in range(S)]

@@ -9,6 +9,16 @@
 - Links: a ping-pong between every ordered pair of the launched processes over torch.distributed at
   several message sizes; a least-squares fit of ``t(n) = a + n / B`` per pair gives the one-way
   latency ``a / 2`` (per-message overhead included) and the bandwidth ``B`` (Hockney's model).
+- Tensor groups, where the topology has two or more devices of the type on one host and two or more
+  processes run: the runtime's own tensor-parallel block (``planner.runtime.tensor_parallel``, the
+  first ``t`` processes as one group of the largest degree that fits and divides the heads and the
+  MLP width) timed forward and backward at the model's micro-batch, ``T``, against the cost model's
+  time for it, ``M``: the members' share of the compute at the efficiency measured above plus the 4
+  all-reduces over the measured links (``stage_model.tensor_layer_s`` without a floor). The model
+  times a group's block as ``max(M, floor)``, so the measured excess ``T - M`` (clamped at 0) is what
+  the floor adds per block at this micro-batch: where it is positive the block is bound by its issue
+  time and the floor is ``T`` (the model then gives ``T``), where it is 0 no floor shows at this
+  micro-batch and 0 is written. ``device_types.<type>.tensor_block_issue_s`` holds it.
 
 Writes a calibration file (``planner.calibration``) saying when, where and how it was measured.
 """
@@ -28,7 +38,8 @@ from planner.inputs.catalog import peak_for
 from planner.errors import InputError
 from planner.runtime.spawn import RankFailure, gather_from_ranks
 
-__all__ = ["CalibrateOptions", "CalibrationFailure", "calibrate", "fit_latency_bandwidth", "OPTIMIZER_PROBE_PARAMETERS"]
+__all__ = ["CalibrateOptions", "CalibrationFailure", "calibrate", "fit_latency_bandwidth", "OPTIMIZER_PROBE_PARAMETERS",
+           "tensor_probe_degree", "tensor_block_floor"]
 
 OPTIMIZER_PROBE_PARAMETERS = 32 * 2**20
 _SIZES_CPU = (4 * 2**10, 64 * 2**10, 2**20, 8 * 2**20)
@@ -63,6 +74,42 @@ def fit_latency_bandwidth(sizes_bytes, round_trip_s) -> tuple:
     if slope <= 0:  # noise swamped the size dependence: use the largest message alone
         slope = t[-1] / n[-1]
     return max(float(intercept), 0.0) / 2.0, 1.0 / float(slope)
+
+
+def tensor_probe_degree(topology, model, kind: str, processes: int) -> int:
+    """The tensor group ``plan calibrate`` times for ``kind``: the largest degree of
+    ``planner.plan.tensor.TENSOR_DEGREES`` within the processes and the type's devices on one host
+    that divides the heads and the MLP width; 1 (nothing to time) where none of 2 or more does."""
+    from planner.plan.tensor import TENSOR_DEGREES
+
+    per_host: dict = {}
+    for d in topology.devices:
+        if d.type_name == kind:
+            per_host[d.host] = per_host.get(d.host, 0) + 1
+    most = min(max(per_host.values(), default=0), processes)
+    usable = [t for t in TENSOR_DEGREES if t <= most and not model.heads % t and not model.ffn_hidden % t]
+    return max(usable, default=1)
+
+
+def tensor_block_floor(model, training, micro_batch_size: int, degree: int, peak_flops: float, efficiency: float,
+                       hop_latency_s, hop_bandwidth_bytes_per_s, measured_s: float) -> tuple:
+    """(floor, modelled) seconds of a tensor group's block per micro-batch, forward and backward:
+    ``modelled`` is the cost model's time without a floor (the members' share of the block's FLOPs at
+    ``efficiency`` of ``peak_flops``, plus ``stage_model.tensor_layer_s``'s all-reduces over a ring
+    of the ``degree`` hops given); the floor is ``measured_s`` where it exceeds that (the excess
+    ``measured - modelled`` clamped at 0 is positive: the block is bound by its issue time, and the
+    model's ``max(modelled, floor)`` then gives the measurement), else 0."""
+    from dataclasses import replace
+
+    from cost_models.comm import ring_allreduce_time_s
+    from planner.prediction.stage_model import layer_costs, tensor_layer_s
+
+    costs = layer_costs(model, replace(training, recompute=False), micro_batch_size, 1)
+    per_byte = ring_allreduce_time_s(1.0, np.zeros(degree), hop_bandwidth_bytes_per_s)
+    latency = ring_allreduce_time_s(0.0, hop_latency_s, hop_bandwidth_bytes_per_s)
+    share = costs.layer_flops / (degree * peak_flops * efficiency)
+    modelled = share + float(tensor_layer_s(costs, per_byte, latency, share, degree))
+    return (measured_s if measured_s - modelled > 0 else 0.0), modelled
 
 
 def _file_micro_batch_size(topology_path) -> int:
@@ -123,14 +170,23 @@ def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
     if len(names) != processes:
         raise InputError(f"needs {processes} device names, got {len(names)}: pass --names", field="--names")
     _check_device_here(kind, backend, gpus)
-    log(f"calibrating {kind} with {processes} process(es) over {backend}: {', '.join(names)}")
+    degree = tensor_probe_degree(job.topology, job.model, kind, processes)
+    log(f"calibrating {kind} with {processes} process(es) over {backend}: {', '.join(names)}"
+        + (f"; a tensor group of {degree}" if degree > 1 else ""))
     try:
-        reports = gather_from_ranks(_worker, processes, args=(backend, job, options), timeout_s=options.timeout_s,
-                                    names=names)
+        reports = gather_from_ranks(_worker, processes, args=(backend, job, options, degree),
+                                    timeout_s=options.timeout_s, names=names)
     except RankFailure as failure:
         raise CalibrationFailure(str(failure)) from None
     document = _document(job, kind, backend, names, reports, options)
-    efficiency = document["device_types"][kind]["efficiency"]
+    entry = document["device_types"][kind]
+    if "tensor_block_issue_s" in entry:
+        m = entry["measured"]
+        log(f"tensor group of {m['tensor_degree']}: a block took {1e3 * m['tensor_block_s']:.3f} ms, the model gives "
+            f"{1e3 * m['tensor_block_model_s']:.3f} ms: floor {1e3 * entry['tensor_block_issue_s']:.3f} ms"
+            + ("" if entry["tensor_block_issue_s"] else f" (none shows at micro-batch {m['micro_batch_size']}: "
+               "calibrate at the smallest micro-batch you plan tensor groups with)"))
+    efficiency = entry["efficiency"]
     if efficiency < _IMPLAUSIBLE_EFFICIENCY:
         log(f"warning: measured efficiency {efficiency:.4f} of {kind}'s peak is implausibly low: is this host's "
             f"device really a {kind}, and is it otherwise idle?")
@@ -176,6 +232,17 @@ def _document(job, kind, backend, names, reports, options) -> dict:
         }},
     }
     n = len(names)
+    if "tensor_block_s" in reports[0]:
+        t = reports[0]["tensor_degree"]
+        ring = [(i, (i + 1) % t) for i in range(t)]
+        hops = [fit_latency_bandwidth(*reports[0]["links"][pair]) for pair in ring]
+        floor, modelled = tensor_block_floor(model, training, b, t, peak, min(achieved / peak, 1.0),
+                                             [h[0] for h in hops], [h[1] for h in hops], reports[0]["tensor_block_s"])
+        entry = document["device_types"][kind]
+        entry["tensor_block_issue_s"] = floor
+        entry["measured"].update(tensor_degree=t, tensor_block_s=reports[0]["tensor_block_s"],
+                                 tensor_block_model_s=modelled,
+                                 tensor_block_excess_s=max(reports[0]["tensor_block_s"] - modelled, 0.0))
     if n > 1:
         latency, bandwidth = np.zeros((n, n)), np.zeros((n, n))
         overheads = []
@@ -192,7 +259,7 @@ def _document(job, kind, backend, names, reports, options) -> dict:
     return document
 
 
-def _worker(rank, world, port, queue, backend, job, options) -> None:
+def _worker(rank, world, port, queue, backend, job, options, degree) -> None:
     import torch
 
     cuda = backend == "nccl"
@@ -203,13 +270,13 @@ def _worker(rank, world, port, queue, backend, job, options) -> None:
     else:
         torch.set_num_threads(threads)
     try:
-        _measure(rank, world, backend, port, job, options, queue, device, threads)
+        _measure(rank, world, backend, port, job, options, queue, device, threads, degree)
     except Exception as error:  # reported to the parent, which names the process
         text = str(error).strip().splitlines()
         queue.put((rank, f"{type(error).__name__}: {text[0] if text else ''}"))
 
 
-def _measure(rank, world, backend, port, job, options, queue, device, threads) -> None:
+def _measure(rank, world, backend, port, job, options, queue, device, threads, degree) -> None:
     import torch.distributed as dist
 
     cuda = device.type == "cuda"
@@ -225,6 +292,13 @@ def _measure(rank, world, backend, port, job, options, queue, device, threads) -
         sizes = _SIZES_GPU if cuda else _SIZES_CPU
         report["sizes"] = sizes
         report["links"] = _link_probe(rank, world, sizes, max(options.repeats, _LINK_REPEATS), device)
+        if degree > 1:
+            group = dist.new_group(list(range(degree)))  # every process takes part in making it
+            if rank < degree:
+                seconds = _tensor_probe(job, options, device, group, rank, degree)
+                if rank == 0:
+                    report.update(tensor_degree=degree, tensor_block_s=seconds)
+            dist.barrier()
         queue.put((rank, report))
     finally:
         dist.destroy_process_group()
@@ -307,6 +381,34 @@ def _compute_probe(job, options, device, threads) -> dict:
             "dtype": str(dtype).replace("torch.", ""), "compiled": compiled, "threads": threads, "torch": torch.__version__,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
             else (platform.processor() or platform.machine())}
+
+
+def _tensor_probe(job, options, device, group, member: int, degree: int) -> float:
+    """Seconds of one forward and backward of the runtime's tensor-parallel block (this member's
+    share, ``planner.runtime.tensor_parallel.shard_stage``) at the model's micro-batch, compiled as
+    ``plan launch`` compiles blocks; every member of ``group`` calls it (the all-reduces)."""
+    import torch
+    from torch import nn
+
+    from planner.plan.precision import resolve_precision
+    from planner.runtime.gpt import Block
+    from planner.runtime.launch import compiles
+    from planner.runtime.precision import runtime_dtype
+    from planner.runtime.tensor_parallel import shard_stage
+
+    model, training = job.model, job.training
+    b = training.micro_batch_size or 1
+    dtype = runtime_dtype(resolve_precision(job.topology, [d.name for d in job.topology.devices], training.precision),
+                          device)
+    torch.manual_seed(0)  # the same whole block on every member, as the runtime builds it
+    holder = nn.Module()
+    holder.blocks = nn.ModuleDict({"0": Block(model)})
+    block = shard_stage(holder, group, member, degree).blocks["0"].to(device=device, dtype=dtype)
+    if compiles(options.compile, "nccl" if device.type == "cuda" else "gloo"):
+        block.compile()
+    x = torch.randn(b, model.sequence, model.hidden, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn_like(x)
+    return _timed(lambda: block(x).backward(grad), options.repeats, device)
 
 
 def _link_probe(rank, world, sizes, repeats, device) -> dict:

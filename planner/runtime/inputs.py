@@ -114,10 +114,19 @@ def _check_idle(plan: Plan, document: dict, topology: Topology, source: str) -> 
 
 
 def _calibrated(topology: Topology, record: dict, plan_path: Path) -> Topology:
-    """Apply the calibration the plan was made with: the same file (by hash), or a refusal."""
-    from planner.inputs.calibration import apply_calibration, recorded_calibration
+    """Apply the calibration the plan was made with: the same file (by hash), or a refusal; the
+    tensor-group block floors the plan recorded must be the file's."""
+    from planner.inputs.calibration import apply_calibration, calibration_record, recorded_calibration
 
-    return apply_calibration(topology, recorded_calibration(record, plan_path))
+    calibration = recorded_calibration(record, plan_path)
+    measured = calibration_record(calibration).get("tensor_block_issue_s", {})
+    recorded = record.get("tensor_block_issue_s", {})
+    for type_name in sorted(set(measured) | set(recorded)):
+        if measured.get(type_name) != recorded.get(type_name):
+            raise InputError(f"is {recorded.get(type_name, 'missing')} but {calibration.path} measured "
+                             f"{measured.get(type_name, 'none')} s for {type_name}: plan again with the calibration",
+                             source=str(plan_path), field=f"calibration.tensor_block_issue_s.{type_name}")
+    return apply_calibration(topology, calibration)
 
 
 def emulated_model(model: ModelSpec, tensor: int = 1) -> ModelSpec:

@@ -51,7 +51,7 @@ class SearchContext:
         """Seconds each placed group's block takes per micro-batch beyond its compute: its tensor
         all-reduces or its issue floor (``stage_model.tensor_layer_s``; 0 for one device)."""
         return tensor_layer_s(costs, self.groups.allreduce_per_byte_s[assign], self.groups.allreduce_latency_s[assign],
-                              costs.layer_flops / self.speed[assign], self.tensor[assign])
+                              costs.layer_flops / self.speed[assign], self.tensor[assign], self.groups.issue_s[assign])
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
