@@ -161,6 +161,16 @@ def test_plan_calibrate_measures_this_cpu_and_the_file_plans(tmp_path, capsys):
     assert measured["tensor_degree"] == 2 and measured["tensor_block_s"] > 0 < measured["tensor_block_model_s"]
     excess = measured["tensor_block_s"] - measured["tensor_block_model_s"]
     assert measured["tensor_block_excess_s"] == pytest.approx(max(excess, 0.0))
+    # Probed at micro-batch 1, not the file's 2: the model's time is that of one sequence.
+    assert measured["tensor_micro_batch_size"] == 1 and measured["micro_batch_size"] == 2
+    from planner.inputs.job import load_job
+    from planner.runtime.calibrate import tensor_block_floor
+
+    job = load_job(topology)
+    one = tensor_block_floor(job.model, job.training, 1, 2, measured["peak_flops"], kind["efficiency"],
+                             [network["latency_s"][0][1], network["latency_s"][1][0]],
+                             [network["bandwidth_bytes_per_s"][0][1], network["bandwidth_bytes_per_s"][1][0]], 0.0)[1]
+    assert measured["tensor_block_model_s"] == pytest.approx(one, rel=0.05)
     assert kind["tensor_block_issue_s"] == (measured["tensor_block_s"] if excess > 0 else 0.0)
     capsys.readouterr()
     assert main([str(topology), "--calibration", str(out), "--time-limit", "5"]) == 0

@@ -12,13 +12,15 @@
 - Tensor groups, where the topology has two or more devices of the type on one host and two or more
   processes run: the runtime's own tensor-parallel block (``planner.runtime.tensor_parallel``, the
   first ``t`` processes as one group of the largest degree that fits and divides the heads and the
-  MLP width) timed forward and backward at the model's micro-batch, ``T``, against the cost model's
-  time for it, ``M``: the members' share of the compute at the efficiency measured above plus the 4
-  all-reduces over the measured links (``stage_model.tensor_layer_s`` without a floor). The model
-  times a group's block as ``max(M, floor)``, so the measured excess ``T - M`` (clamped at 0) is what
-  the floor adds per block at this micro-batch: where it is positive the block is bound by its issue
-  time and the floor is ``T`` (the model then gives ``T``), where it is 0 no floor shows at this
-  micro-batch and 0 is written. ``device_types.<type>.tensor_block_issue_s`` holds it.
+  MLP width) timed forward and backward at micro-batch 1 (``TENSOR_PROBE_MICRO_BATCH``), ``T``,
+  against the cost model's time for it, ``M``: the members' share of the compute at the efficiency
+  measured above plus the 4 all-reduces over the measured links (``stage_model.tensor_layer_s``
+  without a floor). The model times a group's block as ``max(M, floor)``, so the measured excess
+  ``T - M`` (clamped at 0) is what the floor adds per block: where it is positive the block is bound
+  by its issue time and the floor is ``T`` (the model then gives ``T``); where it is 0 the floor is
+  at most ``M`` of one sequence, below ``M`` at every micro-batch, so 0 times every plan the same.
+  The smallest micro-batch is probed because a floor shows there first.
+  ``device_types.<type>.tensor_block_issue_s`` holds it.
 
 Writes a calibration file (``planner.calibration``) saying when, where and how it was measured.
 """
@@ -39,12 +41,13 @@ from planner.errors import InputError
 from planner.runtime.spawn import RankFailure, gather_from_ranks
 
 __all__ = ["CalibrateOptions", "CalibrationFailure", "calibrate", "fit_latency_bandwidth", "OPTIMIZER_PROBE_PARAMETERS",
-           "tensor_probe_degree", "tensor_block_floor"]
+           "tensor_probe_degree", "tensor_block_floor", "TENSOR_PROBE_MICRO_BATCH"]
 
 OPTIMIZER_PROBE_PARAMETERS = 32 * 2**20
 _SIZES_CPU = (4 * 2**10, 64 * 2**10, 2**20, 8 * 2**20)
 _LINK_REPEATS = 20  # round trips per size and pair (median)
 _SIZES_GPU = (4 * 2**10, 2**20, 16 * 2**20, 128 * 2**20)
+TENSOR_PROBE_MICRO_BATCH = 1  # a tensor group's block floor shows first at the smallest micro-batch
 _IMPLAUSIBLE_EFFICIENCY = 0.01  # below this share of peak, the measured device is probably not the named type
 
 
@@ -184,8 +187,8 @@ def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
         m = entry["measured"]
         log(f"tensor group of {m['tensor_degree']}: a block took {1e3 * m['tensor_block_s']:.3f} ms, the model gives "
             f"{1e3 * m['tensor_block_model_s']:.3f} ms: floor {1e3 * entry['tensor_block_issue_s']:.3f} ms"
-            + ("" if entry["tensor_block_issue_s"] else f" (none shows at micro-batch {m['micro_batch_size']}: "
-               "calibrate at the smallest micro-batch you plan tensor groups with)"))
+            + f" (micro-batch {m['tensor_micro_batch_size']}"
+            + ("; none shows: 0 times every micro-batch the same)" if not entry["tensor_block_issue_s"] else ")"))
     efficiency = entry["efficiency"]
     if efficiency < _IMPLAUSIBLE_EFFICIENCY:
         log(f"warning: measured efficiency {efficiency:.4f} of {kind}'s peak is implausibly low: is this host's "
@@ -236,11 +239,13 @@ def _document(job, kind, backend, names, reports, options) -> dict:
         t = reports[0]["tensor_degree"]
         ring = [(i, (i + 1) % t) for i in range(t)]
         hops = [fit_latency_bandwidth(*reports[0]["links"][pair]) for pair in ring]
-        floor, modelled = tensor_block_floor(model, training, b, t, peak, min(achieved / peak, 1.0),
+        floor, modelled = tensor_block_floor(model, training, TENSOR_PROBE_MICRO_BATCH, t, peak,
+                                             min(achieved / peak, 1.0),
                                              [h[0] for h in hops], [h[1] for h in hops], reports[0]["tensor_block_s"])
         entry = document["device_types"][kind]
         entry["tensor_block_issue_s"] = floor
-        entry["measured"].update(tensor_degree=t, tensor_block_s=reports[0]["tensor_block_s"],
+        entry["measured"].update(tensor_degree=t, tensor_micro_batch_size=TENSOR_PROBE_MICRO_BATCH,
+                                 tensor_block_s=reports[0]["tensor_block_s"],
                                  tensor_block_model_s=modelled,
                                  tensor_block_excess_s=max(reports[0]["tensor_block_s"] - modelled, 0.0))
     if n > 1:
@@ -385,7 +390,7 @@ def _compute_probe(job, options, device, threads) -> dict:
 
 def _tensor_probe(job, options, device, group, member: int, degree: int) -> float:
     """Seconds of one forward and backward of the runtime's tensor-parallel block (this member's
-    share, ``planner.runtime.tensor_parallel.shard_stage``) at the model's micro-batch, compiled as
+    share, ``planner.runtime.tensor_parallel.shard_stage``) at ``TENSOR_PROBE_MICRO_BATCH``, compiled as
     ``plan launch`` compiles blocks; every member of ``group`` calls it (the all-reduces)."""
     import torch
     from torch import nn
@@ -397,7 +402,7 @@ def _tensor_probe(job, options, device, group, member: int, degree: int) -> floa
     from planner.runtime.tensor_parallel import shard_stage
 
     model, training = job.model, job.training
-    b = training.micro_batch_size or 1
+    b = TENSOR_PROBE_MICRO_BATCH
     dtype = runtime_dtype(resolve_precision(job.topology, [d.name for d in job.topology.devices], training.precision),
                           device)
     torch.manual_seed(0)  # the same whole block on every member, as the runtime builds it
