@@ -30,10 +30,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=["emulated", "gpu", "gpu4"])
     parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--run", metavar="NAME", help="the recorded run ``NAME.json`` and its folder ``NAME/`` "
+                        "(default: accuracy_MODE; e.g. accuracy_gpu4_h200)")
     args = parser.parse_args()
     results = Path(args.results)
-    runs = results / f"accuracy_{args.mode}"
-    report = json.loads((results / f"accuracy_{args.mode}.json").read_text())
+    run_name = args.run or f"accuracy_{args.mode}"
+    runs = results / run_name
+    report = json.loads((results / f"{run_name}.json").read_text())
     rows, memory = [], []
     measured_memory = {(m["run"], m["device"]): m for m in report.get("memory", [])}
     with tempfile.TemporaryDirectory() as folder:
@@ -43,8 +46,8 @@ def main() -> None:
                 shutil.copy(runs / "plans" / plan.name, plan)
             else:
                 plan.write_text(yaml.safe_dump(json.loads((runs / row["label"] / "results.json").read_text())["plan"]))
-            if (runs / "calibration.yaml").exists():
-                shutil.copy(runs / "calibration.yaml", Path(folder) / "calibration.yaml")
+            for calibration in runs.glob("calibration*.yaml"):  # compiled and eager blocks' calibrations
+                shutil.copy(calibration, Path(folder) / calibration.name)
             topology = yaml.safe_load(plan.read_text())["topology"]["path"]  # relative to the project
             inputs = load_run_inputs(plan, ROOT / topology)
             prediction = predict(inputs.plan, inputs.topology, inputs.model, inputs.training)[0]
@@ -72,7 +75,7 @@ def main() -> None:
             print(f"{m['run']:34} {m['device']:8} {m['measured_bytes'] / 1e9:11.2f} "
                   f"{m['recorded_predicted_bytes'] / 1e9:10.2f} ({100 * m['recorded_error']:+5.1f}%) "
                   f"{m['predicted_bytes'] / 1e9:8.2f} ({100 * m['error']:+5.1f}%)")
-    out = results / f"repredict_{args.mode}.json"
+    out = results / f"repredict_{run_name.removeprefix('accuracy_')}.json"
     out.write_text(json.dumps({"rows": rows, "mape": mape, "recorded_mape": report["summary"]["mape"],
                                "memory": memory}, indent=1) + "\n")
     print(f"written to {out}")
