@@ -49,7 +49,8 @@ from planner.search.objective import IterationTime, Objective
 from planner.search.plans import candidate_to_plan
 from planner.search.sync_choice import choose_sync, estimated_sync, plan_with_sync, sync_training
 from planner.search.group_choice import choose_sync_groups
-from planner.search.no_plan import network_error, no_degrees_error, no_fit_error, too_few_micro_batches_error
+from planner.search.no_plan import (OutOfBudget, network_error, no_degrees_error, no_fit_error, out_of_budget_error,
+                                    stage_memory_floor, too_few_micro_batches_error)
 from planner.search.refine import REFINE_EVALUATIONS, refine_split
 
 __all__ = ["SearchOptions", "SearchResult", "search"]
@@ -178,6 +179,7 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     plan, record = engine(topology, model, training, options, rng=rng, callback=callback, x0=x0, started=started,
                           **({"objective": objective} if objective.engine == "pool" else {}))
     history, pool = record.pop("history", []), record.pop("pool", [])
+    work_used_s = record.get("work_used_s", 0.0)
     bound = objective.lower_bound(topology, model, training)  # over every device, at the asked precision
     bound = max(bound, record.pop("engine_bound_s", 0.0))  # an engine's proof over the same plans, if tighter
     sync_tried = record.pop("sync_tried", None)
@@ -185,7 +187,10 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
         training = sync_training(training, plan.sync, plan.replicas)
     else:
         plan, training, sync_tried = choose_sync(plan, topology, model, training)
-    plan, groups_tried = choose_sync_groups(plan, topology, model, training)
+    # Local steps' sync groups: within what the search left of the work budget and of the limit.
+    groups = choose_sync_groups(plan, topology, model, training, work_s=options.work_s - work_used_s,
+                                deadline=started + options.time_limit_s)
+    plan, groups_tried = groups.plan, groups.tried
     training, plan = _resolved_training(plan, topology, model, training)
     validate_plan(plan, topology, model, training)
     score = objective.score(plan, topology, model, training)
@@ -195,6 +200,10 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
         record = {**record, "sync_tried": sync_tried}
     if groups_tried:
         record = {**record, "sync_groups_tried": groups_tried}
+    if groups.untried:
+        record = {**record, "sync_groups_untried": list(groups.untried)}
+    if groups.clock_cut:
+        record = {**record, "clock_cut": record.get("clock_cut", []) + ["sync groups"]}
     plan = replace(plan, search={**record, "objective": objective.name, "objective_s": score, "seed": options.seed,
                                  "wall_s": round(wall, 3), "lower_bound_s": bound, "gap": gap})
     return SearchResult(plan=plan, predicted_s=plan.prediction.iteration_s, objective=objective.name,
@@ -420,8 +429,9 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
             plan, record = _grouped_placement_search(topology, model, training, share, groups=groups, rng=rng,
                                                      callback=callback, x0=x0 if mapping is None or not groups else None,
                                                      started=time.perf_counter() if best or failure else started)
-        except InputError as error:
-            failure = failure or error
+        except InputError as error:  # the first failure, unless a later one says more budget may find a plan
+            failure = error if failure is None or (isinstance(error, OutOfBudget)
+                                                   and not isinstance(failure, OutOfBudget)) else failure
             spent_s += share.work_s  # a search that found no plan: its share counts as spent
             continue
         spent_s += record["work_used_s"]
@@ -432,6 +442,7 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
     if best is None:
         raise failure
     plan, record = best
+    record = {**record, "work_used_s": spent_s}  # over every grouping tried
     if skipped:  # the clock, not the work budget, left the tensor groupings untried
         record = {**record, "clock_cut": record["clock_cut"] + ["tensor groups"]}
     return plan, ({**record, "tensor_tried": tried} if attempts > 1 else record)
@@ -473,27 +484,57 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         pairs, probed = _probed_order(ctx, topology, pairs, sizes[0], probe_schedule, budget,
                                       budget.construct_units() * PROBE_SHARE, levels, orders)
         units += probed
-    for pair_bound, stages, replicas in pairs:
+    # While no plan fits, construction goes on past its share, to the budget's and the clock's end for
+    # construction without a plan (``deadline.CONSTRUCT_UNPLANNED_END``), checked at every evaluation
+    # after the first pair's (one pair's layouts: the unit of work the limit may be exceeded by).
+    unplanned_units, first_plan_units, cut, tried, left = budget.construct_units(planned=False), None, None, 0, 0
+    ungrouped, largest_bytes = ctx.tensor.max() == 1, ctx.capacity.max()  # the floor knows no tensor groups
+
+    def unplanned_cut() -> str | None:  # what ends construction without a plan: the work budget or the clock
+        if units >= unplanned_units:
+            return "budget"
+        return "clock" if budget.out_of_time_unplanned() else None
+
+    for index, (pair_bound, stages, replicas) in enumerate(pairs):
         if pair_bound >= best_score:
             continue  # no plan of this pair can beat the best estimate
         if candidates and (units >= budget.construct_units() or budget.out_of_time("construct")):
             break  # the first pair with a plan that fits is always finished
+        if not candidates and tried and (cut := unplanned_cut()):
+            left = len(pairs) - index
+            break
+        if not candidates and ungrouped and stage_memory_floor(model, ctx.training, min(sizes), stages,
+                                                               replicas) > largest_bytes:
+            continue  # while none fits, a pair no device can hold a stage of costs no work (no_plan's floor)
+        tried, planned = tried + 1, bool(candidates)
         for layout_name, assign in layouts(topology, ctx.speed, ctx.capacity, stages, replicas, levels, orders).items():
-            if candidates and budget.out_of_time("construct"):  # a pair's layouts of 16,384 devices take seconds
+            # a pair's layouts of 16,384 devices take seconds
+            if candidates and (budget.out_of_time("construct") if planned else budget.out_of_time_unplanned()):
                 break
-            for micro_batch_size in sizes:
-                for schedule in _schedules(training):
-                    evaluations += 1
-                    units += construct_units(stages * replicas)
-                    candidate = evaluate_placement(ctx, assign, micro_batch_size, schedule)
-                    if candidate is not None:
-                        candidates.append(candidate)
-                        best_score = min(best_score, candidate.score_s)
+            for micro_batch_size, schedule in ((b, s) for b in sizes for s in _schedules(training)):
+                if not candidates and tried > 1 and (cut := unplanned_cut()):
+                    left = len(pairs) - index - 1  # this one tried in part
+                    break
+                evaluations += 1
+                units += construct_units(stages * replicas)
+                candidate = evaluate_placement(ctx, assign, micro_batch_size, schedule)
+                if candidate is not None:
+                    first_plan_units = units if first_plan_units is None else first_plan_units
+                    candidates.append(candidate)
+                    best_score = min(best_score, candidate.score_s)
+            if cut:
+                break
         report("construct", best_score)
+        if cut:
+            break
     budget.spend("construct", units / CONSTRUCT_UNITS_PER_S)
+    if first_plan_units is not None:
+        budget.construct_ended(first_plan_units)
     x0_candidate = _start_candidate(ctx, x0)
     if x0_candidate is not None:
         candidates.append(x0_candidate)
+    if not candidates and cut:
+        raise out_of_budget_error(tried, left, clock=cut == "clock")
     if not candidates:
         raise no_fit_error(topology, model, training, allowed, sizes, stages_pinned=bool(options.stages),
                            speed=ctx.speed, capacity=ctx.capacity)
