@@ -20,9 +20,10 @@ from conftest import ROOT, small_topology
 CASE5 = ROOT / "topologies" / "dtfm" / "case5-worldwide.yaml"
 OVERRUN_S = 1.0  # one indivisible unit (a case-5 simulation is ~0.3 s) with room for a loaded machine
 SMALL_MEMORY = ROOT / "topologies" / "hetero" / "a100-t4-small-memory.yaml"
-# A search where no plan fits before the tensor-grouped ones (below) took 0.19-0.3 s at a 0.05 s limit
-# (its groupings' first degree pairs, each constructed in full, and one simulation), 11-22 s when
-# construction ran on until a plan fit; 3 s leaves a loaded 2-core machine ten times the measured time.
+# A search where no plan fits without recomputation or tensor groups (below) took 0.44-0.62 s at a
+# 0.05 s limit (each grouping's first degree pair that may fit, constructed in full, and one
+# simulation), 12-34 s when construction ran on until a plan fit; 3 s leaves a loaded 2-core
+# machine five times the measured time.
 UNPLANNED_OVERRUN_S = 3.0
 
 
