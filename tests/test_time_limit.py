@@ -254,8 +254,9 @@ def test_the_command_with_auto_sync_ends_within_its_limit_at_256_devices(write_y
 
 
 def test_the_grouped_search_gets_the_budget_the_search_without_groups_left(write_yaml, monkeypatch):
-    """Two groupings: the search without tensor groups on half the work budget, the grouped one on
-    all that the first did not use (``Budget.spent_s``), not on a fixed half."""
+    """Two groupings: the search without tensor groups on the whole work budget, as when groups are
+    not tried (so trying them never returns a slower plan: the same seed and budget give it the
+    same plan), the grouped one on all that the first did not use (``Budget.spent_s``)."""
     from planner.search import front
     from test_tensor_parallel import WIDE
 
@@ -264,12 +265,38 @@ def test_the_grouped_search_gets_the_budget_the_search_without_groups_left(write
 
     def recorded(*args, **kwargs):
         plan, record = inner(*args, **kwargs)
-        seen.append((args[3].work_s, record["work_used_s"]))
+        seen.append((args[3].work_s, record["work_used_s"], plan.prediction.iteration_s))
         return plan, record
 
     monkeypatch.setattr(front, "_grouped_placement_search", recorded)
-    result = search(job.topology, job.model, job.training, SearchOptions(time_limit_s=60.0, budget_s=5.0))
-    (first_s, first_used_s), (second_s, second_used_s) = seen
-    assert first_s == pytest.approx(2.5) and 0.0 < first_used_s < first_s and 0.0 < second_used_s <= second_s
-    assert second_s == pytest.approx(5.0 - first_used_s)
+    result = search(job.topology, job.model, job.training, SearchOptions(time_limit_s=60.0, budget_s=4.0))
+    (first_s, first_used_s, first_plan_s), (second_s, second_used_s, _) = seen
+    assert first_s == pytest.approx(4.0) and 0.0 < first_used_s < first_s and 0.0 < second_used_s <= second_s
+    assert second_s == pytest.approx(4.0 - first_used_s)
+    assert result.plan.search["work_used_s"] == pytest.approx(first_used_s + second_used_s)
     assert (result.plan.stages, result.plan.replicas) == (2, 2) and result.predicted_s == pytest.approx(15.71, rel=1e-3)
+    monkeypatch.undo()
+    alone = search(job.topology, job.model, job.training,
+                   SearchOptions(time_limit_s=60.0, budget_s=4.0, tensor_degrees=(1,)))
+    assert alone.predicted_s == first_plan_s and _plan_key(alone) != _plan_key(result)
+
+
+def test_a_grouping_that_finds_no_plan_counts_the_work_it_used(write_yaml, monkeypatch):
+    """The search without groups refuses (nothing fits without recomputation or tensor groups)
+    after the work its construction used, which the record counts, not its whole budget."""
+    from planner.search import front
+
+    job = _only_16gb(write_yaml, recompute=False)
+    spent, inner = [], front._grouped_placement_search
+
+    def recorded(*args, **kwargs):
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent.append(kwargs["budget"].spent_s)
+
+    monkeypatch.setattr(front, "_grouped_placement_search", recorded)
+    result = search(job.topology, job.model, job.training,
+                    SearchOptions(time_limit_s=60.0, budget_s=0.2, max_evaluations=20, exact=False))
+    assert result.plan.tensor_groups and len(spent) >= 2 and spent[0] > 0.0
+    assert result.plan.search["work_used_s"] == pytest.approx(sum(spent))

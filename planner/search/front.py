@@ -389,22 +389,18 @@ def _probed_order(ctx, topology, pairs: list, micro_batch_size: int, schedule, b
     return [pairs[i] for i in first] + [p for i, p in enumerate(pairs) if i not in chosen], units
 
 
-UNGROUPED_SHARE = 0.5  # of the time limit, for the search without tensor groups when groupings are tried
-
-
 def _placement_search(topology, model, training, options, *, rng, callback, x0, started) -> tuple:
     """The placement engine over tensor groupings (``planner.plan.tensor.groupings``): without
-    tensor groups on ``UNGROUPED_SHARE`` of the time limit and of the work budget, and the
-    smaller-memory types grouped on the rest: the work budget the first search did not use (its
-    stopping rules end phases before their shares; ``Budget.spent_s``) and the clock it left (all of
-    it without groups where the types' memory is alike); only when neither finds
-    a plan, every type in groups of 2, 4, 8 on equal parts of the time left. The plan the
-    simulator finds fastest, and its search's record."""
+    tensor groups on the whole time limit and work budget, as when no grouping is tried, so that
+    trying them never returns a slower plan for the same seed and budget (while the clock cuts
+    nothing); then the smaller-memory types grouped on the work budget the first search did not use
+    (its stopping rules end phases before their shares; ``Budget.spent_s``) and the clock it left;
+    only when neither finds a plan, every type in groups of 2, 4, 8 on equal parts of the time
+    left. The plan the simulator finds fastest, and its search's record."""
     first, fallback = groupings(topology, model, options.tensor_degrees)
     if x0 is not None and x0.tensor_groups:
         validate_plan(x0, topology, model, training)
         first, fallback = [None], []  # re-planning a plan with tensor groups keeps its groups
-    parts = [1.0] if len(first) == 1 else [UNGROUPED_SHARE, 1.0 - UNGROUPED_SHARE]
     best, tried, failure, attempts, skipped = None, {}, None, 0, False
     spent_s = 0.0  # the work budget the groupings tried so far used
     for k, mapping in enumerate(first + fallback):
@@ -415,9 +411,9 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
             share = replace(options, time_limit_s=max(left, 0.0) / (len(first) + len(fallback) - k),
                             budget_s=options.work_s / (len(first) + len(fallback)))  # work: not the clock's
         else:
-            # The ungrouped search gets its share; a later grouping gets the work budget the searches
-            # before it left unused (their stopping rules end phases early) and the clock left.
-            share = options.share(parts[k]) if k == 0 else replace(options, budget_s=max(options.work_s - spent_s, 0.0))
+            # The ungrouped search gets the whole budget; a later grouping gets the work budget the
+            # searches before it left unused (their stopping rules end phases early) and the clock left.
+            share = options if k == 0 else replace(options, budget_s=max(options.work_s - spent_s, 0.0))
             left = options.time_limit_s - (time.perf_counter() - started)  # an earlier grouping's overrun
             if best is not None and left <= 0.0:  # the clock ran out: a plan is at hand
                 skipped = True
@@ -425,14 +421,16 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
             share = replace(share, time_limit_s=max(min(share.time_limit_s, left), 0.0))
         groups = x0.tensor_groups if mapping is None else grouping_groups(topology, mapping)
         attempts += 1
+        budget = Budget(limit_s=share.time_limit_s, work_s=share.work_s,
+                        started=time.perf_counter() if best or failure else started)
         try:
             plan, record = _grouped_placement_search(topology, model, training, share, groups=groups, rng=rng,
                                                      callback=callback, x0=x0 if mapping is None or not groups else None,
-                                                     started=time.perf_counter() if best or failure else started)
+                                                     started=budget.started, budget=budget)
         except InputError as error:  # the first failure, unless a later one says more budget may find a plan
             failure = error if failure is None or (isinstance(error, OutOfBudget)
                                                    and not isinstance(failure, OutOfBudget)) else failure
-            spent_s += share.work_s  # a search that found no plan: its share counts as spent
+            spent_s += budget.spent_s  # the work a search that found no plan used
             continue
         spent_s += record["work_used_s"]
         label = ", ".join(f"{t}: {d}" for t, d in sorted((mapping or {}).items())) or "as the starting plan"
@@ -448,13 +446,15 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
     return plan, ({**record, "tensor_tried": tried} if attempts > 1 else record)
 
 
-def _grouped_placement_search(topology, model, training, options, *, groups, rng, callback, x0, started) -> tuple:
+def _grouped_placement_search(topology, model, training, options, *, groups, rng, callback, x0, started,
+                              budget: Budget | None = None) -> tuple:
     """The placement engine (steps 1-6 of this module's description) with ``groups`` as tensor
     groups: the best plan by the simulator among the estimate's best candidates, and the search's record.
 
     Every phase runs on a deterministic work budget sized by the time limit and stops at its share
-    of the limit if the clock gets there first (``planner.search.deadline``)."""
-    budget = Budget(limit_s=options.time_limit_s, work_s=options.work_s, started=started)
+    of the limit if the clock gets there first (``planner.search.deadline``); ``budget``: the
+    options' own, made by the caller to read the work spent when no plan is found."""
+    budget = budget or Budget(limit_s=options.time_limit_s, work_s=options.work_s, started=started)
     ctx = make_context(topology, model, training, groups)
     real, topology = topology, ctx.topology  # the search places the groups; the simulator sees their members
     history = []
