@@ -98,6 +98,16 @@ def test_the_work_budget_ends_construction_without_a_plan_in_one_refusal_line(wr
     assert "(1 degree pair(s) constructed, 147 not reached)" in str(error.value)
 
 
+def test_the_command_refuses_in_one_line_when_the_budget_ends_before_a_plan_fits(write_yaml, capsys):
+    document = yaml.safe_load(SMALL_MEMORY.read_text())
+    document["devices"][0]["type"] = "V100-16GB"
+    document["training"]["recompute"] = False
+    path = write_yaml(document)
+    assert main([str(path), "--time-limit", "60", "--budget", "0.05", "--tensor-degrees", "1", "--no-exact"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "raise --budget" in err and "Traceback" not in err
+
+
 def test_same_budget_same_plan_when_only_tensor_groups_fit(write_yaml):
     """Construction without a plan ends on its work budget: two limits, one plan."""
     job = _only_16gb(write_yaml, recompute=False)
