@@ -188,6 +188,34 @@ def test_search_places_for_the_groups_asked_for(write_yaml):
     assert found["one"].predicted_s < 0.6 * slower
 
 
+def test_auto_groups_are_simulated_only_within_the_work_and_the_time_the_search_left(job, monkeypatch):
+    """Each grouping besides the plan's own costs one simulation of the plan's work: none when no
+    work is left (the plan's own grouping stands, the others listed untried), all with enough; a
+    clock past the limit leaves them untried too, and says the clock did."""
+    from planner.search import group_choice
+    from planner.search.front import SearchOptions, search
+
+    training = dataclasses.replace(job.training, sync_every=4)
+    plan = search(job.topology, job.model, training, SearchOptions(seed=0, time_limit_s=2, replicas=2)).plan
+    own = group_choice.plan_with_groups(plan, job.topology, "replica")
+    own = own.with_prediction(predict(own, job.topology, job.model, training)[0])
+    distinct = {}  # each grouping that differs from those before it
+    for kind in ("replica", "cluster", "one"):
+        distinct.setdefault(group_choice.plan_with_groups(own, job.topology, kind).sync_groups, kind)
+    others = set(distinct.values()) - {"replica"}
+    assert others  # the fixture's two replicas sit in two regions: "one" differs from every replica alone
+    calls = []
+    monkeypatch.setattr(group_choice, "predict", lambda *a, **k: calls.append(a[0].sync_groups) or predict(*a, **k))
+    starved = group_choice.choose_sync_groups(own, job.topology, job.model, training, work_s=0.0)
+    assert starved.plan is own and set(starved.tried) == {"replica"} and set(starved.untried) == others
+    assert not starved.clock_cut and calls == []
+    late = group_choice.choose_sync_groups(own, job.topology, job.model, training, deadline=0.0)
+    assert set(late.untried) == others and late.clock_cut and calls == []
+    full = group_choice.choose_sync_groups(own, job.topology, job.model, training,
+                                           work_s=len(others) * group_choice._simulation_work_s(own))
+    assert set(full.tried) == {"replica"} | others and full.untried == () and len(calls) == len(others)
+
+
 def test_cli_refuses_a_bad_sync_groups_in_one_line(write_yaml, capsys):
     from conftest import small_topology
     from planner.cli import main

@@ -3,18 +3,28 @@
 import time
 
 import pytest
+import yaml
 
 from planner.cli import main
+from planner.errors import InputError
 from planner.inputs.job import load_job
 from planner.plan.document import read_plan
 from planner.plan.plan import validate_plan
-from planner.search.deadline import CONSTRUCT_END, FINALISTS_END, FINALISTS_MIN, Budget
+from planner.search.deadline import (CONSTRUCT_END, CONSTRUCT_UNITS_PER_S, CONSTRUCT_UNPLANNED_END, FINALISTS_END,
+                                     FINALISTS_MIN, Budget)
 from planner.search.front import SearchOptions, search
+from planner.search.no_plan import OutOfBudget
 
 from conftest import ROOT, small_topology
 
 CASE5 = ROOT / "topologies" / "dtfm" / "case5-worldwide.yaml"
 OVERRUN_S = 1.0  # one indivisible unit (a case-5 simulation is ~0.3 s) with room for a loaded machine
+SMALL_MEMORY = ROOT / "topologies" / "hetero" / "a100-t4-small-memory.yaml"
+# A search where no plan fits without recomputation or tensor groups (below) took 0.44-0.62 s at a
+# 0.05 s limit (each grouping's first degree pair that may fit, constructed in full, and one
+# simulation), 12-34 s when construction ran on until a plan fit; 3 s leaves a loaded 2-core
+# machine five times the measured time.
+UNPLANNED_OVERRUN_S = 3.0
 
 
 def test_phase_ends_and_work_budgets_scale_with_the_limit():
@@ -34,6 +44,78 @@ def test_phase_ends_and_work_budgets_scale_with_the_limit():
     assert short.out_of_time("local") and short.clock_cut == ["local"]
     short.stop()
     assert short.end("finalists") == 100.0
+
+
+def test_construction_without_a_plan_takes_more_of_the_limit_and_the_phases_after_it_what_is_left():
+    budget = Budget(limit_s=2.0, work_s=4.0, started=0.0, clock=lambda: 0.0)
+    assert budget.construct_units(planned=False) == pytest.approx(CONSTRUCT_UNITS_PER_S * CONSTRUCT_UNPLANNED_END * 4.0)
+    budget.construct_ended(0.1 * budget.construct_units())  # the first plan inside the share: nothing moves
+    assert budget.end("construct") == pytest.approx(CONSTRUCT_END * 2.0)
+    budget.construct_ended(CONSTRUCT_UNITS_PER_S * 0.5 * 4.0)  # found at half the work budget
+    assert budget.end("construct") == pytest.approx(1.0) and budget.work_share_s("construct") == pytest.approx(2.0)
+    budget.reserve_finalists(8, 128, 2048)  # the finalists' largest share would overlap construction: capped
+    assert budget.end("finalists") - budget.share_s("finalists") == pytest.approx(1.0)
+    assert budget.end("local") == pytest.approx(1.0) and budget.estimates("local", 10**9) == 1
+    budget.construct_ended(CONSTRUCT_UNITS_PER_S * 10.0 * 4.0)  # past the end without a plan: capped there
+    assert budget.end("construct") == pytest.approx(CONSTRUCT_UNPLANNED_END * 2.0)
+    budget.clock = lambda: CONSTRUCT_UNPLANNED_END * 2.0
+    assert budget.out_of_time_unplanned() and budget.clock_cut == ["construct"]
+
+
+def _only_16gb(write_yaml, **training):
+    """a100-t4-small-memory with its A100s V100-16GB (the fuzz test's mutation 792): every device
+    holds 16 GB and gpt3-6.7b fits only in tensor groups (or with recomputation)."""
+    document = yaml.safe_load(SMALL_MEMORY.read_text())
+    document["devices"][0]["type"] = "V100-16GB"
+    document["training"].update(training)
+    return load_job(write_yaml(document))
+
+
+def test_a_search_where_no_plan_fits_without_tensor_groups_ends_at_its_limit(write_yaml):
+    """Every grouping's construction ends at the limit whether or not a plan fits: a plan or one
+    refusal line, within the limit plus ``UNPLANNED_OVERRUN_S``."""
+    job = _only_16gb(write_yaml)
+    options = SearchOptions(seed=0, time_limit_s=0.05, max_evaluations=20, simulate_top=1, exact=False)
+    started = time.perf_counter()
+    try:
+        result = search(job.topology, job.model, job.training, options)
+        validate_plan(result.plan, job.topology, job.model, result.training)
+    except InputError as error:
+        assert "\n" not in str(error) and "--time-limit" in str(error)
+    assert time.perf_counter() - started < options.time_limit_s + UNPLANNED_OVERRUN_S
+
+
+def test_the_work_budget_ends_construction_without_a_plan_in_one_refusal_line(write_yaml):
+    """Without recomputation or tensor groups nothing fits; a budget too small to try every degree
+    pair refuses naming --budget (it cannot tell that no pair fits), not after trying them all."""
+    job = _only_16gb(write_yaml, recompute=False)
+    options = SearchOptions(seed=0, time_limit_s=60.0, budget_s=0.05, tensor_degrees=(1,), exact=False)
+    started = time.perf_counter()
+    with pytest.raises(OutOfBudget) as error:
+        search(job.topology, job.model, job.training, options)
+    assert time.perf_counter() - started < UNPLANNED_OVERRUN_S
+    assert "\n" not in str(error.value) and "raise --budget" in str(error.value)
+    assert "(1 degree pair(s) constructed, 147 not reached)" in str(error.value)
+
+
+def test_the_command_refuses_in_one_line_when_the_budget_ends_before_a_plan_fits(write_yaml, capsys):
+    document = yaml.safe_load(SMALL_MEMORY.read_text())
+    document["devices"][0]["type"] = "V100-16GB"
+    document["training"]["recompute"] = False
+    path = write_yaml(document)
+    assert main([str(path), "--time-limit", "60", "--budget", "0.05", "--tensor-degrees", "1", "--no-exact"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "raise --budget" in err and "Traceback" not in err
+
+
+def test_same_budget_same_plan_when_only_tensor_groups_fit(write_yaml):
+    """Construction without a plan ends on its work budget: two limits, one plan."""
+    job = _only_16gb(write_yaml, recompute=False)
+    runs = [search(job.topology, job.model, job.training,
+                   SearchOptions(seed=0, time_limit_s=limit, budget_s=0.2, max_evaluations=20, exact=False))
+            for limit in (20.0, 60.0)]
+    assert [r.plan.search["clock_cut"] for r in runs] == [[], []] and runs[0].plan.tensor_groups
+    assert _plan_key(runs[0]) == _plan_key(runs[1]) and runs[0].evaluations == runs[1].evaluations
 
 
 @pytest.mark.parametrize("limit", [1.0, 2.0])
@@ -182,8 +264,9 @@ def test_the_command_with_auto_sync_ends_within_its_limit_at_256_devices(write_y
 
 
 def test_the_grouped_search_gets_the_budget_the_search_without_groups_left(write_yaml, monkeypatch):
-    """Two groupings: the search without tensor groups on half the work budget, the grouped one on
-    all that the first did not use (``Budget.spent_s``), not on a fixed half."""
+    """Two groupings: the search without tensor groups on the whole work budget, as when groups are
+    not tried (so trying them never returns a slower plan: the same seed and budget give it the
+    same plan), the grouped one on all that the first did not use (``Budget.spent_s``)."""
     from planner.search import front
     from test_tensor_parallel import WIDE
 
@@ -192,12 +275,38 @@ def test_the_grouped_search_gets_the_budget_the_search_without_groups_left(write
 
     def recorded(*args, **kwargs):
         plan, record = inner(*args, **kwargs)
-        seen.append((args[3].work_s, record["work_used_s"]))
+        seen.append((args[3].work_s, record["work_used_s"], plan.prediction.iteration_s))
         return plan, record
 
     monkeypatch.setattr(front, "_grouped_placement_search", recorded)
-    result = search(job.topology, job.model, job.training, SearchOptions(time_limit_s=60.0, budget_s=5.0))
-    (first_s, first_used_s), (second_s, second_used_s) = seen
-    assert first_s == pytest.approx(2.5) and 0.0 < first_used_s < first_s and 0.0 < second_used_s <= second_s
-    assert second_s == pytest.approx(5.0 - first_used_s)
+    result = search(job.topology, job.model, job.training, SearchOptions(time_limit_s=60.0, budget_s=4.0))
+    (first_s, first_used_s, first_plan_s), (second_s, second_used_s, _) = seen
+    assert first_s == pytest.approx(4.0) and 0.0 < first_used_s < first_s and 0.0 < second_used_s <= second_s
+    assert second_s == pytest.approx(4.0 - first_used_s)
+    assert result.plan.search["work_used_s"] == pytest.approx(first_used_s + second_used_s)
     assert (result.plan.stages, result.plan.replicas) == (2, 2) and result.predicted_s == pytest.approx(15.71, rel=1e-3)
+    monkeypatch.undo()
+    alone = search(job.topology, job.model, job.training,
+                   SearchOptions(time_limit_s=60.0, budget_s=4.0, tensor_degrees=(1,)))
+    assert alone.predicted_s == first_plan_s and _plan_key(alone) != _plan_key(result)
+
+
+def test_a_grouping_that_finds_no_plan_counts_the_work_it_used(write_yaml, monkeypatch):
+    """The search without groups refuses (nothing fits without recomputation or tensor groups)
+    after the work its construction used, which the record counts, not its whole budget."""
+    from planner.search import front
+
+    job = _only_16gb(write_yaml, recompute=False)
+    spent, inner = [], front._grouped_placement_search
+
+    def recorded(*args, **kwargs):
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent.append(kwargs["budget"].spent_s)
+
+    monkeypatch.setattr(front, "_grouped_placement_search", recorded)
+    result = search(job.topology, job.model, job.training,
+                    SearchOptions(time_limit_s=60.0, budget_s=0.2, max_evaluations=20, exact=False))
+    assert result.plan.tensor_groups and len(spent) >= 2 and spent[0] > 0.0
+    assert result.plan.search["work_used_s"] == pytest.approx(sum(spent))

@@ -74,7 +74,9 @@ _GROUPS_SHOWN = 8
 def _sync_group_lines(plan) -> list:
     """Which replicas all-reduce gradients every iteration, over which devices (each stage's ring)."""
     tried = plan.search.get("sync_groups_tried")
-    chosen = (" (chosen by the search: fastest of " + ", ".join(f"{k} {v:.4g} s" for k, v in tried.items()) + ")"
+    untried = plan.search.get("sync_groups_untried")
+    chosen = (" (chosen by the search: fastest of " + ", ".join(f"{k} {v:.4g} s" for k, v in tried.items())
+              + ("; " + ", ".join(untried) + " not simulated within the search's budget" if untried else "") + ")"
               if tried else "")
     if not plan.sync_groups:
         return [f"  Sync groups: none, every replica alone{chosen}."] if tried else []

@@ -12,8 +12,12 @@ most one unit of work that cannot be split: one degree pair's constructive layou
 hint completion, one round of split refinement, or the event simulation of the first finalist,
 which must run once to give a plan.
 
-The phases, in order: ``construct`` ends at ``CONSTRUCT_END`` of the limit. The finalists' share
-(refinement and event simulation) is reserved next, sized by the best constructed plan's
+The phases, in order: ``construct`` ends at ``CONSTRUCT_END`` of the limit; while no plan fits it
+goes on to ``CONSTRUCT_UNPLANNED_END`` at most (the work budget and the clock alike), and ends
+there without a plan (the search then refuses, naming the budget and the limit) rather than past
+the limit; where its first plan that fits came past ``CONSTRUCT_END``, the phases after it share
+what is left (``construct_ended``). The finalists' share (refinement and event simulation) is
+reserved next, sized by the best constructed plan's
 simulation work (``simulation_units``), between ``FINALISTS_MIN`` and ``FINALISTS_MAX`` of the
 limit; ``local``, ``genetic`` and ``exact`` split the time between, and ``finalists`` ends at
 ``FINALISTS_END`` of the limit, leaving the rest for the plan's validation and the lower bound.
@@ -23,13 +27,18 @@ import math
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["Budget", "CONSTRUCT_END", "FINALISTS_END", "FINALISTS_MIN", "FINALISTS_MAX", "MIDDLE_ENDS",
+__all__ = ["Budget", "CONSTRUCT_END", "CONSTRUCT_UNPLANNED_END", "FINALISTS_END", "FINALISTS_MIN", "FINALISTS_MAX",
+           "MIDDLE_ENDS",
            "ESTIMATES_PER_S", "CONSTRUCT_UNITS_PER_S", "EXACT_WORK_PER_S", "REFINE_ESTIMATES_PER_S",
            "SIMULATION_UNITS_PER_S", "construct_units", "simulation_units"]
 
 CONSTRUCT_END = 0.25
 FINALISTS_END = 0.97
 FINALISTS_MIN, FINALISTS_MAX = 0.40, 0.60
+# Construction without a plan yet may take the limit up to the finalists' least share: the phases
+# between would have nothing to improve, and the finalists keep room to refine and simulate the first plan.
+CONSTRUCT_UNPLANNED_END = FINALISTS_END - FINALISTS_MIN
+UNPLANNED = "construct without a plan"  # the span construction may take while no plan fits
 MIDDLE_ENDS = {"local": 0.40, "genetic": 0.55, "exact": 1.0}  # of the time between construct and finalists
 
 # Work per second of a phase's share, set below what 2 cores do unloaded. Measured: a constructive
@@ -67,6 +76,7 @@ class Budget:
     stopped: bool = False  # a progress callback asked to stop: every phase is out of time
     finalists: float = FINALISTS_MIN  # the finalists' fraction, set by ``reserve_finalists``
     spent: dict = field(default_factory=dict)  # work used per phase, seconds at the rates above (``spend``)
+    construct_end: float = CONSTRUCT_END  # where construction's share ends, moved on by ``construct_ended``
 
     def __post_init__(self):
         if self.work_s is None:
@@ -89,16 +99,26 @@ class Budget:
         """Size the finalists' share by the simulation work of a plan like the best constructed
         one (two simulations and their refinement), within its bounds."""
         needed = 2.0 * simulation_units(stages, replicas, micro_batches) / SIMULATION_UNITS_PER_S
-        self.finalists = min(max(needed / self.work_s if self.work_s > 0 else 1.0, FINALISTS_MIN), FINALISTS_MAX)
+        self.finalists = min(max(needed / self.work_s if self.work_s > 0 else 1.0, FINALISTS_MIN), FINALISTS_MAX,
+                             FINALISTS_END - self.construct_end)
+
+    def construct_ended(self, first_plan_units: float) -> None:
+        """Construction found its first plan that fits after ``first_plan_units`` constructive units:
+        where that is past its share, its share ends there (at most ``CONSTRUCT_UNPLANNED_END``) and
+        the phases after it share what is left of the limit and of the work budget."""
+        used = first_plan_units / CONSTRUCT_UNITS_PER_S / self.work_s if self.work_s > 0 else CONSTRUCT_UNPLANNED_END
+        self.construct_end = min(max(used, CONSTRUCT_END), CONSTRUCT_UNPLANNED_END)
 
     def _bounds(self, phase: str) -> tuple:
         """(start, end) of ``phase`` as fractions of the limit (and of the work budget)."""
         if phase == "construct":
-            return 0.0, CONSTRUCT_END
+            return 0.0, self.construct_end
+        if phase == UNPLANNED:
+            return 0.0, CONSTRUCT_UNPLANNED_END
         finalists_start = FINALISTS_END - self.finalists
         if phase == "finalists":
             return finalists_start, FINALISTS_END
-        middle0 = CONSTRUCT_END
+        middle0 = self.construct_end
         span = max(finalists_start - middle0, 0.0)
         names = list(MIDDLE_ENDS)
         before = MIDDLE_ENDS[names[names.index(phase) - 1]] if names.index(phase) else 0.0
@@ -123,8 +143,16 @@ class Budget:
         for plans of ``devices`` (an estimate's cost grows with them as ``construct_units``)."""
         return max(1, min(cap, int(ESTIMATES_PER_S * self.work_share_s(phase) / construct_units(devices))))
 
-    def construct_units(self) -> float:
-        return CONSTRUCT_UNITS_PER_S * self.work_share_s("construct")
+    def construct_units(self, planned: bool = True) -> float:
+        """Construction's budget in constructive units; ``planned=False``: while no plan fits yet."""
+        return CONSTRUCT_UNITS_PER_S * self.work_share_s("construct" if planned else UNPLANNED)
+
+    def out_of_time_unplanned(self) -> bool:
+        """Whether the clock has passed the end of construction without a plan (a cut of ``construct``)."""
+        if self.now() < self.end(UNPLANNED):
+            return False
+        self.note_cut("construct", True)
+        return True
 
     def exact_work(self, shapes: int, cap: float) -> float:
         """CP-SAT deterministic time per shape."""

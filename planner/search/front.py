@@ -49,7 +49,8 @@ from planner.search.objective import IterationTime, Objective
 from planner.search.plans import candidate_to_plan
 from planner.search.sync_choice import choose_sync, estimated_sync, plan_with_sync, sync_training
 from planner.search.group_choice import choose_sync_groups, with_asked_groups
-from planner.search.no_plan import network_error, no_degrees_error, no_fit_error, too_few_micro_batches_error
+from planner.search.no_plan import (OutOfBudget, network_error, no_degrees_error, no_fit_error, out_of_budget_error,
+                                    stage_memory_floor, too_few_micro_batches_error)
 from planner.search.refine import REFINE_EVALUATIONS, refine_split
 
 __all__ = ["SearchOptions", "SearchResult", "search"]
@@ -178,6 +179,7 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     plan, record = engine(topology, model, training, options, rng=rng, callback=callback, x0=x0, started=started,
                           **({"objective": objective} if objective.engine == "pool" else {}))
     history, pool = record.pop("history", []), record.pop("pool", [])
+    work_used_s = record.get("work_used_s", 0.0)
     bound = objective.lower_bound(topology, model, training)  # over every device, at the asked precision
     bound = max(bound, record.pop("engine_bound_s", 0.0))  # an engine's proof over the same plans, if tighter
     sync_tried = record.pop("sync_tried", None)
@@ -185,7 +187,10 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
         training = sync_training(training, plan.sync, plan.replicas)
     else:
         plan, training, sync_tried = choose_sync(plan, topology, model, training)
-    plan, groups_tried = choose_sync_groups(plan, topology, model, training)
+    # Local steps' sync groups: within what the search left of the work budget and of the limit.
+    groups = choose_sync_groups(plan, topology, model, training, work_s=options.work_s - work_used_s,
+                                deadline=started + options.time_limit_s)
+    plan, groups_tried = groups.plan, groups.tried
     training, plan = _resolved_training(plan, topology, model, training)
     validate_plan(plan, topology, model, training)
     score = objective.score(plan, topology, model, training)
@@ -195,6 +200,10 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
         record = {**record, "sync_tried": sync_tried}
     if groups_tried:
         record = {**record, "sync_groups_tried": groups_tried}
+    if groups.untried:
+        record = {**record, "sync_groups_untried": list(groups.untried)}
+    if groups.clock_cut:
+        record = {**record, "clock_cut": record.get("clock_cut", []) + ["sync groups"]}
     plan = replace(plan, search={**record, "objective": objective.name, "objective_s": score, "seed": options.seed,
                                  "wall_s": round(wall, 3), "lower_bound_s": bound, "gap": gap})
     return SearchResult(plan=plan, predicted_s=plan.prediction.iteration_s, objective=objective.name,
@@ -380,22 +389,18 @@ def _probed_order(ctx, topology, pairs: list, micro_batch_size: int, schedule, b
     return [pairs[i] for i in first] + [p for i, p in enumerate(pairs) if i not in chosen], units
 
 
-UNGROUPED_SHARE = 0.5  # of the time limit, for the search without tensor groups when groupings are tried
-
-
 def _placement_search(topology, model, training, options, *, rng, callback, x0, started) -> tuple:
     """The placement engine over tensor groupings (``planner.plan.tensor.groupings``): without
-    tensor groups on ``UNGROUPED_SHARE`` of the time limit and of the work budget, and the
-    smaller-memory types grouped on the rest: the work budget the first search did not use (its
-    stopping rules end phases before their shares; ``Budget.spent_s``) and the clock it left (all of
-    it without groups where the types' memory is alike); only when neither finds
-    a plan, every type in groups of 2, 4, 8 on equal parts of the time left. The plan the
-    simulator finds fastest, and its search's record."""
+    tensor groups on the whole time limit and work budget, as when no grouping is tried, so that
+    trying them never returns a slower plan for the same seed and budget (while the clock cuts
+    nothing); then the smaller-memory types grouped on the work budget the first search did not use
+    (its stopping rules end phases before their shares; ``Budget.spent_s``) and the clock it left;
+    only when neither finds a plan, every type in groups of 2, 4, 8 on equal parts of the time
+    left. The plan the simulator finds fastest, and its search's record."""
     first, fallback = groupings(topology, model, options.tensor_degrees)
     if x0 is not None and x0.tensor_groups:
         validate_plan(x0, topology, model, training)
         first, fallback = [None], []  # re-planning a plan with tensor groups keeps its groups
-    parts = [1.0] if len(first) == 1 else [UNGROUPED_SHARE, 1.0 - UNGROUPED_SHARE]
     best, tried, failure, attempts, skipped = None, {}, None, 0, False
     spent_s = 0.0  # the work budget the groupings tried so far used
     for k, mapping in enumerate(first + fallback):
@@ -406,9 +411,9 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
             share = replace(options, time_limit_s=max(left, 0.0) / (len(first) + len(fallback) - k),
                             budget_s=options.work_s / (len(first) + len(fallback)))  # work: not the clock's
         else:
-            # The ungrouped search gets its share; a later grouping gets the work budget the searches
-            # before it left unused (their stopping rules end phases early) and the clock left.
-            share = options.share(parts[k]) if k == 0 else replace(options, budget_s=max(options.work_s - spent_s, 0.0))
+            # The ungrouped search gets the whole budget; a later grouping gets the work budget the
+            # searches before it left unused (their stopping rules end phases early) and the clock left.
+            share = options if k == 0 else replace(options, budget_s=max(options.work_s - spent_s, 0.0))
             left = options.time_limit_s - (time.perf_counter() - started)  # an earlier grouping's overrun
             if best is not None and left <= 0.0:  # the clock ran out: a plan is at hand
                 skipped = True
@@ -416,13 +421,16 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
             share = replace(share, time_limit_s=max(min(share.time_limit_s, left), 0.0))
         groups = x0.tensor_groups if mapping is None else grouping_groups(topology, mapping)
         attempts += 1
+        budget = Budget(limit_s=share.time_limit_s, work_s=share.work_s,
+                        started=time.perf_counter() if best or failure else started)
         try:
             plan, record = _grouped_placement_search(topology, model, training, share, groups=groups, rng=rng,
                                                      callback=callback, x0=x0 if mapping is None or not groups else None,
-                                                     started=time.perf_counter() if best or failure else started)
-        except InputError as error:
-            failure = failure or error
-            spent_s += share.work_s  # a search that found no plan: its share counts as spent
+                                                     started=budget.started, budget=budget)
+        except InputError as error:  # the first failure, unless a later one says more budget may find a plan
+            failure = error if failure is None or (isinstance(error, OutOfBudget)
+                                                   and not isinstance(failure, OutOfBudget)) else failure
+            spent_s += budget.spent_s  # the work a search that found no plan used
             continue
         spent_s += record["work_used_s"]
         label = ", ".join(f"{t}: {d}" for t, d in sorted((mapping or {}).items())) or "as the starting plan"
@@ -432,18 +440,21 @@ def _placement_search(topology, model, training, options, *, rng, callback, x0, 
     if best is None:
         raise failure
     plan, record = best
+    record = {**record, "work_used_s": spent_s}  # over every grouping tried
     if skipped:  # the clock, not the work budget, left the tensor groupings untried
         record = {**record, "clock_cut": record["clock_cut"] + ["tensor groups"]}
     return plan, ({**record, "tensor_tried": tried} if attempts > 1 else record)
 
 
-def _grouped_placement_search(topology, model, training, options, *, groups, rng, callback, x0, started) -> tuple:
+def _grouped_placement_search(topology, model, training, options, *, groups, rng, callback, x0, started,
+                              budget: Budget | None = None) -> tuple:
     """The placement engine (steps 1-6 of this module's description) with ``groups`` as tensor
     groups: the best plan by the simulator among the estimate's best candidates, and the search's record.
 
     Every phase runs on a deterministic work budget sized by the time limit and stops at its share
-    of the limit if the clock gets there first (``planner.search.deadline``)."""
-    budget = Budget(limit_s=options.time_limit_s, work_s=options.work_s, started=started)
+    of the limit if the clock gets there first (``planner.search.deadline``); ``budget``: the
+    options' own, made by the caller to read the work spent when no plan is found."""
+    budget = budget or Budget(limit_s=options.time_limit_s, work_s=options.work_s, started=started)
     ctx = make_context(topology, model, training, groups)
     real, topology = topology, ctx.topology  # the search places the groups; the simulator sees their members
     history = []
@@ -473,27 +484,57 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         pairs, probed = _probed_order(ctx, topology, pairs, sizes[0], probe_schedule, budget,
                                       budget.construct_units() * PROBE_SHARE, levels, orders)
         units += probed
-    for pair_bound, stages, replicas in pairs:
+    # While no plan fits, construction goes on past its share, to the budget's and the clock's end for
+    # construction without a plan (``deadline.CONSTRUCT_UNPLANNED_END``), checked at every evaluation
+    # after the first pair's (one pair's layouts: the unit of work the limit may be exceeded by).
+    unplanned_units, first_plan_units, cut, tried, left = budget.construct_units(planned=False), None, None, 0, 0
+    ungrouped, largest_bytes = ctx.tensor.max() == 1, ctx.capacity.max()  # the floor knows no tensor groups
+
+    def unplanned_cut() -> str | None:  # what ends construction without a plan: the work budget or the clock
+        if units >= unplanned_units:
+            return "budget"
+        return "clock" if budget.out_of_time_unplanned() else None
+
+    for index, (pair_bound, stages, replicas) in enumerate(pairs):
         if pair_bound >= best_score:
             continue  # no plan of this pair can beat the best estimate
         if candidates and (units >= budget.construct_units() or budget.out_of_time("construct")):
             break  # the first pair with a plan that fits is always finished
+        if not candidates and tried and (cut := unplanned_cut()):
+            left = len(pairs) - index
+            break
+        if not candidates and ungrouped and stage_memory_floor(model, ctx.training, min(sizes), stages,
+                                                               replicas) > largest_bytes:
+            continue  # while none fits, a pair no device can hold a stage of costs no work (no_plan's floor)
+        tried, planned = tried + 1, bool(candidates)
         for layout_name, assign in layouts(topology, ctx.speed, ctx.capacity, stages, replicas, levels, orders).items():
-            if candidates and budget.out_of_time("construct"):  # a pair's layouts of 16,384 devices take seconds
+            # a pair's layouts of 16,384 devices take seconds
+            if candidates and (budget.out_of_time("construct") if planned else budget.out_of_time_unplanned()):
                 break
-            for micro_batch_size in sizes:
-                for schedule in _schedules(training):
-                    evaluations += 1
-                    units += construct_units(stages * replicas)
-                    candidate = evaluate_placement(ctx, assign, micro_batch_size, schedule)
-                    if candidate is not None:
-                        candidates.append(candidate)
-                        best_score = min(best_score, candidate.score_s)
+            for micro_batch_size, schedule in ((b, s) for b in sizes for s in _schedules(training)):
+                if not candidates and tried > 1 and (cut := unplanned_cut()):
+                    left = len(pairs) - index - 1  # this one tried in part
+                    break
+                evaluations += 1
+                units += construct_units(stages * replicas)
+                candidate = evaluate_placement(ctx, assign, micro_batch_size, schedule)
+                if candidate is not None:
+                    first_plan_units = units if first_plan_units is None else first_plan_units
+                    candidates.append(candidate)
+                    best_score = min(best_score, candidate.score_s)
+            if cut:
+                break
         report("construct", best_score)
+        if cut:
+            break
     budget.spend("construct", units / CONSTRUCT_UNITS_PER_S)
+    if first_plan_units is not None:
+        budget.construct_ended(first_plan_units)
     x0_candidate = _start_candidate(ctx, x0)
     if x0_candidate is not None:
         candidates.append(x0_candidate)
+    if not candidates and cut:
+        raise out_of_budget_error(tried, left, clock=cut == "clock")
     if not candidates:
         raise no_fit_error(topology, model, training, allowed, sizes, stages_pinned=bool(options.stages),
                            speed=ctx.speed, capacity=ctx.capacity)

@@ -5,15 +5,22 @@ order). With ``cluster`` or ``one`` the search places devices for those groups (
 them, ``planner.search.evaluate.asked_groups``, and its finalists are simulated with them,
 ``with_asked_groups``); with ``auto`` it places devices with every replica alone (the fastest
 grouping on a given placement but for the smaller ring of group leads) and the grouping is then
-chosen on the found placement by the simulator, whose prediction of it the plan keeps."""
+chosen on the found placement by the simulator, whose prediction of it the plan keeps, within what
+the search left of its work budget and of its time limit: a grouping besides the plan's own is
+simulated only while its simulation's work (``planner.search.deadline.simulation_units``) fits the
+work left and the clock holds the longest simulation yet before the limit, so the same seed and
+budget give the same grouping and the limit holds."""
 
-from dataclasses import replace
+import math
+import time
+from dataclasses import dataclass, field, replace
 
 from cost_models.network import Sync
 from planner.plan.sync_groups import AUTO, CLUSTER, ONE, REPLICA, grouping
 from planner.prediction.predict import predict
+from planner.search.deadline import SIMULATION_UNITS_PER_S, simulation_units
 
-__all__ = ["choose_sync_groups", "plan_with_groups", "with_asked_groups"]
+__all__ = ["GroupChoice", "choose_sync_groups", "plan_with_groups", "with_asked_groups"]
 
 _CANDIDATES = (REPLICA, CLUSTER, ONE)
 
@@ -34,23 +41,53 @@ def with_asked_groups(plan, topology, training):
     return plan_with_groups(plan, topology, training.sync_groups)
 
 
-def choose_sync_groups(plan, topology, model, training) -> tuple:
-    """(plan, tried): ``plan`` with its sync groups; ``tried`` maps each grouping that differs from
-    the others to its simulated iteration seconds (empty unless auto and the plan has local steps
-    over two or more replicas by ring)."""
+@dataclass(frozen=True, kw_only=True)
+class GroupChoice:
+    plan: object  # the plan with its sync groups
+    tried: dict = field(default_factory=dict)  # grouping -> simulated iteration seconds (auto only)
+    untried: tuple = ()  # groupings the work budget or the clock left unsimulated (the plan's own stands)
+    clock_cut: bool = False  # the clock, not the work budget, left some untried
+
+
+def _simulation_work_s(plan) -> float:
+    """A simulation of ``plan``'s work, in seconds at the simulator's rate (as the search counts it)."""
+    return plan.virtual_stages * simulation_units(plan.stages, plan.replicas,
+                                                  sum(plan.micro_batches)) / SIMULATION_UNITS_PER_S
+
+
+def choose_sync_groups(plan, topology, model, training, *, work_s: float = math.inf,
+                       deadline: float = math.inf) -> GroupChoice:
+    """``plan`` with its sync groups: as ``training.sync_groups`` asks, or with ``auto`` the
+    grouping that simulates fastest of those ``work_s`` (seconds of work at the simulator's rate)
+    and the clock (``time.perf_counter``) before ``deadline`` allow after the plan's own; ``tried``
+    is empty unless auto and the plan has local steps over two or more replicas by ring."""
     if training.sync_every <= 1 or plan.replicas <= 1 or plan.sync != Sync.RING:
-        return (replace(plan, sync_groups=(), prediction=None) if plan.sync_groups else plan), {}
+        return GroupChoice(plan=replace(plan, sync_groups=(), prediction=None) if plan.sync_groups else plan)
     kinds = _CANDIDATES if training.sync_groups == AUTO else (training.sync_groups,)
-    best, tried, seen = None, {}, set()
+    best, tried, untried, seen, clock_cut = None, {}, [], set(), False
+    spent_s, longest_s = 0.0, 0.0
     for kind in kinds:
         candidate = plan_with_groups(plan, topology, kind)
         if candidate.sync_groups in seen:
             continue
-        seen.add(candidate.sync_groups)
         if candidate.prediction is None:
+            if best is not None:  # the plan's own grouping is always simulated; the others within the budget
+                cost_s = _simulation_work_s(candidate)
+                if untried or spent_s + cost_s > work_s or time.perf_counter() + longest_s >= deadline:
+                    clock_cut = clock_cut or (not untried and spent_s + cost_s <= work_s)
+                    untried.append(kind)
+                    seen.add(candidate.sync_groups)
+                    continue
+                spent_s += cost_s
+            started = time.perf_counter()
             candidate = candidate.with_prediction(predict(candidate, topology, model, training)[0])
+            longest_s = max(longest_s, time.perf_counter() - started)
+        seen.add(candidate.sync_groups)
         tried[kind] = candidate.prediction.iteration_s
-        if candidate.prediction.fits and (best is None or candidate.prediction.iteration_s
-                                          < best.prediction.iteration_s):
+        if best is None or (candidate.prediction.fits and (not best.prediction.fits or candidate.prediction.iteration_s
+                                                           < best.prediction.iteration_s)):
             best = candidate
-    return (best if best is not None else plan), (tried if training.sync_groups == AUTO else {})
+    best = best if best.prediction.fits else plan
+    auto = training.sync_groups == AUTO
+    return GroupChoice(plan=best, tried=tried if auto else {}, untried=tuple(untried) if auto else (),
+                       clock_cut=clock_cut and auto)

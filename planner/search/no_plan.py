@@ -10,8 +10,13 @@ from planner.inputs.units import format_bytes
 from planner.prediction.stage_model import layer_costs, stage_memory_bytes
 from planner.search.construct import choose_devices
 
-__all__ = ["no_degrees_error", "too_few_micro_batches_error", "no_fit_error", "network_error",
-           "stage_memory_floor"]
+__all__ = ["OutOfBudget", "no_degrees_error", "too_few_micro_batches_error", "no_fit_error", "network_error",
+           "out_of_budget_error", "stage_memory_floor"]
+
+
+class OutOfBudget(InputError):
+    """No plan that fits was found before the work budget or the clock ended the search, which had
+    not tried every degree pair: a larger budget or limit may find one."""
 
 
 def no_degrees_error(devices: int, layers: int, stages: int | None, replicas: int | None) -> InputError:
@@ -113,3 +118,14 @@ def network_error(times_s: list) -> InputError:
     return InputError(f"no plan finishes an iteration in finite time ({len(times_s)} plans simulated): a link or NIC "
                       "on every path between the devices is too slow; raise its bandwidth in the network section",
                       field="network")
+
+
+def out_of_budget_error(tried: int, left: int, *, clock: bool) -> OutOfBudget:
+    """Construction ended on the work budget (``clock`` False) or on the time limit before any
+    placement of the ``tried`` degree pairs it constructed fit in memory, ``left`` pairs not reached."""
+    reached = f"{tried} degree pair(s) constructed, {left} not reached"
+    if clock:
+        return OutOfBudget(f"no plan that fits in memory was found before the time limit ended the search ({reached}): "
+                           "raise --time-limit", field="--time-limit")
+    return OutOfBudget(f"no plan that fits in memory was found within the search's work budget ({reached}): raise "
+                       "--budget (or --time-limit, which sets the budget when --budget is not given)", field="--budget")
