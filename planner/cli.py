@@ -529,23 +529,17 @@ def _replan(args) -> int:
 
 
 def _replan_calibration(args, old, topology) -> tuple:
-    """(topology, the new plan's calibration record) of a re-plan: ``--calibration``'s measurements,
-    else those the old plan was made with (the same file by hash, ``recorded_calibration``), else
-    none; the old plan and the new ones are scored on the same calibrated devices."""
-    from planner.inputs.calibration import (apply_calibration, calibration_record, read_calibration,
-                                            recorded_calibration)
+    """(topology, the new plan's calibration record) of a re-plan (``replan_calibration``): a changed
+    or missing old calibration says ``--calibration`` may name the one to use."""
+    from planner.inputs.calibration import replan_calibration
 
-    if args.calibration:
-        calibration = read_calibration(args.calibration)
-    elif old.calibration:
-        try:
-            calibration = recorded_calibration(old.calibration, args.from_plan)
-        except InputError as error:
-            raise InputError(f"{error.detail}; or pass the calibration to use with --calibration",
-                             source=error.source, field=error.field) from None
-    else:
-        return topology, {}
-    return apply_calibration(topology, calibration), calibration_record(calibration)
+    try:
+        return replan_calibration(topology, old.calibration, args.from_plan, args.calibration)
+    except InputError as error:
+        if args.calibration or error.field not in ("calibration.path", "calibration.sha256"):
+            raise
+        raise InputError(f"{error.detail}; or pass the calibration to use with --calibration",
+                         source=error.source, field=error.field) from None
 
 
 def _changed_cluster(args, old, topology) -> tuple:

@@ -396,6 +396,22 @@ def test_a_replan_takes_a_calibration_or_the_old_plans(tmp_path, capsys):
     inherited = yaml.safe_load((tmp_path / "inherited.yaml").read_text())
     assert inherited["calibration"]["sha256"] == read_calibration(cal).sha256
     assert inherited["prediction"]["iteration_s"] == pytest.approx(predicted["calibrated"], rel=1e-9)
+    # plan launch --elastic's re-plan after a lost rank applies the old plan's calibration too
+    from planner.runtime.inputs import load_run_inputs
+    from planner.prediction.predict import predict
+    from planner.runtime.launch import LaunchOptions, _replan_without
+
+    elastic = {}
+    for name in ("old-calibrated.yaml", "plan.yaml"):
+        inputs, result, files = _replan_without(load_run_inputs(tmp_path / name), "g1", 1,
+                                                LaunchOptions(out_dir=str(tmp_path / f"elastic-{name}"),
+                                                              replan_time_limit_s=2))
+        elastic[name] = result.plan.prediction.iteration_s
+        assert ("calibration" in yaml.safe_load(Path(files["plan"]).read_text())) == (name != "plan.yaml")
+        # the launcher loads the written plan on the same calibrated devices
+        assert predict(inputs.plan, inputs.topology, inputs.model, inputs.training)[0].iteration_s == \
+            pytest.approx(elastic[name], rel=1e-9)
+    assert elastic["old-calibrated.yaml"] > 2 * elastic["plan.yaml"]
     _calibration(cal, efficiency=0.06, kind="A100-80GB", names=("g0", "g2"))  # measured again since
     code, out, err = run_cli([new, "--from", tmp_path / "old-calibrated.yaml", "--budget", "1"], capsys)
     assert code == 2 and err.count("\n") == 1 and "field 'calibration.sha256'" in err and "--calibration" in err, err

@@ -24,7 +24,7 @@ from planner.fields import Fields
 from planner.io import read_yaml, write_document
 
 __all__ = ["CALIBRATION_FORMAT", "Calibration", "read_calibration", "write_calibration", "apply_calibration",
-           "calibration_record", "recorded_calibration", "measured_links"]
+           "calibration_record", "recorded_calibration", "measured_links", "replan_calibration"]
 
 CALIBRATION_FORMAT = "hetplan-calibration/1"
 
@@ -151,6 +151,19 @@ def recorded_calibration(record: dict, plan_path) -> Calibration:
         raise InputError(f"{path} changed since the plan was made (hash differs): plan again with it",
                          source=str(plan_path), field="calibration.sha256")
     return calibration
+
+
+def replan_calibration(topology, old_record: dict | None, old_plan_path, path=None) -> tuple:
+    """(topology, the new plan's calibration record) of a re-plan: the calibration at ``path``, else
+    the one the old plan was made with (``old_record``: the same file by hash, ``recorded_calibration``),
+    else none; the old plan and the new ones are scored on the same calibrated devices."""
+    if path:
+        calibration = read_calibration(path)
+    elif old_record:
+        calibration = recorded_calibration(old_record, old_plan_path)
+    else:
+        return topology, {}
+    return apply_calibration(topology, calibration), calibration_record(calibration)
 
 
 def measured_links(calibration: Calibration, names: list) -> tuple:

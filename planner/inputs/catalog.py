@@ -63,6 +63,8 @@ class DeviceType:
             raise ValueError(f"{self.type_name}: memory_bytes must be positive")
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"{self.type_name}: efficiency must lie in (0, 1]")
+        if not 0 <= self.tensor_block_issue_s < 1:
+            raise ValueError(f"{self.type_name}: tensor_block_issue must lie in [0, 1) seconds")
 
 
 def runs(peak_flops: dict, precision: str) -> bool:

@@ -229,16 +229,19 @@ def _replan_without(inputs: RunInputs, device: str, index: int, options: LaunchO
     from planner.plan.document import plan_to_document, write_plan
     from planner.search.front import SearchOptions
     from planner.search.replan import replan, topology_without
+    from planner.inputs.calibration import replan_calibration
     from planner.inputs.job import load_topology
 
     folder = Path(options.out_dir).resolve() / "elastic"
     folder.mkdir(parents=True, exist_ok=True)
     topology_path, plan_path = folder / f"topology-{index}.yaml", folder / f"plan-{index}.yaml"
     write_document(topology_without(read_yaml(inputs.topology_path), [device]), topology_path)
-    topology = load_topology(topology_path)
+    # Scored on the devices the old plan was calibrated on, as the command-line re-plan does.
+    topology, record = replan_calibration(load_topology(topology_path), inputs.plan.calibration, inputs.plan_path)
     result = replan(inputs.plan, topology, inputs.model, inputs.training,
                     SearchOptions(seed=options.seed, time_limit_s=options.replan_time_limit_s,
                                   tensor_degrees=(1,)))  # the runtime needs one degree per stage: none
+    result = replace(result, plan=replace(result.plan, calibration=record))
     write_plan(plan_to_document(result.plan, model=inputs.model, training=result.training,
                                 topology_source=str(topology_path)), plan_path)
     return load_run_inputs(plan_path), result, {"topology": str(topology_path), "plan": str(plan_path)}

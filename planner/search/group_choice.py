@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from cost_models.network import Sync
 from planner.plan.sync_groups import AUTO, CLUSTER, ONE, REPLICA, grouping
 from planner.prediction.predict import predict
+from planner.search.evaluate import charges_groups
 from planner.search.deadline import SIMULATION_UNITS_PER_S, simulation_units
 
 __all__ = ["GroupChoice", "choose_sync_groups", "plan_with_groups", "with_asked_groups"]
@@ -35,8 +36,7 @@ def plan_with_groups(plan, topology, kind: str):
 def with_asked_groups(plan, topology, training):
     """``plan`` with the sync groups ``training.sync_groups`` names when that is ``cluster`` or
     ``one`` and the plan has local steps over two or more replicas by ring; else ``plan``."""
-    if (training.sync_groups not in (CLUSTER, ONE) or training.sync_every <= 1 or plan.replicas <= 1
-            or plan.sync != Sync.RING):
+    if not charges_groups(training, plan.replicas) or plan.sync != Sync.RING:
         return plan
     return plan_with_groups(plan, topology, training.sync_groups)
 
