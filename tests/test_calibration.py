@@ -423,3 +423,46 @@ def test_estimate_and_simulator_agree_on_measured_recomputed_blocks(tmp_path):
         assert lower_bound_s(topology, job.model, training) <= prediction
         times.append(prediction)
     assert times[1] < 0.95 * times[0]
+
+
+def test_the_layer_split_gives_a_faster_recomputing_device_more_blocks(write_yaml):
+    """Two A100s, one with a measured recomputed block at 4/3 of the plain efficiency (as fast as a
+    plain block), the other at the FLOPs' 4/3: the search's layer split is the best of every split
+    the estimate scores (5 blocks against 3), not the even split the devices' plain speeds suggest."""
+    from dataclasses import replace
+
+    from planner.search.evaluate import evaluate_placement, make_context, score_split
+
+    job = load_job(write_yaml(small_topology(
+        model="small", devices=[{"name": "a", "count": 2, "type": "A100-80GB", "host": "n"}],
+        network={"host": {"latency": "0.01ms", "bandwidth": "3200Gbps"}})))
+    first = job.topology.devices[0]
+    topology = replace(job.topology, devices=(replace(first, recompute_efficiency=first.efficiency * 4 / 3),
+                                              job.topology.devices[1]))
+    ctx = make_context(topology, job.model, replace(job.training, recompute=True, precision="fp16", schedule="gpipe"))
+    assign, L = np.array([[0, 1]]), job.model.layers
+    candidate = evaluate_placement(ctx, assign, 1, "gpipe")
+    scores = {(k, L - k): score_split(ctx, assign, (k, L - k), (16,), 1, "gpipe") for k in range(1, L)}
+    best = min(scores, key=scores.get)
+    assert candidate.layer_counts == best == (5, 3) and candidate.score_s == pytest.approx(scores[best], rel=1e-12)
+
+
+def test_the_bound_counts_measured_recomputed_blocks(write_yaml):
+    """One A100 whose recomputed block runs as fast as a plain one (recompute_efficiency 4/3 of the
+    efficiency): the one-device plan takes 3/4 of the FLOPs' time for its blocks, and the lower bound,
+    counting them the same in its work and its widest stage, stays below it (at 4/3 it would not)."""
+    from dataclasses import replace
+
+    from planner.plan.plan import Plan
+    from planner.prediction.predict import predict
+    from planner.search.bounds import lower_bound_s
+
+    job = load_job(write_yaml(small_topology(model="small",
+                                             devices=[{"name": "a", "count": 1, "type": "A100-80GB", "host": "n"}],
+                                             network={})))
+    device = job.topology.devices[0]
+    topology = replace(job.topology, devices=(replace(device, recompute_efficiency=device.efficiency * 4 / 3),))
+    training = replace(job.training, recompute=True, precision="fp16", global_batch=64)  # compute beyond the step
+    plan = Plan(layer_bounds=(0, job.model.layers), assignment=((device.name,),), micro_batches=(64,), micro_batch_size=1,
+                schedule="1f1b")
+    assert lower_bound_s(topology, job.model, training) <= predict(plan, topology, job.model, training)[0].iteration_s
