@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cost_models.flops import training_flops_multiplier
 from planner.errors import InputError
 from planner.fields import Fields
 from planner.io import read_yaml, write_document
@@ -31,7 +32,7 @@ __all__ = ["CALIBRATION_FORMAT", "Calibration", "read_calibration", "write_calib
 CALIBRATION_FORMAT = "hetplan-calibration/1"
 # A recomputed block does a plain block's work and one forward more (4/3 of its FLOPs) and takes no less
 # time, so its efficiency is at most 4/3 of the plain block's.
-_MOST_RECOMPUTE_EFFICIENCY_SHARE = 4.0 / 3.0
+_MOST_RECOMPUTE_EFFICIENCY_SHARE = training_flops_multiplier(True) / training_flops_multiplier(False)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -231,7 +231,8 @@ def _document(job, kind, backend, names, reports, options) -> dict:
             "efficiency": min(achieved / peak, 1.0),
             "head_efficiency": min(head_achieved / peak, 1.0),
             # no faster than the plain block (noise aside), which read_calibration holds it to
-            "recompute_efficiency": min(recompute_achieved / peak, 4.0 / 3.0 * min(achieved / peak, 1.0), 1.0),
+            "recompute_efficiency": min(recompute_achieved / peak, training_flops_multiplier(True)
+                                        / training_flops_multiplier(False) * min(achieved / peak, 1.0), 1.0),
             "memory_bandwidth_bytes_per_s": compute["optimizer_bytes_per_s"],
             "measured": {"device_name": compute["device_name"], "precision": training.precision,
                          "dtype": compute["dtype"], "compiled": compute["compiled"], "micro_batch_size": b, "sequence": model.sequence,
