@@ -106,7 +106,10 @@ def head_forward_flops(b: int, s: int, h: int, v: int) -> float:
 
 
 def training_flops_multiplier(recompute: bool) -> float:
-    """Forward + backward as a multiple of forward: backward is 2x forward, recomputation adds 1x."""
+    """Forward + backward as a multiple of forward: backward is 2x forward, full recomputation adds
+    1x (Chen et al. 2016; Korthikanti et al. 2022, sec. 4: 4/3 of a plain block's FLOPs). Where a
+    calibration measured the recomputed block, its time comes from that instead
+    (``planner.inputs.topology.Device.block_slowdown``)."""
     return 4.0 if recompute else 3.0
 
 

@@ -113,6 +113,8 @@ def test_topology_takes_measured_links_from_a_calibration(tmp_path, write_yaml):
     (lambda d: d["device_types"]["T4"].update(efficiency=1.5), "device_types.T4"),
     (lambda d: d.update(extra=1), "extra"),
     (lambda d: d["network"].update(message_overhead_s=-1e-6), "network.message_overhead_s"),
+    # efficiency 0.2: a recomputed block at 0.3 would take less time than a plain one
+    (lambda d: d["device_types"]["T4"].update(recompute_efficiency=0.3), "device_types.T4.recompute_efficiency"),
 ])
 def test_bad_calibration_file_is_one_line(tmp_path, write_yaml, capsys, change, message):
     cal = _calibration(tmp_path / "cal.yaml")
@@ -172,7 +174,19 @@ def test_plan_calibrate_measures_this_cpu_and_the_file_plans(tmp_path, capsys):
                              [network["bandwidth_bytes_per_s"][0][1], network["bandwidth_bytes_per_s"][1][0]], 0.0)[1]
     assert measured["tensor_block_model_s"] == pytest.approx(one, rel=0.05)
     assert kind["tensor_block_issue_s"] == (measured["tensor_block_s"] if excess > 0 else 0.0)
-    capsys.readouterr()
+    # The runtime's block with recomputation, timed forward and backward and counted at 4 forwards'
+    # FLOPs (at most 4/3 of the plain block's efficiency: it is no faster), reaches the devices.
+    from cost_models.flops import layer_forward_flops
+
+    m = job.model
+    forward = layer_forward_flops(2, m.sequence, m.hidden, m.ffn_hidden, gated_mlp=m.gated_mlp)
+    recomputed_s = measured["recomputed_block_forward_backward_s"]
+    assert recomputed_s > 0 and measured["recompute_achieved_flops"] == pytest.approx(4 * forward / recomputed_s)
+    assert kind["recompute_efficiency"] == pytest.approx(min(4 * forward / recomputed_s / measured["peak_flops"],
+                                                             4 / 3 * kind["efficiency"], 1.0))
+    calibrated = apply_calibration(job.topology, calibration)
+    assert {d.recompute_efficiency for d in calibrated.devices} == {kind["recompute_efficiency"]}
+    assert "ms with recomputation" in capsys.readouterr().out
     assert main([str(topology), "--calibration", str(out), "--time-limit", "5"]) == 0
     assert "Calibration:" in capsys.readouterr().out
 
@@ -304,7 +318,7 @@ def test_the_block_floor_is_the_measured_time_where_it_exceeds_the_model():
     from cost_models.flops import layer_forward_flops
 
     model = model_preset("gpt3-xl")
-    training = TrainingSpec(global_batch=8, precision="bf16")
+    training = TrainingSpec(global_batch=8, precision="fp16")
     # By hand: a group of 4 at micro-batch 2 splits 3 forwards of the block over 4 devices at 0.5 of
     # 989.4 TFLOP/s, and all-reduces (2, 2048, 2048) bf16 4 times over a ring of 4 hops of 10 us and
     # 300 GB/s: 2 * 3 / 4 of the bytes / bandwidth + 2 * 3 latencies each.
@@ -321,3 +335,134 @@ def test_the_block_floor_is_the_measured_time_where_it_exceeds_the_model():
     assert tensor_probe_degree(job_devices, model, "H100-SXM", 3) == 2  # 3 processes: a group of 2
     assert tensor_probe_degree(job_devices, model, "H100-SXM", 1) == 1  # nothing to time
     assert tensor_probe_degree(job_devices, replace(model, hidden=2049, heads=1), "H100-SXM", 4) == 1
+
+
+def _recompute_calibration(path, recompute_efficiency=None):
+    """A calibration of A100-80GB at efficiency 0.5, with a measured recomputed block or without."""
+    from planner.inputs.catalog import device_type
+
+    entry = {"efficiency": 0.5, "memory_bandwidth_bytes_per_s": device_type("A100-80GB").memory_bandwidth_bytes_per_s}
+    if recompute_efficiency is not None:
+        entry["recompute_efficiency"] = recompute_efficiency
+    path.write_text(yaml.safe_dump({"format": "hetplan-calibration/1", "measured_at_utc": "2026-11-27T00:00:00+00:00",
+                                    "device_types": {"A100-80GB": entry}}))
+    return path
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_a_measured_recompute_efficiency_times_recomputed_blocks_only(tmp_path, write_yaml, recompute):
+    """A recomputed block at its measured efficiency (0.6 of peak at 4 forwards' FLOPs) instead of 4/3
+    of a plain block at 0.5; a plan without recomputation keeps its time to the last bit. The
+    search's estimate agrees with the simulator on one device, as without the calibration."""
+    from dataclasses import replace
+
+    from planner.plan.plan import Plan
+    from planner.prediction.predict import predict
+    from planner.prediction.stage_model import layer_costs
+    from planner.search.evaluate import make_context, score_split
+
+    job = load_job(write_yaml(small_topology()))
+    training = replace(job.training, recompute=recompute, global_batch=8, precision="fp16")
+    L = job.model.layers
+    plan = Plan(layer_bounds=(0, L), assignment=(("fast-0",),), micro_batches=(8,), micro_batch_size=1,
+                schedule="1f1b")
+    plain = apply_calibration(job.topology, read_calibration(_recompute_calibration(tmp_path / "a.yaml")))
+    measured = apply_calibration(job.topology, read_calibration(_recompute_calibration(tmp_path / "b.yaml", 0.6)))
+    fast = measured.devices[measured.index("fast-0")]
+    assert fast.block_slowdown(recompute) == (0.5 / 0.6 if recompute else 1.0)
+    before = predict(plan, plain, job.model, training)[0].iteration_s
+    after = predict(plan, measured, job.model, training)[0].iteration_s
+    if not recompute:
+        assert after == before
+    else:
+        # By hand: 8 micro-batches x L blocks of 4 forwards' FLOPs, at 0.6 of peak instead of 0.5.
+        forward = layer_costs(job.model, training, 1, 1).layer_forward_flops
+        peak = fast.peak_flops_for("fp16")
+        assert after - before == pytest.approx(8 * L * 4 * forward * (1 / 0.6 - 1 / 0.5) / peak, rel=1e-9)
+        assert after < before
+    ctx = make_context(measured, job.model, training)
+    estimate = score_split(ctx, np.array([[measured.index("fast-0")]]), (L,), (8,), 1, "1f1b")
+    assert estimate == pytest.approx(after, rel=1e-9)
+
+
+def test_estimate_and_simulator_agree_on_measured_recomputed_blocks(tmp_path):
+    """The lab topology's 9-stage GPipe pipeline with recomputation, its A40s and L4s given measured
+    recomputed blocks (the 4090 none): the search's estimate, the simulator and the bound all count
+    the blocks' new times (the estimate within 1% of the simulator, as without a calibration)."""
+    from dataclasses import replace
+
+    from planner.prediction.predict import predict
+    from planner.search.bounds import lower_bound_s
+    from planner.search.evaluate import Candidate, make_context, score_split
+    from planner.search.plans import candidate_to_plan
+
+    job = load_job(ROOT / "topologies" / "hetero" / "lab-mixed-a40-l4.yaml")
+    training = replace(job.training, recompute=True, schedule="gpipe")
+    order = "desktop-4090 l4-0 l4-2 l4-1 l4-3 a40-1 a40-2 a40-3 a40-0".split()
+    counts, micro = (4, 3, 3, 3, 3, 4, 4, 4, 4), (64,)
+    times = []
+    for measured in (False, True):
+        types = {}
+        for kind in ("A40", "L4"):
+            device = next(d for d in job.topology.devices if d.type_name == kind)
+            types[kind] = {"efficiency": device.efficiency,
+                           "memory_bandwidth_bytes_per_s": device.memory_bandwidth_bytes_per_s}
+            if measured:
+                types[kind]["recompute_efficiency"] = {"A40": 0.55, "L4": 0.42}[kind]
+        path = tmp_path / f"cal-{measured}.yaml"
+        path.write_text(yaml.safe_dump({"format": "hetplan-calibration/1",
+                                        "measured_at_utc": "2026-11-27T00:00:00+00:00", "device_types": types}))
+        topology = apply_calibration(job.topology, read_calibration(path))
+        ctx = make_context(topology, job.model, training)
+        assign = np.array([[topology.names.index(d) for d in order]])
+        estimate = score_split(ctx, assign, counts, micro, 1, "gpipe")
+        plan = candidate_to_plan(ctx, Candidate(assign=assign, layer_counts=counts, micro_batches=micro,
+                                                micro_batch_size=1, schedule="gpipe", score_s=estimate))
+        prediction = predict(plan, topology, job.model, training)[0].iteration_s
+        assert estimate == pytest.approx(prediction, rel=0.01)
+        assert lower_bound_s(topology, job.model, training) <= prediction
+        times.append(prediction)
+    assert times[1] < 0.95 * times[0]
+
+
+def test_the_layer_split_gives_a_faster_recomputing_device_more_blocks(write_yaml):
+    """Two A100s, one with a measured recomputed block at 4/3 of the plain efficiency (as fast as a
+    plain block), the other at the FLOPs' 4/3: the search's layer split is the best of every split
+    the estimate scores (5 blocks against 3), not the even split the devices' plain speeds suggest."""
+    from dataclasses import replace
+
+    from planner.search.evaluate import evaluate_placement, make_context, score_split
+
+    job = load_job(write_yaml(small_topology(
+        model="small", devices=[{"name": "a", "count": 2, "type": "A100-80GB", "host": "n"}],
+        network={"host": {"latency": "0.01ms", "bandwidth": "3200Gbps"}})))
+    first = job.topology.devices[0]
+    topology = replace(job.topology, devices=(replace(first, recompute_efficiency=first.efficiency * 4 / 3),
+                                              job.topology.devices[1]))
+    ctx = make_context(topology, job.model, replace(job.training, recompute=True, precision="fp16", schedule="gpipe"))
+    assign, L = np.array([[0, 1]]), job.model.layers
+    candidate = evaluate_placement(ctx, assign, 1, "gpipe")
+    scores = {(k, L - k): score_split(ctx, assign, (k, L - k), (16,), 1, "gpipe") for k in range(1, L)}
+    best = min(scores, key=scores.get)
+    assert candidate.layer_counts == best == (5, 3) and candidate.score_s == pytest.approx(scores[best], rel=1e-12)
+
+
+def test_the_bound_counts_measured_recomputed_blocks(write_yaml):
+    """One A100 whose recomputed block runs as fast as a plain one (recompute_efficiency 4/3 of the
+    efficiency): the one-device plan takes 3/4 of the FLOPs' time for its blocks, and the lower bound,
+    counting them the same in its work and its widest stage, stays below it (at 4/3 it would not)."""
+    from dataclasses import replace
+
+    from planner.plan.plan import Plan
+    from planner.prediction.predict import predict
+    from planner.search.bounds import lower_bound_s
+
+    job = load_job(write_yaml(small_topology(model="small",
+                                             devices=[{"name": "a", "count": 1, "type": "A100-80GB", "host": "n"}],
+                                             network={})))
+    device = job.topology.devices[0]
+    topology = replace(job.topology, devices=(replace(device, recompute_efficiency=device.efficiency * 4 / 3),))
+    training = replace(job.training, recompute=True, precision="fp16", global_batch=64)  # compute beyond the step
+    plan = Plan(layer_bounds=(0, job.model.layers), assignment=((device.name,),), micro_batches=(64,), micro_batch_size=1,
+                schedule="1f1b")
+    assert lower_bound_s(topology, job.model, training) <= predict(plan, topology, job.model, training)[0].iteration_s

@@ -110,3 +110,21 @@ def test_search_equals_both_exact_references_on_tiny_random_instances(seed):
     optimum = exact_placement(ctx, stages, replicas, 2, "1f1b", time_limit_s=30)
     assert optimum.status == "optimal" and optimum.objective_s <= brute * (1 + 1e-9)
     assert min(h[2] for h in front.history) == pytest.approx(optimum.objective_s, rel=1e-7)
+
+
+@pytest.mark.parametrize("seed, schedule", [(3, "1f1b"), (11, "gpipe"), (29, "1f1b")])
+def test_cpsat_counts_measured_recomputed_blocks_as_the_estimate_does(seed, schedule):
+    """With recomputation and each device's own measured recomputed block (``recompute_efficiency``,
+    a recomputed block 1.0 to 1.33 times a plain one), CP-SAT's optimum is still the enumeration's."""
+    ctx, stages, replicas = _instance(seed, 4, model_preset("small"), 2, schedule)
+    rng = np.random.default_rng(seed)
+    topology = ctx.topology
+    devices = tuple(replace(d, recompute_efficiency=d.efficiency * 4 / 3 / float(rng.uniform(1.0, 4 / 3)))
+                    for d in topology.devices)
+    ctx = make_context(replace(topology, devices=devices), ctx.model, replace(ctx.training, recompute=True))
+    assert len(set(ctx.block_slowdown.round(6))) == len(devices)  # a slowdown of its own on every device
+    expected, _ = _exhaustive(ctx, stages, replicas, 2, schedule)
+    result = exact_placement(ctx, stages, replicas, 2, schedule, time_limit_s=30)
+    assert np.isfinite(expected) and result.status == "optimal"
+    assert result.objective_s == pytest.approx(expected, rel=1e-7)
+    assert expected - 1e-6 <= result.bound_s <= expected  # its own model's optimum, within the 1 ns rounding

@@ -6,7 +6,9 @@ A calibration replaces, for each device type it measured, the catalog's default 
 and, where it was measured (a host with two or more devices of the type), the catalog's
 ``tensor_block_issue`` (``tensor_block_issue_s``: the least time a tensor group's block takes per
 micro-batch, ``cost_models.comm.tensor_block_issue_s``), adds ``head_efficiency`` (the same for the LM head and loss, often far lower: a large, odd-sized
-vocabulary and a memory-bound softmax) and replaces ``memory_bandwidth`` (the optimizer step's effective bytes/s); its ``network``
+vocabulary and a memory-bound softmax) and, where it was measured, ``recompute_efficiency`` (the
+same for a block that recomputes its forward in backward, counted at 4 forwards' FLOPs; a compiled
+block's recomputation costs less than the 4/3 of a plain block the FLOPs say), and replaces ``memory_bandwidth`` (the optimizer step's effective bytes/s); its ``network``
 section holds measured latency and bandwidth matrices between named devices, which a topology can
 use instead of typed numbers (``network: {calibration: FILE}``). A plan made with a calibration
 records its path and hash, and ``plan launch`` predicts with the same one or refuses.
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cost_models.flops import training_flops_multiplier
 from planner.errors import InputError
 from planner.fields import Fields
 from planner.io import read_yaml, write_document
@@ -27,6 +30,9 @@ __all__ = ["CALIBRATION_FORMAT", "Calibration", "read_calibration", "write_calib
            "calibration_record", "recorded_calibration", "measured_links", "replan_calibration"]
 
 CALIBRATION_FORMAT = "hetplan-calibration/1"
+# A recomputed block does a plain block's work and one forward more (4/3 of its FLOPs) and takes no less
+# time, so its efficiency is at most 4/3 of the plain block's.
+_MOST_RECOMPUTE_EFFICIENCY_SHARE = training_flops_multiplier(True) / training_flops_multiplier(False)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -34,7 +40,8 @@ class Calibration:
     path: str
     sha256: str
     measured_at_utc: str
-    device_types: dict  # type name -> {"efficiency", "head_efficiency", "memory_bandwidth_bytes_per_s"[, "tensor_block_issue_s"]}
+    device_types: dict  # type name -> {"efficiency", "head_efficiency", "memory_bandwidth_bytes_per_s",
+    #                                    "recompute_efficiency"[, "tensor_block_issue_s"]}
     network: dict | None  # {"devices": [...], "latency_s": NxN, "bandwidth_bytes_per_s": NxN} or None
     document: dict
 
@@ -70,7 +77,13 @@ def read_calibration(path) -> Calibration:
             e = Fields(entry, f"device_types.{name}")
             types[str(name)] = {"efficiency": e.float("efficiency", high=1.0),
                                 "head_efficiency": e.float("head_efficiency", 0.0, high=1.0),
-                                "memory_bandwidth_bytes_per_s": e.float("memory_bandwidth_bytes_per_s")}
+                                "memory_bandwidth_bytes_per_s": e.float("memory_bandwidth_bytes_per_s"),
+                                "recompute_efficiency": e.float("recompute_efficiency", 0.0, high=1.0)}
+            recompute, plain = types[str(name)]["recompute_efficiency"], types[str(name)]["efficiency"]
+            if recompute > _MOST_RECOMPUTE_EFFICIENCY_SHARE * plain:
+                raise InputError(f"{recompute!r} would make a recomputed block (4 forwards' FLOPs) faster than a plain "
+                                 f"one (3 forwards' FLOPs at efficiency {plain!r}): it may be at most 4/3 of the "
+                                 "efficiency; measure again with 'plan calibrate'", field=e.path("recompute_efficiency"))
             if e.has("tensor_block_issue_s"):
                 issue = e.raw("tensor_block_issue_s")
                 if isinstance(issue, bool) or not isinstance(issue, (int, float)) or not 0 <= issue < 1:
@@ -110,13 +123,15 @@ def write_calibration(document: dict, path) -> None:
 
 
 def apply_calibration(topology, calibration: Calibration):
-    """``topology`` with the measured efficiency and memory bandwidth of every calibrated device type,
-    and its tensor groups' block floor where the calibration measured one."""
+    """``topology`` with the measured efficiencies (blocks, head, recomputed blocks) and memory
+    bandwidth of every calibrated device type, and its tensor groups' block floor where the
+    calibration measured one."""
     devices = []
     for d in topology.devices:
         measured = calibration.device_types.get(d.type_name)
         if measured:
             d = replace(d, efficiency=measured["efficiency"], head_efficiency=measured["head_efficiency"],
+                        recompute_efficiency=measured["recompute_efficiency"],
                         memory_bandwidth_bytes_per_s=measured["memory_bandwidth_bytes_per_s"],
                         tensor_block_issue_s=measured.get("tensor_block_issue_s", d.tensor_block_issue_s))
         devices.append(d)

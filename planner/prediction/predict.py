@@ -62,6 +62,10 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     speed = topology.effective_flops(training.precision)[device]  # (R, S)
     # The head runs at its own calibrated efficiency: its FLOPs count ``slowdown`` times.
     extra_head = profile.head_forward_flops[None, :] * (topology.head_slowdowns()[device] - 1.0)
+    # A block's forward and backward at the device's calibrated block slowdown (with recomputation,
+    # measured): its FLOPs count that many times, the difference in backward, where the recomputation runs.
+    block_slowdown = topology.block_slowdowns(training.recompute)[device]  # (R, S)
+    extra_blocks = profile.layer_counts[None, :] * costs.layer_flops * (block_slowdown - 1.0)
     mem_bw = np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices])[device]
     tensor = groups.degree[device]
     member_params = stage_parameters(costs, profile.layer_counts[None, :], np.arange(S)[None, :], tensor)
@@ -71,7 +75,7 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
         optimizer = optimizer + work / speed
     # A group's block beyond its compute (all-reduces or issue floor), split as its all-reduces are.
     beyond = tensor_layer_s(costs, groups.allreduce_per_byte_s[device], groups.allreduce_latency_s[device],
-                            costs.layer_flops / speed, tensor, groups.issue_s[device])
+                            costs.layer_flops * block_slowdown / speed, tensor, groups.issue_s[device])
     forward_share = costs.tensor_allreduces_forward / (costs.tensor_allreduces_forward + costs.tensor_allreduces_backward)
     tensor_forward = profile.layer_counts[None, :] * forward_share * beyond
     tensor_backward = profile.layer_counts[None, :] * (1.0 - forward_share) * beyond
@@ -90,7 +94,8 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
                                                        float(sync[s]), server)) if len(ring) > 1 else ())
     return PipelineJob(schedule=plan.schedule, device=device, micro_batches=np.array(plan.micro_batches),
                        forward_s=(profile.forward_flops[None, :] + extra_head) / speed + tensor_forward + codec_forward,
-                       backward_s=(profile.backward_flops[None, :] + 2.0 * extra_head) / speed + tensor_backward
+                       backward_s=(profile.backward_flops[None, :] + 2.0 * extra_head + extra_blocks) / speed
+                       + tensor_backward
                        + codec_backward,
                        boundary_bytes=profile.boundary_bytes, network=topology.network, sync_s=sync,
                        sync_links=tuple(links), sync_holds=tuple(holds), sync_bytes=profile.gradient_bytes,

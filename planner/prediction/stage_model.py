@@ -395,12 +395,15 @@ def stage_profile(costs: LayerCosts, layer_bounds, compressed=None) -> StageProf
                         weight_gradient_flops=weight)
 
 
-def iteration_flops(model, global_batch: int, *, recompute: bool, head_slowdown: float = 1.0) -> float:
+def iteration_flops(model, global_batch: int, *, recompute: bool, head_slowdown: float = 1.0,
+                    block_slowdown: float = 1.0) -> float:
     """FLOPs of one iteration over ``global_batch`` sequences: every block's forward and backward
-    (plus a forward with recomputation) and the head's, the head's counted ``head_slowdown`` times.
+    (plus a forward with recomputation) and the head's, the blocks' counted ``block_slowdown`` times
+    (``Device.block_slowdown``) and the head's ``head_slowdown`` times.
     With ``recompute=False`` this is the model FLOPs of MFU (PaLM, Chowdhery et al. 2022, App. B)."""
     layer = flops.layer_forward_flops(global_batch, model.sequence, model.hidden, model.ffn_hidden,
                                       gated_mlp=model.gated_mlp)
     outputs, positions = head_outputs(model, padded=False)
     head = flops.head_forward_flops(global_batch, positions, model.hidden, outputs)
-    return float(model.layers * layer * flops.training_flops_multiplier(recompute) + 3.0 * head * head_slowdown)
+    return float(model.layers * layer * flops.training_flops_multiplier(recompute) * block_slowdown
+                 + 3.0 * head * head_slowdown)

@@ -3,7 +3,9 @@
 - Compute: a transformer block's forward and backward and the head's (norm, logits, loss) at the
   model's shapes, timed on rank 0's device; efficiency = the block's model FLOPs
   (``cost_models.flops``) / its measured time / the device type's peak at the training precision,
-  and head efficiency the same for the head.
+  and head efficiency the same for the head; the recompute efficiency the same for the runtime's block
+  with full recomputation (its forward re-run in backward, compiled as ``plan launch`` compiles it)
+  timed forward and backward and counted at 4 forwards' FLOPs (``flops.training_flops_multiplier``).
 - Optimizer: the runtime's own optimizer stepping ``OPTIMIZER_PROBE_PARAMETERS`` parameters; the
   effective memory bandwidth = bytes the roofline counts (``planner.prediction.stage_model``) / time.
 - Links: a ping-pong between every ordered pair of the launched processes over torch.distributed at
@@ -189,6 +191,10 @@ def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
             f"{1e3 * m['tensor_block_model_s']:.3f} ms: floor {1e3 * entry['tensor_block_issue_s']:.3f} ms"
             + f" (micro-batch {m['tensor_micro_batch_size']}"
             + ("; none shows: 0 times every micro-batch the same)" if not entry["tensor_block_issue_s"] else ")"))
+    m = entry["measured"]
+    plain = m["block_forward_s"] + m["block_backward_s"]
+    log(f"a block took {1e3 * plain:.3f} ms forward and backward, {1e3 * m['recomputed_block_forward_backward_s']:.3f} "
+        f"ms with recomputation: {m['recomputed_block_forward_backward_s'] / plain:.3f} times (the FLOPs say 1.333)")
     efficiency = entry["efficiency"]
     if efficiency < _IMPLAUSIBLE_EFFICIENCY:
         log(f"warning: measured efficiency {efficiency:.4f} of {kind}'s peak is implausibly low: is this host's "
@@ -198,7 +204,7 @@ def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
 
 
 def _document(job, kind, backend, names, reports, options) -> dict:
-    from cost_models.flops import head_forward_flops, layer_forward_flops
+    from cost_models.flops import head_forward_flops, layer_forward_flops, training_flops_multiplier
     from planner.prediction.stage_model import head_outputs
 
     compute = reports[0]["compute"]
@@ -209,6 +215,7 @@ def _document(job, kind, backend, names, reports, options) -> dict:
     head = head_forward_flops(b, positions, model.hidden, outputs)
     achieved = 3.0 * block / (compute["block_forward_s"] + compute["block_backward_s"])
     head_achieved = 3.0 * head / compute["head_s"]
+    recompute_achieved = training_flops_multiplier(True) * block / compute["recomputed_block_s"]
     device = next(d for d in job.topology.devices if d.type_name == kind)
     peak = peak_for(device.peak_flops, training.precision)
     document = {
@@ -223,6 +230,9 @@ def _document(job, kind, backend, names, reports, options) -> dict:
         "device_types": {kind: {
             "efficiency": min(achieved / peak, 1.0),
             "head_efficiency": min(head_achieved / peak, 1.0),
+            # no faster than the plain block (noise aside), which read_calibration holds it to
+            "recompute_efficiency": min(recompute_achieved / peak, training_flops_multiplier(True)
+                                        / training_flops_multiplier(False) * min(achieved / peak, 1.0), 1.0),
             "memory_bandwidth_bytes_per_s": compute["optimizer_bytes_per_s"],
             "measured": {"device_name": compute["device_name"], "precision": training.precision,
                          "dtype": compute["dtype"], "compiled": compute["compiled"], "micro_batch_size": b, "sequence": model.sequence,
@@ -230,6 +240,8 @@ def _document(job, kind, backend, names, reports, options) -> dict:
                          "block_forward_s": compute["block_forward_s"], "block_backward_s": compute["block_backward_s"],
                          "head_forward_backward_s": compute["head_s"], "achieved_flops": achieved,
                          "head_achieved_flops": head_achieved,
+                         "recomputed_block_forward_backward_s": compute["recomputed_block_s"],
+                         "recompute_achieved_flops": recompute_achieved,
                          "peak_flops": peak, "optimizer_step_s": compute["optimizer_s"],
                          "optimizer_parameters": OPTIMIZER_PROBE_PARAMETERS, "threads": compute["threads"]},
         }},
@@ -363,6 +375,11 @@ def _compute_probe(job, options, device, threads) -> dict:
     grad = torch.randn_like(x)
     forward = _timed(lambda: block(x), options.repeats, device)
     both = _timed(lambda: block(x).backward(grad), options.repeats, device)
+    recomputed = Block(model).to(device=device, dtype=dtype)
+    recomputed.recompute = True  # as planner.runtime.gpt.build_stage sets it for training.recompute
+    if compiled:
+        recomputed.compile()
+    recomputed_both = _timed(lambda: recomputed(x).backward(grad), options.repeats, device)
     norm = make_norm(model, model.hidden).to(device=device, dtype=dtype)
     head = torch.nn.Linear(model.hidden, head_rows(model), bias=False).to(device=device, dtype=dtype)
     tokens = torch.randint(0, model.vocabulary, (b, model.sequence + 1), device=device)
@@ -382,6 +399,7 @@ def _compute_probe(job, options, device, threads) -> dict:
     optimizer_s = _timed(step, options.repeats, device)
     moved = probe.weight.numel() * OPTIMIZER_BYTES_PER_PARAMETER[training.optimizer]
     return {"micro_batch_size": b, "block_forward_s": forward, "block_backward_s": max(both - forward, 0.0),
+            "recomputed_block_s": recomputed_both,
             "head_s": head_s, "optimizer_s": optimizer_s, "optimizer_bytes_per_s": moved / optimizer_s,
             "dtype": str(dtype).replace("torch.", ""), "compiled": compiled, "threads": threads, "torch": torch.__version__,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"

@@ -48,7 +48,9 @@ def lower_bound_s(topology, model, training) -> float:
     # The least state a device can hold: the model's sharded over every device if sharding is allowed.
     state = params * layer_costs(model, training, 1, 1, topology.size).state_bytes_per_param
     fewest_stages = max(1, math.ceil(state / float(topology.memory_bytes().max())))
-    layer_params, sequence_layer_flops = per_sequence.layer_params, per_sequence.layer_flops
+    layer_params = per_sequence.layer_params
+    # a block's FLOPs as the fastest-counting device counts them (Device.block_slowdown)
+    sequence_layer_flops = per_sequence.layer_flops * float(topology.block_slowdowns(training.recompute).min())
     gradient_bytes = least_gradient_bytes_per_param(per_sequence)  # PowerSGD: the best-compressed part's rate
     best_out = np.sort(topology.network.fastest_out_bytes_per_s())[::-1]  # each device's fastest outgoing link, best first
     n = topology.size
@@ -77,6 +79,8 @@ def lower_bound_s(topology, model, training) -> float:
 
 def work_flops(topology, model, training) -> float:
     """The iteration's training FLOPs as the cost model counts them (recomputation included; the
-    head at the smallest calibrated head slowdown, never above 1: a faster head only lowers the bound)."""
+    head at the smallest calibrated head slowdown, never above 1: a faster head only lowers the bound;
+    the blocks at the smallest ``Device.block_slowdown``)."""
     slowdown = min(float(topology.head_slowdowns().min()), 1.0)
-    return iteration_flops(model, training.global_batch, recompute=training.recompute, head_slowdown=slowdown)
+    return iteration_flops(model, training.global_batch, recompute=training.recompute, head_slowdown=slowdown,
+                           block_slowdown=float(topology.block_slowdowns(training.recompute).min()))

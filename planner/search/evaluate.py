@@ -35,6 +35,7 @@ class SearchContext:
     training: object
     speed: np.ndarray  # effective FLOP/s per device
     head_slowdown: np.ndarray  # per device: the head's FLOPs count this many times (calibration)
+    block_slowdown: np.ndarray  # per device: a block's FLOPs count this many times (Device.block_slowdown)
     capacity: np.ndarray  # usable bytes per device
     mem_bw: np.ndarray
     network: object  # cost_models.network.Network: the simulator's own network
@@ -51,7 +52,12 @@ class SearchContext:
         """Seconds each placed group's block takes per micro-batch beyond its compute: its tensor
         all-reduces or its issue floor (``stage_model.tensor_layer_s``; 0 for one device)."""
         return tensor_layer_s(costs, self.groups.allreduce_per_byte_s[assign], self.groups.allreduce_latency_s[assign],
-                              costs.layer_flops / self.speed[assign], self.tensor[assign], self.groups.issue_s[assign])
+                              self.block_s(costs, assign), self.tensor[assign], self.groups.issue_s[assign])
+
+    def block_s(self, costs, assign) -> np.ndarray:
+        """Seconds of one block's forward and backward per micro-batch on each placed device (a
+        tensor group's compute share), its FLOPs counted ``block_slowdown`` times."""
+        return costs.layer_flops * self.block_slowdown[assign] / self.speed[assign]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -75,6 +81,7 @@ def make_context(topology, model, training, groups: tuple = ()) -> SearchContext
     return SearchContext(topology=topology, model=model, training=training,
                          speed=topology.effective_flops(training.precision), capacity=topology.memory_bytes(),
                          head_slowdown=topology.head_slowdowns(),
+                         block_slowdown=topology.block_slowdowns(training.recompute),
                          mem_bw=np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices]),
                          network=topology.network, costs={}, rings={}, ring_nics={}, groups=grouped,
                          tensor=grouped.degree)
@@ -204,8 +211,7 @@ def _pipeline_shape(ctx, assign, costs, counts, schedule, links):
     """
     R, S = assign.shape
     round_trip, forward_busy, backward_busy, link_fill, nic_period = links
-    work = np.array(counts, dtype=float) * costs.layer_flops
-    tau = np.repeat(work[None, :], R, axis=0)
+    tau = np.array(counts, dtype=float)[None, :] * costs.layer_flops * ctx.block_slowdown[assign]
     tau[:, -1] += costs.head_flops * ctx.head_slowdown[assign[:, -1]]
     tau = tau / ctx.speed[assign] + np.array(counts, dtype=float)[None, :] * ctx.tensor_layer_s(costs, assign)
     if costs.boundary_encode_bytes:  # compressed messages: encode and decode on each side of a boundary
@@ -460,11 +466,12 @@ def _evaluate(ctx, assign, micro_batch_size, schedule, micro_batches, split) -> 
     if total < R:
         return None
     costs = stage_costs(ctx, micro_batch_size, S, R)
-    # A tensor group's blocks run at its members' summed speed slowed by their all-reduces.
-    speed = costs.layer_flops / (costs.layer_flops / ctx.speed[assign] + ctx.tensor_layer_s(costs, assign))
+    # A block's FLOP/s as placed: a tensor group's summed speed slowed by its all-reduces, any
+    # device's by its block slowdown; the head's FLOPs count their slowdown over that speed.
+    speed = costs.layer_flops / (ctx.block_s(costs, assign) + ctx.tensor_layer_s(costs, assign))
     capacity = ctx.capacity[assign]
     tensor = ctx.tensor[assign]
-    head_slowdown = float(ctx.head_slowdown[assign[:, -1]].max())
+    head_slowdown = float((ctx.head_slowdown / ctx.block_slowdown)[assign[:, -1]].max())
     links = _links(ctx, assign, costs)
     if micro_batches is None:
         harmonic = 1.0 / (1.0 / speed).sum(axis=1)
