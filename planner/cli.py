@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -287,10 +288,20 @@ def _finite_positive(name: str, value, *, unit: str = "seconds"):
 PLAN_SUFFIXES = (".yaml", ".yml", ".json")
 
 
-def _check_writable(path: str, field: str) -> None:
-    """Refuse an output path that cannot be written, before the work that fills it: a folder, a
-    missing or read-only folder, a name without .yaml/.json. A probe file is created and removed."""
+def _inputs(args) -> list:
+    """The files this command reads (topology, old plan, added devices, calibration), resolved."""
+    names = (getattr(args, key, None) for key in ("topology", "from_plan", "added", "calibration"))
+    return [Path(name).resolve() for name in names if name]
+
+
+def _check_writable(path: str, field: str, inputs: list = ()) -> None:
+    """Refuse an output path that cannot be written, before the work that fills it: one of the
+    command's ``inputs`` (the plan would replace it), a folder, a missing or read-only folder, a name
+    without .yaml/.json. A probe file is created and removed."""
     target = Path(path)
+    if target.resolve() in inputs:
+        raise InputError("is one of this command's inputs, which the plan would replace: name another file; "
+                         "nothing was written", source=path, field=field)
     if target.is_dir():
         raise InputError(f"is a folder: name a file in it, e.g. {target / 'plan.yaml'}", source=path, field=field)
     if target.suffix.lower() not in PLAN_SUFFIXES:
@@ -342,7 +353,7 @@ def _make(args) -> int:
     _finite_positive("--time-limit", args.time_limit)
     _non_negative("--seed", args.seed)
     if args.output:
-        _check_writable(args.output, "--output")
+        _check_writable(args.output, "--output", _inputs(args))
     objective = _objective(args)
     pareto_files = _pareto_files(args) if args.pareto else []
     job = load_job(args.topology, model=args.model, model_file=args.model_file, training_overrides=overrides)
@@ -411,6 +422,12 @@ def _pareto_files(args) -> list:
     base = Path(args.output) if args.output else Path("plan.yaml")
     pattern = str(base.with_name(f"{base.stem}-pareto-{{}}{base.suffix or '.yaml'}"))
     _check_writable(pattern.format(1), "--pareto")
+    front = re.compile(re.escape(str(Path(pattern).resolve())).replace(re.escape("{}"), "[0-9]+"))
+    taken = next((p for p in _inputs(args) if front.fullmatch(str(p))), None)
+    if taken:  # the front's K-th file would replace an input
+        raise InputError(f"would write the front's plans as {pattern.format('K')}, and {taken} is one of this "
+                         "command's inputs: name the plan file otherwise with -o; nothing was written",
+                         source=str(taken), field="--pareto")
     return [pattern]
 
 
@@ -487,7 +504,7 @@ def _replan(args) -> int:
     _finite_positive("--move-weight", args.move_weight, unit="iterations")
     _non_negative("--seed", args.seed)
     if args.output:
-        _check_writable(args.output, "--output")
+        _check_writable(args.output, "--output", _inputs(args))
     old, model, training = read_old_plan(args.from_plan)
     topology = load_topology(args.topology)
     changed, topology_source = None, args.topology
@@ -657,7 +674,7 @@ def _calibrate(args) -> int:
 
     if args.repeats < 1:
         raise InputError(f"must be at least 1, got {args.repeats}", field="--repeats")
-    _check_writable(args.output, "--output")
+    _check_writable(args.output, "--output", _inputs(args))
     options = CalibrateOptions(out=args.output, device_type=args.device_type,
                                processes=_positive("--processes", args.processes),
                                names=tuple(args.names.split(",")) if args.names else (), backend=args.backend,

@@ -207,6 +207,41 @@ def test_output_naming_a_folder_or_a_missing_folder_is_one_line(write_yaml, tmp_
     assert _leftovers(tmp_path) == [] and list(folder.iterdir()) == []
 
 
+def test_output_naming_an_input_is_refused_and_the_input_kept(write_yaml, tmp_path, capsys):
+    """-o over the topology, the old plan, the added devices or the calibration would replace the
+    user's file with the plan: one line naming --output, exit 2, every input as it was."""
+    from pathlib import Path
+
+    topo = write_yaml(small_topology())
+    before = Path(topo).read_bytes()
+    for output in (str(topo), str(Path(topo).resolve()), f"{Path(topo).parent}/./{Path(topo).name}"):
+        assert main([str(topo), "-o", output, "--time-limit", "5"]) == 2
+        err = _one_line(capsys)
+        assert "'--output'" in err and "one of this command's inputs" in err, err
+    assert Path(topo).read_bytes() == before
+    old = tmp_path / "old.yaml"
+    assert main([str(topo), "-o", str(old), "--time-limit", "5"]) == 0
+    capsys.readouterr()
+    plan_bytes = old.read_bytes()
+    lost = read_plan(old)[0].assignment[0][0]
+    for args in ([str(topo), "--from", str(old), "-o", str(old)],
+                 [str(topo), "--from", str(old), "--lost", lost, "-o", str(old)],
+                 [str(topo), "--from", str(old), "--lost", lost, "-o", str(topo)]):
+        assert main([*args, "--time-limit", "5"]) == 2
+        assert "one of this command's inputs" in _one_line(capsys)
+    assert old.read_bytes() == plan_bytes and Path(topo).read_bytes() == before
+    # the front's files, PLAN-pareto-K.yaml, may not replace an input either
+    front = tmp_path / "p-pareto-2.yaml"
+    front.write_bytes(before)
+    assert main([str(front), "--pareto", "-o", str(tmp_path / "p.yaml"), "--time-limit", "5"]) == 2
+    err = _one_line(capsys)
+    assert "'--pareto'" in err and "one of this command's inputs" in err, err
+    assert front.read_bytes() == before
+    pytest.importorskip("torch")  # plan calibrate checks its -o before it measures anything
+    assert main(["calibrate", str(topo), "-o", str(topo)]) == 2
+    assert "one of this command's inputs" in _one_line(capsys) and Path(topo).read_bytes() == before
+
+
 def test_output_in_a_read_only_folder_is_refused_before_the_search(write_yaml, tmp_path, capsys, monkeypatch):
     import errno
     import tempfile
