@@ -277,3 +277,20 @@ def test_full_disk_while_writing_the_plan_loses_nothing(write_yaml, tmp_path, ca
     err = _one_line(capsys)
     assert str(out) in err and "No space left on device" in err and "nothing was written" in err
     assert out.read_text() == "the plan written yesterday\n" and _leftovers(tmp_path) == []
+
+
+def test_launch_from_another_folder_names_the_plans_topology_path(write_yaml, tmp_path, capsys, monkeypatch):
+    """A plan records its topology's path as given to 'plan'; launched from elsewhere, with the
+    topology neither there nor beside the plan, one line names topology.path and --topology."""
+    topo = write_yaml(small_topology())
+    monkeypatch.chdir(topo.parent)
+    (tmp_path / "sub").mkdir()
+    plan = tmp_path / "sub" / "p.yaml"
+    assert main([topo.name, "-o", str(plan), "--time-limit", "5"]) == 0
+    capsys.readouterr()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["launch", str(plan), "--emulate"]) == 2
+    err = _one_line(capsys)
+    assert "'topology.path'" in err and f"names {topo.name}" in err and "--topology" in err, err

@@ -35,7 +35,11 @@ def _topology_path(plan_path: Path, document: dict, override) -> Path:
     if candidate.is_absolute() or candidate.exists():
         return candidate
     beside = plan_path.parent / candidate
-    return beside if beside.exists() else candidate
+    if beside.exists():
+        return beside
+    raise InputError(f"names {recorded}, which is neither there (from {Path.cwd()}) nor beside the plan: run from "
+                     "the folder the plan was made in, or pass --topology FILE", source=str(plan_path),
+                     field="topology.path")
 
 
 def load_run_inputs(plan_path, topology_path=None) -> RunInputs:
