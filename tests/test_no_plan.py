@@ -48,24 +48,31 @@ def test_a_stage_too_big_for_every_device_names_the_device_and_the_stage_count(w
 
 
 def test_recompute_is_the_fix_only_when_it_is_off(write_yaml, capsys):
-    doc = small_topology(model="gpt3-13b")
-    doc["training"]["global_batch"] = 16
+    doc = small_topology(model="gpt3-6.7b")  # its state (100 GiB) fits the 4 devices together (188 GiB)
+    doc["training"].update(global_batch=16, micro_batch_size=2)
     path = write_yaml(doc)
     assert main([str(path), "--time-limit", "5"]) == 2
     assert _error(capsys) == (f"plan: error: {path}: field 'training.recompute': no plan fits in memory: 4 stage(s) "
-                              "x 1 replica(s) must use slow-0 (T4, 15 GiB usable), and a stage of 10 layers needs at "
-                              f"least {_gib(doc, 4, 4)} at micro-batch size 1 (recompute off): set recompute: true")
+                              "x 1 replica(s) must use slow-0 (T4, 15 GiB usable), and a stage of 8 layers needs at "
+                              f"least {_gib(doc, 4, 4, 2)} at micro-batch size 2 (recompute off): set recompute: true")
     doc["training"]["recompute"] = True
-    assert main([str(write_yaml(doc)), "--time-limit", "5"]) == 2
-    err = _error(capsys)
-    assert "field 'model'" in err and "(recompute on)" in err and "recompute: true" not in err
-    assert err.endswith("add devices with more memory or plan a smaller model")  # micro-batch size is 1 already
+    assert main([str(write_yaml(doc)), "--time-limit", "5"]) == 0  # and with it the model fits
+    capsys.readouterr()
+    # GPT-3 13B's state alone (192 GiB) exceeds the 4 devices together: recomputation is no fix
+    doc = small_topology(model="gpt3-13b")
+    doc["training"]["global_batch"] = 16
+    for recompute in (False, True):
+        doc["training"]["recompute"] = recompute
+        assert main([str(write_yaml(doc)), "--time-limit", "5"]) == 2
+        err = _error(capsys)
+        assert "field 'model'" in err and "more than all 4 devices hold together" in err and "recompute:" not in err
+        assert err.endswith("add devices with more memory or plan a smaller model")
 
 
-def _gib(doc, stages: int, replicas: int) -> str:
+def _gib(doc, stages: int, replicas: int, micro_batch_size: int = 1) -> str:
     from planner.inputs.units import format_bytes
 
-    return format_bytes(stage_memory_floor(_job(doc).model, _job(doc).training, 1, stages, replicas))
+    return format_bytes(stage_memory_floor(_job(doc).model, _job(doc).training, micro_batch_size, stages, replicas))
 
 
 def _job(doc):
@@ -129,3 +136,15 @@ def test_a_network_too_slow_for_any_plan_is_named(write_yaml, capsys, monkeypatc
     err = _error(capsys)
     assert err.startswith(f"plan: error: {path}: field 'network': no plan finishes an iteration in finite time")
     assert "raise its bandwidth" in err and "memory" not in err
+
+
+def test_a_model_larger_than_every_device_together_says_so(write_yaml, capsys):
+    """Nine T4s hold 135 GiB; GPT-3 13B's weights, gradients and Adam state take 16 B x 12.9e9 =
+    192 GiB: the line names that total, not one device's stage (which would look as if it fit)."""
+    path = write_yaml({"name": "t4s", "devices": [{"name": "t", "count": 9, "type": "T4"}],
+                       "network": {"region": {"latency": "0.1ms", "bandwidth": "10Gbps"}},
+                       "model": "gpt3-13b", "training": {"global_batch": 32, "micro_batch_size": 1}})
+    assert main([str(path), "--time-limit", "10"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "field 'model'" in err, err
+    assert "take 192 GiB, more than all 9 devices hold together (135 GiB usable)" in err, err

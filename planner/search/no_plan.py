@@ -54,6 +54,17 @@ def stage_memory_floor(model, training, micro_batch_size: int, stages: int, repl
     return float(min(stage_memory_bytes(costs, per_stage, s, 1.0) for s in range(stages)))
 
 
+def _state_bytes(model, training) -> float:
+    """One copy of the whole model's weights, gradients and optimizer state (``cost_models.memory``)."""
+    from cost_models.flops import model_parameters
+    from cost_models.memory import state_bytes_per_parameter
+
+    parameters = model_parameters(model.layers, model.hidden, model.ffn_hidden, model.vocabulary, model.sequence,
+                                  gated_mlp=model.gated_mlp, biases=model.biases, tied=model.tied_embeddings,
+                                  learned_positions=model.learned_positions)
+    return parameters * state_bytes_per_parameter(training.precision, training.optimizer)
+
+
 def _gib(value_bytes: float) -> str:
     return format_bytes(value_bytes)
 
@@ -65,6 +76,13 @@ def no_fit_error(topology, model, training, pairs: list, micro_batch_sizes: list
 
     ``pairs``: the (stages, replicas) pairs the search tried; ``capacity``: usable bytes per device.
     """
+    whole = _state_bytes(model, training)
+    if whole > capacity.sum():
+        # Pipeline stages split the state but never shrink it: one copy must fit the devices together.
+        return InputError(f"no plan fits in memory: the model's weights, gradients and optimizer state alone take "
+                          f"{_gib(whole)}, more than all {topology.size} devices hold together "
+                          f"({_gib(capacity.sum())} usable): add devices with more memory or plan a smaller model",
+                          field="model")
     b = min(micro_batch_sizes)
     most = max(s for s, _ in pairs)
     most_replicas = max(d for _, d in pairs)  # the most shards any tried plan could spread its state over
