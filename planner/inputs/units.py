@@ -93,6 +93,9 @@ def parse_quantity(value, kind: str, *, field: str, allow_zero: bool = False) ->
             return 0.0
         raise InputError(f"{value!r} has no unit: write it with one, e.g. {example}", field=field)
     match = re.fullmatch(_NUMBER + r"\s*([^\d\s.]\S*)", value.strip())
+    if not match and re.fullmatch(r"-\s*" + _NUMBER + r"\s*([^\d\s.]\S*)", value.strip()):
+        raise InputError(f"{value!r} is negative: give " + ("0 or more" if allow_zero else "a value greater than zero")
+                         + f", e.g. {example}", field=field)
     if not match:
         raise InputError(f"cannot read {value!r}: write a number and a unit, e.g. {example}", field=field)
     number, unit = float(match.group(1)), match.group(2)
