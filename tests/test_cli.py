@@ -294,3 +294,13 @@ def test_launch_from_another_folder_names_the_plans_topology_path(write_yaml, tm
     assert main(["launch", str(plan), "--emulate"]) == 2
     err = _one_line(capsys)
     assert "'topology.path'" in err and f"names {topo.name}" in err and "--topology" in err, err
+
+
+def test_a_topology_given_as_a_plan_or_a_calibration_says_which_file_it_is(write_yaml, capsys):
+    topo = str(write_yaml(small_topology()))
+    assert main(["launch", topo]) == 2
+    err = _one_line(capsys)
+    assert "'format_version'" in err and "is a topology file, not a plan" in err, err
+    assert main([topo, "--calibration", topo, "--time-limit", "5"]) == 2
+    err = _one_line(capsys)
+    assert "'format'" in err and "is a topology file, not a calibration" in err, err

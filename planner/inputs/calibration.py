@@ -66,6 +66,9 @@ def read_calibration(path) -> Calibration:
     text = Path(path).read_bytes() if Path(path).is_file() else None
     document = read_yaml(path)
     try:
+        if isinstance(document, dict) and "format" not in document and "devices" in document:
+            raise InputError("is a topology file, not a calibration: measure one with 'plan calibrate TOPOLOGY -o "
+                             "calibration.yaml' and pass that", field="format")
         f = Fields(document, "")
         fmt = f.str("format")
         if fmt != CALIBRATION_FORMAT:

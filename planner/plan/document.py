@@ -110,6 +110,9 @@ def _piece_bounds(stage_ranges: list, virtual_stages: int) -> list:
 def plan_from_document(document, *, source: str = "plan") -> Plan:
     """Read a plan mapping back (names, not positions); structural errors are ``InputError``s."""
     try:
+        if isinstance(document, dict) and "format_version" not in document and "devices" in document:
+            raise InputError("is a topology file, not a plan: write a plan with 'plan TOPOLOGY -o plan.yaml' and "
+                             "pass that", field="format_version")
         f = Fields(document, "")
         version = f.int("format_version")
         if version != PLAN_FORMAT_VERSION:
