@@ -167,12 +167,20 @@ def _plot_parser(sub) -> None:
 COMMANDS = ("make", "launch", "calibrate", "plot")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose refusals (a bad option value, an unknown option) are one line, not the
+    usage block; ``-h`` still prints it all. Subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} ('{self.prog} -h' lists the options)\n")
+
+
 def _parse(argv: list) -> argparse.Namespace:
     """Parse ``argv``; anything that does not start with a command is ``plan make``'s, options first
     or not (``plan -o plan.yaml topo.yaml`` is ``plan make -o plan.yaml topo.yaml``)."""
     from planner import __version__
 
-    parser = argparse.ArgumentParser(prog="plan", description="Plan training on heterogeneous devices.")
+    parser = _Parser(prog="plan", description="Plan training on heterogeneous devices.")
     parser.add_argument("--version", action="version", version=f"plan (hetplan) {__version__}")
     sub = parser.add_subparsers(dest="command")
     _plan_parser(sub)

@@ -304,3 +304,14 @@ def test_a_topology_given_as_a_plan_or_a_calibration_says_which_file_it_is(write
     assert main([topo, "--calibration", topo, "--time-limit", "5"]) == 2
     err = _one_line(capsys)
     assert "'format'" in err and "is a topology file, not a calibration" in err, err
+
+
+@pytest.mark.parametrize("args, option", [(["--stages", "abc"], "--stages"), (["--global-batch", "64.5"], "--global-batch"),
+                                          (["--schedule", "zigzag"], "--schedule")])
+def test_a_bad_option_value_is_one_line(write_yaml, capsys, args, option):
+    topo = str(write_yaml(small_topology()))
+    with pytest.raises(SystemExit) as exit_:
+        main([topo, *args])
+    assert exit_.value.code == 2
+    err = _one_line(capsys)
+    assert f"argument {option}" in err and "'plan make -h' lists the options" in err, err
