@@ -338,3 +338,19 @@ def test_plan_and_topology_files_with_sync_groups_match_their_schemas(job):
         with pytest.raises(InputError) as caught:
             parse_training({"global_batch": 8, **document})
         assert caught.value.field == "training.sync_groups"
+
+
+def test_auto_compares_every_grouping_at_a_small_budget():
+    """The search keeps a share of its limit for auto's simulations: on the shipped two-region
+    cluster at budget 2 every distinct grouping is simulated (with only the work the search left,
+    none besides the plan's own was)."""
+    from conftest import ROOT
+    from planner.search.front import SearchOptions, search
+
+    job = load_job(ROOT / "topologies" / "hetero" / "h100-a100-two-regions.yaml")
+    training = dataclasses.replace(job.training, sync_groups="auto", sync_every=4)
+    plan = search(job.topology, job.model, training, SearchOptions(seed=0, budget_s=2, time_limit_s=120)).plan
+    record = plan.search
+    assert set(record["sync_groups_tried"]) == {"replica", "cluster", "one"}, record
+    assert "sync_groups_untried" not in record
+    assert plan.sync_groups  # cluster is the fastest here

@@ -48,7 +48,7 @@ from planner.search.moves import Neighbourhood
 from planner.search.objective import IterationTime, Objective
 from planner.search.plans import candidate_to_plan
 from planner.search.sync_choice import choose_sync, estimated_sync, plan_with_sync, sync_training
-from planner.search.group_choice import choose_sync_groups, with_asked_groups
+from planner.search.group_choice import GROUP_CHOICE_SHARE, choose_sync_groups, chooses_groups, with_asked_groups
 from planner.search.no_plan import (OutOfBudget, network_error, no_degrees_error, no_fit_error, out_of_budget_error,
                                     stage_memory_floor, too_few_micro_batches_error)
 from planner.search.refine import REFINE_EVALUATIONS, refine_split
@@ -176,10 +176,12 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
                          "from a plan: drop the starting plan or use the time objective", field="x0")
     rng = rng if rng is not None else np.random.default_rng(options.seed)
     engine = {"placement": _placement_search, "allocation": _allocation_search, "pool": _pool_search}[objective.engine]
-    plan, record = engine(topology, model, training, options, rng=rng, callback=callback, x0=x0, started=started,
+    # ``sync_groups: auto`` with local steps: the grouping choice keeps its share of the time limit
+    # (and the search's work budget shrinks with it), so that auto compares groupings at any limit.
+    searched = options.share(1.0 - GROUP_CHOICE_SHARE) if chooses_groups(training) else options
+    plan, record = engine(topology, model, training, searched, rng=rng, callback=callback, x0=x0, started=started,
                           **({"objective": objective} if objective.engine == "pool" else {}))
     history, pool = record.pop("history", []), record.pop("pool", [])
-    work_used_s = record.get("work_used_s", 0.0)
     bound = objective.lower_bound(topology, model, training)  # over every device, at the asked precision
     bound = max(bound, record.pop("engine_bound_s", 0.0))  # an engine's proof over the same plans, if tighter
     sync_tried = record.pop("sync_tried", None)
@@ -187,9 +189,9 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
         training = sync_training(training, plan.sync, plan.replicas)
     else:
         plan, training, sync_tried = choose_sync(plan, topology, model, training)
-    # Local steps' sync groups: within what the search left of the work budget and of the limit.
-    groups = choose_sync_groups(plan, topology, model, training, work_s=options.work_s - work_used_s,
-                                deadline=started + options.time_limit_s)
+    # Local steps' sync groups: at most two simulations of the found plan (work set by the plan alone,
+    # so the same seed and budget give the same grouping), within the time limit (its kept share).
+    groups = choose_sync_groups(plan, topology, model, training, deadline=started + options.time_limit_s)
     plan, groups_tried = groups.plan, groups.tried
     training, plan = _resolved_training(plan, topology, model, training)
     validate_plan(plan, topology, model, training)

@@ -5,11 +5,11 @@ order). With ``cluster`` or ``one`` the search places devices for those groups (
 them, ``planner.search.evaluate.asked_groups``, and its finalists are simulated with them,
 ``with_asked_groups``); with ``auto`` it places devices with every replica alone (the fastest
 grouping on a given placement but for the smaller ring of group leads) and the grouping is then
-chosen on the found placement by the simulator, whose prediction of it the plan keeps, within what
-the search left of its work budget and of its time limit: a grouping besides the plan's own is
-simulated only while its simulation's work (``planner.search.deadline.simulation_units``) fits the
-work left and the clock holds the longest simulation yet before the limit, so the same seed and
-budget give the same grouping and the limit holds."""
+chosen on the found placement by the simulator, whose prediction of it the plan keeps: at most two
+more simulations of the found plan (work the plan sets, so the same seed and budget give the same
+grouping), in ``GROUP_CHOICE_SHARE`` of the time limit the search keeps for them; a grouping whose
+simulation the clock would not fit before the limit (``work_s`` and ``deadline``) is left untried,
+so the limit holds."""
 
 import math
 import time
@@ -21,9 +21,16 @@ from planner.prediction.predict import predict
 from planner.search.evaluate import charges_groups
 from planner.search.deadline import SIMULATION_UNITS_PER_S, simulation_units
 
-__all__ = ["GroupChoice", "choose_sync_groups", "plan_with_groups", "with_asked_groups"]
+__all__ = ["GroupChoice", "GROUP_CHOICE_SHARE", "choose_sync_groups", "chooses_groups", "plan_with_groups",
+           "with_asked_groups"]
 
 _CANDIDATES = (REPLICA, CLUSTER, ONE)
+GROUP_CHOICE_SHARE = 0.05  # of the search's time limit (and work budget), kept for auto's simulations
+
+
+def chooses_groups(training) -> bool:
+    """Whether the search ends by choosing sync groups (``auto`` with local steps)."""
+    return training.sync_groups == AUTO and training.sync_every > 1
 
 
 def plan_with_groups(plan, topology, kind: str):
