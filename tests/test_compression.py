@@ -448,6 +448,10 @@ def test_powersgd_over_tensor_groups_charges_each_members_shards(tmp_path):
     assign = np.array([[ctx.topology.index(d) for d in row] for row in plan.assignment])
     assert gradient_bytes(costs, [4], ctx.tensor[assign].max(axis=0)) == pytest.approx(simulated.sync_bytes)
     assert step_seconds(ctx, assign, costs, [4]) == pytest.approx(simulated.optimizer_s, rel=1e-12)
+    from planner.report.text import render_plan
+
+    text = render_plan(plan.with_prediction(predict(plan, topology, m, training)[0]), topology, m, training)
+    assert "PowerSGD of rank 4 (matrices, each tensor member's shards apart; vectors whole)" in text
 
 
 def test_powersgd_and_local_steps_do_not_mix():
