@@ -421,7 +421,8 @@ def stage_profile(costs: LayerCosts, layer_bounds, compressed=None, tensor=1) ->
                         boundary_bytes=np.where(np.ones(S - 1, dtype=bool) if compressed is None
                                                 else np.asarray(compressed, dtype=bool),
                                                 costs.boundary_bytes, costs.raw_boundary_bytes or costs.boundary_bytes),
-                        gradient_bytes=stage_gradient_bytes(costs, counts, np.arange(S), tensor), head_forward_flops=head,
+                        gradient_bytes=stage_gradient_bytes(costs, counts, np.arange(S), tensor),
+                        head_forward_flops=head,
                         weight_gradient_flops=weight)
 
 

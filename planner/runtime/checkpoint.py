@@ -386,8 +386,8 @@ def load_powersgd(folder, document: dict, *, module, powersgd: dict, replica: in
         for section, state in states.items():
             wanted = [names[id(p)] for p in state.matrices]
             entries = found[section]
-            if not all(name in entries and entries[name]["q"].shape == q.shape and entries[name]["error"].shape == e.shape
-                       for name, e, q in zip(wanted, state.errors, state.qs)):
+            if not all(name in entries and entries[name]["q"].shape == q.shape
+                       and entries[name]["error"].shape == e.shape for name, e, q in zip(wanted, state.errors, state.qs)):
                 state.reset()
                 lost += 1
                 continue
