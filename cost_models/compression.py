@@ -82,10 +82,14 @@ def int8_decode_bytes(values: float, dtype_bytes: int, block_values: int = BLOCK
     return int8_message_bytes(values, block_values) + float(dtype_bytes) * values
 
 
-def block_matrix_shapes(h: int, f: int, *, gated_mlp: bool = False) -> list:
+def block_matrix_shapes(h: int, f: int, *, gated_mlp: bool = False, tensor: int = 1) -> list:
     """(rows, columns) of each weight matrix of one transformer block, as ``cost_models.flops``
-    counts them: QKV ``3h x h``, output projection ``h x h``, MLP ``f x h`` (and the gate) and ``h x f``."""
-    return [(3 * h, h), (h, h), (f, h)] + ([(f, h)] if gated_mlp else []) + [(h, f)]
+    counts them: QKV ``3h x h``, output projection ``h x h``, MLP ``f x h`` (and the gate) and ``h x f``.
+    ``tensor``: one member's shards in a tensor group of that degree (Shoeybi et al. 2019, sec. 3:
+    the column-parallel QKV, fc1 and gate split by output rows, the row-parallel projection and fc2
+    by input columns), ``3h/t x h``, ``h x h/t``, ``f/t x h`` and ``h x f/t``."""
+    t = tensor
+    return [(3 * h // t, h), (h, h // t), (f // t, h)] + ([(f // t, h)] if gated_mlp else []) + [(h, f // t)]
 
 
 def powersgd_compresses(rows: int, columns: int, rank: int) -> bool:

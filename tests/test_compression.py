@@ -410,6 +410,50 @@ def test_powersgd_shrinks_the_sync_keeps_its_error_memory_and_charges_its_produc
     assert caught.value.field == "compression.rank"
 
 
+def test_powersgd_over_tensor_groups_charges_each_members_shards(tmp_path):
+    """In a group of 2 each member sends P and Q of its shards (Megatron's cuts: QKV and fc1 by rows,
+    the projection and fc2 by columns), ``r (n + m)`` values per shard, the vectors once: by hand
+    for the tiny model's block. Each member computes its shards' products at its own speed, the
+    lead also the embeddings'. The search's estimate and the simulator charge the same bytes and
+    the same products before the step."""
+    from cost_models.compression import block_matrix_shapes, powersgd_flops
+    from planner.prediction.stage_model import stage_compress_s
+    from planner.search.evaluate import gradient_bytes, make_context, step_seconds
+    from tests.test_network import _two_rings_topology
+
+    m, h, f, r = model_preset("tiny"), 64, 256, 4
+    training = parse_training({"global_batch": 8, "micro_batch_size": 1, "precision": "bf16", "optimizer": "adam",
+                               "schedule": "1f1b", "shard_optimizer": False, "compress_gradients": "powersgd",
+                               "powersgd_rank": r})
+    shards = [(96, 64), (64, 32), (128, 64), (64, 128)]
+    assert block_matrix_shapes(h, f, tensor=2) == shards
+    costs = layer_costs(m, training, 1, 1, 2)
+    vectors = costs.layer_params - (3 * h * h + h * h + 2 * f * h)  # biases and norms, 2 bytes each
+    assert costs.layer_gradient_bytes_by_degree[1] == 4 * r * (256 + 128 + 320 + 320) + 2 * vectors
+    assert costs.layer_gradient_bytes_by_degree[2] == 2 * 4 * r * (160 + 96 + 192 + 192) + 2 * vectors
+    assert costs.layer_compress_flops_by_degree[2] == sum(powersgd_flops(n, k, r) for n, k in shards)
+    assert stage_gradient_bytes(costs, 4.0, 0, 2) == 4 * costs.layer_gradient_bytes_by_degree[2] + \
+        costs.first_gradient_bytes
+    topology = _two_rings_topology(tmp_path / "t.yaml", "", "1Gbps")
+    plan = Plan(layer_bounds=(0, 4), assignment=(("a-0",), ("b-0",)), micro_batches=(4, 4), micro_batch_size=1,
+                schedule=Schedule.ONE_F_ONE_B, tensor_groups=(("a-0", "a-1"), ("b-0", "b-1")),
+                compression=Compression(gradients="powersgd", rank=r))
+    simulated = build_pipeline_job(plan, topology, m, training, costs)
+    assert simulated.sync_bytes[0] == stage_gradient_bytes(costs, 4.0, 0, 2)
+    assert communication_bytes(plan, m, training)["data_parallel_bytes_per_iteration"] == 2 * simulated.sync_bytes[0]
+    member = topology.effective_flops(training.precision)[topology.index("a-0")]
+    lead = 4 * costs.layer_compress_flops_by_degree[2] + costs.first_compress_flops  # the embeddings' too
+    assert float(stage_compress_s(costs, 4.0, 0, 2 * member, 2)) == pytest.approx(lead / member, rel=1e-12)
+    ctx = make_context(topology, m, training, plan.tensor_groups)
+    assign = np.array([[ctx.topology.index(d) for d in row] for row in plan.assignment])
+    assert gradient_bytes(costs, [4], ctx.tensor[assign].max(axis=0)) == pytest.approx(simulated.sync_bytes)
+    assert step_seconds(ctx, assign, costs, [4]) == pytest.approx(simulated.optimizer_s, rel=1e-12)
+    from planner.report.text import render_plan
+
+    text = render_plan(plan.with_prediction(predict(plan, topology, m, training)[0]), topology, m, training)
+    assert "PowerSGD of rank 4 (matrices, each tensor member's shards apart; vectors whole)" in text
+
+
 def test_powersgd_and_local_steps_do_not_mix():
     with pytest.raises(InputError) as caught:
         parse_training({"global_batch": 8, "compress_gradients": "powersgd", "sync_every": 4})

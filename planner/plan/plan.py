@@ -123,6 +123,11 @@ class Plan:
     def tensor_degree(self, replica: int, stage: int) -> int:
         return len(self.members(self.assignment[replica][stage]))
 
+    @property
+    def stage_tensor_degrees(self) -> tuple:
+        """Each stage's largest tensor degree over its replicas (the runtime runs one per stage)."""
+        return tuple(max(self.tensor_degree(r, s) for r in range(self.replicas)) for s in range(self.stages))
+
     def stage_devices(self, stage: int) -> list:
         return [self.assignment[r][stage] for r in range(self.replicas)]
 

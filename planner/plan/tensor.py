@@ -12,7 +12,9 @@ host. A plan names each (replica, stage) by its lead (``Plan.assignment``) and l
 more than one device (``Plan.tensor_groups``). Pipeline messages go between leads; a stage's
 gradient all-reduce is timed over its leads' links with the whole stage's gradients (each member
 all-reduces its share with the same share of the other replicas; on a host with one shared NIC the
-shares add up to the whole, so this never under-counts).
+shares add up to the whole, so this never under-counts). With PowerSGD the shares' compressed
+messages add up to more than the whole matrix's (each member sends ``P`` and ``Q`` of its shards),
+which ``planner.prediction.stage_model.stage_gradient_bytes`` counts by degree.
 """
 
 import math

@@ -12,7 +12,7 @@ from planner.plan.plan import Plan, Prediction
 from planner.plan.sync_groups import grouped_sync, grouped_sync_bytes
 from planner.plan.tensor import groups_of_plan
 from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_flops, layer_costs, message_codec_s,
-                                            optimizer_time_s, stage_compress_flops, stage_memory_bytes,
+                                            optimizer_time_s, stage_compress_s, stage_memory_bytes,
                                             stage_parameters, stage_profile, stage_step_bytes, tensor_layer_s)
 
 __all__ = ["sync_time_s", "sync_members", "build_pipeline_job", "predict", "model_flops_per_iteration",
@@ -54,7 +54,8 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     member's speed), plus each block's all-reduces among its members, forward and backward; each
     member's optimizer step covers its share of the stage's parameters (``planner.plan.tensor``)."""
     costs = costs or layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
-    profile = stage_profile(costs, plan.stage_bounds, plan.compression.message_mask(plan.stages))
+    profile = stage_profile(costs, plan.stage_bounds, plan.compression.message_mask(plan.stages),
+                            np.array(plan.stage_tensor_degrees))
     groups = groups_of_plan(topology, plan)
     topology = groups.virtual
     S = plan.stages
@@ -71,8 +72,8 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     member_params = stage_parameters(costs, profile.layer_counts[None, :], np.arange(S)[None, :], tensor)
     optimizer = optimizer_time_s(stage_step_bytes(costs, member_params, np.arange(S)[None, :]), mem_bw)
     if costs.powersgd_rank and plan.replicas > 1:  # PowerSGD's products run before the step, on each device
-        work = stage_compress_flops(costs, profile.layer_counts[None, :], np.arange(S)[None, :])
-        optimizer = optimizer + work / speed
+        optimizer = optimizer + stage_compress_s(costs, profile.layer_counts[None, :], np.arange(S)[None, :], speed,
+                                                 tensor)
     # A group's block beyond its compute (all-reduces or issue floor), split as its all-reduces are.
     beyond = tensor_layer_s(costs, groups.allreduce_per_byte_s[device], groups.allreduce_latency_s[device],
                             costs.layer_flops * block_slowdown / speed, tensor, groups.issue_s[device])
@@ -130,7 +131,8 @@ def communication_bytes(plan: Plan, model, training) -> dict:
     ``within_groups`` and ``across_groups`` split the data-parallel bytes).
     A tensor group's all-reduces inside its host are not counted."""
     costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
-    profile = stage_profile(costs, plan.stage_bounds, plan.compression.message_mask(plan.stages))
+    profile = stage_profile(costs, plan.stage_bounds, plan.compression.message_mask(plan.stages),
+                            np.array(plan.stage_tensor_degrees))
     pipeline = 2.0 * float(profile.boundary_bytes.sum()) * sum(plan.micro_batches)
     if plan.virtual_stages > 1:  # a message across each of the S v - 1 piece boundaries (all of one size)
         pieces = plan.stages * plan.virtual_stages

@@ -16,12 +16,13 @@ from cost_models.compression import (INT8_CODEC_BANDWIDTH_SHARE, POWERSGD_BANDWI
                                      GradientCompression, MessageCompression, block_matrix_shapes, int8_decode_bytes,
                                      int8_encode_bytes, int8_message_bytes, powersgd_sync)
 from cost_models.network import Sync
+from planner.plan.tensor import TENSOR_DEGREES
 
 __all__ = ["OPTIMIZER_BYTES_PER_PARAMETER", "OUTER_STATE_BYTES_PER_PARAMETER", "OUTER_STEP_BYTES_PER_PARAMETER",
            "LayerCosts", "layer_costs", "StageProfile", "stage_profile",
            "stage_parameters", "stage_memory_bytes", "stage_step_bytes", "in_flight_table", "optimizer_time_s",
            "iteration_flops", "optimizer_shards", "tensor_layer_s", "head_outputs", "message_codec_s",
-           "stage_gradient_bytes", "stage_compress_flops", "least_gradient_bytes_per_param"]
+           "stage_gradient_bytes", "stage_compress_flops", "stage_compress_s", "least_gradient_bytes_per_param"]
 
 # Bytes the optimizer update moves per parameter (read + write), a roofline estimate of a fused
 # Adam step: fp32 master, m and v read and written (24 B), the 16-bit gradient read and the 16-bit
@@ -96,6 +97,10 @@ class LayerCosts:
     first_gradient_bytes: float = 0.0
     last_gradient_bytes: float = 0.0
     layer_compress_flops: float = 0.0
+    # ... of a block split over a tensor group, indexed by its degree (``TENSOR_DEGREES``; NaN
+    # elsewhere): every member's shards' bytes together, and one member's FLOPs.
+    layer_gradient_bytes_by_degree: np.ndarray = None
+    layer_compress_flops_by_degree: np.ndarray = None
     first_compress_flops: float = 0.0
     last_compress_flops: float = 0.0
 
@@ -224,7 +229,11 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
 def _powersgd_costs(model, training, stages, first_params, last_params, v, dtype) -> dict:
     """The ``LayerCosts`` fields of a PowerSGD sync (empty without one): every block's weight
     matrices, the learned positions, the token embedding (a tied embedding's copies too, summed over
-    their own group by PowerSGD as well) and an untied head."""
+    their own group by PowerSGD as well) and an untied head. In a tensor group of ``t`` each member
+    compresses its own shards (``block_matrix_shapes(..., tensor=t)``) over its counterparts in the
+    other replicas, so a block's matrices go as ``t`` shards' ``P`` and ``Q`` (an ``n x m`` matrix
+    cut by rows: ``r (n + t m)`` values in all), its vectors whole once (a shard's share by each
+    member, the rest by the lead); the embeddings and the head stay whole on the lead."""
     if training.compress_gradients not in tuple(GradientCompression):
         raise ValueError("compress_gradients 'auto' is a search decision: resolve it before costing a plan")
     if training.compress_gradients != GradientCompression.POWERSGD:
@@ -236,31 +245,51 @@ def _powersgd_costs(model, training, stages, first_params, last_params, v, dtype
     layer_params = flops.layer_parameters(h, model.ffn_hidden, gated_mlp=model.gated_mlp, biases=model.biases)
     layer = powersgd_sync(block_matrix_shapes(h, model.ffn_hidden, gated_mlp=model.gated_mlp), layer_params, r, dtype)
     one, two = powersgd_sync(first, first_params, r, dtype), powersgd_sync(last, last_params, r, dtype)
+    by_bytes, by_flops = np.full(max(TENSOR_DEGREES) + 1, np.nan), np.full(max(TENSOR_DEGREES) + 1, np.nan)
+    for t in TENSOR_DEGREES:
+        shards = block_matrix_shapes(h, model.ffn_hidden, gated_mlp=model.gated_mlp, tensor=t)
+        by_bytes[t] = powersgd_sync(shards * t, layer_params, r, dtype)[0]  # every member's, one message each
+        by_flops[t] = powersgd_sync(shards, layer_params, r, dtype)[1]  # one member's products
     return {"powersgd_rank": r, "layer_gradient_bytes": layer[0], "layer_compress_flops": layer[1],
+            "layer_gradient_bytes_by_degree": by_bytes, "layer_compress_flops_by_degree": by_flops,
             "first_gradient_bytes": one[0], "first_compress_flops": one[1],
             "last_gradient_bytes": two[0], "last_compress_flops": two[1]}
 
 
-def stage_gradient_bytes(costs: LayerCosts, n_layers, stage):
+def stage_gradient_bytes(costs: LayerCosts, n_layers, stage, tensor=1):
     """Bytes stage ``stage``'s all-reduce moves per iteration with ``n_layers`` blocks: its parameters'
     gradients at the training precision (over ``sync_every``), or PowerSGD's ``P`` and ``Q`` and the
-    vectors (vectorised over layers and stages)."""
+    vectors; with tensor groups of degree ``tensor`` every member's shards' messages together (each
+    member syncs its shards with the same shards of the other replicas, the lead the whole
+    parameters; vectorised over layers, stages and degrees)."""
     if not costs.powersgd_rank:
         return stage_parameters(costs, n_layers, stage) * costs.gradient_bytes_per_param
-    return n_layers * costs.layer_gradient_bytes + costs.stage_extra_gradient_bytes[stage]
+    return n_layers * costs.layer_gradient_bytes_by_degree[np.asarray(tensor)] + costs.stage_extra_gradient_bytes[stage]
 
 
-def stage_compress_flops(costs: LayerCosts, n_layers, stage):
-    """FLOPs of PowerSGD's products on stage ``stage``'s gradients per iteration (0 without it)."""
-    return n_layers * costs.layer_compress_flops + costs.stage_extra_compress_flops[stage]
+def stage_compress_flops(costs: LayerCosts, n_layers, stage, tensor=1):
+    """FLOPs of PowerSGD's products on stage ``stage``'s gradients per iteration on the busiest
+    member of a tensor group of degree ``tensor`` (its lead: its shards and the whole matrices; 0
+    without PowerSGD)."""
+    if not costs.powersgd_rank:
+        return 0.0 * np.asarray(n_layers)
+    return n_layers * costs.layer_compress_flops_by_degree[np.asarray(tensor)] + costs.stage_extra_compress_flops[stage]
+
+
+def stage_compress_s(costs: LayerCosts, n_layers, stage, flops_per_s, tensor=1):
+    """Seconds of PowerSGD's products before the optimizer step (``stage_compress_flops``) on a
+    device, or a tensor group of degree ``tensor``, of ``flops_per_s`` (a group's: ``tensor`` times
+    a member's, ``planner.plan.tensor``), each member at its own speed. The search's estimate and
+    the simulator's input both call it."""
+    return stage_compress_flops(costs, n_layers, stage, tensor) * np.asarray(tensor) / flops_per_s
 
 
 def least_gradient_bytes_per_param(costs: LayerCosts) -> float:
     """The fewest bytes any parameter adds to a sync (for lower bounds): the per-parameter rate, or
-    with PowerSGD the smallest of the blocks' and the extras' rates."""
+    with PowerSGD the smallest of the blocks' (at any tensor degree) and the extras' rates."""
     if not costs.powersgd_rank:
         return costs.gradient_bytes_per_param
-    rates = [costs.layer_gradient_bytes / costs.layer_params]
+    rates = [costs.layer_gradient_bytes_by_degree[t] / costs.layer_params for t in TENSOR_DEGREES]
     rates += [b / p for b, p in ((costs.first_gradient_bytes, costs.first_params),
                                  (costs.last_gradient_bytes, costs.last_params)) if p > 0]
     return min(rates)
@@ -374,11 +403,12 @@ class StageProfile:
                          where=self.backward_flops > 0)
 
 
-def stage_profile(costs: LayerCosts, layer_bounds, compressed=None) -> StageProfile:
+def stage_profile(costs: LayerCosts, layer_bounds, compressed=None, tensor=1) -> StageProfile:
     """The stages ``[layer_bounds[s], layer_bounds[s+1])``: forward and backward FLOPs, parameters,
     messages. Backward is twice forward, plus one forward of the blocks with recomputation.
     ``compressed``: (S - 1,) booleans, the boundaries whose messages are compressed where ``costs``
-    compress them (None: every one)."""
+    compress them (None: every one); ``tensor``: each stage's tensor degree (its gradient sync's
+    messages with PowerSGD, ``stage_gradient_bytes``)."""
     counts = np.diff(np.asarray(layer_bounds)).astype(float)
     S = counts.size
     assert S == costs.stages, "the costs were made for another number of stages"
@@ -391,7 +421,8 @@ def stage_profile(costs: LayerCosts, layer_bounds, compressed=None) -> StageProf
                         boundary_bytes=np.where(np.ones(S - 1, dtype=bool) if compressed is None
                                                 else np.asarray(compressed, dtype=bool),
                                                 costs.boundary_bytes, costs.raw_boundary_bytes or costs.boundary_bytes),
-                        gradient_bytes=stage_gradient_bytes(costs, counts, np.arange(S)), head_forward_flops=head,
+                        gradient_bytes=stage_gradient_bytes(costs, counts, np.arange(S), tensor),
+                        head_forward_flops=head,
                         weight_gradient_flops=weight)
 
 

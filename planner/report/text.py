@@ -106,7 +106,8 @@ def _compression_lines(plan) -> list:
             " across boundaries " + ", ".join(f"{b}-{b + 1}" for b in c.boundaries) + " only"
         parts.append(f"messages between stages in int8 with a scale per {BLOCK_VALUES} values{where}")
     if c.gradients != "off":
-        parts.append(f"gradient sync by PowerSGD of rank {c.rank} (matrices; vectors whole)")
+        shards = ", each tensor member's shards apart" if plan.tensor_groups else ""
+        parts.append(f"gradient sync by PowerSGD of rank {c.rank} (matrices{shards}; vectors whole)")
     return [f"Compression: {'; '.join(parts)}.",
             "  This changes the optimisation (lossy): the loss per step may differ from uncompressed training; "
             "the planner predicts speed, not model quality."]

@@ -24,11 +24,17 @@ stage's file of that replica, so another layer split keeps it); otherwise, or wh
 matrices are not all found under its section (the embedding's copies move between the sections
 when a plan goes from one stage to several), the state restarts (zero error memory, ``Q`` from the
 seed), said in one line (``load_powersgd``): the error memory is one replica's share of the sum, so
-it has no meaning under other replicas.
+it has no meaning under other replicas. In a tensor group each member compresses its own shards
+(``planner.runtime.powersgd``), so each member writes its own file,
+``powersgd-replica{r}-stage{s}-member{k}-of{t}.pt``, its shards' state under the unsplit names (the
+lead's also holds the whole parameters' matrices); a run continues it with the same replica count,
+rank and degree, member by member, and restarts it under another degree (a shard's ``Q`` and error
+memory belong to its cut).
 """
 
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import asdict
@@ -49,7 +55,7 @@ CHECKPOINT_FORMAT = "hetplan-checkpoint/1"
 CHECKPOINT_FILE = "checkpoint.json"
 KEEP = 2  # checkpoints kept in the folder (older ones are removed after a new one is complete)
 _PREFIX = "iteration-"
-_POWERSGD_FILE = "powersgd-replica{replica}-stage{stage}.pt"
+_POWERSGD_FILE = re.compile(r"powersgd-replica(\d+)-stage(\d+)(?:-member(\d+)-of(\d+))?\.pt")
 POWERSGD_SECTIONS = ("stage", "embedding")  # the stage's sync, the tied embedding's copies' sync
 _EMBEDDING = "embed.weight"
 _TIED_COPY = "head.weight"
@@ -134,6 +140,19 @@ def _entries(module, optimizer) -> dict:
     return entries
 
 
+def _powersgd_file(replica: int, stage: int, member: int = 0, degree: int = 1) -> str:
+    """The file of one rank's PowerSGD state: its replica and stage, and its member of a tensor group
+    of ``degree`` above 1."""
+    return f"powersgd-replica{replica}-stage{stage}" + (f"-member{member}-of{degree}" if degree > 1 else "") + ".pt"
+
+
+def _powersgd_files(folder: Path, replica: int, member: int, degree: int) -> list:
+    """The PowerSGD files of ``replica``'s ranks at ``member`` of groups of ``degree`` (every stage's)."""
+    wanted = (str(replica), str(member) if degree > 1 else None, str(degree) if degree > 1 else None)
+    return sorted(path for path in folder.glob("powersgd-*.pt")
+                  if (found := _POWERSGD_FILE.fullmatch(path.name)) and found.group(1, 3, 4) == wanted)
+
+
 def _powersgd_entries(module, powersgd: dict) -> dict:
     """section -> name -> {"error", "q"} (CPU, fp32) of this rank's PowerSGD states."""
     names = {id(p): name for name, p in module.named_parameters()}
@@ -148,7 +167,8 @@ def save_checkpoint(folder, *, iteration: int, module, optimizer, rank: int, rep
     is gathered and all ranks wait for the files). Rank 0 returns the folder it completed. With
     ``tensor`` (group, degree, lead rank, member) the group's shares are joined whole on its lead,
     which writes them (``planner.runtime.tensor_parallel.join_entries``). ``powersgd`` (section ->
-    ``PowerSGD`` or None, ``POWERSGD_SECTIONS``): this rank's compressor state, written by every replica."""
+    ``PowerSGD`` or None, ``POWERSGD_SECTIONS``): this rank's compressor state, written by every replica
+    (by every member of a group: its shards')."""
     root = Path(folder)
     partial = root / f".{_folder_name(iteration)}.partial"
     if rank == 0:
@@ -165,7 +185,8 @@ def save_checkpoint(folder, *, iteration: int, module, optimizer, rank: int, rep
             entries.pop(_EMBEDDING, None)  # stage 0 writes it
         torch.save(entries, partial / f"stage{stage}.pt")
     if powersgd and any(state is not None for state in powersgd.values()):  # ``powersgd``: section -> PowerSGD
-        torch.save(_powersgd_entries(module, powersgd), partial / _POWERSGD_FILE.format(replica=replica, stage=stage))
+        member, degree = (tensor[3], tensor[1]) if tensor is not None else (0, 1)
+        torch.save(_powersgd_entries(module, powersgd), partial / _powersgd_file(replica, stage, member, degree))
     dist.barrier()
     if rank != 0:
         return None
@@ -336,9 +357,10 @@ def _load_sharded(part: ShardedOptimizer, names: dict, entries: dict) -> None:
 
 
 @torch.no_grad()
-def load_powersgd(folder, document: dict, *, module, powersgd: dict, replica: int, plan) -> str:
+def load_powersgd(folder, document: dict, *, module, powersgd: dict, replica: int, plan, tensor=None) -> str:
     """Continue this rank's PowerSGD states (section -> ``PowerSGD`` or None) from checkpoint
-    ``folder``: its replica's error memory and the ``Q`` of each matrix, found by name. Returns ""
+    ``folder``: its replica's error memory and the ``Q`` of each matrix, found by name (with
+    ``tensor``, (member, degree), in that member's files of groups of that degree). Returns ""
     when every state continued, else why the checkpoint's state is not used (the states that could
     not continue are reset). Every rank decides alike from ``document`` and the plans."""
     states = {section: state for section, state in powersgd.items() if state is not None and state.matrices}
@@ -354,7 +376,7 @@ def load_powersgd(folder, document: dict, *, module, powersgd: dict, replica: in
     elif saved["rank"] != plan.compression.rank:
         why = f"the checkpoint's PowerSGD rank is {saved['rank']}, this plan's {plan.compression.rank}"
     else:
-        files = sorted(Path(folder).glob(_POWERSGD_FILE.format(replica=replica, stage="*")))
+        files = _powersgd_files(Path(folder), replica, *(tensor or (0, 1)))
         found = {section: {} for section in POWERSGD_SECTIONS}
         for path in files:
             for section, entries in torch.load(path, map_location="cpu", weights_only=True).items():
@@ -364,15 +386,17 @@ def load_powersgd(folder, document: dict, *, module, powersgd: dict, replica: in
         for section, state in states.items():
             wanted = [names[id(p)] for p in state.matrices]
             entries = found[section]
-            if not all(name in entries and entries[name]["q"].shape == q.shape for name, q in zip(wanted, state.qs)):
+            if not all(name in entries and entries[name]["q"].shape == q.shape
+                       and entries[name]["error"].shape == e.shape for name, e, q in zip(wanted, state.errors, state.qs)):
                 state.reset()
                 lost += 1
                 continue
             for name, e, q in zip(wanted, state.errors, state.qs):
                 e.copy_(entries[name]["error"])
                 q.copy_(entries[name]["q"])
-        return ("" if not lost else "PowerSGD's syncs whose matrices moved between the stage's and the tied "
-                "embedding's sync (one stage against several) start afresh (zero error memory, Q from the seed)")
+        return ("" if not lost else "PowerSGD's syncs whose matrices the checkpoint holds under another sync (the "
+                "tied embedding's, one stage against several) or another tensor degree start afresh (zero error "
+                "memory, Q from the seed)")
     for state in states.values():
         state.reset()
     return f"PowerSGD starts afresh (zero error memory, Q from the seed): {why}"

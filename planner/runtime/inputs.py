@@ -80,10 +80,6 @@ def load_run_inputs(plan_path, topology_path=None) -> RunInputs:
             raise InputError(f"give stage {stage}'s replicas tensor degrees {', '.join(map(str, degrees))}; the "
                              "runtime needs one degree per stage: edit tensor_groups or plan with '--tensor-degrees 1'",
                              source=source, field="tensor_groups")
-    if plan.tensor_groups and plan.compression.gradients == "powersgd":
-        raise InputError("PowerSGD and tensor groups are not run together yet (a group's members sync only their "
-                         "shares): plan with '--compress-gradients off' or '--tensor-degrees 1'", source=source,
-                         field="compression.gradients")
     return RunInputs(plan=plan, plan_document=document, plan_path=str(plan_path), topology=topology,
                      topology_path=str(path), model=model, training=training)
 

@@ -17,6 +17,15 @@ averages) gradients over replicas, so sums replace the paper's averages. The err
 unscaled (fp16 loss scaling divides the gradient by the scale first), and a step whose ``P`` is
 not finite (an fp16 overflow) sends the gradients whole, so the loss scaler sees the overflow and
 the state is not touched.
+
+With tensor groups (``planner.runtime.tensor_parallel``) each member holds one instance over its
+own parameters, synced over its counterparts in the other replicas (``StageGroups.stage``): its
+shards of the split matrices (its rows of QKV and fc1, its columns of the projection and fc2) are
+matrices like any other, each with its error memory and warm-started ``Q``; the lead's also covers
+the whole parameters, which the other members do not train (``follow_lead``). This is PowerSGD of
+each shard, not the shards of PowerSGD of the whole matrix (a rank-r approximation of a row block
+is not the row block of a rank-r approximation); every member's ``P`` and ``Q`` cross the wire
+(``cost_models.compression.block_matrix_shapes`` with ``tensor``, which the cost model charges).
 """
 
 import torch

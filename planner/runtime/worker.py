@@ -185,7 +185,8 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     if resumed:
         from planner.runtime.checkpoint import load_powersgd
 
-        said = load_powersgd(folder, resumed, module=module, powersgd=powersgd, replica=replica, plan=plan)
+        said = load_powersgd(folder, resumed, module=module, powersgd=powersgd, replica=replica, plan=plan,
+                             tensor=(member, degree) if degree > 1 else None)
         told = [None] * layout.world if rank == 0 else None
         dist.gather_object(said, told, dst=0)
         if rank == 0 and any(told):

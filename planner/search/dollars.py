@@ -50,7 +50,8 @@ def egress_bytes(plan, topology, model, training) -> np.ndarray:
     """``R x R`` bytes sent from region i to region j in one iteration of ``plan`` (regions in
     ``topology.regions`` order; the diagonal holds the traffic that stays inside a region)."""
     costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
-    profile = stage_profile(costs, plan.stage_bounds, plan.compression.message_mask(plan.stages))
+    profile = stage_profile(costs, plan.stage_bounds, plan.compression.message_mask(plan.stages),
+                            np.array(plan.stage_tensor_degrees))
     region = topology.region_ids
     table = np.zeros((len(topology.regions), len(topology.regions)))
     for r, row in enumerate(plan.assignment):

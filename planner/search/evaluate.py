@@ -18,7 +18,7 @@ from planner.plan.sync import syncs_for
 from planner.plan.sync_groups import CLUSTER, ONE, grouped_sync, grouping
 from planner.plan.tensor import group_devices
 from planner.prediction.stage_model import (in_flight_table, layer_costs, message_codec_s, optimizer_time_s,
-                                            stage_compress_flops, stage_gradient_bytes, stage_memory_bytes,
+                                            stage_compress_s, stage_gradient_bytes, stage_memory_bytes,
                                             stage_parameters, stage_step_bytes, tensor_layer_s)
 from planner.search.balance import split_batch, split_layers
 from planner.search.locality import best_ring
@@ -298,7 +298,7 @@ def _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottlenec
     step = _step(ctx, assign, costs, counts).max(axis=0)
     if R == 1:
         return float((finish + step).max())
-    grads = gradient_bytes(costs, counts)
+    grads = gradient_bytes(costs, counts, ctx.tensor[assign].max(axis=0))
     H = costs.sync_every  # local steps: the whole sync, latency included, once every H iterations
     groups = asked_groups(ctx, assign)
     if groups:  # local steps in the sync groups asked for: the prediction's formula, stage by stage
@@ -395,13 +395,15 @@ def _step(ctx, assign, costs, counts) -> np.ndarray:
     params = stage_parameters(costs, np.asarray(counts, dtype=float)[None, :], stages, ctx.tensor[assign])
     step = optimizer_time_s(stage_step_bytes(costs, params, stages), ctx.mem_bw[assign])
     if costs.powersgd_rank and assign.shape[0] > 1:  # PowerSGD's products, before the step
-        step = step + stage_compress_flops(costs, np.asarray(counts, dtype=float)[None, :], stages) / ctx.speed[assign]
+        step = step + stage_compress_s(costs, np.asarray(counts, dtype=float)[None, :], stages, ctx.speed[assign],
+                                       ctx.tensor[assign])
     return step
 
 
-def gradient_bytes(costs, counts) -> np.ndarray:
-    """Bytes each stage's replicas all-reduce (the stage model's parameters x gradient bytes)."""
-    return stage_gradient_bytes(costs, np.asarray(counts, dtype=float), np.arange(len(counts)))
+def gradient_bytes(costs, counts, tensor=1) -> np.ndarray:
+    """Bytes each stage's replicas all-reduce (``stage_gradient_bytes``; ``tensor``: each stage's
+    tensor degree, its largest over the replicas)."""
+    return stage_gradient_bytes(costs, np.asarray(counts, dtype=float), np.arange(len(counts)), tensor)
 
 
 def step_seconds(ctx, assign, costs, counts) -> np.ndarray:
