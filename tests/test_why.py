@@ -112,3 +112,18 @@ def test_the_report_stops_re_evaluating_at_its_deadline(write_yaml):
     reasons = idle_reasons(plan, job.topology, job.model, job.training, deadline=0.0)  # long passed
     assert {r.kind for r in reasons} <= {"not evaluated", "memory"}  # the memory floor costs no simulation
     assert any("time ran out" in r.text for r in reasons)
+
+
+def test_a_fast_idle_device_is_not_called_too_small():
+    """The lab cluster's desktop RTX 4090 computes at about the used devices' speed but is left out:
+    a 7th stage costs more than it computes, which is the shape, not its compute share."""
+    from conftest import ROOT
+    from planner.inputs.job import load_job
+    from planner.search.front import SearchOptions, search
+
+    job = load_job(ROOT / "topologies" / "hetero" / "lab-mixed-a40-l4.yaml")
+    result = search(job.topology, job.model, job.training, SearchOptions(seed=0, budget_s=3, time_limit_s=120))
+    reasons = {r.devices[0]: r for r in idle_reasons(result.plan, job.topology, job.model, result.training)}
+    assert "desktop-4090" in reasons, reasons
+    reason = reasons["desktop-4090"]
+    assert reason.kind == "shape" and "fill and drain" in reason.text and reason.delta_s > 0, reason

@@ -40,6 +40,7 @@ __all__ = ["IdleReason", "Binding", "idle_reasons", "binding_constraints", "rend
 LINK_FACTOR = 10.0  # "what would 10x this link's bandwidth buy"
 MEMORY_FACTOR = 2.0
 MAX_GROUPS = 8  # idle groups re-evaluated (each costs two simulations)
+SMALL_SHARE = 0.5  # an idle device below this share of the fastest used device's speed: its compute share is small
 FREE_BANDWIDTH = 1e18  # bytes/s of a "free" link
 MEMORY_SHOWN = 0.9  # a device at least this full is reported as binding
 
@@ -47,7 +48,7 @@ MEMORY_SHOWN = 0.9  # a device at least this full is reported as binding
 @dataclass(frozen=True, kw_only=True)
 class IdleReason:
     devices: tuple  # the group's device names
-    kind: str  # "memory", "slow link", "compute share too small", "not evaluated"
+    kind: str  # "memory", "slow link", "compute share too small", "shape", "price", "would help", "not evaluated"
     text: str
     delta_s: float = float("nan")  # predicted change of the iteration with the device used
     link_cost_s: float = float("nan")  # of which communication (with the device's links made free)
@@ -198,11 +199,20 @@ def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: flo
                     f"{_slowest_link_from(device, best.assign.ravel(), topology)}; on a free network it would cut "
                     f"{base_free - free:.3f} s")
         else:
-            kind = "compute share too small"
             share = ctx.speed[device] / ctx.speed[assign.ravel()].max()
-            text = (f"compute share too small: {how}, the iteration takes {with_it:.3f} s ({delta:+.3f} s), and "
-                    f"{free - base_free:+.3f} s even on a free network (it computes at {100 * share:.0f}% of the "
-                    "fastest used device)")
+            if share < SMALL_SHARE:
+                kind = "compute share too small"
+                text = (f"compute share too small: {how}, the iteration takes {with_it:.3f} s ({delta:+.3f} s), and "
+                        f"{free - base_free:+.3f} s even on a free network (it computes at {100 * share:.0f}% of the "
+                        "fastest used device)")
+            else:  # fast enough: what it would take part in costs more than its compute gives
+                kind = "shape"
+                cost = ("a stage more lengthens the pipeline's fill and drain" if S > plan.stages else
+                        "a replica more takes a share of the batch and a place in the sync" if R > plan.replicas
+                        else "the layers and micro-batches it would take")
+                text = (f"the shape it joins costs more than it computes: {how}, the iteration takes {with_it:.3f} s "
+                        f"({delta:+.3f} s), and {free - base_free:+.3f} s even on a free network, though it computes "
+                        f"at {100 * share:.0f}% of the fastest used device ({cost})")
         reasons.append(IdleReason(devices=tuple(names), kind=kind, text=text, delta_s=delta, link_cost_s=link_cost))
     return reasons
 
