@@ -228,6 +228,7 @@ def write_document(document: dict, path) -> None:
         raise InputError("its folder does not exist: create it first", source=str(path))
     handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(handle, 0o666 & ~_umask())  # as open() would create it (mkstemp makes it 0600)
         with os.fdopen(handle, "w") as out:
             out.write(text)
             out.flush()
@@ -236,3 +237,10 @@ def write_document(document: dict, path) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's file-creation mask (read by setting it, then restored)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -86,3 +86,21 @@ def test_broken_plan_file_is_an_input_error(tmp_path):
         read_plan(path)
     with pytest.raises(InputError, match="format_version"):
         plan_from_document({"format_version": 99})
+
+
+def test_written_files_take_the_umask_like_any_other(tmp_path):
+    """The atomic writer's temporary (0600 from mkstemp) is given the mode open() would give: a
+    plan on a shared cluster is readable by whoever the umask lets read it."""
+    import os
+
+    from planner.io import write_document
+
+    old = os.umask(0o022)
+    try:
+        write_document({"a": 1}, tmp_path / "p.yaml")
+        os.umask(0o077)
+        write_document({"a": 1}, tmp_path / "private.yaml")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "p.yaml").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "private.yaml").stat().st_mode & 0o777 == 0o600
