@@ -76,3 +76,17 @@ def run_cli(argv, capsys) -> tuple:
     code = main([str(a) for a in argv])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def without_powersgd_state(checkpoint: Path, folder: Path) -> Path:
+    """A copy of ``checkpoint`` at ``folder`` without its PowerSGD state (error memory and Q files,
+    and the record of them): resuming from it restarts PowerSGD."""
+    import json
+    import shutil
+
+    shutil.copytree(checkpoint, folder)
+    for stale in folder.glob("powersgd-*.pt"):
+        stale.unlink()
+    document = json.loads((folder / "checkpoint.json").read_text())
+    (folder / "checkpoint.json").write_text(json.dumps({**document, "powersgd": None}))
+    return folder

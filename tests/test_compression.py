@@ -4,8 +4,6 @@ dimension, the search's choice, the command line, the runtime's counted bytes an
 the uncompressed run)."""
 
 import dataclasses
-import json
-import shutil
 
 import numpy as np
 import pytest
@@ -684,6 +682,7 @@ def test_powersgd_state_resumes_from_a_checkpoint_and_restarts_under_other_repli
     a checkpoint, and 2 resumed under the same plan: the same losses (each replica's error memory
     and Q came back). Resumed under 4 replicas instead, the state restarts, said in one line."""
     from planner.runtime.launch import LaunchOptions, launch
+    from tests.runtime_helpers import without_powersgd_state
 
     path, plan, _ = _runtime_plan(tmp_path, "off", "powersgd")
     run = lambda out, n, **more: launch(path if "plan" not in more else more.pop("plan"), LaunchOptions(
@@ -699,12 +698,7 @@ def test_powersgd_state_resumes_from_a_checkpoint_and_restarts_under_other_repli
     assert "PowerSGD" not in capfd.readouterr().out  # continued, nothing to say
     assert before + after == pytest.approx(whole, rel=1e-5, abs=0)
     # the same plan without the state (error memory zero, Q from the seed) would not give them
-    fresh = tmp_path / "fresh"
-    shutil.copytree(checkpoints / "iteration-00000002", fresh)
-    for stale in fresh.glob("powersgd-*.pt"):
-        stale.unlink()
-    document = json.loads((fresh / "checkpoint.json").read_text())
-    (fresh / "checkpoint.json").write_text(json.dumps({**document, "powersgd": None}))
+    fresh = without_powersgd_state(checkpoints / "iteration-00000002", tmp_path / "fresh")
     restarted = run("restarted", 2, resume=str(fresh))
     assert "PowerSGD starts afresh" in capfd.readouterr().out
     assert restarted[1] != pytest.approx(whole[3], rel=1e-5, abs=0)

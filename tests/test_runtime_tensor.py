@@ -419,8 +419,7 @@ def test_powersgd_over_tensor_groups_resumes_each_members_state_from_a_checkpoin
     """4 iterations against 2, a checkpoint and 2 resumed under the same plan: the same losses and
     weights (each member's error memory and Q of its shards came back from its own file). Without
     the state the weights part; resumed without tensor groups the state restarts, said in one line."""
-    import json
-    import shutil
+    from tests.runtime_helpers import without_powersgd_state
 
     topology = cpu_topology(tmp_path / "topology.yaml")
     path = write_test_plan(tmp_path, topology, **POWERSGD_PLAN)
@@ -445,12 +444,7 @@ def test_powersgd_over_tensor_groups_resumes_each_members_state_from_a_checkpoin
     assert before + after == pytest.approx(whole, rel=1e-5, abs=0)
     assert apart(got, expected) < 1e-5
     # the same plan without the state (error memory zero, Q from the seed) ends elsewhere
-    fresh = tmp_path / "fresh"
-    shutil.copytree(checkpoints / "iteration-00000002", fresh)
-    for stale in fresh.glob("powersgd-*.pt"):
-        stale.unlink()
-    document = json.loads((fresh / "checkpoint.json").read_text())
-    (fresh / "checkpoint.json").write_text(json.dumps({**document, "powersgd": None}))
+    fresh = without_powersgd_state(checkpoints / "iteration-00000002", tmp_path / "fresh")
     _, restarted = run("restarted", 2, resume=str(fresh))
     assert "PowerSGD starts afresh" in capfd.readouterr().out
     assert apart(restarted, expected) > 100 * 1e-5
