@@ -73,7 +73,7 @@ BAD = [
     (lambda d: d["devices"][0].update(type="A100-90GB"), "devices[0].type", "unknown device type"),
     (lambda d: d["devices"][0].update(colour="red"), "devices[0]", "unknown key 'colour'"),
     (lambda d: d["network"]["region"].update(bandwidth="10gbps"), "network.region.bandwidth", "did you mean"),
-    (lambda d: d["network"]["region"].update(bandwidth="-1Gbps"), "network.region.bandwidth", "cannot read"),
+    (lambda d: d["network"]["region"].update(bandwidth="-1Gbps"), "network.region.bandwidth", "is negative"),
     (lambda d: d["network"]["region"].update(bandwidth="0Gbps"), "network.region.bandwidth", "greater than zero"),
     (lambda d: d["network"].pop("global"), "network.global", "no link"),
     (lambda d: d["network"].update(matrix={"latency": [[0]], "bandwidth": [[0]]}), "network.matrix.latency",

@@ -16,7 +16,8 @@ def test_human_units_become_si():
 
 @pytest.mark.parametrize("parser, value, fragment", [
     (parse_bytes, "80gb", "did you mean 'GB'"), (parse_bandwidth_bytes_per_s, "1.12", "has no unit"),
-    (parse_bandwidth_bytes_per_s, 1.12, "has no unit"), (parse_bandwidth_bytes_per_s, "-5Gbps", "cannot read"),
+    (parse_bandwidth_bytes_per_s, 1.12, "has no unit"),
+    (parse_bandwidth_bytes_per_s, "-5Gbps", "is negative: give a value greater than zero"),
     (parse_bandwidth_bytes_per_s, "0Gbps", "greater than zero"), (parse_bytes, "fast", "cannot read"),
     (parse_bandwidth_bytes_per_s, "10Gbs", "unknown unit"), (parse_bytes, True, "expected"),
     (parse_bandwidth_bytes_per_s, "10GB", "unknown unit"),
