@@ -742,13 +742,18 @@ def main(argv: list | None = None) -> int:
     try:
         args = _parse(argv)
         commands = {"make": _make, "launch": _launch, "calibrate": _calibrate, "plot": _plot}
-        return commands[args.command](args)
+        code = commands[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
     except InputError as error:
         print(f"plan: error: {error}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:
         print("plan: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout went away (``plan TOPO | head``): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as the Python docs advise on SIGPIPE
+        return 141
 
 
 if __name__ == "__main__":
