@@ -134,6 +134,13 @@ def load_catalog() -> dict:
 def device_type(type_name: str) -> DeviceType:
     catalog = load_catalog()
     if type_name not in catalog:
-        raise InputError(f"unknown device type {type_name!r}: use one of {', '.join(catalog)} "
+        import difflib
+
+        folded = {name.lower().replace("-", ""): name for name in catalog}
+        spelled = folded.get(str(type_name).lower().replace("-", "").replace("_", "").replace(" ", ""))
+        close = next(iter(difflib.get_close_matches(str(type_name), list(catalog), n=1, cutoff=0.75)), None)
+        hint = (f" (did you mean {spelled!r}? type names are case-sensitive)" if spelled else
+                f" (did you mean {close!r}?)" if close else "")
+        raise InputError(f"unknown device type {type_name!r}{hint}: use one of {', '.join(catalog)} "
                          "or give peak_flops and memory explicitly", field="type")
     return catalog[type_name]
