@@ -28,6 +28,7 @@ import numpy as np
 
 from cost_models import flops, memory
 from planner.errors import InputError
+from planner.inputs.units import format_bytes
 from planner.plan.plan import Plan, validate_plan
 from planner.plan.sync_groups import kept_groups
 from planner.prediction.predict import predict
@@ -395,8 +396,8 @@ class _Scorer:
         if not prediction.fits:
             used, capacity = prediction.memory_bytes, prediction.capacity_bytes
             worst = max(used, key=lambda d: used[d] / capacity[d])
-            problem = (f"{worst} would need {prediction.memory_bytes[worst] / 1e9:.2f} GB of its "
-                       f"{prediction.capacity_bytes[worst] / 1e9:.2f} GB")
+            problem = (f"{worst} would need {format_bytes(prediction.memory_bytes[worst])} of its "
+                       f"{format_bytes(prediction.capacity_bytes[worst])}")  # in the memory table's units
             return Option(label, plan, prediction.iteration_s, None, float("inf"), problem)
         if not np.isfinite(prediction.iteration_s):
             return Option(label, plan, prediction.iteration_s, None, float("inf"), "no finite iteration time")
