@@ -62,11 +62,11 @@ def main() -> None:
                 plan.write_text(yaml.safe_dump(json.loads((runs / row["label"] / "results.json").read_text())["plan"]))
             document = yaml.safe_load(plan.read_text())
             record = document.get("calibration") or {}
-            name = Path(record.get("path", "calibration.yaml")).name  # the run's calibration, kept beside the runs
-            if (runs / name).exists():
-                shutil.copy(runs / name, Path(folder) / name)
+            kept = Path(record.get("path", "calibration.yaml")).name  # the run's calibration, kept beside the runs
+            if (runs / kept).exists():
+                shutil.copy(runs / kept, Path(folder) / kept)
             if stand_in and record.get("measured_at_utc") == stand_in.measured_at_utc:
-                beside = Path(folder) / f"what-if-{name}"  # the what-if: FILE under the plan's record
+                beside = Path(folder) / f"what-if-{kept}"  # the what-if: FILE under the plan's record
                 shutil.copy(args.calibration, beside)
                 record.update(path=str(beside), sha256=hashlib.sha256(beside.read_bytes()).hexdigest())
                 plan.write_text(yaml.safe_dump(document))

@@ -584,8 +584,7 @@ def _changed_cluster(args, old, topology) -> tuple:
                          "as TOPOLOGY without --lost/--added", field=field)
     output = Path(args.output)
     path = output.with_name(output.stem + ".topology.yaml")
-    inputs = [Path(p).resolve() for p in (args.topology, args.from_plan, args.added) if p]
-    if path.resolve() in inputs:
+    if path.resolve() in _inputs(args):
         raise InputError(f"would write the changed cluster to {path}, one of this command's inputs: name the "
                          "plan file otherwise", source=args.output, field="--output")
     _check_writable(str(path), "--output")

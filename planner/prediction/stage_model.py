@@ -171,7 +171,8 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
     last_params = flops.head_parameters(outputs, h, tied=model.tied_embeddings, biases=model.biases)
     if model.tied_embeddings and stages > 1:
         last_params += v * h  # the last stage keeps its own copy of the tied embedding (Megatron-LM)
-    first_params = flops.embedding_parameters(v, h, s, learned_positions=model.learned_positions)
+    embedding = float(flops.embedding_parameters(v, h, s, learned_positions=model.learned_positions))
+    first_params = embedding
     if stages == 1:
         first_params += last_params
         last_params = 0.0
@@ -223,7 +224,7 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         tensor_message_bytes=boundary, tensor_allreduces_forward=tensor_forward,
         tensor_allreduces_backward=tensor_backward, recompute=training.recompute,
         weight_bytes_per_param=memory.weight_bytes_per_parameter(training.precision),
-        embedding_params=float(flops.embedding_parameters(v, h, s, learned_positions=model.learned_positions)))
+        embedding_params=embedding)
 
 
 def _powersgd_costs(model, training, stages, first_params, last_params, v, dtype) -> dict:

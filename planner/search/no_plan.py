@@ -55,14 +55,10 @@ def stage_memory_floor(model, training, micro_batch_size: int, stages: int, repl
 
 
 def _state_bytes(model, training) -> float:
-    """One copy of the whole model's weights, gradients and optimizer state (``cost_models.memory``)."""
-    from cost_models.flops import model_parameters
-    from cost_models.memory import state_bytes_per_parameter
-
-    parameters = model_parameters(model.layers, model.hidden, model.ffn_hidden, model.vocabulary, model.sequence,
-                                  gated_mlp=model.gated_mlp, biases=model.biases, tied=model.tied_embeddings,
-                                  learned_positions=model.learned_positions)
-    return parameters * state_bytes_per_parameter(training.precision, training.optimizer)
+    """One copy of the whole model's weights, gradients and optimizer state: the cost model's own
+    counts (``layer_costs`` of one stage and one replica)."""
+    costs = layer_costs(model, training, 1, 1)
+    return (model.layers * costs.layer_params + costs.first_params + costs.last_params) * costs.state_bytes_per_param
 
 
 def _gib(value_bytes: float) -> str:
