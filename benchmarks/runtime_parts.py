@@ -76,6 +76,14 @@ def measure(model, micro_batch_size: int, layers_per_stage: int, repeats: int) -
         with torch.no_grad():
             row(f"{name}: forward", _timed_ms(lambda: module(x), repeats), fwd)
         row(f"{name}: forward + backward", _timed_ms(lambda: module(x).backward(grad), repeats), 3 * fwd)
+    # Full recomputation as the runtime runs it (the checkpoint inside the compiled block): FLOPs
+    # counted at 4 forwards, so the ratio to the row above is what plan calibrate's
+    # recompute_efficiency measures.
+    recomputed = Block(model).to(device=device, dtype=dtype)
+    recomputed.recompute = True
+    recomputed.compile()
+    row("block, torch.compile, recomputed: forward + backward",
+        _timed_ms(lambda: recomputed(x).backward(grad), repeats), 4 * fwd, "checkpoint inside the compiled block")
 
     norm = make_norm(model, h).to(device=device, dtype=dtype)
     targets = torch.randint(0, v, (b, s), device=device)
