@@ -115,6 +115,9 @@ def test_topology_takes_measured_links_from_a_calibration(tmp_path, write_yaml):
     (lambda d: d["network"].update(message_overhead_s=-1e-6), "network.message_overhead_s"),
     # efficiency 0.2: a recomputed block at 0.3 would take less time than a plain one
     (lambda d: d["device_types"]["T4"].update(recompute_efficiency=0.3), "device_types.T4.recompute_efficiency"),
+    # ... and a split-backward block at 0.25 faster than a plain one
+    (lambda d: d["device_types"]["T4"].update(split_backward_efficiency=0.25),
+     "device_types.T4.split_backward_efficiency"),
 ])
 def test_bad_calibration_file_is_one_line(tmp_path, write_yaml, capsys, change, message):
     cal = _calibration(tmp_path / "cal.yaml")
@@ -186,9 +189,28 @@ def test_plan_calibrate_measures_this_cpu_and_the_file_plans(tmp_path, capsys):
                                                              4 / 3 * kind["efficiency"], 1.0))
     calibrated = apply_calibration(job.topology, calibration)
     assert {d.recompute_efficiency for d in calibrated.devices} == {kind["recompute_efficiency"]}
-    assert "ms with recomputation" in capsys.readouterr().out
+    # ZB-H1's block (eager linear layers, weight gradients deferred then applied), counted at 3
+    # forwards' FLOPs and held to the plain block's efficiency (it is no faster).
+    split_s = measured["split_block_forward_backward_s"]
+    assert split_s > 0 and measured["split_achieved_flops"] == pytest.approx(3 * forward / split_s)
+    assert kind["split_backward_efficiency"] == pytest.approx(min(3 * forward / split_s / measured["peak_flops"],
+                                                                  kind["efficiency"]))
+    assert {d.split_backward_efficiency for d in calibrated.devices} == {kind["split_backward_efficiency"]}
+    log = capsys.readouterr().out
+    assert "ms with recomputation" in log and "with ZB-H1's split backward" in log
     assert main([str(topology), "--calibration", str(out), "--time-limit", "5"]) == 0
     assert "Calibration:" in capsys.readouterr().out
+    # The tensor-group sweep (benchmarks/tensor_block.py) times the same block at two micro-batches
+    # and puts the model beside it: its block without a floor is tensor_block_floor's at each size.
+    from benchmarks import tensor_block
+
+    assert tensor_block.main(["--topology", str(topology), "--calibration", str(out), "--degrees", "2",
+                              "--micro-batches", "1", "2", "--repeats", "2", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "tensor_block.json").read_text())["rows"]
+    assert [(r["degree"], r["micro_batch_size"]) for r in rows] == [(2, 1), (2, 2)]
+    assert rows[0]["model_block_s"] == pytest.approx(measured["tensor_block_model_s"], rel=1e-9)
+    assert rows[1]["message_bytes"] == 2 * rows[0]["message_bytes"] and all(r["allreduce_s"] > 0 for r in rows)
+    assert rows[1]["model_allreduce_s"] > rows[0]["model_allreduce_s"] > 0
 
 
 def test_head_efficiency_slows_only_the_last_stage_by_its_flops(tmp_path, write_yaml):
@@ -337,13 +359,16 @@ def test_the_block_floor_is_the_measured_time_where_it_exceeds_the_model():
     assert tensor_probe_degree(job_devices, replace(model, hidden=2049, heads=1), "H100-SXM", 4) == 1
 
 
-def _recompute_calibration(path, recompute_efficiency=None):
-    """A calibration of A100-80GB at efficiency 0.5, with a measured recomputed block or without."""
+def _recompute_calibration(path, recompute_efficiency=None, split_backward_efficiency=None):
+    """A calibration of A100-80GB at efficiency 0.5, with a measured recomputed (or split-backward)
+    block or without."""
     from planner.inputs.catalog import device_type
 
     entry = {"efficiency": 0.5, "memory_bandwidth_bytes_per_s": device_type("A100-80GB").memory_bandwidth_bytes_per_s}
     if recompute_efficiency is not None:
         entry["recompute_efficiency"] = recompute_efficiency
+    if split_backward_efficiency is not None:
+        entry["split_backward_efficiency"] = split_backward_efficiency
     path.write_text(yaml.safe_dump({"format": "hetplan-calibration/1", "measured_at_utc": "2026-11-27T00:00:00+00:00",
                                     "device_types": {"A100-80GB": entry}}))
     return path
@@ -382,6 +407,44 @@ def test_a_measured_recompute_efficiency_times_recomputed_blocks_only(tmp_path, 
         assert after < before
     ctx = make_context(measured, job.model, training)
     estimate = score_split(ctx, np.array([[measured.index("fast-0")]]), (L,), (8,), 1, "1f1b")
+    assert estimate == pytest.approx(after, rel=1e-9)
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "1f1b"])
+def test_a_measured_split_backward_times_zero_bubble_plans_only(tmp_path, write_yaml, schedule):
+    """A ZB-H1 plan's blocks at the measured split-backward efficiency (0.4 of peak) instead of the
+    plain block's 0.5; a 1F1B plan keeps its time (and its bound's FLOPs) to the last bit. The
+    search's estimate agrees with the simulator on one device."""
+    from dataclasses import replace
+
+    from planner.plan.plan import Plan
+    from planner.prediction.predict import predict
+    from planner.prediction.stage_model import layer_costs
+    from planner.search.bounds import work_flops
+    from planner.search.evaluate import make_context, score_split
+
+    job = load_job(write_yaml(small_topology()))
+    training = replace(job.training, recompute=False, global_batch=8, precision="fp16", schedule=schedule)
+    L = job.model.layers
+    plan = Plan(layer_bounds=(0, L), assignment=(("fast-0",),), micro_batches=(8,), micro_batch_size=1,
+                schedule=schedule)
+    plain = apply_calibration(job.topology, read_calibration(_recompute_calibration(tmp_path / "a.yaml")))
+    measured = apply_calibration(job.topology, read_calibration(_recompute_calibration(tmp_path / "b.yaml",
+                                                                                       split_backward_efficiency=0.4)))
+    fast = measured.devices[measured.index("fast-0")]
+    assert fast.block_slowdown(False, True) == 0.5 / 0.4 and fast.block_slowdown(False) == 1.0
+    before = predict(plan, plain, job.model, training)[0].iteration_s
+    after = predict(plan, measured, job.model, training)[0].iteration_s
+    if schedule == "1f1b":
+        assert after == before
+        assert work_flops(measured, job.model, training) == work_flops(plain, job.model, training)
+    else:
+        # By hand: 8 micro-batches x L blocks of 3 forwards' FLOPs, at 0.4 of peak instead of 0.5.
+        forward = layer_costs(job.model, training, 1, 1).layer_forward_flops
+        peak = fast.peak_flops_for("fp16")
+        assert after - before == pytest.approx(8 * L * 3 * forward * (1 / 0.4 - 1 / 0.5) / peak, rel=1e-9)
+    ctx = make_context(measured, job.model, training)
+    estimate = score_split(ctx, np.array([[measured.index("fast-0")]]), (L,), (8,), 1, schedule)
     assert estimate == pytest.approx(after, rel=1e-9)
 
 

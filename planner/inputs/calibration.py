@@ -8,7 +8,9 @@ and, where it was measured (a host with two or more devices of the type), the ca
 micro-batch, ``cost_models.comm.tensor_block_issue_s``), adds ``head_efficiency`` (the same for the LM head and loss, often far lower: a large, odd-sized
 vocabulary and a memory-bound softmax) and, where it was measured, ``recompute_efficiency`` (the
 same for a block that recomputes its forward in backward, counted at 4 forwards' FLOPs; a compiled
-block's recomputation costs less than the 4/3 of a plain block the FLOPs say), and replaces ``memory_bandwidth`` (the optimizer step's effective bytes/s); its ``network``
+block's recomputation costs less than the 4/3 of a plain block the FLOPs say) and
+``split_backward_efficiency`` (the same for a block run as ZB-H1 runs it: eager linear layers whose
+weight gradients wait, ``planner.runtime.split_backward``), and replaces ``memory_bandwidth`` (the optimizer step's effective bytes/s); its ``network``
 section holds measured latency and bandwidth matrices between named devices, which a topology can
 use instead of typed numbers (``network: {calibration: FILE}``). A plan made with a calibration
 records its path and hash, and ``plan launch`` predicts with the same one or refuses.
@@ -41,7 +43,7 @@ class Calibration:
     sha256: str
     measured_at_utc: str
     device_types: dict  # type name -> {"efficiency", "head_efficiency", "memory_bandwidth_bytes_per_s",
-    #                                    "recompute_efficiency"[, "tensor_block_issue_s"]}
+    #                                    "recompute_efficiency", "split_backward_efficiency"[, "tensor_block_issue_s"]}
     network: dict | None  # {"devices": [...], "latency_s": NxN, "bandwidth_bytes_per_s": NxN} or None
     document: dict
 
@@ -81,8 +83,13 @@ def read_calibration(path) -> Calibration:
             types[str(name)] = {"efficiency": e.float("efficiency", high=1.0),
                                 "head_efficiency": e.float("head_efficiency", 0.0, high=1.0),
                                 "memory_bandwidth_bytes_per_s": e.float("memory_bandwidth_bytes_per_s"),
-                                "recompute_efficiency": e.float("recompute_efficiency", 0.0, high=1.0)}
+                                "recompute_efficiency": e.float("recompute_efficiency", 0.0, high=1.0),
+                                "split_backward_efficiency": e.float("split_backward_efficiency", 0.0, high=1.0)}
             recompute, plain = types[str(name)]["recompute_efficiency"], types[str(name)]["efficiency"]
+            if types[str(name)]["split_backward_efficiency"] > plain:
+                raise InputError(f"{types[str(name)]['split_backward_efficiency']!r} would make a block with a split "
+                                 f"backward faster than a plain one (efficiency {plain!r}): it may be at most the "
+                                 "efficiency; measure again with 'plan calibrate'", field=e.path("split_backward_efficiency"))
             if recompute > _MOST_RECOMPUTE_EFFICIENCY_SHARE * plain:
                 raise InputError(f"{recompute!r} would make a recomputed block (4 forwards' FLOPs) faster than a plain "
                                  f"one (3 forwards' FLOPs at efficiency {plain!r}): it may be at most 4/3 of the "
@@ -126,7 +133,7 @@ def write_calibration(document: dict, path) -> None:
 
 
 def apply_calibration(topology, calibration: Calibration):
-    """``topology`` with the measured efficiencies (blocks, head, recomputed blocks) and memory
+    """``topology`` with the measured efficiencies (blocks, head, recomputed and split-backward blocks) and memory
     bandwidth of every calibrated device type, and its tensor groups' block floor where the
     calibration measured one."""
     devices = []
@@ -135,6 +142,7 @@ def apply_calibration(topology, calibration: Calibration):
         if measured:
             d = replace(d, efficiency=measured["efficiency"], head_efficiency=measured["head_efficiency"],
                         recompute_efficiency=measured["recompute_efficiency"],
+                        split_backward_efficiency=measured["split_backward_efficiency"],
                         memory_bandwidth_bytes_per_s=measured["memory_bandwidth_bytes_per_s"],
                         tensor_block_issue_s=measured.get("tensor_block_issue_s", d.tensor_block_issue_s))
         devices.append(d)

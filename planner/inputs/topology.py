@@ -45,20 +45,28 @@ class Device:
     price_per_hour_usd: float | None = None  # what one hour of this device costs; None: unknown (custom type)
     tensor_block_issue_s: float = 0.0  # a tensor group member's least time per block (catalog, file or calibration)
     recompute_efficiency: float = 0.0  # measured efficiency of a recomputed block at 4 forwards' FLOPs; 0: as the blocks
+    # measured efficiency of a block whose backward is split for ZB-H1 (planner.runtime.split_backward); 0: as the blocks
+    split_backward_efficiency: float = 0.0
 
     @property
     def head_slowdown(self) -> float:
         """How many times longer the head takes than its FLOPs at the blocks' efficiency suggest."""
         return self.efficiency / self.head_efficiency if self.head_efficiency else 1.0
 
-    def block_slowdown(self, recompute: bool) -> float:
+    def block_slowdown(self, recompute: bool, split_backward: bool = False) -> float:
         """How many times longer a block's forward and backward take than its FLOPs
         (``cost_models.flops.training_flops_multiplier``) at the blocks' efficiency suggest: 1 without
         recomputation; with it, ``efficiency / recompute_efficiency`` where a calibration measured the
         recomputed block, else 1, the model's 4/3 of a plain block (one more forward, Chen et al. 2016,
-        Korthikanti et al. 2022 sec. 4). ``recompute`` must be resolved (True or False)."""
+        Korthikanti et al. 2022 sec. 4). ``split_backward`` (a ZB-H1 plan, whose blocks run the
+        runtime's split backward: eager linear layers, deferred weight gradients) multiplies it by
+        ``efficiency / split_backward_efficiency`` where a calibration measured that block, else by 1
+        (the two measured apart, their product where both apply). ``recompute`` must be resolved."""
         assert isinstance(recompute, bool), "recompute 'auto' is a search decision: resolve it first"
-        return self.efficiency / self.recompute_efficiency if recompute and self.recompute_efficiency else 1.0
+        slowdown = self.efficiency / self.recompute_efficiency if recompute and self.recompute_efficiency else 1.0
+        if split_backward and self.split_backward_efficiency:
+            slowdown *= self.efficiency / self.split_backward_efficiency
+        return slowdown
 
     def effective_flops(self, precision: str) -> float:
         """Achieved FLOP/s at ``precision``: peak times the calibrated efficiency."""
@@ -121,9 +129,9 @@ class Topology:
     def head_slowdowns(self) -> np.ndarray:
         return np.array([d.head_slowdown for d in self.devices])
 
-    def block_slowdowns(self, recompute: bool) -> np.ndarray:
+    def block_slowdowns(self, recompute: bool, split_backward: bool = False) -> np.ndarray:
         """Per device, ``Device.block_slowdown``: a block's FLOPs count this many times."""
-        return np.array([d.block_slowdown(recompute) for d in self.devices])
+        return np.array([d.block_slowdown(recompute, split_backward) for d in self.devices])
 
     def memory_bytes(self) -> np.ndarray:
         return np.array([d.memory_bytes - d.memory_reserved_bytes for d in self.devices])

@@ -7,6 +7,7 @@ and collectives from the network model (``cost_models.network``).
 import numpy as np
 
 from cost_models import memory
+from cost_models.schedule import Schedule
 from cost_models.simulator import PipelineJob, Timeline, simulate
 from planner.plan.plan import Plan, Prediction
 from planner.plan.sync_groups import grouped_sync, grouped_sync_bytes
@@ -65,7 +66,8 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     extra_head = profile.head_forward_flops[None, :] * (topology.head_slowdowns()[device] - 1.0)
     # A block's forward and backward at the device's calibrated block slowdown (with recomputation,
     # measured): its FLOPs count that many times, the difference in backward, where the recomputation runs.
-    block_slowdown = topology.block_slowdowns(training.recompute)[device]  # (R, S)
+    block_slowdown = topology.block_slowdowns(training.recompute,
+                                              plan.schedule == Schedule.ZERO_BUBBLE)[device]  # (R, S)
     extra_blocks = profile.layer_counts[None, :] * costs.layer_flops * (block_slowdown - 1.0)
     mem_bw = np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices])[device]
     tensor = groups.degree[device]

@@ -5,7 +5,11 @@
   (``cost_models.flops``) / its measured time / the device type's peak at the training precision,
   and head efficiency the same for the head; the recompute efficiency the same for the runtime's block
   with full recomputation (its forward re-run in backward, compiled as ``plan launch`` compiles it)
-  timed forward and backward and counted at 4 forwards' FLOPs (``flops.training_flops_multiplier``).
+  timed forward and backward and counted at 4 forwards' FLOPs (``flops.training_flops_multiplier``);
+  the split-backward efficiency the same for the block as a ZB-H1 plan runs it (its linear layers
+  eager with their weight gradients deferred, ``planner.runtime.split_backward``, what lies between
+  them compiled as ``plan launch`` compiles it): forward, input gradients, then the weight
+  gradients, counted at 3 forwards' FLOPs.
 - Optimizer: the runtime's own optimizer stepping ``OPTIMIZER_PROBE_PARAMETERS`` parameters; the
   effective memory bandwidth = bytes the roofline counts (``planner.prediction.stage_model``) / time.
 - Links: a ping-pong between every ordered pair of the launched processes over torch.distributed at
@@ -43,7 +47,8 @@ from planner.errors import InputError
 from planner.runtime.spawn import RankFailure, gather_from_ranks
 
 __all__ = ["CalibrateOptions", "CalibrationFailure", "calibrate", "fit_latency_bandwidth", "OPTIMIZER_PROBE_PARAMETERS",
-           "tensor_probe_degree", "tensor_block_floor", "TENSOR_PROBE_MICRO_BATCH"]
+           "tensor_probe_degree", "tensor_block_floor", "TENSOR_PROBE_MICRO_BATCH",
+           "tensor_probe", "timed"]
 
 OPTIMIZER_PROBE_PARAMETERS = 32 * 2**20
 _SIZES_CPU = (4 * 2**10, 64 * 2**10, 2**20, 8 * 2**20)
@@ -194,7 +199,9 @@ def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
     m = entry["measured"]
     plain = m["block_forward_s"] + m["block_backward_s"]
     log(f"a block took {1e3 * plain:.3f} ms forward and backward, {1e3 * m['recomputed_block_forward_backward_s']:.3f} "
-        f"ms with recomputation: {m['recomputed_block_forward_backward_s'] / plain:.3f} times (the FLOPs say 1.333)")
+        f"ms with recomputation: {m['recomputed_block_forward_backward_s'] / plain:.3f} times (the FLOPs say 1.333), "
+        f"{1e3 * m['split_block_forward_backward_s']:.3f} ms with ZB-H1's split backward: "
+        f"{m['split_block_forward_backward_s'] / plain:.3f} times")
     efficiency = entry["efficiency"]
     if efficiency < _IMPLAUSIBLE_EFFICIENCY:
         log(f"warning: measured efficiency {efficiency:.4f} of {kind}'s peak is implausibly low: is this host's "
@@ -216,6 +223,7 @@ def _document(job, kind, backend, names, reports, options) -> dict:
     achieved = 3.0 * block / (compute["block_forward_s"] + compute["block_backward_s"])
     head_achieved = 3.0 * head / compute["head_s"]
     recompute_achieved = training_flops_multiplier(True) * block / compute["recomputed_block_s"]
+    split_achieved = training_flops_multiplier(False) * block / compute["split_block_s"]
     device = next(d for d in job.topology.devices if d.type_name == kind)
     peak = peak_for(device.peak_flops, training.precision)
     document = {
@@ -233,6 +241,8 @@ def _document(job, kind, backend, names, reports, options) -> dict:
             # no faster than the plain block (noise aside), which read_calibration holds it to
             "recompute_efficiency": min(recompute_achieved / peak, training_flops_multiplier(True)
                                         / training_flops_multiplier(False) * min(achieved / peak, 1.0), 1.0),
+            # no faster than the plain block (noise aside), which read_calibration holds it to
+            "split_backward_efficiency": min(split_achieved / peak, achieved / peak, 1.0),
             "memory_bandwidth_bytes_per_s": compute["optimizer_bytes_per_s"],
             "measured": {"device_name": compute["device_name"], "precision": training.precision,
                          "dtype": compute["dtype"], "compiled": compute["compiled"], "micro_batch_size": b, "sequence": model.sequence,
@@ -242,6 +252,8 @@ def _document(job, kind, backend, names, reports, options) -> dict:
                          "head_achieved_flops": head_achieved,
                          "recomputed_block_forward_backward_s": compute["recomputed_block_s"],
                          "recompute_achieved_flops": recompute_achieved,
+                         "split_block_forward_backward_s": compute["split_block_s"],
+                         "split_achieved_flops": split_achieved,
                          "peak_flops": peak, "optimizer_step_s": compute["optimizer_s"],
                          "optimizer_parameters": OPTIMIZER_PROBE_PARAMETERS, "threads": compute["threads"]},
         }},
@@ -312,7 +324,7 @@ def _measure(rank, world, backend, port, job, options, queue, device, threads, d
         if degree > 1:
             group = dist.new_group(list(range(degree)))  # every process takes part in making it
             if rank < degree:
-                seconds = _tensor_probe(job, options, device, group, rank, degree)
+                seconds = tensor_probe(job, options, device, group, rank, degree)
                 if rank == 0:
                     report.update(tensor_degree=degree, tensor_block_s=seconds)
             dist.barrier()
@@ -324,7 +336,7 @@ def _measure(rank, world, backend, port, job, options, queue, device, threads, d
 _QUEUED_CALLS = 8  # GPU calls queued per timed sample, as a stage queues its blocks
 
 
-def _timed(fn, repeats: int, device) -> float:
+def timed(fn, repeats: int, device) -> float:
     """Median seconds of one call of ``fn`` after two warm-ups. On a GPU each sample queues
     ``_QUEUED_CALLS`` calls before one synchronisation, as a stage's blocks run back to back: timing
     a single synchronised call adds the host's launch latency to a ~1 ms kernel sequence (on an
@@ -373,13 +385,14 @@ def _compute_probe(job, options, device, threads) -> dict:
         block.compile()  # as planner.runtime.gpt.compile_stage does to every block
     x = torch.randn(b, model.sequence, model.hidden, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
-    forward = _timed(lambda: block(x), options.repeats, device)
-    both = _timed(lambda: block(x).backward(grad), options.repeats, device)
+    forward = timed(lambda: block(x), options.repeats, device)
+    both = timed(lambda: block(x).backward(grad), options.repeats, device)
     recomputed = Block(model).to(device=device, dtype=dtype)
     recomputed.recompute = True  # as planner.runtime.gpt.build_stage sets it for training.recompute
     if compiled:
         recomputed.compile()
-    recomputed_both = _timed(lambda: recomputed(x).backward(grad), options.repeats, device)
+    recomputed_both = timed(lambda: recomputed(x).backward(grad), options.repeats, device)
+    split_both = _split_backward_block_s(model, x, grad, compiled, options.repeats, device)
     norm = make_norm(model, model.hidden).to(device=device, dtype=dtype)
     head = torch.nn.Linear(model.hidden, head_rows(model), bias=False).to(device=device, dtype=dtype)
     tokens = torch.randint(0, model.vocabulary, (b, model.sequence + 1), device=device)
@@ -388,7 +401,7 @@ def _compute_probe(job, options, device, threads) -> dict:
         last = x[:, -1] if model.head == "classification" else x  # a classification head reads the last position
         loss(vocabulary_logits(head(norm(last)), model), targets).backward()
 
-    head_s = _timed(head_step, options.repeats, device)
+    head_s = timed(head_step, options.repeats, device)
     probe = torch.nn.Linear(OPTIMIZER_PROBE_PARAMETERS // 1024, 1024, bias=False).to(device=device, dtype=dtype)
     optimizer = make_optimizer(probe, training.optimizer, 1e-4, dtype, device)
 
@@ -396,19 +409,44 @@ def _compute_probe(job, options, device, threads) -> dict:
         probe.weight.grad = torch.ones_like(probe.weight)
         optimizer.step()
 
-    optimizer_s = _timed(step, options.repeats, device)
+    optimizer_s = timed(step, options.repeats, device)
     moved = probe.weight.numel() * OPTIMIZER_BYTES_PER_PARAMETER[training.optimizer]
     return {"micro_batch_size": b, "block_forward_s": forward, "block_backward_s": max(both - forward, 0.0),
-            "recomputed_block_s": recomputed_both,
+            "recomputed_block_s": recomputed_both, "split_block_s": split_both,
             "head_s": head_s, "optimizer_s": optimizer_s, "optimizer_bytes_per_s": moved / optimizer_s,
             "dtype": str(dtype).replace("torch.", ""), "compiled": compiled, "threads": threads, "torch": torch.__version__,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
             else (platform.processor() or platform.machine())}
 
 
-def _tensor_probe(job, options, device, group, member: int, degree: int) -> float:
+def _split_backward_block_s(model, x, grad, compiled: bool, repeats: int, device) -> float:
+    """Seconds of a block's forward, input gradients and deferred weight gradients as a ZB-H1 stage
+    runs them (``planner.runtime.engine``: ``bwd_input`` then ``bwd_weight``)."""
+    import torch
+
+    from planner.runtime.gpt import Block, compile_between_linears
+    from planner.runtime.split_backward import defer_weight_gradients
+
+    holder = torch.nn.Module()  # compile_between_linears walks a stage's ``blocks``
+    holder.blocks = torch.nn.ModuleDict({"0": Block(model).to(device=device, dtype=x.dtype)})
+    store = defer_weight_gradients(holder)
+    if compiled:
+        compile_between_linears(holder)
+    block = holder.blocks["0"]
+
+    def step():
+        store.deferring = True
+        block(x).backward(grad)
+        store.deferring = False
+        store.apply(store.take())
+
+    return timed(step, repeats, device)
+
+
+def tensor_probe(job, options, device, group, member: int, degree: int,
+                 micro_batch_size: int = TENSOR_PROBE_MICRO_BATCH) -> float:
     """Seconds of one forward and backward of the runtime's tensor-parallel block (this member's
-    share, ``planner.runtime.tensor_parallel.shard_stage``) at ``TENSOR_PROBE_MICRO_BATCH``, compiled as
+    share, ``planner.runtime.tensor_parallel.shard_stage``) at ``micro_batch_size``, compiled as
     ``plan launch`` compiles blocks; every member of ``group`` calls it (the all-reduces)."""
     import torch
     from torch import nn
@@ -420,7 +458,7 @@ def _tensor_probe(job, options, device, group, member: int, degree: int) -> floa
     from planner.runtime.tensor_parallel import shard_stage
 
     model, training = job.model, job.training
-    b = TENSOR_PROBE_MICRO_BATCH
+    b = micro_batch_size
     dtype = runtime_dtype(resolve_precision(job.topology, [d.name for d in job.topology.devices], training.precision),
                           device)
     torch.manual_seed(0)  # the same whole block on every member, as the runtime builds it
@@ -431,7 +469,7 @@ def _tensor_probe(job, options, device, group, member: int, degree: int) -> floa
         block.compile()
     x = torch.randn(b, model.sequence, model.hidden, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
-    return _timed(lambda: block(x).backward(grad), options.repeats, device)
+    return timed(lambda: block(x).backward(grad), options.repeats, device)
 
 
 def _link_probe(rank, world, sizes, repeats, device) -> dict:

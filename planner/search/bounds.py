@@ -5,6 +5,7 @@ import math
 import numpy as np
 
 from cost_models.network import Sync
+from cost_models.schedule import Schedule
 from planner.plan.sync import syncs_for
 from planner.prediction.stage_model import iteration_flops, layer_costs, least_gradient_bytes_per_param
 
@@ -50,7 +51,7 @@ def lower_bound_s(topology, model, training) -> float:
     fewest_stages = max(1, math.ceil(state / float(topology.memory_bytes().max())))
     layer_params = per_sequence.layer_params
     # a block's FLOPs as the fastest-counting device counts them (Device.block_slowdown)
-    sequence_layer_flops = per_sequence.layer_flops * float(topology.block_slowdowns(training.recompute).min())
+    sequence_layer_flops = per_sequence.layer_flops * _least_block_slowdown(topology, training)
     gradient_bytes = least_gradient_bytes_per_param(per_sequence)  # PowerSGD: the best-compressed part's rate
     best_out = np.sort(topology.network.fastest_out_bytes_per_s())[::-1]  # each device's fastest outgoing link, best first
     n = topology.size
@@ -83,4 +84,10 @@ def work_flops(topology, model, training) -> float:
     the blocks at the smallest ``Device.block_slowdown``)."""
     slowdown = min(float(topology.head_slowdowns().min()), 1.0)
     return iteration_flops(model, training.global_batch, recompute=training.recompute, head_slowdown=slowdown,
-                           block_slowdown=float(topology.block_slowdowns(training.recompute).min()))
+                           block_slowdown=_least_block_slowdown(topology, training))
+
+
+def _least_block_slowdown(topology, training) -> float:
+    """The smallest ``Device.block_slowdown`` of the topology under ``training``'s recomputation and
+    schedule (ZB-H1's split backward where it is the schedule asked for)."""
+    return float(topology.block_slowdowns(training.recompute, training.schedule == Schedule.ZERO_BUBBLE).min())

@@ -81,7 +81,7 @@ def make_context(topology, model, training, groups: tuple = ()) -> SearchContext
     return SearchContext(topology=topology, model=model, training=training,
                          speed=topology.effective_flops(training.precision), capacity=topology.memory_bytes(),
                          head_slowdown=topology.head_slowdowns(),
-                         block_slowdown=topology.block_slowdowns(training.recompute),
+                         block_slowdown=topology.block_slowdowns(training.recompute, training.schedule == Schedule.ZERO_BUBBLE),
                          mem_bw=np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices]),
                          network=topology.network, costs={}, rings={}, ring_nics={}, groups=grouped,
                          tensor=grouped.degree)
