@@ -57,6 +57,7 @@ def measure(model, micro_batch_size: int, layers_per_stage: int, repeats: int) -
     import torch.nn.functional as F
 
     from cost_models.flops import head_forward_flops, layer_forward_flops, padded_vocabulary
+    from planner.runtime.calibrate import split_backward_step
     from planner.runtime.gpt import Block, make_norm
     from planner.runtime.precision import MasterWeightOptimizer
 
@@ -84,6 +85,18 @@ def measure(model, micro_batch_size: int, layers_per_stage: int, repeats: int) -
     recomputed.compile()
     row("block, torch.compile, recomputed: forward + backward",
         _timed_ms(lambda: recomputed(x).backward(grad), repeats), 4 * fwd, "checkpoint inside the compiled block")
+    # As a stage runs them: blocks in a chain, per block; and ZB-H1's split backward (linear layers
+    # eager, weight gradients deferred, the rest compiled), alone (as plan calibrate times it) and chained.
+    chain = torch.nn.Sequential(*(Block(model) for _ in range(layers_per_stage))).to(device=device, dtype=dtype)
+    for member in chain:
+        member.compile()
+    row(f"block, torch.compile, {layers_per_stage} chained: forward + backward, per block",
+        _timed_ms(lambda: chain(x).backward(grad), repeats) / layers_per_stage, 3 * fwd)
+    row("block, split backward (ZB-H1): forward + input grads + weight grads",
+        _timed_ms(split_backward_step(model, x, grad, compiled=True), repeats), 3 * fwd, "as plan calibrate times it")
+    row(f"block, split backward (ZB-H1), {layers_per_stage} chained, per block",
+        _timed_ms(split_backward_step(model, x, grad, compiled=True, blocks=layers_per_stage), repeats)
+        / layers_per_stage, 3 * fwd)
 
     norm = make_norm(model, h).to(device=device, dtype=dtype)
     targets = torch.randint(0, v, (b, s), device=device)

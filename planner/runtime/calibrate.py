@@ -48,7 +48,7 @@ from planner.runtime.spawn import RankFailure, gather_from_ranks
 
 __all__ = ["CalibrateOptions", "CalibrationFailure", "calibrate", "fit_latency_bandwidth", "OPTIMIZER_PROBE_PARAMETERS",
            "tensor_probe_degree", "tensor_block_floor", "TENSOR_PROBE_MICRO_BATCH",
-           "tensor_probe", "timed"]
+           "tensor_probe", "timed", "split_backward_step"]
 
 OPTIMIZER_PROBE_PARAMETERS = 32 * 2**20
 _SIZES_CPU = (4 * 2**10, 64 * 2**10, 2**20, 8 * 2**20)
@@ -392,7 +392,7 @@ def _compute_probe(job, options, device, threads) -> dict:
     if compiled:
         recomputed.compile()
     recomputed_both = timed(lambda: recomputed(x).backward(grad), options.repeats, device)
-    split_both = _split_backward_block_s(model, x, grad, compiled, options.repeats, device)
+    split_both = timed(split_backward_step(model, x, grad, compiled), options.repeats, device)
     norm = make_norm(model, model.hidden).to(device=device, dtype=dtype)
     head = torch.nn.Linear(model.hidden, head_rows(model), bias=False).to(device=device, dtype=dtype)
     tokens = torch.randint(0, model.vocabulary, (b, model.sequence + 1), device=device)
@@ -419,28 +419,32 @@ def _compute_probe(job, options, device, threads) -> dict:
             else (platform.processor() or platform.machine())}
 
 
-def _split_backward_block_s(model, x, grad, compiled: bool, repeats: int, device) -> float:
-    """Seconds of a block's forward, input gradients and deferred weight gradients as a ZB-H1 stage
-    runs them (``planner.runtime.engine``: ``bwd_input`` then ``bwd_weight``)."""
+def split_backward_step(model, x, grad, compiled: bool, blocks: int = 1):
+    """One forward, input gradients and deferred weight gradients of ``blocks`` chained blocks as a
+    ZB-H1 stage runs them (``planner.runtime.engine``: ``bwd_input`` then ``bwd_weight``; the
+    linear layers eager, what lies between them compiled when ``compiled``), as a callable."""
     import torch
 
     from planner.runtime.gpt import Block, compile_between_linears
     from planner.runtime.split_backward import defer_weight_gradients
 
     holder = torch.nn.Module()  # compile_between_linears walks a stage's ``blocks``
-    holder.blocks = torch.nn.ModuleDict({"0": Block(model).to(device=device, dtype=x.dtype)})
+    holder.blocks = torch.nn.ModuleDict({str(i): Block(model) for i in range(blocks)}).to(device=x.device,
+                                                                                          dtype=x.dtype)
     store = defer_weight_gradients(holder)
     if compiled:
         compile_between_linears(holder)
-    block = holder.blocks["0"]
 
     def step():
         store.deferring = True
-        block(x).backward(grad)
+        y = x
+        for block in holder.blocks.values():
+            y = block(y)
+        y.backward(grad)
         store.deferring = False
         store.apply(store.take())
 
-    return timed(step, repeats, device)
+    return step
 
 
 def tensor_probe(job, options, device, group, member: int, degree: int,
