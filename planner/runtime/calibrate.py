@@ -1,7 +1,8 @@
 """``plan calibrate``: measure what the cost model needs on the devices at hand.
 
-- Compute: a transformer block's forward and backward and the head's (norm, logits, loss) at the
-  model's shapes, timed on rank 0's device; efficiency = the block's model FLOPs
+- Compute: a transformer block's forward and backward (``PROBE_BLOCKS`` blocks chained as a stage
+  runs them, per block) and the head's (norm, logits, loss) at the model's shapes, timed on rank 0's
+  device; efficiency = the block's model FLOPs
   (``cost_models.flops``) / its measured time / the device type's peak at the training precision,
   and head efficiency the same for the head; the recompute efficiency the same for the runtime's block
   with full recomputation (its forward re-run in backward, compiled as ``plan launch`` compiles it)
@@ -48,12 +49,17 @@ from planner.runtime.spawn import RankFailure, gather_from_ranks
 
 __all__ = ["CalibrateOptions", "CalibrationFailure", "calibrate", "fit_latency_bandwidth", "OPTIMIZER_PROBE_PARAMETERS",
            "tensor_probe_degree", "tensor_block_floor", "TENSOR_PROBE_MICRO_BATCH",
-           "tensor_probe", "timed", "split_backward_step"]
+           "tensor_probe", "timed", "split_backward_step", "PROBE_BLOCKS"]
 
 OPTIMIZER_PROBE_PARAMETERS = 32 * 2**20
 _SIZES_CPU = (4 * 2**10, 64 * 2**10, 2**20, 8 * 2**20)
 _LINK_REPEATS = 20  # round trips per size and pair (median)
 _SIZES_GPU = (4 * 2**10, 2**20, 16 * 2**20, 128 * 2**20)
+# Blocks timed in a chain, per block, as a stage runs them: on an H200 (GPT-3 XL, micro-batch 2,
+# compiled) one block timed alone took 2.49-2.89 ms forward and backward on two hosts, 2.61 ms a
+# block in a chain of 6 (``benchmarks/runtime_parts.py``); ZB-H1's split block 2.77-4.27 ms alone,
+# 2.70 ms chained. The host's launch overhead of one block's call is shared by the chain's.
+PROBE_BLOCKS = 4
 TENSOR_PROBE_MICRO_BATCH = 1  # a tensor group's block floor shows first at the smallest micro-batch
 _IMPLAUSIBLE_EFFICIENCY = 0.01  # below this share of peak, the measured device is probably not the named type
 
@@ -378,21 +384,31 @@ def _compute_probe(job, options, device, threads) -> dict:
     b = training.micro_batch_size or 1
     dtype = runtime_dtype(resolve_precision(job.topology, [d.name for d in job.topology.devices], training.precision),
                           device)
-    block = Block(model).to(device=device, dtype=dtype)
     compiled = compiles(options.compile, "nccl" if device.type == "cuda" else "gloo")
     loss = torch.compile(lm_loss) if compiled else lm_loss
-    if compiled:
-        block.compile()  # as planner.runtime.gpt.compile_stage does to every block
     x = torch.randn(b, model.sequence, model.hidden, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
-    forward = timed(lambda: block(x), options.repeats, device)
-    both = timed(lambda: block(x).backward(grad), options.repeats, device)
-    recomputed = Block(model).to(device=device, dtype=dtype)
-    recomputed.recompute = True  # as planner.runtime.gpt.build_stage sets it for training.recompute
-    if compiled:
-        recomputed.compile()
-    recomputed_both = timed(lambda: recomputed(x).backward(grad), options.repeats, device)
-    split_both = timed(split_backward_step(model, x, grad, compiled), options.repeats, device)
+
+    def chain(recompute: bool):
+        blocks = [Block(model).to(device=device, dtype=dtype) for _ in range(PROBE_BLOCKS)]
+        for block in blocks:
+            block.recompute = recompute  # as planner.runtime.gpt.build_stage sets it for training.recompute
+            if compiled:
+                block.compile()  # as planner.runtime.gpt.compile_stage does to every block
+
+        def forward():
+            y = x
+            for block in blocks:
+                y = block(y)
+            return y
+        return forward
+
+    plain, recomputed = chain(False), chain(True)
+    forward = timed(plain, options.repeats, device) / PROBE_BLOCKS
+    both = timed(lambda: plain().backward(grad), options.repeats, device) / PROBE_BLOCKS
+    recomputed_both = timed(lambda: recomputed().backward(grad), options.repeats, device) / PROBE_BLOCKS
+    split_both = timed(split_backward_step(model, x, grad, compiled, PROBE_BLOCKS), options.repeats,
+                       device) / PROBE_BLOCKS
     norm = make_norm(model, model.hidden).to(device=device, dtype=dtype)
     head = torch.nn.Linear(model.hidden, head_rows(model), bias=False).to(device=device, dtype=dtype)
     tokens = torch.randint(0, model.vocabulary, (b, model.sequence + 1), device=device)
