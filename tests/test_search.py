@@ -289,3 +289,30 @@ def test_one_front_door_serves_dtfms_objective(write_yaml):
     with pytest.raises(InputError, match="does not start from a plan"):
         search(job.topology, job.model, job.training, SearchOptions(time_limit_s=10), objective=DtfmCost(),
                x0=result.plan)
+
+
+@pytest.mark.slow
+def test_same_seed_and_budget_same_plan_under_load():
+    """The work budget, not the clock, ends every phase: a busy competitor on every core (two on
+    this 2-core CI machine) changes neither the plan nor how many evaluations found it. Checked on
+    the lab topology (9 devices: construction, CP-SAT, local and genetic search all run)."""
+    import subprocess
+    import sys
+
+    job = load_job(ROOT / "topologies" / "hetero" / "lab-mixed-a40-l4.yaml")
+    options = SearchOptions(seed=3, time_limit_s=300, budget_s=3)
+    quiet = search(job.topology, job.model, job.training, options)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        loaded = search(job.topology, job.model, job.training, options)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    from dataclasses import replace
+
+    def unclocked(plan):  # the plan file without the clock's readings (wall_s, simulation_wall_s)
+        return replace(plan, search={k: v for k, v in plan.search.items() if not k.endswith("wall_s")})
+
+    assert unclocked(loaded.plan) == unclocked(quiet.plan) and loaded.evaluations == quiet.evaluations
+    assert loaded.predicted_s == quiet.predicted_s and loaded.lower_bound_s == quiet.lower_bound_s
