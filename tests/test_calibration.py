@@ -410,6 +410,23 @@ def test_a_measured_recompute_efficiency_times_recomputed_blocks_only(tmp_path, 
     assert estimate == pytest.approx(after, rel=1e-9)
 
 
+def test_a_calibration_keeps_the_bandwidth_the_codecs_shares_refer_to(tmp_path, write_yaml):
+    """The calibrated memory bandwidth (the optimizer's) replaces the type's for the optimizer step;
+    the codecs keep the type's own, which their measured shares refer to (Device.codec_bandwidth)."""
+    job = load_job(write_yaml(small_topology()))
+    path = _recompute_calibration(tmp_path / "a.yaml")
+    document = yaml.safe_load(path.read_text())
+    entry = document["device_types"]["A100-80GB"]
+    own = entry["memory_bandwidth_bytes_per_s"]
+    entry["memory_bandwidth_bytes_per_s"] = own / 2
+    path.write_text(yaml.safe_dump(document))
+    calibrated = apply_calibration(job.topology, read_calibration(path))
+    fast = calibrated.devices[calibrated.index("fast-0")]
+    assert fast.memory_bandwidth_bytes_per_s == own / 2 and fast.codec_bandwidth == own
+    again = apply_calibration(calibrated, read_calibration(path))  # a second calibration keeps the type's too
+    assert again.devices[again.index("fast-0")].codec_bandwidth == own
+
+
 @pytest.mark.parametrize("schedule", ["zb-h1", "1f1b"])
 def test_a_measured_split_backward_times_zero_bubble_plans_only(tmp_path, write_yaml, schedule):
     """A ZB-H1 plan's blocks at the measured split-backward efficiency (0.4 of peak) instead of the

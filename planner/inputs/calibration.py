@@ -144,6 +144,7 @@ def apply_calibration(topology, calibration: Calibration):
                         recompute_efficiency=measured["recompute_efficiency"],
                         split_backward_efficiency=measured["split_backward_efficiency"],
                         memory_bandwidth_bytes_per_s=measured["memory_bandwidth_bytes_per_s"],
+                        codec_bandwidth_bytes_per_s=d.codec_bandwidth,
                         tensor_block_issue_s=measured.get("tensor_block_issue_s", d.tensor_block_issue_s))
         devices.append(d)
     return replace(topology, devices=tuple(devices))

@@ -47,6 +47,15 @@ class Device:
     recompute_efficiency: float = 0.0  # measured efficiency of a recomputed block at 4 forwards' FLOPs; 0: as the blocks
     # measured efficiency of a block whose backward is split for ZB-H1 (planner.runtime.split_backward); 0: as the blocks
     split_backward_efficiency: float = 0.0
+    # The memory bandwidth the compression codecs' measured shares refer to (cost_models.compression:
+    # the type's own, catalog or typed; a calibration's optimizer-measured bandwidth does not replace
+    # it); 0: memory_bandwidth_bytes_per_s.
+    codec_bandwidth_bytes_per_s: float = 0.0
+
+    @property
+    def codec_bandwidth(self) -> float:
+        """``codec_bandwidth_bytes_per_s``, else the memory bandwidth."""
+        return self.codec_bandwidth_bytes_per_s or self.memory_bandwidth_bytes_per_s
 
     @property
     def head_slowdown(self) -> float:
@@ -128,6 +137,10 @@ class Topology:
 
     def head_slowdowns(self) -> np.ndarray:
         return np.array([d.head_slowdown for d in self.devices])
+
+    def codec_bandwidths(self) -> np.ndarray:
+        """Per device, ``Device.codec_bandwidth``."""
+        return np.array([d.codec_bandwidth for d in self.devices])
 
     def block_slowdowns(self, recompute: bool, split_backward: bool = False) -> np.ndarray:
         """Per device, ``Device.block_slowdown``: a block's FLOPs count this many times."""

@@ -13,7 +13,7 @@ from planner.plan.plan import Plan, Prediction
 from planner.plan.sync_groups import grouped_sync, grouped_sync_bytes
 from planner.plan.tensor import groups_of_plan
 from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_flops, layer_costs, message_codec_s,
-                                            optimizer_time_s, stage_compress_s, stage_memory_bytes,
+                                            optimizer_time_s, powersgd_pass_s, stage_compress_s, stage_memory_bytes,
                                             stage_parameters, stage_profile, stage_step_bytes, tensor_layer_s)
 
 __all__ = ["sync_time_s", "sync_members", "build_pipeline_job", "predict", "model_flops_per_iteration",
@@ -70,12 +70,13 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
                                               plan.schedule == Schedule.ZERO_BUBBLE)[device]  # (R, S)
     extra_blocks = profile.layer_counts[None, :] * costs.layer_flops * (block_slowdown - 1.0)
     mem_bw = np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices])[device]
+    codec_bw = topology.codec_bandwidths()[device]
     tensor = groups.degree[device]
     member_params = stage_parameters(costs, profile.layer_counts[None, :], np.arange(S)[None, :], tensor)
     optimizer = optimizer_time_s(stage_step_bytes(costs, member_params, np.arange(S)[None, :]), mem_bw)
     if costs.powersgd_rank and plan.replicas > 1:  # PowerSGD's products run before the step, on each device
         optimizer = optimizer + stage_compress_s(costs, profile.layer_counts[None, :], np.arange(S)[None, :], speed,
-                                                 tensor)
+                                                 tensor) + powersgd_pass_s(costs, member_params, codec_bw)
     # A group's block beyond its compute (all-reduces or issue floor), split as its all-reduces are.
     beyond = tensor_layer_s(costs, groups.allreduce_per_byte_s[device], groups.allreduce_latency_s[device],
                             costs.layer_flops * block_slowdown / speed, tensor, groups.issue_s[device])
@@ -83,7 +84,7 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     tensor_forward = profile.layer_counts[None, :] * forward_share * beyond
     tensor_backward = profile.layer_counts[None, :] * (1.0 - forward_share) * beyond
     # compressed messages' encode and decode
-    codec_forward, codec_backward = message_codec_s(costs, mem_bw, plan.compression.message_mask(S))
+    codec_forward, codec_backward = message_codec_s(costs, codec_bw, plan.compression.message_mask(S))
     sync = np.array([sync_time_s(topology, plan, profile, s) for s in range(S)])
     links, holds = [], []
     for s in range(S):

@@ -22,7 +22,8 @@ __all__ = ["OPTIMIZER_BYTES_PER_PARAMETER", "OUTER_STATE_BYTES_PER_PARAMETER", "
            "LayerCosts", "layer_costs", "StageProfile", "stage_profile",
            "stage_parameters", "stage_memory_bytes", "stage_step_bytes", "in_flight_table", "optimizer_time_s",
            "iteration_flops", "optimizer_shards", "tensor_layer_s", "head_outputs", "message_codec_s",
-           "stage_gradient_bytes", "stage_compress_flops", "stage_compress_s", "least_gradient_bytes_per_param"]
+           "stage_gradient_bytes", "stage_compress_flops", "stage_compress_s", "least_gradient_bytes_per_param",
+           "powersgd_pass_s"]
 
 # Bytes the optimizer update moves per parameter (read + write), a roofline estimate of a fused
 # Adam step: fp32 master, m and v read and written (24 B), the 16-bit gradient read and the 16-bit
@@ -64,6 +65,7 @@ class LayerCosts:
     state_bytes_per_param: float
     gradient_bytes_per_param: float  # what the all-reduce moves per parameter, per iteration (over sync_every)
     optimizer_bytes_per_param: float  # what the optimizer step reads and writes per parameter (+ outer step share)
+    powersgd_pass_bytes_per_param: float = 0.0  # PowerSGD's error-feedback passes per parameter (powersgd_pass_s)
     boundary_bytes: float  # one message across a stage boundary, as sent (compressed with compress_messages)
     shards: int = 1  # replicas the optimizer state is sharded over (1: not sharded)
     first_unsharded_params: float = 0.0  # the tied embedding on the first stage, when sharded
@@ -192,9 +194,10 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
     int8 = training.compress_messages == MessageCompression.INT8
     values = b * s * h  # one boundary message's values
     powersgd = _powersgd_costs(model, training, stages, first_params, last_params, v, dtype)
-    if powersgd and replicas > 1:  # the error feedback kept, its passes over every gradient (at the measured share)
+    passes = 0.0
+    if powersgd and replicas > 1:  # the error feedback kept, its passes over every gradient (powersgd_pass_s)
         state += POWERSGD_STATE_BYTES_PER_PARAMETER
-        step += POWERSGD_PASS_BYTES_PER_PARAMETER / POWERSGD_BANDWIDTH_SHARE
+        passes = POWERSGD_PASS_BYTES_PER_PARAMETER
     return LayerCosts(**powersgd,
         stages=stages, layers=model.layers, layer_forward_flops=fwd,
         layer_flops=fwd * flops.training_flops_multiplier(training.recompute),
@@ -210,7 +213,7 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         micro_batches_per_round=training.micro_batches_per_round,
         layer_weight_gradient_flops=flops.layer_weight_gradient_flops(b, s, h, model.ffn_hidden,
                                                                       gated_mlp=model.gated_mlp),
-        optimizer_bytes_per_param=step / shards,
+        optimizer_bytes_per_param=step / shards, powersgd_pass_bytes_per_param=passes,
         boundary_bytes=int8_message_bytes(values) if int8 else boundary, raw_boundary_bytes=boundary,
         boundary_encode_bytes=int8_encode_bytes(values, dtype) if int8 else 0.0,
         boundary_decode_bytes=int8_decode_bytes(values, dtype) if int8 else 0.0,
@@ -343,13 +346,14 @@ def tensor_layer_s(costs: LayerCosts, allreduce_per_byte_s, allreduce_latency_s,
     return np.maximum(allreduces, np.where(np.asarray(degree) > 1, floor - np.asarray(block_compute_s), 0.0))
 
 
-def message_codec_s(costs: LayerCosts, memory_bandwidth_bytes_per_s, compressed=None) -> tuple:
+def message_codec_s(costs: LayerCosts, codec_bandwidth_bytes_per_s, compressed=None) -> tuple:
     """(forward, backward) seconds per micro-batch that each stage spends encoding and decoding its
     compressed messages, memory-bound (bytes moved / the share ``INT8_CODEC_BANDWIDTH_SHARE`` of the
-    memory bandwidth that the runtime's codec was measured to reach):
+    memory bandwidth that the runtime's codec was measured to reach; ``Device.codec_bandwidth``, the
+    bandwidth that share was measured against):
     forward, a stage decodes the activation it receives and encodes the one it sends; backward, it
     decodes the gradient from downstream and encodes the one it sends upstream. Length-S arrays,
-    broadcast against ``memory_bandwidth_bytes_per_s`` ((R, S) in the callers); 0 without compression.
+    broadcast against ``codec_bandwidth_bytes_per_s`` ((R, S) in the callers); 0 without compression.
     ``compressed``: (S - 1,) booleans, the boundaries compressed (None: every one)."""
     S = costs.stages
     mask = np.ones(S - 1, dtype=bool) if compressed is None else np.asarray(compressed, dtype=bool)
@@ -357,8 +361,17 @@ def message_codec_s(costs: LayerCosts, memory_bandwidth_bytes_per_s, compressed=
     gets_from_up = np.insert(mask, 0, False).astype(float)
     forward = sends_down * costs.boundary_encode_bytes + gets_from_up * costs.boundary_decode_bytes
     backward = sends_down * costs.boundary_decode_bytes + gets_from_up * costs.boundary_encode_bytes
-    bandwidth = np.asarray(memory_bandwidth_bytes_per_s, dtype=float) * INT8_CODEC_BANDWIDTH_SHARE
+    bandwidth = np.asarray(codec_bandwidth_bytes_per_s, dtype=float) * INT8_CODEC_BANDWIDTH_SHARE
     return forward / bandwidth, backward / bandwidth
+
+
+def powersgd_pass_s(costs: LayerCosts, parameters, codec_bandwidth_bytes_per_s):
+    """Seconds of PowerSGD's error-feedback passes over ``parameters`` gradients before the step
+    (``POWERSGD_PASS_BYTES_PER_PARAMETER`` each, memory-bound: roofline, Williams et al. 2009) at the
+    share ``POWERSGD_BANDWIDTH_SHARE`` of ``Device.codec_bandwidth``, the bandwidth that share was
+    measured against; 0 without PowerSGD (or one replica)."""
+    return parameters * costs.powersgd_pass_bytes_per_param / (np.asarray(codec_bandwidth_bytes_per_s, dtype=float)
+                                                               * POWERSGD_BANDWIDTH_SHARE)
 
 
 def stage_step_bytes(costs: LayerCosts, parameters, stage):

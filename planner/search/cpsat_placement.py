@@ -38,7 +38,7 @@ from cost_models.schedule import Schedule
 from ortools.sat.python import cp_model
 
 from planner.search.cpsat import RESOLUTION_S, make_solver
-from planner.prediction.stage_model import stage_memory_bytes, stage_parameters, stage_step_bytes
+from planner.prediction.stage_model import powersgd_pass_s, stage_memory_bytes, stage_parameters, stage_step_bytes
 from planner.search.evaluate import (Candidate, backward_share, gradient_bytes, ring_cost, score_split,
                                     stage_costs)
 
@@ -296,9 +296,12 @@ class _PlacementModel:
         """Each worker's optimizer step after its stage's all-reduce: the stage's parameters
         (``stage_parameters``, linear in its layer count) through the device's memory bandwidth."""
         m, S, c = self.model, self.S, self.costs
-        fixed = stage_step_bytes(c, stage_parameters(c, 0.0, np.arange(S)), np.arange(S))
-        per_layer_ns = _ns(c.layer_params * c.optimizer_bytes_per_param / self.ctx.mem_bw)  # (n,)
-        fixed_ns = _ns(fixed[None, :] / self.ctx.mem_bw[:, None])  # (n, S)
+        extra = stage_parameters(c, 0.0, np.arange(S))
+        fixed = stage_step_bytes(c, extra, np.arange(S))
+        per_layer_ns = _ns(c.layer_params * c.optimizer_bytes_per_param / self.ctx.mem_bw
+                           + powersgd_pass_s(c, c.layer_params, self.ctx.codec_bw))  # (n,)
+        fixed_ns = _ns(fixed[None, :] / self.ctx.mem_bw[:, None]
+                       + powersgd_pass_s(c, extra[None, :], self.ctx.codec_bw[:, None]))  # (n, S)
         self.step_horizon_ns = int((per_layer_ns * self.L + fixed_ns.max(axis=1)).max())
         self.step = {}
         for r, s in itertools.product(range(self.R), range(S)):

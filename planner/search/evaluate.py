@@ -18,7 +18,7 @@ from planner.plan.sync import syncs_for
 from planner.plan.sync_groups import CLUSTER, ONE, grouped_sync, grouping
 from planner.plan.tensor import group_devices
 from planner.prediction.stage_model import (in_flight_table, layer_costs, message_codec_s, optimizer_time_s,
-                                            stage_compress_s, stage_gradient_bytes, stage_memory_bytes,
+                                            powersgd_pass_s, stage_compress_s, stage_gradient_bytes, stage_memory_bytes,
                                             stage_parameters, stage_step_bytes, tensor_layer_s)
 from planner.search.balance import split_batch, split_layers
 from planner.search.locality import best_ring
@@ -38,6 +38,7 @@ class SearchContext:
     block_slowdown: np.ndarray  # per device: a block's FLOPs count this many times (Device.block_slowdown)
     capacity: np.ndarray  # usable bytes per device
     mem_bw: np.ndarray
+    codec_bw: np.ndarray  # per device, Device.codec_bandwidth
     network: object  # cost_models.network.Network: the simulator's own network
     costs: dict  # (micro_batch_size, stages) -> LayerCosts
     rings: dict  # sorted member tuple -> (all-reduce seconds per byte, latency seconds); ("regions", ids) -> their ring
@@ -83,6 +84,7 @@ def make_context(topology, model, training, groups: tuple = ()) -> SearchContext
                          head_slowdown=topology.head_slowdowns(),
                          block_slowdown=topology.block_slowdowns(training.recompute, training.schedule == Schedule.ZERO_BUBBLE),
                          mem_bw=np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices]),
+                         codec_bw=topology.codec_bandwidths(),
                          network=topology.network, costs={}, rings={}, ring_nics={}, groups=grouped,
                          tensor=grouped.degree)
 
@@ -215,7 +217,7 @@ def _pipeline_shape(ctx, assign, costs, counts, schedule, links):
     tau[:, -1] += costs.head_flops * ctx.head_slowdown[assign[:, -1]]
     tau = tau / ctx.speed[assign] + np.array(counts, dtype=float)[None, :] * ctx.tensor_layer_s(costs, assign)
     if costs.boundary_encode_bytes:  # compressed messages: encode and decode on each side of a boundary
-        tau = tau + sum(message_codec_s(costs, ctx.mem_bw[assign]))
+        tau = tau + sum(message_codec_s(costs, ctx.codec_bw[assign]))
     fill = tau.sum(axis=1) + link_fill
     if schedule == Schedule.GPIPE and S > 1:
         share = backward_share(ctx.training)
@@ -396,7 +398,7 @@ def _step(ctx, assign, costs, counts) -> np.ndarray:
     step = optimizer_time_s(stage_step_bytes(costs, params, stages), ctx.mem_bw[assign])
     if costs.powersgd_rank and assign.shape[0] > 1:  # PowerSGD's products, before the step
         step = step + stage_compress_s(costs, np.asarray(counts, dtype=float)[None, :], stages, ctx.speed[assign],
-                                       ctx.tensor[assign])
+                                       ctx.tensor[assign]) + powersgd_pass_s(costs, params, ctx.codec_bw[assign])
     return step
 
 
