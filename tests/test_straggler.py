@@ -63,6 +63,58 @@ def test_a_worker_slower_than_its_plan_from_the_start_is_found_and_one_worker_ca
     assert find_straggler(measured[:1], predicted[:1]) is None
 
 
+def _reports(job, workers: dict, iterations: int, scale: float, slow: dict, step_wait_s: float) -> list:
+    """Rank reports as the workers send them: per iteration, each op for each micro-batch lasting the
+    plan's time (times ``slow[rank]`` from iteration ``slow[rank][1]`` on, 0-based), a receive, and
+    a step that also waits ``step_wait_s`` (a sharded optimizer's all-gather)."""
+    from cost_models.simulator import op_compute_s
+
+    reports = []
+    for rank, (replica, stage, member) in workers.items():
+        traces = []
+        for k in range(iterations):
+            factor = slow[rank][0] if rank in slow and k >= slow[rank][1] else 1.0
+            clock, trace = 0.0, []
+            ops = [("recv_fwd", 0)] + [(kind, mb) for kind in ("fwd", "bwd") for mb in range(4)] + [("step", -1)]
+            for kind, mb in ops:
+                seconds = op_compute_s(job, kind, replica, stage) * scale * factor if kind != "recv_fwd" else 0.01
+                seconds += step_wait_s if kind == "step" else 0.0
+                trace.append((kind, mb, clock, clock + seconds, 0))
+                clock += seconds
+            traces.append(trace)
+        reports.append({"rank": rank, "replica": replica, "stage": stage, "member": member, "traces": traces})
+    return reports
+
+
+def test_a_tensor_group_is_named_as_a_whole_and_a_calibrated_plan_is_told_to_lower_the_peak(tmp_path):
+    from dataclasses import replace
+
+    from planner.prediction.predict import build_pipeline_job
+    from planner.runtime.inputs import load_run_inputs
+    from planner.runtime.straggler import straggler_report
+
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    plan = write_test_plan(tmp_path, topology, assignment=[["a0", "b2"]], tensor_groups=[["a0", "a1"]],
+                           layer_bounds=[0, 2, 4], micro_batches=[4], micro_batch_size=4, schedule="1f1b")
+    inputs = load_run_inputs(plan)
+    job = build_pipeline_job(inputs.plan, inputs.topology, inputs.model, inputs.training)
+    # a1 (member 1 of stage 0's group) computes 2x from the third measured iteration; b2's step waits long
+    reports = _reports(job, {0: (0, 0, 0), 1: (0, 0, 1), 2: (0, 1, 0)}, 5, 10.0, {1: (2.0, 2)}, step_wait_s=5.0)
+    times = [1.0, 1.0, 1.5, 1.5, 1.5]
+    record = straggler_report(inputs, job, reports, times, 10.0, 2, 0.9)
+    assert [w["worker"] for w in record["workers"]] == ["a0", "b2"]  # one worker per group, the step left out
+    assert record["device"] == "a0" and record["members"] == ["a0", "a1"] and record["from_iteration"] == 5
+    assert record["factor"] == pytest.approx(2.0) and record["cost_s"] == pytest.approx(0.5)
+    assert record["lost_s"] == pytest.approx(1.5) and record["replan_efficiency"] == pytest.approx(
+        {"a0": 0.15, "a1": 0.15})
+    assert "tensor group a0, a1" in record["summary"] and "efficiency: 0.15 on a0, efficiency: 0.15 on a1" in record[
+        "summary"]
+    calibrated = replace(inputs, plan=replace(inputs.plan, calibration={"path": "cal.yaml", "sha256": "0"}))
+    record = straggler_report(calibrated, job, reports, times, 10.0, 2, 0.9)
+    assert record["replan_peak_flops"] == pytest.approx({"a0": 25e9, "a1": 25e9})
+    assert "peak_flops: 25GFLOP/s on a0" in record["summary"]
+
+
 def test_an_emulated_straggler_is_named_from_the_measurements_with_what_it_cost(tmp_path):
     plan = _plan(tmp_path)
     lines = []
@@ -110,6 +162,10 @@ def test_a_device_slower_than_the_plan_says_is_named_without_slow(tmp_path):
     record = results["straggler"]
     assert record["device"] == "b2" and record["factor"] > 2.0, record["summary"]
     assert record["first_measured"] and record["from_iteration"] == 2 and record["measured_before_s"] is None
+    # no iteration before it: the iteration without it is estimated by the simulator's ratio
+    assert record["without_straggler_s"] == pytest.approx(
+        record["measured_after_s"] * record["predicted_s"] / record["predicted_with_straggler_s"])
+    assert record["cost_s"] > 0
     assert "emulation" not in results
     assert any(line.startswith("straggler: b2") and "the first measured" in line for line in lines)
 

@@ -13,10 +13,11 @@ every device alike, or a host slower than planned, moves every ratio together an
 is the straggler when it is slow in ``MIN_SLOW_ITERATIONS`` or more measured iterations in a row
 (warm-up iterations are not compared; one iteration alone can be a pause of the host); of several,
 the longest run of slow iterations (then the largest factor) is named. Its factor is the median,
-over those iterations, of its ratio to the others'; what it cost is the median iteration of those
-iterations against the median of the iterations measured before them (or, when it was slow from
-the first measured iteration, against the plan's prediction), and the simulator predicts the
-iteration with the worker's compute slowed by the factor. To re-plan around it: the device's
+over those iterations, of its ratio to the others'; the simulator predicts the iteration with the
+worker's compute slowed by the factor; what it cost is the median iteration of those iterations
+against the median of the iterations measured before them, or, when it was slow from the first
+measured iteration, against an estimate: the measured iteration times the simulator's ratio of the
+plan's iteration to the slowed one (a slow device and a stage the plan mispredicts look alike then). To re-plan around it: the device's
 efficiency divided by the factor in the topology, then ``plan TOPOLOGY --from PLAN``.
 
 ``plan launch --emulate --slow DEVICE:FACTOR[@ITERATION]`` makes one device a straggler
@@ -151,8 +152,10 @@ def straggler_report(inputs, job, reports: list, times: list, time_scale: float,
     slowed = slowed_job(job, int(job.device[r, s]), found.factor)
     predicted_slowed = simulate(slowed, keep_records=False).iteration_s * time_scale
     before, after = times[:found.first], times[found.first:found.last + 1]
-    reference = statistics.median(before) if before else predicted_s
     after_s = statistics.median(after)
+    # Without measured iterations before it, the iteration without the straggler is estimated: the
+    # measured one times the simulator's ratio of the plan's iteration to the slowed one.
+    reference = statistics.median(before) if before else after_s * predicted_s / predicted_slowed
     members = list(plan.members(name))
     devices = [inputs.topology.devices[inputs.topology.index(d)] for d in members]
     record.update({
@@ -160,34 +163,38 @@ def straggler_report(inputs, job, reports: list, times: list, time_scale: float,
         "to_iteration": warmup + found.last + 1, "first_measured": found.first == 0,
         "measured_before_s": statistics.median(before) if before else None, "measured_after_s": after_s,
         "predicted_s": predicted_s, "predicted_with_straggler_s": predicted_slowed,
-        "cost_s": after_s - reference, "lost_s": sum(t - reference for t in after),
+        "without_straggler_s": reference, "cost_s": after_s - reference, "lost_s": sum(t - reference for t in after),
         "replan_efficiency": {d.name: d.efficiency / found.factor for d in devices}})
     if plan.calibration:  # a calibration replaces efficiency by device type, not a device's peak
         record["replan_peak_flops"] = {d.name: peak_for(d.peak_flops, inputs.training.precision) / found.factor
                                        for d in devices}
-    record["summary"] = _found(record, inputs.plan_path, reference, len(after))
+    record["summary"] = _found(record, inputs.plan_path, len(after))
     return record
 
 
-def _found(record: dict, plan_path: str, reference: float, count: int) -> str:
+def _found(record: dict, plan_path: str, count: int) -> str:
     name, first, last = record["device"], record["from_iteration"], record["to_iteration"]
-    members = f" (tensor group {', '.join(record['members'])})" if len(record["members"]) > 1 else ""
+    reference, after = record["without_straggler_s"], record["measured_after_s"]
+    members = (f" (the tensor group {', '.join(record['members'])}: which member is slow cannot be told)"
+               if len(record["members"]) > 1 else "")
     span = (f"from iteration {first}, the first measured, to {last} (slow from the start: the device, or the plan's "
             "prediction of its stage)" if record["first_measured"] else f"from iteration {first} to {last}")
-    against = "the predicted" if record["measured_before_s"] is None else "before it,"
+    against = ("before it" if record["measured_before_s"] is not None else
+               f"estimated without it, as the simulator's {record['predicted_s']:.3f} s without it is to its "
+               f"{record['predicted_with_straggler_s']:.3f} s with it")
     if "replan_peak_flops" in record:
         settings = ", ".join(f"peak_flops: {format_flops(f).replace(' ', '')} on {d}"
                              for d, f in record["replan_peak_flops"].items())
         settings += " (the plan's calibration sets efficiency by device type)"
     else:
         settings = ", ".join(f"efficiency: {e:.3g} on {d}" for d, e in record["replan_efficiency"].items())
-    after = record["measured_after_s"]
     return (f"straggler: {name}{members} computed {record['factor']:.2f}x slower than the other workers against the "
             f"plan's compute times {span}, named at >= {STRAGGLER_RATIO:g}x in {MIN_SLOW_ITERATIONS} or more "
-            f"measured iterations in a row: iterations took {after:.3f} s instead of {against} {reference:.3f} s "
-            f"({100 * (after / reference - 1):+.0f}%, {record['lost_s']:.3f} s lost over {count} iteration(s); the "
-            f"simulator with the straggler predicts {record['predicted_with_straggler_s']:.3f} s); to re-plan around "
-            f"it, set {settings} in the topology and run 'plan TOPOLOGY --from {plan_path}'")
+            f"measured iterations in a row: iterations took {after:.3f} s instead of {reference:.3f} s {against} "
+            f"({100 * (after / reference - 1):+.0f}%, {record['lost_s']:.3f} s lost over {count} iteration(s)"
+            + ("" if record["measured_before_s"] is None else
+               f"; the simulator with the straggler predicts {record['predicted_with_straggler_s']:.3f} s")
+            + f"); to re-plan around it, set {settings} in the topology and run 'plan TOPOLOGY --from {plan_path}'")
 
 
 def _nothing_found(names: list, relative: np.ndarray) -> str:
