@@ -404,23 +404,44 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
         raise LaunchFailure(f"every rank exited but rank 0 wrote no results in {options.out_dir}")
     if options.emulate:
         _record_overrun(inputs, options.out_dir, scale, log, slowdown, options.warmup)
-    return read_results(options.out_dir)
+    results = read_results(options.out_dir)
+    _say_straggler(results, log)
+    return results
+
+
+def _say_straggler(results: dict, log) -> None:
+    """The straggler the run's measurements name (``planner.runtime.straggler``), and whether an
+    emulated one was found; nothing when neither."""
+    found = results.get("straggler") or {}
+    emulated = results.get("emulation", {}).get("slowdown")
+    if found.get("device") or emulated:
+        log(found["summary"])
+    if emulated and not emulated["detected"]:
+        log(f"the emulated straggler {emulated['device']} ({emulated['factor']:g}x from iteration "
+            f"{emulated['from_iteration']}) was not found in the measurements"
+            + (": it started after the run's last iteration" if emulated["after_last_iteration"] else ""))
 
 
 def _record_overrun(inputs: RunInputs, out_dir, scale: float, log, slowdown=None, warmup: int = 0) -> None:
-    """Compare the emulated compute ops with the plan's; warn and record when the host overran them;
-    with an emulated straggler, record and say what it cost (``straggler_report``)."""
+    """Compare the emulated compute ops with the plan's (the slowed device's, from the emulated
+    straggler's first iteration on); warn and record when the host overran them. With an emulated
+    straggler, record what was emulated and whether the measurements named it (``results.straggler``)."""
     from planner.prediction.predict import build_pipeline_job
-    from planner.runtime.emulation import compute_overrun
+    from planner.runtime.emulation import compute_overrun, slowed_job
     from planner.runtime.results import read_results, update_results
-    from planner.runtime.straggler import straggler_report
+    from planner.runtime.straggler import device_index_in_job
 
     results = read_results(out_dir)
     job = build_pipeline_job(inputs.plan, inputs.topology, inputs.model, inputs.training)
     record = {}
     if slowdown is not None:
-        record["straggler"], job = straggler_report(inputs, job, slowdown, results, scale, warmup)
-        log(record["straggler"]["summary"])
+        found = results.get("straggler") or {}
+        measured = len(results["measured"]["iteration_s"])
+        record["slowdown"] = {"device": slowdown.device, "factor": slowdown.factor, "from_iteration": slowdown.first,
+                              "detected": slowdown.device in (found.get("members") or ()),
+                              "after_last_iteration": slowdown.first > warmup + measured}
+        if warmup + results["measured"]["median_iteration"] + 1 >= slowdown.first:  # the trace compared below
+            job = slowed_job(job, device_index_in_job(inputs.plan, job, slowdown.device), slowdown.factor)
     overrun = compute_overrun(results["measured"]["trace"], job, scale, results["comparison"]["predicted_s"],
                               names=_rank_names(inputs.plan))
     if overrun["warning"]:
@@ -510,6 +531,8 @@ def _launch_hosts(inputs: RunInputs, options: LaunchOptions, log) -> dict | None
     from planner.runtime.results import read_results
 
     if os.path.exists(os.path.join(options.out_dir, "results.json")):
-        return read_results(options.out_dir)
+        results = read_results(options.out_dir)
+        _say_straggler(results, log)
+        return results
     log(f"results were written by rank 0 on {entries[0].address} in {options.out_dir}")
     return None

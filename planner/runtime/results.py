@@ -6,8 +6,14 @@ this host: per-iteration times as the max over ranks, median, spread, tokens/s, 
 memory per device, the op trace of the median iteration), ``predicted`` (the simulator's iteration
 time, memory and op trace, in the plan's seconds) and ``comparison`` (both in this host's seconds:
 the prediction times ``run.time_scale``, and ``prediction_error`` = (predicted - measured) / measured).
-Emulated runs add ``emulation`` (``compute_overrun``: how far this host ran past the plan's compute
-times, per rank, and the warning the launch printed). ``run`` says where the run started
+``straggler`` (``planner.runtime.straggler``): each worker's measured forward and backward seconds
+per iteration against the plan's, relative to the other workers', and the straggler found from them
+(``device``: None when none; else its members, factor, ``from_iteration`` and ``to_iteration``, the
+iterations before and during, ``cost_s`` per iteration and ``lost_s`` in all, the simulator's
+iteration with it, the efficiency to re-plan with, and the line the launch printed). Emulated runs
+add ``emulation`` (``compute_overrun``: how far this host ran past the plan's compute times, per
+rank, and the warning the launch printed; ``slowdown``: the straggler ``--slow`` emulated and
+whether the measurements found it). ``run`` says where the run started
 (``first_iteration``, ``resumed_from``) and lists the ``checkpoints`` it wrote (iteration, path,
 seconds). Elastic launches that lost a rank add ``elastic``: per event the rank and device, the
 failure, the checkpoint resumed from, ``lost_s`` (from that checkpoint to the failure: work redone),

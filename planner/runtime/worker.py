@@ -37,6 +37,7 @@ from planner.runtime.optimizer import make_optimizer
 from planner.runtime.precision import runtime_dtype
 from planner.runtime.profile import profiled
 from planner.runtime.results import RESULTS_FORMAT, chrome_trace, comparison, summarise_iterations, write_results
+from planner.runtime.straggler import device_index_in_job, straggler_report
 from planner.runtime.tensor_parallel import broadcast_whole, follow_lead, full_state, shard_stage
 
 __all__ = ["WorkerConfig", "run_local_worker", "main"]
@@ -160,8 +161,6 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         resources = SharedResources(shared, inputs.topology.size, len(inputs.topology.hosts))
         slow = (None, 1)
         if config.slow:
-            from planner.runtime.straggler import device_index_in_job
-
             name, factor, first_slow = config.slow
             slow = (slowed_job(job, device_index_in_job(plan, job, name), factor), first_slow)
         emulator = Emulator(job, resources, time_scale=config.time_scale, replica=replica, stage=stage, slow=slow)
@@ -330,6 +329,10 @@ def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, rep
                       "trace": predicted_trace if len(predicted_trace) <= _PREDICTED_TRACE_LIMIT else []},
         "comparison": comparison(prediction.iteration_s, config.time_scale, measured["median_s"]),
     }
+    # Which worker computed slower than the plan against the others, from every rank's measured ops.
+    document["straggler"] = straggler_report(inputs, build_pipeline_job(plan, topology, model, training), reports,
+                                             times, config.time_scale, config.warmup,
+                                             document["comparison"]["predicted_s"])
     names = {r["rank"]: f"rank {r['rank']} {r['device']} (r{r['replica']} s{r['stage']})" for r in reports}
     all_measured = [{"rank": r["rank"], "iteration": i, "kind": k, "microbatch": mb, "start_s": a, "end_s": b}
                     for r in reports for i, trace in enumerate(r["traces"]) for (k, mb, a, b, _) in trace]
