@@ -460,9 +460,11 @@ def test_a_measured_split_backward_times_zero_bubble_plans_only(tmp_path, write_
         forward = layer_costs(job.model, training, 1, 1).layer_forward_flops
         peak = fast.peak_flops_for("fp16")
         assert after - before == pytest.approx(8 * L * 3 * forward * (1 / 0.4 - 1 / 0.5) / peak, rel=1e-9)
-    ctx = make_context(measured, job.model, training)
-    estimate = score_split(ctx, np.array([[measured.index("fast-0")]]), (L,), (8,), 1, schedule)
-    assert estimate == pytest.approx(after, rel=1e-9)
+    # the candidate's schedule decides, not the training's: a search under "auto" scores both alike
+    for asked in (schedule, "auto"):
+        ctx = make_context(measured, job.model, replace(training, schedule=asked))
+        estimate = score_split(ctx, np.array([[measured.index("fast-0")]]), (L,), (8,), 1, schedule)
+        assert estimate == pytest.approx(after, rel=1e-9)
 
 
 def test_estimate_and_simulator_agree_on_measured_recomputed_blocks(tmp_path):

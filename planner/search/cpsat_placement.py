@@ -146,7 +146,7 @@ class _PlacementModel:
     # -- data, in integers -------------------------------------------------------------------
     def _prepare_data(self):
         ctx, c = self.ctx, self.costs
-        self.layer_ns = _ns(c.layer_flops * ctx.block_slowdown / ctx.speed)  # (n,)
+        self.layer_ns = _ns(c.layer_flops * ctx.slowdown(self.schedule) / ctx.speed)  # (n,)
         self.head_ns = _ns(c.head_flops * ctx.head_slowdown / ctx.speed)
         lat = np.asarray(ctx.network.latency_s)  # CP-SAT places a few devices: every pair at once
         one_way = ctx.network.busy_s(slice(None), slice(None), c.boundary_bytes)

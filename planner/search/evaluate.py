@@ -36,6 +36,7 @@ class SearchContext:
     speed: np.ndarray  # effective FLOP/s per device
     head_slowdown: np.ndarray  # per device: the head's FLOPs count this many times (calibration)
     block_slowdown: np.ndarray  # per device: a block's FLOPs count this many times (Device.block_slowdown)
+    split_block_slowdown: np.ndarray  # ... under ZB-H1's split backward (Device.block_slowdown(..., True))
     capacity: np.ndarray  # usable bytes per device
     mem_bw: np.ndarray
     codec_bw: np.ndarray  # per device, Device.codec_bandwidth
@@ -49,16 +50,21 @@ class SearchContext:
     # also a non-ring sync's seconds and NIC holds per member set and bytes
     routes: dict = field(default_factory=dict)
 
-    def tensor_layer_s(self, costs, assign) -> np.ndarray:
+    def slowdown(self, schedule) -> np.ndarray:
+        """Per device, how many times a block's FLOPs count under ``schedule`` (ZB-H1's split
+        backward has its own, ``Device.block_slowdown``)."""
+        return self.split_block_slowdown if schedule == Schedule.ZERO_BUBBLE else self.block_slowdown
+
+    def tensor_layer_s(self, costs, assign, schedule) -> np.ndarray:
         """Seconds each placed group's block takes per micro-batch beyond its compute: its tensor
         all-reduces or its issue floor (``stage_model.tensor_layer_s``; 0 for one device)."""
         return tensor_layer_s(costs, self.groups.allreduce_per_byte_s[assign], self.groups.allreduce_latency_s[assign],
-                              self.block_s(costs, assign), self.tensor[assign], self.groups.issue_s[assign])
+                              self.block_s(costs, assign, schedule), self.tensor[assign], self.groups.issue_s[assign])
 
-    def block_s(self, costs, assign) -> np.ndarray:
+    def block_s(self, costs, assign, schedule) -> np.ndarray:
         """Seconds of one block's forward and backward per micro-batch on each placed device (a
-        tensor group's compute share), its FLOPs counted ``block_slowdown`` times."""
-        return costs.layer_flops * self.block_slowdown[assign] / self.speed[assign]
+        tensor group's compute share) under ``schedule``, its FLOPs counted ``slowdown`` times."""
+        return costs.layer_flops * self.slowdown(schedule)[assign] / self.speed[assign]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -82,7 +88,8 @@ def make_context(topology, model, training, groups: tuple = ()) -> SearchContext
     return SearchContext(topology=topology, model=model, training=training,
                          speed=topology.effective_flops(training.precision), capacity=topology.memory_bytes(),
                          head_slowdown=topology.head_slowdowns(),
-                         block_slowdown=topology.block_slowdowns(training.recompute, training.schedule == Schedule.ZERO_BUBBLE),
+                         block_slowdown=topology.block_slowdowns(training.recompute),
+                         split_block_slowdown=topology.block_slowdowns(training.recompute, split_backward=True),
                          mem_bw=np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices]),
                          codec_bw=topology.codec_bandwidths(),
                          network=topology.network, costs={}, rings={}, ring_nics={}, groups=grouped,
@@ -213,9 +220,9 @@ def _pipeline_shape(ctx, assign, costs, counts, schedule, links):
     """
     R, S = assign.shape
     round_trip, forward_busy, backward_busy, link_fill, nic_period = links
-    tau = np.array(counts, dtype=float)[None, :] * costs.layer_flops * ctx.block_slowdown[assign]
+    tau = np.array(counts, dtype=float)[None, :] * costs.layer_flops * ctx.slowdown(schedule)[assign]
     tau[:, -1] += costs.head_flops * ctx.head_slowdown[assign[:, -1]]
-    tau = tau / ctx.speed[assign] + np.array(counts, dtype=float)[None, :] * ctx.tensor_layer_s(costs, assign)
+    tau = tau / ctx.speed[assign] + np.array(counts, dtype=float)[None, :] * ctx.tensor_layer_s(costs, assign, schedule)
     if costs.boundary_encode_bytes:  # compressed messages: encode and decode on each side of a boundary
         tau = tau + sum(message_codec_s(costs, ctx.codec_bw[assign]))
     fill = tau.sum(axis=1) + link_fill
@@ -472,10 +479,10 @@ def _evaluate(ctx, assign, micro_batch_size, schedule, micro_batches, split) -> 
     costs = stage_costs(ctx, micro_batch_size, S, R)
     # A block's FLOP/s as placed: a tensor group's summed speed slowed by its all-reduces, any
     # device's by its block slowdown; the head's FLOPs count their slowdown over that speed.
-    speed = costs.layer_flops / (ctx.block_s(costs, assign) + ctx.tensor_layer_s(costs, assign))
+    speed = costs.layer_flops / (ctx.block_s(costs, assign, schedule) + ctx.tensor_layer_s(costs, assign, schedule))
     capacity = ctx.capacity[assign]
     tensor = ctx.tensor[assign]
-    head_slowdown = float((ctx.head_slowdown / ctx.block_slowdown)[assign[:, -1]].max())
+    head_slowdown = float((ctx.head_slowdown / ctx.slowdown(schedule))[assign[:, -1]].max())
     links = _links(ctx, assign, costs)
     if micro_batches is None:
         harmonic = 1.0 / (1.0 / speed).sum(axis=1)
