@@ -188,6 +188,9 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
             unit = (lambda usd: f"${usd:.4g}") if result.objective == "cost" else format_seconds  # dollars, or seconds
             on = "" if result.objective == "time" else f" on the {result.objective} objective " \
                 f"({unit(result.objective_s)} for this plan)"
+            pinned = (plan.search or {}).get("pinned") or {}
+            if result.objective == "dtfm" and any(pinned.values()):  # the allocation engine's bound on those degrees
+                on += " over the pinned " + " and ".join(f"{k} {v}" for k, v in pinned.items() if v)
             out.append(f"Lower bound{on}: {unit(result.lower_bound_s)}  gap {100 * result.gap:.1f}%  "
                        f"({result.evaluations} candidates in {result.wall_s:.2f} s)")
             for shape in result.exact_shapes:

@@ -183,7 +183,8 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
                           **({"objective": objective} if objective.engine == "pool" else {}))
     history, pool = record.pop("history", []), record.pop("pool", [])
     bound = objective.lower_bound(topology, model, training)  # over every device, at the asked precision
-    bound = max(bound, record.pop("engine_bound_s", 0.0))  # an engine's proof over the same plans, if tighter
+    # An engine's proof over the plans it could return (with pinned degrees, those degrees'), if tighter.
+    bound = max(bound, record.pop("engine_bound_s", 0.0))
     sync_tried = record.pop("sync_tried", None)
     if sync_tried is not None and objective.engine == "placement":  # ``sync: auto`` resolved within the budget
         training = sync_training(training, plan.sync, plan.replicas)
