@@ -37,7 +37,7 @@ def test_phase_ends_and_work_budgets_scale_with_the_limit():
     assert long.estimates("local", 10**9) == pytest.approx(4 * short.estimates("local", 10**9), abs=4)
     assert long.construct_units() == pytest.approx(4 * short.construct_units())
     assert short.estimates("local", 5) == 5  # the cap
-    short.reserve_finalists(8, 128, 2048)  # a simulation heavier than the limit: the largest share
+    short.reserve_finalists(32, 128, 8192)  # a simulation heavier than the limit: the largest share
     assert short.share_s("finalists") == pytest.approx(0.6 * 2.0)
     assert not short.out_of_time("local") and short.clock_cut == []
     short.clock = lambda: 101.9
@@ -53,7 +53,7 @@ def test_construction_without_a_plan_takes_more_of_the_limit_and_the_phases_afte
     assert budget.end("construct") == pytest.approx(CONSTRUCT_END * 2.0)
     budget.construct_ended(CONSTRUCT_UNITS_PER_S * 0.5 * 4.0)  # found at half the work budget
     assert budget.end("construct") == pytest.approx(1.0) and budget.work_share_s("construct") == pytest.approx(2.0)
-    budget.reserve_finalists(8, 128, 2048)  # the finalists' largest share would overlap construction: capped
+    budget.reserve_finalists(32, 128, 8192)  # the finalists' largest share would overlap construction: capped
     assert budget.end("finalists") - budget.share_s("finalists") == pytest.approx(1.0)
     assert budget.end("local") == pytest.approx(1.0) and budget.estimates("local", 10**9) == 1
     budget.construct_ended(CONSTRUCT_UNITS_PER_S * 10.0 * 4.0)  # past the end without a plan: capped there
