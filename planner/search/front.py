@@ -41,7 +41,7 @@ from planner.search.deadline import (CONSTRUCT_UNITS_PER_S, ESTIMATES_PER_S, EXA
                                      construct_units, plan_simulation_s, simulation_units)
 from planner.search.dtfm_plan import dtfm_objective_plan
 from planner.search.evaluate import Candidate, charges_groups, evaluate_placement, make_context, score_split
-from planner.search.genetic import POPULATION, genetic_search
+from planner.search.genetic import POPULATION, alignment_s, genetic_search
 from planner.search.interleave import (interleaved_variants, interleaving_error, interleaving_refusal,
                                        virtual_stage_choices)
 from planner.search.local import iterated_local_search
@@ -584,7 +584,8 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
              if (c.assign.shape, c.micro_batch_size, c.schedule) == shape][:POPULATION]
     genetic_budget = budget.estimates("genetic", options.max_evaluations // 4, leader.assign.size)
     result, used = genetic_search(ctx, seeds, rng, genetic_budget, budget.end("genetic"))
-    budget.note_cut("genetic", used < genetic_budget and budget.out_of_time("genetic"))
+    budget.note_cut("genetic", used < genetic_budget and budget.remaining_s("genetic")
+                      <= alignment_s(leader.assign.shape[0]))
     budget.spend("genetic", used * construct_units(leader.assign.size) / ESTIMATES_PER_S)
     evaluations += used
     improved.append(result)
