@@ -11,8 +11,9 @@ the limit), the plan may differ, and the search record lists the phases the cloc
 most one unit of work that cannot be split: one degree pair's constructive layouts, one CP-SAT
 hint completion, one round of split refinement, or ``SMALL_SIMULATION_S`` of the event simulation
 of the first finalist. A simulation is sized before it starts (``simulation_units`` at
-``SIMULATION_UNITS_PER_S``): the first finalist's refinement ends early enough to leave it that
-time, one predicted not to end by the limit is not started, and one that runs past it is stopped
+``SIMULATION_UNITS_PER_S``): the first finalist's refinement ends early enough to leave it
+``SIMULATION_MARGIN`` times that time before the finalists' end, one predicted not to end by then
+is not started, and one that runs past it is stopped
 (``cost_models.simulator.SimulationCut``); where the first finalist's simulation is cut so, the
 plan keeps the search's estimate (``Prediction.cost_model`` ``estimate``) and ``clock_cut`` names
 ``simulation``.
@@ -60,9 +61,9 @@ SIMULATION_UNITS_PER_S = 25_000.0  # ``simulation_units`` simulated
 # that a plan small enough to simulate in a blink is never left at its estimate by a tiny limit.
 SMALL_SIMULATION_S = 0.5
 # The first finalist's refinement leaves its simulation this many times the time its size predicts
-# before the limit's end: the rate is an unloaded machine's, and one refinement estimate at 4,096
-# devices takes up to a second.
-SIMULATION_MARGIN = 1.5
+# before the limit's end: the rate is an unloaded machine's, one refinement estimate at 4,096
+# devices takes up to a second, and making the plan of 16,384 devices 1.3 s.
+SIMULATION_MARGIN = 2.0
 EXACT_WORK_PER_S = 1.0  # CP-SAT deterministic time (about seconds)
 
 
@@ -185,9 +186,10 @@ class Budget:
         return self.work_share_s("finalists")
 
     @property
-    def limit_end(self) -> float:
-        """The clock time at which the whole search's limit ends."""
-        return self.started + self.limit_s
+    def first_simulation_end(self) -> float:
+        """The clock time by which the plan's first simulation must end: the finalists' end, also
+        where a callback stopped the search (the search still needs a plan)."""
+        return self.started + FINALISTS_END * self.limit_s
 
     def now(self) -> float:
         return time.perf_counter() if self.clock is None else self.clock()

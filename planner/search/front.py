@@ -671,12 +671,13 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
 
     def simulate(plan, run):
         """The simulator's prediction of ``plan`` run with ``run``, its work counted; None where the
-        clock would end (or ends) it first: before the finalists' end, and for the plan's first
-        simulation before the limit's end (at least ``SMALL_SIMULATION_S`` from now)."""
+        clock would end (or ends) it first: before the finalists' end (for the plan's first
+        simulation, at least ``SMALL_SIMULATION_S`` from now)."""
         nonlocal simulation_wall_s, simulated, work_s
         predicted_s = plan_simulation_s(plan)
         now = time.perf_counter()
-        end = max(budget.limit_end, now + SMALL_SIMULATION_S) if best_plan is None else budget.end("finalists")
+        end = (max(budget.first_simulation_end, now + SMALL_SIMULATION_S) if best_plan is None
+               else budget.end("finalists"))
         if now + predicted_s > end:
             budget.note_cut("simulation", True)
             return None
@@ -701,9 +702,9 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
             refine_budget = min(REFINE_EVALUATIONS, max(1, int(refine_rate * max(allowed_s - sync_reserve_s - work_s,
                                                                                   0.0))))
             refine_end = budget.end("finalists")
-            if best_plan is None:  # the plan's first simulation keeps its predicted time before the limit's end
+            if best_plan is None:  # the plan's first simulation keeps twice its predicted time before the finalists' end
                 R, S = c.assign.shape
-                refine_end = min(refine_end, budget.limit_end - SIMULATION_MARGIN * simulation_units(
+                refine_end = min(refine_end, budget.first_simulation_end - SIMULATION_MARGIN * simulation_units(
                     S, R, sum(c.micro_batches)) / SIMULATION_UNITS_PER_S)
             better, used = refine_split(ctx, c, budget=refine_budget, deadline=refine_end)
             budget.note_cut("finalists", used < refine_budget and time.perf_counter() >= refine_end)
