@@ -337,7 +337,10 @@ def test_a_simulation_longer_than_the_time_left_is_cut_and_the_plan_keeps_its_es
     assert "the search's estimate: the time limit cut this plan's event simulation" in text
     plan, _ = read_plan(out)
     assert plan.search["simulated"] == 0 and "simulation" in plan.search["clock_cut"]
-    assert json.loads(out.read_text())["prediction"]["cost_model"] == "estimate"
+    document = json.loads(out.read_text())
+    assert document["prediction"]["cost_model"] == "estimate"
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(document, json.loads((ROOT / "planner" / "schema" / "plan.schema.json").read_text()))
     job = load_job(path)
     validate_plan(plan, job.topology, job.model, job.training)
 
