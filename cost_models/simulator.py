@@ -12,6 +12,8 @@ Pipeline schedules).
 """
 
 import heapq
+import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +21,13 @@ import numpy as np
 from cost_models.network import Network
 from cost_models.schedule import COMPUTE_KINDS, peer_stage, piece_of, stage_ops
 
-__all__ = ["PipelineJob", "Timeline", "simulate", "sync_resources", "op_compute_s"]
+__all__ = ["PipelineJob", "Timeline", "SimulationCut", "simulate", "sync_resources", "op_compute_s"]
+
+_CLOCK_EVERY = 4096  # events between two readings of the clock against ``simulate``'s deadline
+
+
+class SimulationCut(RuntimeError):
+    """The clock passed ``simulate``'s deadline before the iteration's last event."""
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -133,8 +141,9 @@ def _transfer(job: PipelineJob, resources: _Resources, a: int, b: int, nbytes: f
     return start, start + holds[0][1] + job.network.latency_s[a, b]
 
 
-def simulate(job: PipelineJob, *, keep_records: bool = True) -> Timeline:
-    """Simulate one iteration of ``job`` and return its ``Timeline``."""
+def simulate(job: PipelineJob, *, keep_records: bool = True, deadline: float = math.inf) -> Timeline:
+    """Simulate one iteration of ``job`` and return its ``Timeline``; raises ``SimulationCut`` when
+    ``time.perf_counter()`` passes ``deadline`` first (read every ``_CLOCK_EVERY`` events)."""
     R, S = job.replicas, job.stages
     optimizer_s = job.optimizer_s if job.optimizer_s is not None else np.zeros((R, S))
     ops = {(r, s): stage_ops(job.schedule, s, S, int(job.micro_batches[r]), job.micro_batches_per_round,
@@ -159,7 +168,11 @@ def simulate(job: PipelineJob, *, keep_records: bool = True) -> Timeline:
         if keep_records:
             records.append((w[0], w[1], kind, mb, start, end))
 
+    events = 0
     while heap:
+        events += 1
+        if events % _CLOCK_EVERY == 0 and time.perf_counter() > deadline:
+            raise SimulationCut(f"the clock passed the simulation's deadline after {events} events")
         now, order, w = heapq.heappop(heap)
         r, s = w
         ops_w = ops[w]

@@ -167,7 +167,31 @@ def test_cli_reports_dtfms_bound_next_to_the_answer(capsys):
     text = capsys.readouterr().out
     assert code == 0
     assert "DTFM objective: 31.634 s" in text
-    assert "lower bound 31.634 s over the searched degrees (gap 0.0%)" in text
+    assert "over the pinned stages 8 and replicas 8: 31.634 s  gap 0.0%" in text
+    assert text.count("ower bound") == 1  # one objective, one bound
+
+
+def test_pinned_dtfm_degrees_give_one_bound_and_gap():
+    """Pinned 8 x 8 on case 2, the bound and gap of the result, of the plan's record and of the
+    report are the allocation engine's on those degrees (31.634 s proven, gap 0), not the
+    objective's bound over every shape DTFM allows (4.73 s, which read as an 85% gap beside it)."""
+    from planner.report.text import render_plan
+    from planner.search.front import SearchOptions, search
+    from planner.search.objective import DtfmCost
+
+    job = load_job(next((ROOT / "topologies" / "dtfm").glob("case2-*.yaml")))
+    loose = DtfmCost().lower_bound(job.topology, job.model, job.training)
+    result = search(job.topology, job.model, job.training, SearchOptions(time_limit_s=2, stages=8, replicas=8),
+                    objective=DtfmCost())
+    record = result.plan.search
+    assert loose < 0.2 * result.objective_s
+    assert result.objective_s == pytest.approx(CASE2_OPTIMUM_S, abs=1e-3)
+    assert result.lower_bound_s == pytest.approx(CASE2_OPTIMUM_S, abs=1e-3) and result.gap < 1e-6
+    assert record["lower_bound_s"] == result.lower_bound_s and record["gap"] == result.gap
+    assert not {"dtfm_bound_s", "dtfm_gap", "engine_bound_s"} & set(record)
+    text = render_plan(result.plan, job.topology, job.model, job.training, result=result)
+    assert text.count("ower bound") == 1
+    assert "over the pinned stages 8 and replicas 8: 31.634 s  gap 0.0%" in text
 
 
 def test_front_door_reports_the_engines_bound_over_every_dtfm_shape():

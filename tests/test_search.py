@@ -316,3 +316,27 @@ def test_same_seed_and_budget_same_plan_under_load():
 
     assert unclocked(loaded.plan) == unclocked(quiet.plan) and loaded.evaluations == quiet.evaluations
     assert loaded.predicted_s == quiet.predicted_s and loaded.lower_bound_s == quiet.lower_bound_s
+
+
+def test_crossover_alignment_scores_shared_devices_as_the_pairwise_count():
+    """``_align`` (scored from each device's cell, linear in the cells) reorders the second parent's
+    replicas exactly as the pairwise count does: shared devices, same positions counted twice."""
+    from scipy.optimize import linear_sum_assignment
+
+    from planner.search.genetic import _align, _alignment_score
+
+    rng = np.random.default_rng(4)
+    for R, S, n in ((6, 3, 30), (12, 2, 40), (5, 4, 30)):
+        devices = rng.permutation(n)
+        a = devices[:R * S].reshape(R, S)
+        b = a.ravel()[rng.permutation(R * S)].reshape(R, S)  # a's devices, shuffled over the cells
+        b[: R // 2] = a[rng.permutation(R)[: R // 2]]  # some replicas whole, in another order
+        rest = [d for d in a.ravel() if d not in set(b[: R // 2].ravel().tolist())]
+        b[R // 2:] = np.array(rng.permutation(rest)).reshape(R - R // 2, S)
+        b.ravel()[rng.permutation(R * S)[:S]] = devices[R * S:R * S + S]  # some idle devices in
+        assert len(set(b.ravel().tolist())) == R * S  # a placement: each device in one cell
+        score = np.array([[len(set(a[i].tolist()) & set(b[j].tolist())) + np.sum(a[i] == b[j]) for j in range(R)]
+                          for i in range(R)], dtype=float)
+        assert np.array_equal(_alignment_score(a, b), score)
+        _, columns = linear_sum_assignment(-score)
+        assert np.array_equal(_align(a, b), b[columns])

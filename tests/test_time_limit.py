@@ -1,7 +1,9 @@
 """The search's time limit is a limit: every phase ends within it, on deterministic work budgets."""
 
+import json
 import time
 
+import numpy as np
 import pytest
 import yaml
 
@@ -37,7 +39,7 @@ def test_phase_ends_and_work_budgets_scale_with_the_limit():
     assert long.estimates("local", 10**9) == pytest.approx(4 * short.estimates("local", 10**9), abs=4)
     assert long.construct_units() == pytest.approx(4 * short.construct_units())
     assert short.estimates("local", 5) == 5  # the cap
-    short.reserve_finalists(8, 128, 2048)  # a simulation heavier than the limit: the largest share
+    short.reserve_finalists(32, 128, 8192)  # a simulation heavier than the limit: the largest share
     assert short.share_s("finalists") == pytest.approx(0.6 * 2.0)
     assert not short.out_of_time("local") and short.clock_cut == []
     short.clock = lambda: 101.9
@@ -53,7 +55,7 @@ def test_construction_without_a_plan_takes_more_of_the_limit_and_the_phases_afte
     assert budget.end("construct") == pytest.approx(CONSTRUCT_END * 2.0)
     budget.construct_ended(CONSTRUCT_UNITS_PER_S * 0.5 * 4.0)  # found at half the work budget
     assert budget.end("construct") == pytest.approx(1.0) and budget.work_share_s("construct") == pytest.approx(2.0)
-    budget.reserve_finalists(8, 128, 2048)  # the finalists' largest share would overlap construction: capped
+    budget.reserve_finalists(32, 128, 8192)  # the finalists' largest share would overlap construction: capped
     assert budget.end("finalists") - budget.share_s("finalists") == pytest.approx(1.0)
     assert budget.end("local") == pytest.approx(1.0) and budget.estimates("local", 10**9) == 1
     budget.construct_ended(CONSTRUCT_UNITS_PER_S * 10.0 * 4.0)  # past the end without a plan: capped there
@@ -310,3 +312,52 @@ def test_a_grouping_that_finds_no_plan_counts_the_work_it_used(write_yaml, monke
                     SearchOptions(time_limit_s=60.0, budget_s=0.2, max_evaluations=20, exact=False))
     assert result.plan.tensor_groups and len(spent) >= 2 and spent[0] > 0.0
     assert result.plan.search["work_used_s"] == pytest.approx(sum(spent))
+
+
+def _many_micro_batches(write_yaml):
+    """``small_topology`` with 16,384 micro-batches: pinned to 4 x 1, a plan whose simulation
+    (``simulation_units`` 65,540, 2.6 s at the rate) takes longer than a 2 s limit."""
+    document = small_topology()
+    document["training"] = {**document["training"], "global_batch": 16384}
+    return write_yaml(document)
+
+
+def test_a_simulation_longer_than_the_time_left_is_cut_and_the_plan_keeps_its_estimate(write_yaml, tmp_path,
+                                                                                         capsys):
+    """The plan's one simulation, sized before it starts, cannot end within the limit: it is not
+    started, the plan keeps the search's estimate, the report says which phases the clock cut, and
+    the command ends within the limit plus 10% (it ran 0.9 s; simulating took 3-9 s more)."""
+    path, out, limit = _many_micro_batches(write_yaml), tmp_path / "plan.json", 2.0
+    started = time.perf_counter()
+    assert main([str(path), "--time-limit", str(limit), "--stages", "4", "--replicas", "1", "-o", str(out)]) == 0
+    assert time.perf_counter() - started <= 1.1 * limit
+    text = capsys.readouterr().out
+    cut = next(line for line in text.splitlines() if line.startswith("Cut by the time limit: "))
+    assert "simulation" in cut
+    assert "the search's estimate: the time limit cut this plan's event simulation" in text
+    plan, _ = read_plan(out)
+    assert plan.search["simulated"] == 0 and "simulation" in plan.search["clock_cut"]
+    document = json.loads(out.read_text())
+    assert document["prediction"]["cost_model"] == "estimate"
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(document, json.loads((ROOT / "planner" / "schema" / "plan.schema.json").read_text()))
+    job = load_job(path)
+    validate_plan(plan, job.topology, job.model, job.training)
+
+
+def test_a_simulation_past_its_deadline_stops(write_yaml):
+    """``predict``'s deadline stops the event loop (read every few thousand events) instead of
+    running the iteration to its end."""
+    from cost_models.simulator import SimulationCut
+    from planner.prediction.predict import predict
+    from planner.search.evaluate import evaluate_placement, make_context
+    from planner.search.plans import candidate_to_plan
+
+    document = small_topology()
+    document["training"] = {**document["training"], "global_batch": 4096}
+    job = load_job(write_yaml(document))
+    ctx = make_context(job.topology, job.model, job.training)
+    plan = candidate_to_plan(ctx, evaluate_placement(ctx, np.array([[2, 3, 0, 1]]), 1, "1f1b"))
+    with pytest.raises(SimulationCut):
+        predict(plan, job.topology, job.model, job.training, deadline=time.perf_counter())
+    assert predict(plan, job.topology, job.model, job.training)[0].iteration_s > 0

@@ -4,6 +4,8 @@ Per-stage work and memory come from the stage model (``planner.prediction.stage_
 and collectives from the network model (``cost_models.network``).
 """
 
+import math
+
 import numpy as np
 
 from cost_models import memory
@@ -16,8 +18,10 @@ from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_
                                             optimizer_time_s, powersgd_pass_s, stage_compress_s, stage_memory_bytes,
                                             stage_parameters, stage_profile, stage_step_bytes, tensor_layer_s)
 
-__all__ = ["sync_time_s", "sync_members", "build_pipeline_job", "predict", "model_flops_per_iteration",
-           "communication_bytes", "chunk_shares"]
+__all__ = ["sync_time_s", "sync_members", "build_pipeline_job", "predict", "estimated_prediction",
+           "model_flops_per_iteration", "communication_bytes", "chunk_shares", "ESTIMATE"]
+
+ESTIMATE = "estimate"  # ``Prediction.cost_model`` of a plan the time limit left unsimulated (the search's estimate)
 
 
 def sync_time_s(topology, plan: Plan, profile: StageProfile, stage: int) -> float:
@@ -160,12 +164,29 @@ def model_flops_per_iteration(model, global_batch: int) -> float:
     return iteration_flops(model, global_batch, recompute=False)
 
 
-def predict(plan: Plan, topology, model, training, *, keep_records: bool = False) -> tuple:
-    """Simulate ``plan``: returns (Prediction, Timeline)."""
+def predict(plan: Plan, topology, model, training, *, keep_records: bool = False,
+            deadline: float = math.inf) -> tuple:
+    """Simulate ``plan``: returns (Prediction, Timeline); ``cost_models.simulator.SimulationCut``
+    when ``time.perf_counter()`` passes ``deadline`` before the simulation ends."""
     costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
-    counts = np.diff(plan.stage_bounds)
     job = build_pipeline_job(plan, topology, model, training, costs)
-    timeline: Timeline = simulate(job, keep_records=keep_records)
+    timeline: Timeline = simulate(job, keep_records=keep_records, deadline=deadline)
+    prediction = _prediction(plan, topology, model, training, costs, float(timeline.iteration_s),
+                             {k: float(v) for k, v in timeline.breakdown_s.items()})
+    return prediction, timeline
+
+
+def estimated_prediction(plan: Plan, topology, model, training, iteration_s: float) -> Prediction:
+    """The ``Prediction`` of ``plan`` with the search's estimate ``iteration_s`` in place of a
+    simulation (no breakdown; memory from the stage model, as ``predict``'s): for a plan whose
+    simulation the time limit did not hold."""
+    costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
+    return _prediction(plan, topology, model, training, costs, float(iteration_s), {}, cost_model=ESTIMATE)
+
+
+def _prediction(plan, topology, model, training, costs, seconds: float, breakdown_s: dict,
+                cost_model: str = "simulator") -> Prediction:
+    counts = np.diff(plan.stage_bounds)
     used, capacity = {}, {}
     for r, row in enumerate(plan.assignment):
         for s, name in enumerate(row):
@@ -177,11 +198,9 @@ def predict(plan: Plan, topology, model, training, *, keep_records: bool = False
                 dev = topology.devices[topology.index(member)]
                 used[member] = need + dev.memory_reserved_bytes
                 capacity[member] = dev.memory_bytes
-    seconds = timeline.iteration_s
     model_flops = model_flops_per_iteration(model, plan.global_batch)
     peak = sum(topology.devices[topology.index(d)].peak_flops_for(training.precision) for d in plan.used_devices)
-    prediction = Prediction(
-        iteration_s=float(seconds), breakdown_s={k: float(v) for k, v in timeline.breakdown_s.items()},
+    return Prediction(
+        iteration_s=seconds, breakdown_s=breakdown_s,
         tokens_per_s=plan.global_batch * model.sequence / seconds, achieved_flops=model_flops / seconds,
-        mfu=model_flops / seconds / peak, memory_bytes=used, capacity_bytes=capacity)
-    return prediction, timeline
+        mfu=model_flops / seconds / peak, memory_bytes=used, capacity_bytes=capacity, cost_model=cost_model)

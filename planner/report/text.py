@@ -1,8 +1,9 @@
 """Human-readable rendering of a plan (what ``plan TOPOLOGY`` prints)."""
 
 from planner.inputs.units import format_bytes, format_flops, format_seconds
-from planner.prediction.predict import communication_bytes
+from planner.prediction.predict import ESTIMATE, communication_bytes
 from planner.plan.sync_groups import outer_weights
+from planner.search.deadline import plan_simulation_s
 
 __all__ = ["render_plan", "render_moves"]
 
@@ -167,12 +168,16 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
     if p is not None:
         out += ["", f"Predicted iteration time: {format_seconds(p.iteration_s)}"]
         total = p.iteration_s
-        for key, label in (("compute_s", "compute"), ("pipeline_transfer_s", "pipeline transfers"),
-                           ("bubble_s", "bubble"), ("gradient_sync_s", "gradient sync"),
-                           ("optimizer_s", "optimizer step")):
-            value = p.breakdown_s.get(key, 0.0)
-            out.append(f"  {label:<20} {format_seconds(value):>12}  {100 * value / total:5.1f}%")
-        out.append("  (along the critical device's timeline)")
+        if p.cost_model == ESTIMATE:
+            out.append("  (the search's estimate: the time limit cut this plan's event simulation, which its size "
+                       "predicts at " + f"{plan_simulation_s(plan):.1f} s; a longer --time-limit simulates it)")
+        else:
+            for key, label in (("compute_s", "compute"), ("pipeline_transfer_s", "pipeline transfers"),
+                               ("bubble_s", "bubble"), ("gradient_sync_s", "gradient sync"),
+                               ("optimizer_s", "optimizer step")):
+                value = p.breakdown_s.get(key, 0.0)
+                out.append(f"  {label:<20} {format_seconds(value):>12}  {100 * value / total:5.1f}%")
+            out.append("  (along the critical device's timeline)")
         out.append(f"Throughput: {p.tokens_per_s:,.0f} tokens/s, {format_flops(p.achieved_flops)} achieved "
                    f"(MFU {100 * p.mfu:.1f}% of the used devices' peak)")
         sent = communication_bytes(plan, model, training)
@@ -188,8 +193,15 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
             unit = (lambda usd: f"${usd:.4g}") if result.objective == "cost" else format_seconds  # dollars, or seconds
             on = "" if result.objective == "time" else f" on the {result.objective} objective " \
                 f"({unit(result.objective_s)} for this plan)"
+            pinned = (plan.search or {}).get("pinned") or {}
+            if result.objective == "dtfm" and any(pinned.values()):  # the allocation engine's bound on those degrees
+                on += " over the pinned " + " and ".join(f"{k} {v}" for k, v in pinned.items() if v)
             out.append(f"Lower bound{on}: {unit(result.lower_bound_s)}  gap {100 * result.gap:.1f}%  "
                        f"({result.evaluations} candidates in {result.wall_s:.2f} s)")
+            cut = (plan.search or {}).get("clock_cut") or []
+            if cut:  # the phases the clock ended before their work budget (the load may have changed the plan)
+                out.append("Cut by the time limit: " + ", ".join(cut) + " (a longer --time-limit gives them their "
+                           "work budget)")
             for shape in result.exact_shapes:
                 estimate = "none fits" if shape["estimate_s"] is None else format_seconds(shape["estimate_s"])
                 out.append(f"CP-SAT, {shape['stages']} stages x {shape['replicas']} replicas, micro-batch "

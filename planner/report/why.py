@@ -17,8 +17,9 @@ What binds (the plan as it is, changed in one place and simulated again, or esti
 - the bubble and the gradient sync: their share of the critical device's timeline.
 
 A deadline (``time.perf_counter()`` value) caps the work: a simulation starts only while the time
-left holds one as long as the search's longest (``simulation_wall_s`` of its record), and groups and
-links left are reported as not re-evaluated, so the report ends within its time.
+left holds one as long as the search's longest (``simulation_wall_s`` of its record) and as long as
+its size predicts (``planner.search.deadline.simulation_units``), one that runs past the deadline is
+stopped, and groups and links left are reported as not re-evaluated, so the report ends within its time.
 """
 
 import math
@@ -30,7 +31,9 @@ import numpy as np
 from cost_models.links import LevelMatrix
 from planner.inputs.catalog import AUTO, runs
 from planner.inputs.units import format_bytes
+from cost_models.simulator import SimulationCut
 from planner.prediction.predict import predict
+from planner.search.deadline import plan_simulation_s
 from planner.search.evaluate import evaluate_placement, make_context
 from planner.search.no_plan import stage_memory_floor
 from planner.search.plans import candidate_to_plan
@@ -126,8 +129,9 @@ def _slowest_link_from(device: int, used: np.ndarray, topology) -> str:
 
 
 def _time_for_simulation(plan, deadline: float) -> bool:
-    """Whether one simulation of ``plan`` (as long as the search's longest) ends before ``deadline``."""
-    return time.perf_counter() + plan.search.get("simulation_wall_s", 0.0) <= deadline
+    """Whether one simulation of ``plan`` (as long as the search's longest, and as its size
+    predicts) ends before ``deadline``."""
+    return time.perf_counter() + max(plan.search.get("simulation_wall_s", 0.0), plan_simulation_s(plan)) <= deadline
 
 
 def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: float = math.inf) -> list:
@@ -146,7 +150,10 @@ def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: flo
     late = not _time_for_simulation(plan, deadline)
     if not late:
         free_network = _free_network(topology)
-        base_free = predict(plan, free_network, model, training)[0].iteration_s
+        try:
+            base_free = predict(plan, free_network, model, training, deadline=deadline)[0].iteration_s
+        except SimulationCut:
+            late = True
     reasons = []
     for k, names in enumerate(_groups(plan, topology)):
         device = topology.index(names[0])
@@ -177,13 +184,20 @@ def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: flo
             continue
         best = min(scored, key=lambda c: c.score_s)
         used_plan = candidate_to_plan(ctx, best)
-        with_it = predict(used_plan, topology, model, training)[0].iteration_s
-        free = predict(used_plan, free_network, model, training)[0].iteration_s
+        try:
+            used = predict(used_plan, topology, model, training, deadline=deadline)[0]
+            free = predict(used_plan, free_network, model, training, deadline=deadline)[0].iteration_s
+        except SimulationCut:
+            late = True
+            reasons.append(IdleReason(devices=tuple(names), kind="not evaluated", text=(
+                "not re-evaluated (the report's time ran out: a longer --time-limit gives it more)")))
+            continue
+        with_it = used.iteration_s
         R, S = best.assign.shape
         how = (f"added as a {S}-stage pipeline" if S > plan.stages else
                f"added with a replica more ({R} x {S})" if R > plan.replicas else "used in place of a device")
         delta, link_cost = with_it - base, with_it - free
-        price = dollars(used_plan.with_prediction(predict(used_plan, topology, model, training)[0])) if dollars else 0
+        price = dollars(used_plan.with_prediction(used)) if dollars else 0
         if dollars and with_it < base and price > dollars(plan):
             kind = "price"
             text = (f"price: {how}, the iteration takes {with_it:.3f} s ({delta:+.3f} s) but costs ${price:.4g} "
@@ -275,7 +289,11 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
             if not _time_for_simulation(plan, deadline):
                 break
             tried.add(pair)
-            faster = predict(plan, _faster_link(topology, a, b, LINK_FACTOR), model, training)[0].iteration_s
+            try:
+                faster = predict(plan, _faster_link(topology, a, b, LINK_FACTOR), model, training,
+                                 deadline=deadline)[0].iteration_s
+            except SimulationCut:
+                break
             if best is None or faster < best[0]:
                 best = (faster, a, b)
     if links and best is None:
@@ -291,6 +309,10 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
             f"a {_gbit(bandwidth[a, b] * LINK_FACTOR)} link there would "
             f"{'cut' if change < 0 else 'change'} the iteration {100 * abs(change):.1f}% "
             f"({base:.3f} -> {faster:.3f} s)")))
+    if p.cost_model != "simulator":  # the time limit left the plan at the search's estimate: no timeline
+        out.append(Binding(kind="bubble", text="bubble and gradient sync: not simulated (the plan's time is the "
+                                               "search's estimate)"))
+        return out
     for key, kind in (("bubble_s", "bubble"), ("gradient_sync_s", "gradient sync")):
         share = p.breakdown_s.get(key, 0.0) / base
         out.append(Binding(kind=kind, change=share, text=f"{kind}: {100 * share:.1f}% of the critical device's "

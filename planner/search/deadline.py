@@ -9,8 +9,14 @@ limit; where the clock ends a phase first (a loaded or slower machine, or a budg
 the limit), the plan may differ, and the search record lists the phases the clock cut
 (``clock_cut``). Whatever the load, the search ends within the limit plus at
 most one unit of work that cannot be split: one degree pair's constructive layouts, one CP-SAT
-hint completion, one round of split refinement, or the event simulation of the first finalist,
-which must run once to give a plan.
+hint completion, one round of split refinement, or ``SMALL_SIMULATION_S`` of the event simulation
+of the first finalist. A simulation is sized before it starts (``simulation_units`` at
+``SIMULATION_UNITS_PER_S``): the first finalist's refinement ends early enough to leave it
+``SIMULATION_MARGIN`` times that time before the finalists' end, one predicted not to end by then
+is not started, and one that runs past it is stopped
+(``cost_models.simulator.SimulationCut``); where the first finalist's simulation is cut so, the
+plan keeps the search's estimate (``Prediction.cost_model`` ``estimate``) and ``clock_cut`` names
+``simulation``.
 
 The phases, in order: ``construct`` ends at ``CONSTRUCT_END`` of the limit; while no plan fits it
 goes on to ``CONSTRUCT_UNPLANNED_END`` at most (the work budget and the clock alike), and ends
@@ -30,7 +36,8 @@ from dataclasses import dataclass, field
 __all__ = ["Budget", "CONSTRUCT_END", "CONSTRUCT_UNPLANNED_END", "FINALISTS_END", "FINALISTS_MIN", "FINALISTS_MAX",
            "MIDDLE_ENDS",
            "ESTIMATES_PER_S", "CONSTRUCT_UNITS_PER_S", "EXACT_WORK_PER_S", "REFINE_ESTIMATES_PER_S",
-           "SIMULATION_UNITS_PER_S", "construct_units", "simulation_units"]
+           "SIMULATION_UNITS_PER_S", "SMALL_SIMULATION_S", "SIMULATION_MARGIN", "construct_units", "simulation_units",
+           "plan_simulation_s"]
 
 CONSTRUCT_END = 0.25
 FINALISTS_END = 0.97
@@ -44,11 +51,19 @@ MIDDLE_ENDS = {"local": 0.40, "genetic": 0.55, "exact": 1.0}  # of the time betw
 # Work per second of a phase's share, set below what 2 cores do unloaded. Measured: a constructive
 # evaluation of a 64-device shape ~3 ms; a local-search or genetic estimate 1.5-2.6 ms on case 5
 # (64 devices) but 6-12 ms on a 4-device topology whose batch split dominates; a split
-# refinement's estimate ~0.3 ms; an event simulation 12-40 us per ``simulation_units``.
+# refinement's estimate ~0.3 ms; an event simulation 35-41 us CPU per ``simulation_units`` (64 to
+# 16,384 devices, 2 to 32 stages; 2.5 times that in wall time on the loaded shared machine).
 CONSTRUCT_UNITS_PER_S = 225.0  # constructive evaluations of 64 devices (``construct_units``)
 ESTIMATES_PER_S = 200.0  # local-search and genetic estimates
 REFINE_ESTIMATES_PER_S = 2000.0  # split-refinement estimates
-SIMULATION_UNITS_PER_S = 35_000.0  # ``simulation_units`` simulated
+SIMULATION_UNITS_PER_S = 25_000.0  # ``simulation_units`` simulated
+# The first finalist's simulation (the plan's own prediction) may take this long past the limit, so
+# that a plan small enough to simulate in a blink is never left at its estimate by a tiny limit.
+SMALL_SIMULATION_S = 0.5
+# The first finalist's refinement leaves its simulation this many times the time its size predicts
+# before the limit's end: the rate is an unloaded machine's, one refinement estimate at 4,096
+# devices takes up to a second, and making the plan of 16,384 devices 1.3 s.
+SIMULATION_MARGIN = 2.0
 EXACT_WORK_PER_S = 1.0  # CP-SAT deterministic time (about seconds)
 
 
@@ -59,9 +74,17 @@ def construct_units(devices_used: int) -> float:
 
 
 def simulation_units(stages: int, replicas: int, micro_batches: int) -> float:
-    """Events the simulator handles for a plan: each stage's forward and backward of every
-    micro-batch, and each stage's ring all-reduce (``2 (R - 1)`` steps of ``R`` transfers)."""
-    return stages * micro_batches + 2.0 * stages * replicas * (replicas - 1)
+    """Work the simulator does for a plan: each stage's forward and backward of every micro-batch
+    with their messages, and each stage's all-reduce, one reservation of its ``R`` replicas' ring
+    (``cost_models.simulator``). Measured 35-41 us CPU per unit from 2 x 512 to 32 x 32 on 1,024
+    devices, 2 x 8,192 on 16,384 and 32 x 128 on 4,096."""
+    return stages * micro_batches + stages * replicas
+
+
+def plan_simulation_s(plan) -> float:
+    """A simulation of ``plan``, in seconds at ``SIMULATION_UNITS_PER_S`` as its size predicts."""
+    return plan.virtual_stages * simulation_units(plan.stages, plan.replicas,
+                                                  sum(plan.micro_batches)) / SIMULATION_UNITS_PER_S
 
 
 @dataclass(kw_only=True)
@@ -161,6 +184,12 @@ class Budget:
     def finalists_work_s(self) -> float:
         """The finalists' deterministic budget, in seconds at the rates above."""
         return self.work_share_s("finalists")
+
+    @property
+    def first_simulation_end(self) -> float:
+        """The clock time by which the plan's first simulation must end: the finalists' end, also
+        where a callback stopped the search (the search still needs a plan)."""
+        return self.started + FINALISTS_END * self.limit_s
 
     def now(self) -> float:
         return time.perf_counter() if self.clock is None else self.clock()

@@ -57,10 +57,11 @@ def dtfm_objective_plan(topology, model, training, *, stages=None, replicas=None
                         time_limit_s: float = 10.0, callback=None) -> tuple:
     """The plan DTFM's scheduler would choose: every device, even layers and batch, and the
     allocation minimising DTFM's objective (``COST_DP + 2 * COST_PP``, dtfm.md) over its degrees
-    (or the pinned ones). Returns (plan with the simulator's prediction, ``DtfmResult``); the plan's
-    search record holds DTFM's cost, the lower bound over the searched degrees (``dtfm_bound_s``)
-    and the gap to it, and CP-SAT's status on the chosen degrees (``dtfm_exact``: optimal when the
-    allocation is proven optimal)."""
+    (or the pinned ones, recorded as ``pinned``). Returns (plan with the simulator's prediction,
+    ``DtfmResult``); the plan's search record holds DTFM's cost, the lower bound over the searched
+    degrees (``engine_bound_s``, which the front door turns into the one ``lower_bound_s`` and
+    ``gap`` of the objective), and CP-SAT's status on the chosen degrees (``dtfm_exact``: optimal
+    when the allocation is proven optimal)."""
     pairs = [(s, r) for s, r in dtfm_degrees(topology.size, model.layers)
              if (stages is None or s == stages) and (replicas is None or r == replicas)]
     micro = training.micro_batch_size or 1
@@ -84,11 +85,10 @@ def dtfm_objective_plan(topology, model, training, *, stages=None, replicas=None
         plan = dtfm_style_plan(topology, model, training, *best_pair, groups=best.groups, schedule=schedule)
         if plan.prediction.fits:
             break
+    pinned = {"stages": stages, "replicas": replicas}
     plan = replace(plan, search={"algorithm": "dtfm-objective", "seed": seed, "dtfm_cost_s": best.cost_s,
                                  "dtfm_dp_s": best.dp_s, "dtfm_pp_s": best.pp_s, "evaluations": best.evaluations,
-                                 "dtfm_bound_s": bound, "dtfm_gap": max(0.0, 1.0 - bound / best.cost_s)
-                                 if best.cost_s > 0 else 0.0, "dtfm_exact": best.exact_status,
-                                 "dtfm_search": best.algorithm, "clock_cut": clock_cut})
-    if stages is None and replicas is None:  # every shape DTFM allows was searched: a bound on them all
-        plan = replace(plan, search={**plan.search, "engine_bound_s": bound})
+                                 "engine_bound_s": bound, "dtfm_exact": best.exact_status,
+                                 "dtfm_search": best.algorithm, "clock_cut": clock_cut,
+                                 **({"pinned": pinned} if stages or replicas else {})})
     return plan, best

@@ -23,7 +23,8 @@ import numpy as np
 from cost_models.network import Sync
 from cost_models.schedule import AUTO_SCHEDULES, Schedule
 
-from planner.prediction.predict import predict
+from cost_models.simulator import SimulationCut
+from planner.prediction.predict import estimated_prediction, predict
 from planner.prediction.stage_model import optimizer_shards
 from planner.errors import InputError
 from planner.plan.dims import Compression, GradientCompression, MessageCompression
@@ -35,11 +36,12 @@ from planner.search.bounds import work_flops
 from planner.search.construct import layouts, probe_layouts
 from planner.search.cpsat_placement import exact_placement, model_is_small_enough
 from planner.search.deadline import (CONSTRUCT_UNITS_PER_S, ESTIMATES_PER_S, EXACT_WORK_PER_S,
-                                     REFINE_ESTIMATES_PER_S, SIMULATION_UNITS_PER_S, Budget, construct_units,
-                                     simulation_units)
+                                     REFINE_ESTIMATES_PER_S, SIMULATION_MARGIN, SIMULATION_UNITS_PER_S,
+                                     SMALL_SIMULATION_S, Budget,
+                                     construct_units, plan_simulation_s, simulation_units)
 from planner.search.dtfm_plan import dtfm_objective_plan
 from planner.search.evaluate import Candidate, charges_groups, evaluate_placement, make_context, score_split
-from planner.search.genetic import POPULATION, genetic_search
+from planner.search.genetic import POPULATION, alignment_s, genetic_search
 from planner.search.interleave import (interleaved_variants, interleaving_error, interleaving_refusal,
                                        virtual_stage_choices)
 from planner.search.local import iterated_local_search
@@ -183,7 +185,8 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
                           **({"objective": objective} if objective.engine == "pool" else {}))
     history, pool = record.pop("history", []), record.pop("pool", [])
     bound = objective.lower_bound(topology, model, training)  # over every device, at the asked precision
-    bound = max(bound, record.pop("engine_bound_s", 0.0))  # an engine's proof over the same plans, if tighter
+    # An engine's proof over the plans it could return (with pinned degrees, those degrees'), if tighter.
+    bound = max(bound, record.pop("engine_bound_s", 0.0))
     sync_tried = record.pop("sync_tried", None)
     if sync_tried is not None and objective.engine == "placement":  # ``sync: auto`` resolved within the budget
         training = sync_training(training, plan.sync, plan.replicas)
@@ -581,7 +584,8 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
              if (c.assign.shape, c.micro_batch_size, c.schedule) == shape][:POPULATION]
     genetic_budget = budget.estimates("genetic", options.max_evaluations // 4, leader.assign.size)
     result, used = genetic_search(ctx, seeds, rng, genetic_budget, budget.end("genetic"))
-    budget.note_cut("genetic", used < genetic_budget and budget.out_of_time("genetic"))
+    budget.note_cut("genetic", used < genetic_budget and budget.remaining_s("genetic")
+                      <= alignment_s(leader.assign.shape[0]))
     budget.spend("genetic", used * construct_units(leader.assign.size) / ESTIMATES_PER_S)
     evaluations += used
     improved.append(result)
@@ -658,32 +662,52 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     sync_reserve_s = _sync_reserve_s(training, unique[0]) if auto_sync else 0.0
 
     def more(simulating: bool = False, reserve_s: float = 0.0) -> bool:  # whether more may be refined or simulated
-        if best_plan is None:  # until one fits, always
-            return True
+        if best_plan is None:  # until one fits, always (the clock may cut its simulation: ``simulate``)
+            return not estimated
         if simulating and budget.remaining_s("finalists") < simulation_wall_s:
             budget.note_cut("finalists", True)
             return False
         return work_s + reserve_s < allowed_s and not budget.out_of_time("finalists")
 
-    def simulate(plan, run):  # the simulator's prediction of ``plan`` run with ``run``, its work counted
+    def simulate(plan, run):
+        """The simulator's prediction of ``plan`` run with ``run``, its work counted; None where the
+        clock would end (or ends) it first: before the finalists' end (for the plan's first
+        simulation, at least ``SMALL_SIMULATION_S`` from now)."""
         nonlocal simulation_wall_s, simulated, work_s
-        simulation_started = time.perf_counter()
-        prediction, _ = predict(plan, real, model, run)
-        simulation_wall_s = max(simulation_wall_s, time.perf_counter() - simulation_started)
+        predicted_s = plan_simulation_s(plan)
+        now = time.perf_counter()
+        end = (max(budget.first_simulation_end, now + SMALL_SIMULATION_S) if best_plan is None
+               else budget.end("finalists"))
+        if now + predicted_s > end:
+            budget.note_cut("simulation", True)
+            return None
+        try:
+            prediction, _ = predict(plan, real, model, run, deadline=end)
+        except SimulationCut:
+            budget.note_cut("simulation", True)
+            return None
+        simulation_wall_s = max(simulation_wall_s, time.perf_counter() - now)
         simulated += 1
-        work_s += plan.virtual_stages * simulation_units(plan.stages, plan.replicas,
-                                                         sum(plan.micro_batches)) / SIMULATION_UNITS_PER_S
+        work_s += predicted_s
         return prediction
 
     choices, interleaved = virtual_stage_choices(training), set()  # the v tried, and (candidate, v) simulated
+    estimated = None  # the first finalist at its estimate, where the clock cut its simulation
     for rank, c in enumerate(unique):
         if not more(reserve_s=sync_reserve_s):
             break
         tries = [c]
         if more(reserve_s=sync_reserve_s):
             refine_rate = REFINE_ESTIMATES_PER_S / construct_units(c.assign.size)
-            better, used = refine_split(ctx, c, budget=min(REFINE_EVALUATIONS, max(1, int(
-                refine_rate * max(allowed_s - sync_reserve_s - work_s, 0.0)))), deadline=budget.end("finalists"))
+            refine_budget = min(REFINE_EVALUATIONS, max(1, int(refine_rate * max(allowed_s - sync_reserve_s - work_s,
+                                                                                  0.0))))
+            refine_end = budget.end("finalists")
+            if best_plan is None:  # the plan's first simulation keeps twice its predicted time before the finalists' end
+                R, S = c.assign.shape
+                refine_end = min(refine_end, budget.first_simulation_end - SIMULATION_MARGIN * simulation_units(
+                    S, R, sum(c.micro_batches)) / SIMULATION_UNITS_PER_S)
+            better, used = refine_split(ctx, c, budget=refine_budget, deadline=refine_end)
+            budget.note_cut("finalists", used < refine_budget and time.perf_counter() >= refine_end)
             evaluations += used
             work_s += used / refine_rate
             tries = [better, c] if rank < KEEP_UNREFINED and better is not c else [better]
@@ -706,6 +730,10 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
                 if plan is not plain and not more(simulating=True, reserve_s=sync_reserve_s):
                     break
                 prediction = simulate(plan, run)
+                if prediction is None:  # the clock cut it: the first plan keeps its estimate, the rest stop
+                    if best_plan is None and estimated is None:
+                        estimated = plan.with_prediction(estimated_prediction(plan, real, model, run, estimate))
+                    break
                 finalists.append({"stages": plan.stages, "replicas": plan.replicas, "estimate_s": float(estimate),
                                   "simulated_s": float(prediction.iteration_s), "fits": prediction.fits,
                                   **({"virtual_stages": plan.virtual_stages} if plan.virtual_stages > 1 else {})})
@@ -724,12 +752,20 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
                 continue
             other = plan_with_sync(best_plan, real, sync)
             prediction = simulate(other, sync_training(training, sync, best_plan.replicas))
+            if prediction is None:
+                untried.append(str(sync))
+                continue
             tried[str(sync)] = prediction.iteration_s
             if prediction.fits and math.isfinite(prediction.iteration_s) and prediction.iteration_s < best_time:
                 best_plan, best_time = other.with_prediction(prediction), prediction.iteration_s
         sync_record = {"sync_tried": tried, **({"sync_untried": untried} if untried else {})}
     budget.spend("finalists", work_s)
     history.append((evaluations, time.perf_counter() - started, best_estimate))
+    if best_plan is None and estimated is not None and estimated.prediction.fits:
+        best_plan = estimated  # no simulation fitted the limit: the search's estimate stands
+        if auto_sync:  # its sync is the estimate's choice, the others unsimulated
+            sync_record = {"sync_tried": {}, "sync_untried": [str(s) for s in syncs_for(training, best_plan.replicas)
+                                                              if s != best_plan.sync]}
     if best_plan is None:
         if unfinished:
             raise network_error(unfinished)

@@ -20,22 +20,41 @@ from scipy.optimize import linear_sum_assignment
 from planner.search.evaluate import Candidate, evaluate_placement
 from planner.search.local import descend, random_move
 
-__all__ = ["aligned_crossover", "genetic_search", "POPULATION", "STALL_GENERATIONS"]
+__all__ = ["aligned_crossover", "alignment_s", "genetic_search", "POPULATION", "STALL_GENERATIONS",
+           "ALIGN_CELLS_PER_S"]
 
 POPULATION = 16
 STALL_GENERATIONS = 6
 _CHILD_DESCENT = 8  # evaluations of each child's descent
 
 
+ALIGN_CELLS_PER_S = 20e6  # replica pairs scored and assigned per second by ``_align`` (measured 44-47e6 on 2 cores)
+
+
+def alignment_s(replicas: int) -> float:
+    """A crossover's alignment of ``replicas`` rows, in seconds as its size predicts (``R^2`` pairs)."""
+    return replicas * replicas / ALIGN_CELLS_PER_S
+
+
 def _align(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``b``'s rows reordered to share the most devices with ``a``'s rows (same positions count double)."""
-    R = a.shape[0]
-    score = np.zeros((R, R))
-    for i in range(R):
-        for j in range(R):
-            score[i, j] = len(set(a[i].tolist()) & set(b[j].tolist())) + np.sum(a[i] == b[j])
-    _, columns = linear_sum_assignment(-score)
+    _, columns = linear_sum_assignment(-_alignment_score(a, b))
     return b[columns]
+
+
+def _alignment_score(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``score[i, j]``: devices rows ``a[i]`` and ``b[j]`` share, plus those in the same position.
+    Each device sits in one cell of a placement, so each of ``a``'s cells adds to one pair of rows."""
+    R, S = a.shape
+    row_b = np.full(int(max(a.max(), b.max())) + 1, -1)
+    stage_b = row_b.copy()
+    row_b[b.ravel()] = np.repeat(np.arange(R), S)
+    stage_b[b.ravel()] = np.tile(np.arange(S), R)
+    rows, stages, devices = np.repeat(np.arange(R), S), np.tile(np.arange(S), R), a.ravel()
+    shared = row_b[devices] >= 0
+    score = np.zeros((R, R))
+    np.add.at(score, (rows[shared], row_b[devices][shared]), 1.0 + (stage_b[devices][shared] == stages[shared]))
+    return score
 
 
 def aligned_crossover(a: np.ndarray, b: np.ndarray, devices: int, rng) -> np.ndarray:
@@ -62,7 +81,8 @@ def aligned_crossover(a: np.ndarray, b: np.ndarray, devices: int, rng) -> np.nda
 
 
 def genetic_search(ctx, seeds: list, rng, budget: int, deadline: float) -> tuple:
-    """(best candidate, evaluations used) from ``seeds`` (candidates of one shape)."""
+    """(best candidate, evaluations used) from ``seeds`` (candidates of one shape); no child is
+    started whose alignment (``alignment_s``) would end past ``deadline``."""
     first = min(seeds, key=lambda c: c.score_s)
     n = ctx.topology.size
     population, keys, evaluations = [], set(), 0
@@ -76,7 +96,8 @@ def genetic_search(ctx, seeds: list, rng, budget: int, deadline: float) -> tuple
     for c in sorted(seeds, key=lambda c: c.score_s):
         admit(c)
     tries = 0
-    while len(population) < POPULATION and tries < 4 * POPULATION and evaluations < budget:
+    while len(population) < POPULATION and tries < 4 * POPULATION and evaluations < budget \
+            and time.perf_counter() < deadline:
         tries += 1
         assign = first.assign
         for _ in range(int(rng.integers(1, 5))):
@@ -86,11 +107,12 @@ def genetic_search(ctx, seeds: list, rng, budget: int, deadline: float) -> tuple
         if candidate is not None:
             admit(candidate)
     best, stall = min(population, key=lambda c: c.score_s), 0
-    while evaluations < budget and time.perf_counter() < deadline and stall < STALL_GENERATIONS \
+    child_end = deadline - alignment_s(first.assign.shape[0])  # a child starts only while its alignment fits
+    while evaluations < budget and time.perf_counter() < child_end and stall < STALL_GENERATIONS \
             and len(population) > 1:
         children = []
         for _ in range(POPULATION):
-            if evaluations >= budget or time.perf_counter() >= deadline:
+            if evaluations >= budget or time.perf_counter() >= child_end:
                 break
             a, b = _tournament(population, rng), _tournament(population, rng)
             assign = aligned_crossover(a.assign, b.assign, n, rng)

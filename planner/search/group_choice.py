@@ -19,7 +19,7 @@ from cost_models.network import Sync
 from planner.plan.sync_groups import AUTO, CLUSTER, ONE, REPLICA, grouping
 from planner.prediction.predict import predict
 from planner.search.evaluate import charges_groups
-from planner.search.deadline import SIMULATION_UNITS_PER_S, simulation_units
+from planner.search.deadline import plan_simulation_s
 
 __all__ = ["GroupChoice", "GROUP_CHOICE_SHARE", "choose_sync_groups", "chooses_groups", "plan_with_groups",
            "with_asked_groups"]
@@ -58,8 +58,7 @@ class GroupChoice:
 
 def _simulation_work_s(plan) -> float:
     """A simulation of ``plan``'s work, in seconds at the simulator's rate (as the search counts it)."""
-    return plan.virtual_stages * simulation_units(plan.stages, plan.replicas,
-                                                  sum(plan.micro_batches)) / SIMULATION_UNITS_PER_S
+    return plan_simulation_s(plan)
 
 
 def choose_sync_groups(plan, topology, model, training, *, work_s: float = math.inf,
