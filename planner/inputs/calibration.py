@@ -5,15 +5,17 @@ A calibration replaces, for each device type it measured, the catalog's default 
 (achieved / peak FLOP/s of a transformer block's forward and backward at the plan's shapes),
 and, where it was measured (a host with two or more devices of the type), the catalog's
 ``tensor_block_issue`` (``tensor_block_issue_s``: the least time a tensor group's block takes per
-micro-batch, ``cost_models.comm.tensor_block_issue_s``), adds ``head_efficiency`` (the same for the LM head and loss, often far lower: a large, odd-sized
-vocabulary and a memory-bound softmax) and, where it was measured, ``recompute_efficiency`` (the
-same for a block that recomputes its forward in backward, counted at 4 forwards' FLOPs; a compiled
-block's recomputation costs less than the 4/3 of a plain block the FLOPs say) and
-``split_backward_efficiency`` (the same for a block run as ZB-H1 runs it: eager linear layers whose
-weight gradients wait, ``planner.runtime.split_backward``), and replaces ``memory_bandwidth`` (the optimizer step's effective bytes/s); its ``network``
-section holds measured latency and bandwidth matrices between named devices, which a topology can
-use instead of typed numbers (``network: {calibration: FILE}``). A plan made with a calibration
-records its path and hash, and ``plan launch`` predicts with the same one or refuses.
+micro-batch, ``cost_models.comm.tensor_block_issue_s``); adds ``head_efficiency`` (the same for the
+LM head and loss, often far lower: a large, odd-sized vocabulary and a memory-bound softmax) and,
+where they were measured, ``recompute_efficiency`` (the same for a block that recomputes its
+forward in backward, counted at 4 forwards' FLOPs; a compiled block's recomputation costs less than
+the 4/3 of a plain block the FLOPs say) and ``split_backward_efficiency`` (the same for a block run
+as ZB-H1 runs it: eager linear layers whose weight gradients wait,
+``planner.runtime.split_backward``); and replaces ``memory_bandwidth`` (the optimizer step's
+effective bytes/s; the compression codecs keep the type's own, ``Device.codec_bandwidth``). Its
+``network`` section holds measured latency and bandwidth matrices between named devices, which a
+topology can use instead of typed numbers (``network: {calibration: FILE}``). A plan made with a
+calibration records its path and hash, and ``plan launch`` predicts with the same one or refuses.
 """
 
 import hashlib
@@ -86,10 +88,11 @@ def read_calibration(path) -> Calibration:
                                 "recompute_efficiency": e.float("recompute_efficiency", 0.0, high=1.0),
                                 "split_backward_efficiency": e.float("split_backward_efficiency", 0.0, high=1.0)}
             recompute, plain = types[str(name)]["recompute_efficiency"], types[str(name)]["efficiency"]
-            if types[str(name)]["split_backward_efficiency"] > plain:
-                raise InputError(f"{types[str(name)]['split_backward_efficiency']!r} would make a block with a split "
-                                 f"backward faster than a plain one (efficiency {plain!r}): it may be at most the "
-                                 "efficiency; measure again with 'plan calibrate'", field=e.path("split_backward_efficiency"))
+            split = types[str(name)]["split_backward_efficiency"]
+            if split > plain:
+                raise InputError(f"{split!r} would make a block with a split backward faster than a plain one "
+                                 f"(efficiency {plain!r}): it may be at most the efficiency; measure again with "
+                                 "'plan calibrate'", field=e.path("split_backward_efficiency"))
             if recompute > _MOST_RECOMPUTE_EFFICIENCY_SHARE * plain:
                 raise InputError(f"{recompute!r} would make a recomputed block (4 forwards' FLOPs) faster than a plain "
                                  f"one (3 forwards' FLOPs at efficiency {plain!r}): it may be at most 4/3 of the "

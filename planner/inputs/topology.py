@@ -45,16 +45,14 @@ class Device:
     price_per_hour_usd: float | None = None  # what one hour of this device costs; None: unknown (custom type)
     tensor_block_issue_s: float = 0.0  # a tensor group member's least time per block (catalog, file or calibration)
     recompute_efficiency: float = 0.0  # measured efficiency of a recomputed block at 4 forwards' FLOPs; 0: as the blocks
-    # measured efficiency of a block whose backward is split for ZB-H1 (planner.runtime.split_backward); 0: as the blocks
-    split_backward_efficiency: float = 0.0
-    # The memory bandwidth the compression codecs' measured shares refer to (cost_models.compression:
-    # the type's own, catalog or typed; a calibration's optimizer-measured bandwidth does not replace
-    # it); 0: memory_bandwidth_bytes_per_s.
-    codec_bandwidth_bytes_per_s: float = 0.0
+    split_backward_efficiency: float = 0.0  # measured efficiency of ZB-H1's split-backward block; 0: as the blocks
+    codec_bandwidth_bytes_per_s: float = 0.0  # what the codecs' shares refer to (codec_bandwidth); 0: memory bandwidth
 
     @property
     def codec_bandwidth(self) -> float:
-        """``codec_bandwidth_bytes_per_s``, else the memory bandwidth."""
+        """The memory bandwidth the compression codecs' measured shares refer to
+        (``cost_models.compression``): the type's own (catalog or typed), which a calibration's
+        optimizer-measured memory bandwidth does not replace (``apply_calibration`` keeps it here)."""
         return self.codec_bandwidth_bytes_per_s or self.memory_bandwidth_bytes_per_s
 
     @property
@@ -137,6 +135,10 @@ class Topology:
 
     def head_slowdowns(self) -> np.ndarray:
         return np.array([d.head_slowdown for d in self.devices])
+
+    def memory_bandwidths(self) -> np.ndarray:
+        """Per device, the memory bandwidth (the optimizer step's)."""
+        return np.array([d.memory_bandwidth_bytes_per_s for d in self.devices])
 
     def codec_bandwidths(self) -> np.ndarray:
         """Per device, ``Device.codec_bandwidth``."""

@@ -73,7 +73,7 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     block_slowdown = topology.block_slowdowns(training.recompute,
                                               plan.schedule == Schedule.ZERO_BUBBLE)[device]  # (R, S)
     extra_blocks = profile.layer_counts[None, :] * costs.layer_flops * (block_slowdown - 1.0)
-    mem_bw = np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices])[device]
+    mem_bw = topology.memory_bandwidths()[device]
     codec_bw = topology.codec_bandwidths()[device]
     tensor = groups.degree[device]
     member_params = stage_parameters(costs, profile.layer_counts[None, :], np.arange(S)[None, :], tensor)

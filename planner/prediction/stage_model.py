@@ -65,7 +65,6 @@ class LayerCosts:
     state_bytes_per_param: float
     gradient_bytes_per_param: float  # what the all-reduce moves per parameter, per iteration (over sync_every)
     optimizer_bytes_per_param: float  # what the optimizer step reads and writes per parameter (+ outer step share)
-    powersgd_pass_bytes_per_param: float = 0.0  # PowerSGD's error-feedback passes per parameter (powersgd_pass_s)
     boundary_bytes: float  # one message across a stage boundary, as sent (compressed with compress_messages)
     shards: int = 1  # replicas the optimizer state is sharded over (1: not sharded)
     first_unsharded_params: float = 0.0  # the tied embedding on the first stage, when sharded
@@ -105,6 +104,7 @@ class LayerCosts:
     layer_compress_flops_by_degree: np.ndarray = None
     first_compress_flops: float = 0.0
     last_compress_flops: float = 0.0
+    powersgd_pass_bytes_per_param: float = 0.0  # PowerSGD's error-feedback passes per parameter (powersgd_pass_s)
 
     def __post_init__(self):
         first = (np.arange(self.stages) == 0).astype(float)

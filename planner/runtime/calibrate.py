@@ -58,7 +58,8 @@ _SIZES_GPU = (4 * 2**10, 2**20, 16 * 2**20, 128 * 2**20)
 # Blocks timed in a chain, per block, as a stage runs them: on an H200 (GPT-3 XL, micro-batch 2,
 # compiled) one block timed alone took 2.49-2.89 ms forward and backward on two hosts, 2.61 ms a
 # block in a chain of 6 (``benchmarks/runtime_parts.py``); ZB-H1's split block 2.77-4.27 ms alone,
-# 2.70 ms chained. The host's launch overhead of one block's call is shared by the chain's.
+# 2.70 ms chained. The host's launch overhead of one block's call is shared by the chain's; four blocks
+# share it while keeping the probe's memory to a few blocks (one chain alive at a time).
 PROBE_BLOCKS = 4
 TENSOR_PROBE_MICRO_BATCH = 1  # a tensor group's block floor shows first at the smallest micro-batch
 _IMPLAUSIBLE_EFFICIENCY = 0.01  # below this share of peak, the measured device is probably not the named type
@@ -389,7 +390,9 @@ def _compute_probe(job, options, device, threads) -> dict:
     x = torch.randn(b, model.sequence, model.hidden, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
 
-    def chain(recompute: bool):
+    def chain_s(recompute: bool) -> tuple:
+        """(forward, forward + backward) seconds per block of a chain of ``PROBE_BLOCKS``; the chain
+        is freed on return, so one is alive at a time (a device that holds a few blocks can be probed)."""
         blocks = [Block(model).to(device=device, dtype=dtype) for _ in range(PROBE_BLOCKS)]
         for block in blocks:
             block.recompute = recompute  # as planner.runtime.gpt.build_stage sets it for training.recompute
@@ -401,12 +404,11 @@ def _compute_probe(job, options, device, threads) -> dict:
             for block in blocks:
                 y = block(y)
             return y
-        return forward
+        return (timed(forward, options.repeats, device) / PROBE_BLOCKS,
+                timed(lambda: forward().backward(grad), options.repeats, device) / PROBE_BLOCKS)
 
-    plain, recomputed = chain(False), chain(True)
-    forward = timed(plain, options.repeats, device) / PROBE_BLOCKS
-    both = timed(lambda: plain().backward(grad), options.repeats, device) / PROBE_BLOCKS
-    recomputed_both = timed(lambda: recomputed().backward(grad), options.repeats, device) / PROBE_BLOCKS
+    forward, both = chain_s(False)
+    recomputed_both = chain_s(True)[1]
     split_both = timed(split_backward_step(model, x, grad, compiled, PROBE_BLOCKS), options.repeats,
                        device) / PROBE_BLOCKS
     norm = make_norm(model, model.hidden).to(device=device, dtype=dtype)

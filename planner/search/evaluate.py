@@ -90,7 +90,7 @@ def make_context(topology, model, training, groups: tuple = ()) -> SearchContext
                          head_slowdown=topology.head_slowdowns(),
                          block_slowdown=topology.block_slowdowns(training.recompute),
                          split_block_slowdown=topology.block_slowdowns(training.recompute, split_backward=True),
-                         mem_bw=np.array([d.memory_bandwidth_bytes_per_s for d in topology.devices]),
+                         mem_bw=topology.memory_bandwidths(),
                          codec_bw=topology.codec_bandwidths(),
                          network=topology.network, costs={}, rings={}, ring_nics={}, groups=grouped,
                          tensor=grouped.degree)
