@@ -78,7 +78,8 @@ def test_the_benchmark_replans_as_plan_from_lost_does(measured, tmp_path, capsys
     assert code == 0, err
     document = yaml.safe_load((tmp_path / "new.yaml").read_text())
     record = document["search"]["replan"]
-    assert record["chosen"] == row["replan"]["chosen"]
+    assert record["chosen"] == row["replan"]["chosen"] == "the search's plan for the new topology"
+    assert document["search"]["evaluations"] == row["replan"]["evaluations"]  # the same search, the same work
     assert document["prediction"]["iteration_s"] == pytest.approx(row["replan"]["iteration_s"], rel=1e-9)
     assert record["move_bytes"] == pytest.approx(row["replan"]["move_bytes"], rel=1e-9)
     assert record["move_s"] == pytest.approx(row["replan"]["move_s"], rel=1e-9)
