@@ -24,7 +24,8 @@ Elastic (``plan launch PLAN --emulate --elastic``): the search's plan for
 at the automatic time scale, 6 iterations, a checkpoint every 2; once the checkpoint of iteration
 2 is complete, the rank of the device holding the most state is SIGKILLed (as
 ``tests/test_checkpoint.py`` does). The launch re-plans without it (its search's time limit:
-``--budget``), resumes and finishes; its ``results.json``'s ``elastic`` event is reported.
+``--budget``), resumes and finishes; its ``results.json``'s ``elastic`` event is reported, and its
+losses next to uninterrupted single-process training of the executed model.
 
 Prints the tables and writes ``benchmarks/results/replan.json``.
 """
@@ -88,7 +89,8 @@ def _moved(moves) -> dict:
 
 def _shape(plan) -> dict:
     return {"stages": plan.stages, "replicas": plan.replicas, "used": len(plan.used_devices),
-            "clock_cut": list(plan.search.get("clock_cut", []))}
+            "layer_bounds": list(plan.layer_bounds), "assignment": [list(row) for row in plan.assignment],
+            "tensor_groups": [list(g) for g in plan.tensor_groups], "clock_cut": list(plan.search.get("clock_cut", []))}
 
 
 def replan_rows(path, *, budget_s: float, seed: int, folder) -> dict:
@@ -161,8 +163,9 @@ def _kill_after(checkpoint: Path, rank: int, runner: threading.Thread, timeout_s
 def elastic_run(folder, *, budget_s: float, seed: int, iterations: int = 6, checkpoint_every: int = 2) -> dict:
     """The emulated elastic run of the module description: its event and timings from ``results.json``."""
     from planner.runtime.engine import Layout
-    from planner.runtime.inputs import load_run_inputs
+    from planner.runtime.inputs import emulated_model, load_run_inputs
     from planner.runtime.launch import LaunchOptions, auto_time_scale, launch
+    from planner.runtime.reference import train_single_process
 
     folder = Path(folder)
     path = ROOT / ELASTIC_TOPOLOGY
@@ -187,15 +190,21 @@ def elastic_run(folder, *, budget_s: float, seed: int, iterations: int = 6, chec
     runner.join(timeout=1200)
     results = finished["results"]
     (event,) = results["elastic"]["events"]
+    first = results["run"]["first_iteration"]
+    reference, _ = train_single_process(emulated_model(inputs.model), global_batch=inputs.training.global_batch,
+                                        iterations=iterations, seed=seed, learning_rate=options.learning_rate,
+                                        optimizer=inputs.training.optimizer)
+    loss = results["measured"]["loss"]
     return {"topology": ELASTIC_TOPOLOGY, "model": inputs.model.name, "iterations": iterations,
             "checkpoint_every": checkpoint_every, "time_scale": scale, "killed_rank": rank, "killed_device": device,
             "killed_after_s": killed - started, "wall_s": time.time() - started,
             "old_plan": {**_shape(inputs.plan), "predicted_iteration_s": found.predicted_s,
                          "assignment": [list(r) for r in inputs.plan.assignment]},
-            "event": {k: v for k, v in event.items() if k not in ("topology", "plan")},
+            "event": {k: v for k, v in event.items() if k not in ("topology", "plan", "checkpoint")},
             "measured_median_s": results["measured"]["median_s"],
-            "predicted_s": results["comparison"]["predicted_s"], "first_iteration": results["run"]["first_iteration"],
-            "loss": results["measured"]["loss"],
+            "predicted_s": results["comparison"]["predicted_s"], "first_iteration": first, "loss": loss,
+            "uninterrupted_loss": reference[first:],
+            "loss_max_relative_difference": max(abs(a / b - 1.0) for a, b in zip(loss, reference[first:])),
             "command": (f"plan {ELASTIC_TOPOLOGY} --budget {budget_s:g} --seed {seed} -o plan.yaml; plan launch "
                         f"plan.yaml --emulate --elastic --time-scale {scale:.4g} --iterations {iterations} --warmup 0 "
                         f"--checkpoint-every {checkpoint_every} --checkpoint-dir ck --out run; SIGKILL rank {rank} "
@@ -238,7 +247,8 @@ def _print_elastic(run: dict) -> None:
           f"new plan {e['new_plan']['predicted_iteration_s']:.3f} s ({e['new_plan']['assignment']}): {e['chosen']}; "
           f"moves {e['moves']['bytes'] / GIB:.2f} GiB in {e['moves']['seconds']:.2f} s")
     print(f"  after the restart: measured median {run['measured_median_s']:.3f} s of this host, predicted "
-          f"{run['predicted_s']:.3f} s; whole run {run['wall_s']:.1f} s")
+          f"{run['predicted_s']:.3f} s; losses {', '.join(f'{x:.4f}' for x in run['loss'])}, uninterrupted training's "
+          f"within {run['loss_max_relative_difference']:.1e} (relative); whole run {run['wall_s']:.1f} s")
 
 
 def main() -> None:
