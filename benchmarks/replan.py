@@ -90,7 +90,8 @@ def _moved(moves) -> dict:
 def _shape(plan) -> dict:
     return {"stages": plan.stages, "replicas": plan.replicas, "used": len(plan.used_devices),
             "layer_bounds": list(plan.layer_bounds), "assignment": [list(row) for row in plan.assignment],
-            "tensor_groups": [list(g) for g in plan.tensor_groups], "clock_cut": list(plan.search.get("clock_cut", []))}
+            "tensor_groups": [list(g) for g in plan.tensor_groups],
+            "clock_cut": list(plan.search.get("clock_cut", []))}
 
 
 def replan_rows(path, *, budget_s: float, seed: int, folder) -> dict:
@@ -119,9 +120,12 @@ def replan_rows(path, *, budget_s: float, seed: int, folder) -> dict:
         fresh = search(fresh_job.topology, fresh_job.model, fresh_job.training, options)
         fresh_wall_s = time.perf_counter() - started
         fresh_moves = plan_moves(old, fresh.plan, topology, model, fresh.training)
-        change = ["--lost", *lost] if lost else ["--added", f"{stem}.yaml"]
+        change = ["--lost", *lost]
+        if added:
+            write_document(added, folder / f"{stem}.devices.yaml")
+            change = ["--added", f"{stem}.devices.yaml"]
         rows.append({
-            "change": label, "lost": list(lost), "added": [d["name"] for d in (added or {}).get("devices", [])],
+            "change": label, "lost": list(lost), "added": (added or {}).get("devices", []),
             "lost_held_bytes": sum(held.get(d, 0.0) for d in lost),
             "replan": {"iteration_s": result.plan.prediction.iteration_s, **_moved(result.moves),
                        "chosen": result.chosen, "why": result.why, "wall_s": replan_wall_s,

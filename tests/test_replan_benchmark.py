@@ -68,13 +68,17 @@ def test_where_a_spare_keeps_the_speed_the_minimal_move_replan_moves_less_than_a
     assert replan["iteration_s"] + replan["move_s"] / 1000 < free["iteration_s"] + free["move_s"] / 1000
 
 
-def test_the_benchmark_replans_as_plan_from_lost_does(measured, tmp_path, capsys):
-    """The command the row records (``plan TOPOLOGY --from old.yaml --lost DEVICE --budget B``) writes
-    the plan the measured measured: same devices, iteration time and moves."""
+@pytest.mark.parametrize("change", [LOSE_MOST, ADD_ONE])
+def test_the_benchmark_replans_as_the_command_it_records(measured, tmp_path, capsys, change):
+    """The command the row records (``plan TOPOLOGY --from old.yaml --lost DEVICE`` or ``--added
+    FILE``, ``--budget B``) writes the plan the benchmark measured: the same search (evaluations),
+    iteration time, shape and moves."""
     result, folder = measured
-    row = next(r for r in result["rows"] if r["change"] == LOSE_MOST)
-    code, out, err = run_cli([TOPOLOGY, "--from", folder / "old.yaml", "--lost", *row["lost"], "--budget", BUDGET_S,
-                              "--time-limit", 20, "-o", tmp_path / "new.yaml"], capsys)
+    row = next(r for r in result["rows"] if r["change"] == change)
+    argv = row["commands"]["replan"].split()[1:]
+    assert argv[:3] == [str(TOPOLOGY), "--from", "old.yaml"] and argv[-2] == "-o"
+    argv = [str(folder / a) if a.endswith(".yaml") and a != str(TOPOLOGY) else a for a in argv[:-1]]
+    code, out, err = run_cli(argv + [tmp_path / "new.yaml", "--time-limit", 20], capsys)
     assert code == 0, err
     document = yaml.safe_load((tmp_path / "new.yaml").read_text())
     record = document["search"]["replan"]
@@ -83,4 +87,4 @@ def test_the_benchmark_replans_as_plan_from_lost_does(measured, tmp_path, capsys
     assert document["prediction"]["iteration_s"] == pytest.approx(row["replan"]["iteration_s"], rel=1e-9)
     assert record["move_bytes"] == pytest.approx(row["replan"]["move_bytes"], rel=1e-9)
     assert record["move_s"] == pytest.approx(row["replan"]["move_s"], rel=1e-9)
-    assert len(document["stages"]) == row["replan"]["stages"] and len(document["replicas"]) == row["replan"]["replicas"]
+    assert [s["devices"] for s in document["stages"]] == [list(c) for c in zip(*row["replan"]["assignment"])]
