@@ -36,7 +36,7 @@ from planner.prediction.stage_model import head_outputs, optimizer_shards
 from planner.search.bounds import lower_bound_s
 
 __all__ = ["DEFAULT_MOVE_WEIGHT", "Move", "Moves", "MoveAwareTime", "ReplanResult", "state_pieces", "holdings",
-           "plan_moves", "replan", "read_old_plan", "topology_without", "changed_topology"]
+           "held_bytes", "plan_moves", "replan", "read_old_plan", "topology_without", "changed_topology"]
 
 DEFAULT_MOVE_WEIGHT = 1000.0  # iterations over which a move's seconds are weighed against iteration time
 CHECKPOINT = "checkpoint"  # the source of a piece no surviving device holds
@@ -127,6 +127,14 @@ def holdings(plan: Plan, model, training) -> dict:
             for member in members:
                 held[member] = {piece: (f, f / shards) for piece, f in pieces.items()}
     return held
+
+
+def held_bytes(plan: Plan, model, training) -> dict:
+    """device -> bytes of state it holds under ``plan``: of each piece it holds, its fraction of the
+    weights and its fraction of the optimizer state (``holdings``, ``state_pieces``)."""
+    pieces = state_pieces(model, training)
+    return {device: float(sum(pieces[p][0] * w + pieces[p][1] * s for p, (w, s) in held.items()))
+            for device, held in holdings(plan, model, training).items()}
 
 
 def plan_moves(old: Plan, new: Plan, topology, model, training) -> Moves:
@@ -497,12 +505,9 @@ def replan(old: Plan, topology, model, training, options, *, move_weight: float 
 
 
 def _why(best: Option, kept: list, found: Option, lost: tuple, old: Plan, model, training, weight: float) -> str:
-    lost_pieces, lost_bytes = set(), 0.0
-    before, pieces = holdings(old, model, training), state_pieces(model, training)
-    for device in lost:
-        for piece, (w, s) in before.get(device, {}).items():
-            lost_pieces.add(piece)
-            lost_bytes += pieces[piece][0] * w + pieces[piece][1] * s
+    before, held = holdings(old, model, training), held_bytes(old, model, training)
+    lost_pieces = {piece for device in lost for piece in before.get(device, {})}
+    lost_bytes = sum(held.get(device, 0.0) for device in lost)
     only_lost = best.moves.pieces <= lost_pieces and best.moves.bytes <= lost_bytes * (1 + 1e-9)
     if not best.moves.moves:
         what = "moves no state"
