@@ -23,7 +23,7 @@ Elastic (``plan launch PLAN --emulate --elastic``): the search's plan for
 ``topologies/emulated/home-mini.yaml``, emulated (its reduced model: the plan's layers, hidden 32)
 at the automatic time scale, 6 iterations, a checkpoint every 2; once the checkpoint of iteration
 2 is complete, the rank of the device holding the most state is SIGKILLed (as
-``tests/test_checkpoint.py`` does). The launch re-plans without it (its search's time limit:
+``tests/test_checkpoint.py`` does). The launch re-plans without it (its search's work budget:
 ``--budget``), resumes and finishes; its ``results.json``'s ``elastic`` event is reported, and its
 losses next to uninterrupted single-process training of the executed model.
 
@@ -185,7 +185,7 @@ def elastic_run(folder, *, budget_s: float, seed: int, iterations: int = 6, chec
     checkpoints, out = folder / "checkpoints", folder / "run"
     options = LaunchOptions(emulate=True, time_scale=scale, iterations=iterations, warmup=0, out_dir=str(out),
                             seed=seed, checkpoint_every=checkpoint_every, checkpoint_dir=str(checkpoints),
-                            elastic=True, replan_time_limit_s=budget_s)
+                            elastic=True, replan_budget_s=budget_s)
     finished = {}
     runner = threading.Thread(target=lambda: finished.update(results=launch(plan_path, options, log=print)))
     started = time.time()

@@ -182,7 +182,7 @@ def test_elastic_launch_replans_without_a_killed_worker_and_continues_the_loss(t
     checkpoints, out = tmp_path / "checkpoints", tmp_path / "run"
     options = LaunchOptions(emulate=True, time_scale=scale, iterations=6, warmup=0, out_dir=str(out),
                             learning_rate=_LR, checkpoint_every=2, checkpoint_dir=str(checkpoints), elastic=True,
-                            replan_time_limit_s=2.0)
+                            replan_budget_s=2.0)
     finished = {}
     runner = threading.Thread(target=lambda: finished.update(results=launch(plan, options, log=lambda line: None)))
     runner.start()

@@ -405,7 +405,7 @@ def test_a_replan_takes_a_calibration_or_the_old_plans(tmp_path, capsys):
     for name in ("old-calibrated.yaml", "plan.yaml"):
         inputs, result, files = _replan_without(load_run_inputs(tmp_path / name), "g1", 1,
                                                 LaunchOptions(out_dir=str(tmp_path / f"elastic-{name}"),
-                                                              replan_time_limit_s=2))
+                                                              replan_budget_s=2))
         elastic[name] = result.plan.prediction.iteration_s
         assert ("calibration" in yaml.safe_load(Path(files["plan"]).read_text())) == (name != "plan.yaml")
         # the launcher loads the written plan on the same calibrated devices

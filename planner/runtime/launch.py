@@ -60,7 +60,9 @@ class LaunchOptions:
     checkpoint_dir: str | None = None
     resume: str | None = None  # a checkpoint folder (or the checkpoint_dir of a run) to continue from
     elastic: bool = False  # a rank that dies: re-plan without its device, resume from the last checkpoint
-    replan_time_limit_s: float = 10.0  # elastic: the re-plan's search time limit
+    # elastic: the re-plan's work budget (planner.search.deadline: the same seed and budget give the
+    # same re-plan on a loaded host); the clock caps it at REPLAN_CLOCK_FACTOR times that
+    replan_budget_s: float = 10.0
     slow: str = ""  # emulated straggler "DEVICE:FACTOR[@ITERATION]" (``planner.runtime.emulation.Slowdown``)
 
 
@@ -161,6 +163,7 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
 
 
 ELASTIC_RESTARTS = 3  # an elastic launch re-plans at most this many times
+REPLAN_CLOCK_FACTOR = 3.0  # an elastic re-plan's clock cap, in multiples of its work budget
 
 
 def _launch_elastic(inputs: RunInputs, options: LaunchOptions, log) -> dict:
@@ -239,7 +242,8 @@ def _replan_without(inputs: RunInputs, device: str, index: int, options: LaunchO
     # Scored on the devices the old plan was calibrated on, as the command-line re-plan does.
     topology, record = replan_calibration(load_topology(topology_path), inputs.plan.calibration, inputs.plan_path)
     result = replan(inputs.plan, topology, inputs.model, inputs.training,
-                    SearchOptions(seed=options.seed, time_limit_s=options.replan_time_limit_s,
+                    SearchOptions(seed=options.seed, budget_s=options.replan_budget_s,
+                                  time_limit_s=REPLAN_CLOCK_FACTOR * options.replan_budget_s,
                                   tensor_degrees=(1,)))  # the runtime needs one degree per stage: none
     result = replace(result, plan=replace(result.plan, calibration=record))
     write_plan(plan_to_document(result.plan, model=inputs.model, training=result.training,
