@@ -293,9 +293,9 @@ def test_one_front_door_serves_dtfms_objective(write_yaml):
 
 @pytest.mark.slow
 def test_same_seed_and_budget_same_plan_under_load():
-    """The work budget, not the clock, ends every phase: a busy competitor on every core (two on
-    this 2-core CI machine) changes neither the plan nor how many evaluations found it. Checked on
-    the lab topology (9 devices: construction, CP-SAT, local and genetic search all run)."""
+    """The work budget, not the clock, ends every phase: two busy competitors (every core of the
+    2-core CI machine) change neither the plan nor how many evaluations found it. Checked on the lab
+    topology (9 devices: construction, CP-SAT, local and genetic search all run)."""
     import subprocess
     import sys
 
