@@ -47,6 +47,25 @@ def test_cluster_layouts_keep_pipelines_in_regions_and_leave_the_far_ones_idle()
     assert all(len(set(topology.region_ids[stages[:, s]].tolist())) <= 2 for s in range(4))
 
 
+def test_a_plan_fits_whole_inside_a_slower_cluster_without_a_slow_uplink():
+    """Home swarm at 3 x 2: the cluster of most compute (the Berlin homes but berlin-4090-0, five
+    GPUs) cannot hold six devices, so the first layout takes berlin-4090-0 behind its 100 Mbit/s
+    uplink too; Paris (six GPUs, two of them 4090s) holds the plan alone and gets a layout of its
+    own. The search then plans 66.21 s there instead of 70.09 s on 2 x 2 Berlin GPUs (budget 2)."""
+    from planner.search.front import SearchOptions, search
+
+    job = load_job(ROOT / "topologies" / "hetero" / "home-consumer-gpus.yaml")
+    topology = job.topology
+    speed = topology.effective_flops(job.training.precision)
+    layouts = cluster_layouts(topology, speed, topology.memory_bytes(), 3, 2, bandwidth_clusters(topology)[:1])
+    within = [name for name in layouts if "-within" in name]
+    assert len(within) == 1
+    assert {topology.names[d] for d in layouts[within[0]].ravel()} == {f"paris-4090-{i}" for i in range(2)} | {
+        f"paris-3090-{i}" for i in range(4)}
+    result = search(topology, job.model, job.training, SearchOptions(budget_s=2, time_limit_s=100))
+    assert result.predicted_s < 66.3 and all(d.startswith("paris") for d in result.plan.used_devices)
+
+
 def test_the_estimate_s_ring_chains_regions_and_improves_by_two_opt():
     """Twelve devices, two in each of six regions: nearest neighbour closes its ring over a slow
     link; chaining the regions halves its time, and the vectorised 2-opt leaves some regions split

@@ -19,10 +19,12 @@ import numpy as np
 from planner.search.dtfm_search import groups_to_pipelines
 from planner.search.locality import bandwidth_clusters, cluster_order, locality_order
 
-__all__ = ["choose_devices", "cluster_layouts", "layouts", "probe_layouts", "MATCHED_STAGES", "MATCHED_DEVICES"]
+__all__ = ["choose_devices", "cluster_layouts", "layouts", "probe_layouts", "MATCHED_STAGES", "MATCHED_DEVICES",
+           "WITHIN_CLUSTERS"]
 
 MATCHED_STAGES = 12  # the exact stage-order search behind the matched layouts is exponential in stages
 MATCHED_DEVICES = 256
+WITHIN_CLUSTERS = 2  # per cluster level, the clusters after the first that each get a layout holding the plan alone
 
 
 def choose_devices(speed: np.ndarray, capacity: np.ndarray, count: int) -> np.ndarray:
@@ -64,6 +66,13 @@ def cluster_layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: i
         result[f"clusters{i}-pipelines"] = rows
         in_order = np.concatenate(pipelines)  # by cluster, so consecutive runs of ``replicas`` share one
         result[f"clusters{i}-stages"] = in_order.reshape(stages, replicas).T.copy()
+        # The whole plan inside one other cluster that holds it: the first in order may hold it too,
+        # but a slower one can be better connected inside (a home cluster without a slow uplink).
+        alone = [c for c in cache[key][1:] if np.count_nonzero(labels == c) >= stages * replicas]
+        for c in alone[:WITHIN_CLUSTERS]:
+            members = _fastest_first(devices[labels == c], speed, capacity)[:stages * replicas]
+            result[f"clusters{i}-within{c}-pipelines"] = np.array(
+                [locality_order(topology, row) for row in members.reshape(replicas, stages)])
     return result
 
 
