@@ -127,7 +127,9 @@ def test_case5_search_ends_within_its_limit(limit, tmp_path, capsys):
     assert main([str(CASE5), "--time-limit", str(limit), "-o", str(out)]) == 0
     wall = time.perf_counter() - started
     plan, _ = read_plan(out)
-    assert plan.search["wall_s"] <= limit + OVERRUN_S and plan.search["simulated"] >= 1
+    assert plan.search["wall_s"] <= limit + OVERRUN_S
+    # simulated, or (a loaded machine at 1 s) the simulation cut and said so: the plan keeps its estimate
+    assert plan.search["simulated"] >= 1 or "simulation" in plan.search["clock_cut"]
     assert wall <= limit + OVERRUN_S + 1.0  # + reading the topology and writing the plan
     job = load_job(CASE5)
     validate_plan(plan, job.topology, job.model, job.training)
