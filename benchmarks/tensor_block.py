@@ -19,9 +19,7 @@ Prints a table and writes ``tensor_block.json`` to ``--out``.
 """
 
 import argparse
-import datetime
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -35,19 +33,10 @@ def _worker(rank, world, port, queue, backend, job, options, degrees, micro_batc
     import torch
     import torch.distributed as dist
 
-    from planner.runtime.calibrate import tensor_probe, timed
+    from planner.runtime.calibrate import join_ranks, tensor_probe, timed
 
-    cuda = backend == "nccl"
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
-        store = dist.TCPStore("127.0.0.1", port, world, False, timeout=datetime.timedelta(seconds=options.timeout_s))
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=options.timeout_s),
-                                **({"device_id": device} if cuda else {}))
+        device, _ = join_ranks(rank, world, port, backend, options.timeout_s)
         rows = []
         for t in degrees:
             group = dist.new_group(list(range(t)))  # every process takes part in making it

@@ -49,7 +49,7 @@ from planner.runtime.spawn import RankFailure, gather_from_ranks
 
 __all__ = ["CalibrateOptions", "CalibrationFailure", "calibrate", "fit_latency_bandwidth", "OPTIMIZER_PROBE_PARAMETERS",
            "tensor_probe_degree", "tensor_block_floor", "TENSOR_PROBE_MICRO_BATCH",
-           "tensor_probe", "timed", "split_backward_step", "PROBE_BLOCKS"]
+           "tensor_probe", "timed", "split_backward_step", "PROBE_BLOCKS", "join_ranks"]
 
 OPTIMIZER_PROBE_PARAMETERS = 32 * 2**20
 _SIZES_CPU = (4 * 2**10, 64 * 2**10, 2**20, 8 * 2**20)
@@ -295,8 +295,12 @@ def _document(job, kind, backend, names, reports, options) -> dict:
     return document
 
 
-def _worker(rank, world, port, queue, backend, job, options, degree) -> None:
+def join_ranks(rank: int, world: int, port: int, backend: str, timeout_s: float) -> tuple:
+    """(device, threads) of a spawned probe process (``planner.runtime.spawn.gather_from_ranks``):
+    its GPU (NCCL) or its share of the host's cores (gloo), in the process group of ``world``
+    ranks at the parent's TCP store on ``port``."""
     import torch
+    import torch.distributed as dist
 
     cuda = backend == "nccl"
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
@@ -305,21 +309,25 @@ def _worker(rank, world, port, queue, backend, job, options, degree) -> None:
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(threads)
+    store = dist.TCPStore("127.0.0.1", port, world, False, timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s), **({"device_id": device} if cuda else {}))
+    return device, threads
+
+
+def _worker(rank, world, port, queue, backend, job, options, degree) -> None:
     try:
-        _measure(rank, world, backend, port, job, options, queue, device, threads, degree)
+        device, threads = join_ranks(rank, world, port, backend, options.timeout_s)
+        _measure(rank, world, job, options, queue, device, threads, degree)
     except Exception as error:  # reported to the parent, which names the process
         text = str(error).strip().splitlines()
         queue.put((rank, f"{type(error).__name__}: {text[0] if text else ''}"))
 
 
-def _measure(rank, world, backend, port, job, options, queue, device, threads, degree) -> None:
+def _measure(rank, world, job, options, queue, device, threads, degree) -> None:
     import torch.distributed as dist
 
     cuda = device.type == "cuda"
-    store = dist.TCPStore("127.0.0.1", port, world, False, timeout=datetime.timedelta(seconds=options.timeout_s))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=options.timeout_s),
-                            **({"device_id": device} if cuda else {}))
     try:
         report = {}
         if rank == 0:
