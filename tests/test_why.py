@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from conftest import ROOT, small_topology
@@ -127,3 +128,15 @@ def test_a_fast_idle_device_is_not_called_too_small():
     assert "desktop-4090" in reasons, reasons
     reason = reasons["desktop-4090"]
     assert reason.kind == "shape" and "fill and drain" in reason.text and reason.delta_s > 0, reason
+
+
+def test_a_plan_left_at_the_estimate_is_not_compared_with_simulations(write_yaml):
+    """A plan whose time is the search's estimate (the limit cut its simulation): the report
+    neither sets simulated link gains nor idle devices' simulated deltas against that estimate."""
+    job = _job(write_yaml, WHY)
+    simulated = _plan(job, [["a", "far"]], bounds=(0, 2, 4))
+    plan = replace(simulated, prediction=replace(simulated.prediction, cost_model="estimate"))
+    binding = {b.kind: b for b in binding_constraints(plan, job.topology, job.model, job.training)}
+    assert np.isnan(binding["link"].change) and "search's estimate" in binding["link"].text
+    reasons = idle_reasons(plan, job.topology, job.model, job.training)
+    assert reasons and all(np.isnan(r.delta_s) for r in reasons)

@@ -147,7 +147,8 @@ def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: flo
     idle = [topology.index(name) for name in plan.idle]
     floor = stage_memory_floor(model, training, 1, model.layers, max(plan.replicas, 1))
     base = plan.prediction.iteration_s
-    late = not _time_for_simulation(plan, deadline)
+    # a plan left at the search's estimate has no simulated time to compare simulations with
+    late = plan.prediction.cost_model != "simulator" or not _time_for_simulation(plan, deadline)
     if not late:
         free_network = _free_network(topology)
         try:
@@ -277,7 +278,11 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
         out.append(Binding(kind="memory", change=change, text=(
             f"memory: {fullest} holds {format_bytes(p.memory_bytes[fullest])} of {format_bytes(p.capacity_bytes[fullest])} "
             f"({100 * use:.0f}%)" + (f"; {effect}" if effect else ""))))
-    links = _plan_links(plan, topology)
+    simulated = p.cost_model == "simulator"  # else the time limit left the plan at the search's estimate
+    links = _plan_links(plan, topology) if simulated else []
+    if not simulated:
+        out.append(Binding(kind="link", text="link: not re-evaluated (the plan's time is the search's estimate, "
+                                             "not a simulation to compare with)"))
     if links:
         bandwidth = topology.network.bandwidth_bytes_per_s
         slowest = sorted(links, key=lambda ab: (bandwidth[ab], ab))
@@ -309,7 +314,7 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
             f"a {_gbit(bandwidth[a, b] * LINK_FACTOR)} link there would "
             f"{'cut' if change < 0 else 'change'} the iteration {100 * abs(change):.1f}% "
             f"({base:.3f} -> {faster:.3f} s)")))
-    if p.cost_model != "simulator":  # the time limit left the plan at the search's estimate: no timeline
+    if not simulated:  # no timeline
         out.append(Binding(kind="bubble", text="bubble and gradient sync: not simulated (the plan's time is the "
                                                "search's estimate)"))
         return out
