@@ -193,6 +193,7 @@ def test_auto_groups_are_simulated_only_within_the_work_and_the_time_the_search_
     work is left (the plan's own grouping stands, the others listed untried), all with enough; a
     clock past the limit leaves them untried too, and says the clock did."""
     from planner.search import group_choice
+    from planner.search.deadline import plan_simulation_s
     from planner.search.front import SearchOptions, search
 
     training = dataclasses.replace(job.training, sync_every=4)
@@ -212,7 +213,7 @@ def test_auto_groups_are_simulated_only_within_the_work_and_the_time_the_search_
     late = group_choice.choose_sync_groups(own, job.topology, job.model, training, deadline=0.0)
     assert set(late.untried) == others and late.clock_cut and calls == []
     full = group_choice.choose_sync_groups(own, job.topology, job.model, training,
-                                           work_s=len(others) * group_choice._simulation_work_s(own))
+                                           work_s=len(others) * plan_simulation_s(own))
     assert set(full.tried) == {"replica"} | others and full.untried == () and len(calls) == len(others)
 
 

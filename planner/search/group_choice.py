@@ -8,8 +8,9 @@ grouping on a given placement but for the smaller ring of group leads) and the g
 chosen on the found placement by the simulator, whose prediction of it the plan keeps: at most two
 more simulations of the found plan (work the plan sets, so the same seed and budget give the same
 grouping), in ``GROUP_CHOICE_SHARE`` of the time limit the search keeps for them; a grouping whose
-simulation the clock would not fit before the limit (``work_s`` and ``deadline``) is left untried,
-so the limit holds."""
+simulation the clock would not fit before the limit (``work_s``, and its size,
+``deadline.plan_simulation_s``, against ``deadline``; a simulation that runs past it is cut) is
+left untried, so the limit holds."""
 
 import math
 import time
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from cost_models.network import Sync
 from planner.plan.sync_groups import AUTO, CLUSTER, ONE, REPLICA, grouping
+from cost_models.simulator import SimulationCut
 from planner.prediction.predict import predict
 from planner.search.evaluate import charges_groups
 from planner.search.deadline import plan_simulation_s
@@ -56,11 +58,6 @@ class GroupChoice:
     clock_cut: bool = False  # the clock, not the work budget, left some untried
 
 
-def _simulation_work_s(plan) -> float:
-    """A simulation of ``plan``'s work, in seconds at the simulator's rate (as the search counts it)."""
-    return plan_simulation_s(plan)
-
-
 def choose_sync_groups(plan, topology, model, training, *, work_s: float = math.inf,
                        deadline: float = math.inf) -> GroupChoice:
     """``plan`` with its sync groups: as ``training.sync_groups`` asks, or with ``auto`` the
@@ -71,23 +68,30 @@ def choose_sync_groups(plan, topology, model, training, *, work_s: float = math.
         return GroupChoice(plan=replace(plan, sync_groups=(), prediction=None) if plan.sync_groups else plan)
     kinds = _CANDIDATES if training.sync_groups == AUTO else (training.sync_groups,)
     best, tried, untried, seen, clock_cut = None, {}, [], set(), False
-    spent_s, longest_s = 0.0, 0.0
+    spent_s = 0.0
     for kind in kinds:
         candidate = plan_with_groups(plan, topology, kind)
         if candidate.sync_groups in seen:
             continue
         if candidate.prediction is None:
-            if best is not None:  # the plan's own grouping is always simulated; the others within the budget
-                cost_s = _simulation_work_s(candidate)
-                if untried or spent_s + cost_s > work_s or time.perf_counter() + longest_s >= deadline:
-                    clock_cut = clock_cut or (not untried and spent_s + cost_s <= work_s)
+            if best is None:  # the plan's own grouping is always simulated
+                candidate = candidate.with_prediction(predict(candidate, topology, model, training)[0])
+            else:  # the others within the budget, and only where the simulation's size fits the clock
+                cost_s = plan_simulation_s(candidate)
+                over_budget = bool(untried) or spent_s + cost_s > work_s
+                cut = over_budget or time.perf_counter() + cost_s >= deadline
+                if not cut:
+                    spent_s += cost_s
+                    try:
+                        candidate = candidate.with_prediction(
+                            predict(candidate, topology, model, training, deadline=deadline)[0])
+                    except SimulationCut:
+                        cut = True
+                if cut:
+                    clock_cut = clock_cut or not over_budget
                     untried.append(kind)
                     seen.add(candidate.sync_groups)
                     continue
-                spent_s += cost_s
-            started = time.perf_counter()
-            candidate = candidate.with_prediction(predict(candidate, topology, model, training)[0])
-            longest_s = max(longest_s, time.perf_counter() - started)
         seen.add(candidate.sync_groups)
         tried[kind] = candidate.prediction.iteration_s
         if best is None or (candidate.prediction.fits and (not best.prediction.fits or candidate.prediction.iteration_s
