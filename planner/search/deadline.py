@@ -37,7 +37,7 @@ __all__ = ["Budget", "CONSTRUCT_END", "CONSTRUCT_UNPLANNED_END", "FINALISTS_END"
            "MIDDLE_ENDS",
            "ESTIMATES_PER_S", "CONSTRUCT_UNITS_PER_S", "EXACT_WORK_PER_S", "REFINE_ESTIMATES_PER_S",
            "SIMULATION_UNITS_PER_S", "SMALL_SIMULATION_S", "SIMULATION_MARGIN", "construct_units", "simulation_units",
-           "plan_simulation_s"]
+           "plan_simulation_s", "simulation_s"]
 
 CONSTRUCT_END = 0.25
 FINALISTS_END = 0.97
@@ -81,10 +81,15 @@ def simulation_units(stages: int, replicas: int, micro_batches: int) -> float:
     return stages * micro_batches + stages * replicas
 
 
+def simulation_s(stages: int, replicas: int, micro_batches: int, virtual_stages: int = 1) -> float:
+    """A simulation of a plan of that shape (``micro_batches`` over all replicas; ``virtual_stages``
+    chunks per device), in seconds at ``SIMULATION_UNITS_PER_S`` as its size predicts."""
+    return virtual_stages * simulation_units(stages, replicas, micro_batches) / SIMULATION_UNITS_PER_S
+
+
 def plan_simulation_s(plan) -> float:
-    """A simulation of ``plan``, in seconds at ``SIMULATION_UNITS_PER_S`` as its size predicts."""
-    return plan.virtual_stages * simulation_units(plan.stages, plan.replicas,
-                                                  sum(plan.micro_batches)) / SIMULATION_UNITS_PER_S
+    """A simulation of ``plan``, in seconds (``simulation_s``)."""
+    return simulation_s(plan.stages, plan.replicas, sum(plan.micro_batches), plan.virtual_stages)
 
 
 @dataclass(kw_only=True)

@@ -36,9 +36,8 @@ from planner.search.bounds import work_flops
 from planner.search.construct import layouts, probe_layouts
 from planner.search.cpsat_placement import exact_placement, model_is_small_enough
 from planner.search.deadline import (CONSTRUCT_UNITS_PER_S, ESTIMATES_PER_S, EXACT_WORK_PER_S,
-                                     REFINE_ESTIMATES_PER_S, SIMULATION_MARGIN, SIMULATION_UNITS_PER_S,
-                                     SMALL_SIMULATION_S, Budget,
-                                     construct_units, plan_simulation_s, simulation_units)
+                                     REFINE_ESTIMATES_PER_S, SIMULATION_MARGIN, SMALL_SIMULATION_S, Budget,
+                                     construct_units, plan_simulation_s, simulation_s)
 from planner.search.dtfm_plan import dtfm_objective_plan
 from planner.search.evaluate import Candidate, charges_groups, evaluate_placement, make_context, score_split
 from planner.search.genetic import POPULATION, alignment_s, genetic_search
@@ -704,8 +703,8 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
             refine_end = budget.end("finalists")
             if best_plan is None:  # the plan's first simulation keeps twice its predicted time before the finalists' end
                 R, S = c.assign.shape
-                refine_end = min(refine_end, budget.first_simulation_end - SIMULATION_MARGIN * simulation_units(
-                    S, R, sum(c.micro_batches)) / SIMULATION_UNITS_PER_S)
+                refine_end = min(refine_end, budget.first_simulation_end
+                                 - SIMULATION_MARGIN * simulation_s(S, R, sum(c.micro_batches)))
             better, used = refine_split(ctx, c, budget=refine_budget, deadline=refine_end)
             budget.note_cut("finalists", used < refine_budget and time.perf_counter() >= refine_end)
             evaluations += used
@@ -785,7 +784,7 @@ def _sync_reserve_s(training, lead: Candidate) -> float:
     algorithm but one: what ``sync: auto`` keeps of the finalists' share for the best plan."""
     R, S = lead.assign.shape
     others = len(syncs_for(training, R)) - 1 if R > 1 else 0
-    return others * simulation_units(S, R, sum(lead.micro_batches)) / SIMULATION_UNITS_PER_S
+    return others * simulation_s(S, R, sum(lead.micro_batches))
 
 
 def _start_candidate(ctx, x0: Plan | None) -> Candidate | None:
