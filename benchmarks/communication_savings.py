@@ -154,6 +154,11 @@ def _print_table(name: str, table: dict) -> None:
               flush=True)
 
 
+def _write_report(report: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1, default=float) + "\n")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--budget", type=float, default=5.0, metavar="SECONDS", help="each search's work budget")
@@ -196,13 +201,11 @@ def main(argv=None) -> int:
                   + ("" if row["within_target"] else "  (outside 5%)")
                   + ("  (compute overrun)" if row["compute_overrun_warning"] else ""), flush=True)
         best, none = emulated[table["best"]], emulated[NONE]
-        report["emulated_best_over_none"][row["topology"]] = {
+        report["emulated_best_over_none"][best["topology"]] = {
             "best": table["best"], "predicted": best["predicted_seconds_per_token"] / none["predicted_seconds_per_token"],
             "measured": best["measured_seconds_per_token"] / none["measured_seconds_per_token"]}
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1, default=float) + "\n")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, default=float) + "\n")
+        _write_report(report, out)  # after each topology: a long run keeps what it measured
+    _write_report(report, out)
     print(f"wrote {out}")
     return 0
 

@@ -86,14 +86,15 @@ def measure(model, micro_batch_size: int, layers_per_stage: int, repeats: int) -
     row("block, torch.compile, recomputed: forward + backward",
         _timed_ms(lambda: recomputed(x).backward(grad), repeats), 4 * fwd, "checkpoint inside the compiled block")
     # As a stage runs them: blocks in a chain, per block; and ZB-H1's split backward (linear layers
-    # eager, weight gradients deferred, the rest compiled), alone (as plan calibrate times it) and chained.
+    # eager, weight gradients deferred, the rest compiled), alone and chained (as plan calibrate times it,
+    # calibrate.PROBE_BLOCKS blocks).
     chain = torch.nn.Sequential(*(Block(model) for _ in range(layers_per_stage))).to(device=device, dtype=dtype)
     for member in chain:
         member.compile()
     row(f"block, torch.compile, {layers_per_stage} chained: forward + backward, per block",
         _timed_ms(lambda: chain(x).backward(grad), repeats) / layers_per_stage, 3 * fwd)
     row("block, split backward (ZB-H1): forward + input grads + weight grads",
-        _timed_ms(split_backward_step(model, x, grad, compiled=True), repeats), 3 * fwd, "as plan calibrate times it")
+        _timed_ms(split_backward_step(model, x, grad, compiled=True), repeats), 3 * fwd, "one block alone")
     row(f"block, split backward (ZB-H1), {layers_per_stage} chained, per block",
         _timed_ms(split_backward_step(model, x, grad, compiled=True, blocks=layers_per_stage), repeats)
         / layers_per_stage, 3 * fwd)
