@@ -104,24 +104,21 @@ def find_straggler(measured: np.ndarray, predicted: np.ndarray, *, ratio: float 
     ``least_iterations`` or more consecutive iterations, the longest such run first, then the
     largest factor; None when no worker is. ``measured``: (workers, iterations) seconds;
     ``predicted``: seconds per worker (the same ops)."""
-    relative = relative_ratios(measured, predicted)
+    return _longest_slow_run(relative_ratios(measured, predicted), ratio, least_iterations)
+
+
+def _longest_slow_run(relative: np.ndarray, ratio: float, least_iterations: int) -> Straggler | None:
+    """``find_straggler`` on the workers' ratios to the others (``relative_ratios``)."""
     best = None
-    for w in range(relative.shape[0]):
-        slow = relative[w] >= ratio  # NaN compares False
-        k = 0
-        while k < slow.size:
-            if not slow[k]:
-                k += 1
-                continue
-            end = k
-            while end + 1 < slow.size and slow[end + 1]:
-                end += 1
-            if end - k + 1 >= least_iterations:
-                found = Straggler(worker=w, first=k, last=end, factor=float(np.median(relative[w, k:end + 1])))
-                length = (found.last - found.first, found.factor)
-                if best is None or length > (best.last - best.first, best.factor):
+    for w, row in enumerate(relative):
+        slow = np.r_[False, row >= ratio, False].astype(np.int8)  # NaN compares False
+        edges = np.flatnonzero(np.diff(slow))  # each run's first iteration, then one past its last
+        for first, stop in zip(edges[::2], edges[1::2]):
+            if stop - first >= least_iterations:
+                found = Straggler(worker=w, first=int(first), last=int(stop - 1),
+                                  factor=float(np.median(row[first:stop])))
+                if best is None or (found.last - found.first, found.factor) > (best.last - best.first, best.factor):
                     best = found
-            k = end + 1
     return best
 
 
@@ -143,7 +140,7 @@ def straggler_report(inputs, job, reports: list, times: list, time_scale: float,
              for name, (r, s), p, row, rel in zip(names, workers, predicted, measured, relative)]
     record = {"threshold": STRAGGLER_RATIO, "least_iterations": MIN_SLOW_ITERATIONS, "workers": table,
               "device": None}
-    found = find_straggler(measured, predicted)
+    found = _longest_slow_run(relative, STRAGGLER_RATIO, MIN_SLOW_ITERATIONS)
     if found is None:
         record["summary"] = _nothing_found(names, relative)
         return record
