@@ -325,11 +325,15 @@ def _many_micro_batches(write_yaml):
 
 
 def test_a_simulation_longer_than_the_time_left_is_cut_and_the_plan_keeps_its_estimate(write_yaml, tmp_path,
-                                                                                         capsys):
+                                                                                         capsys, monkeypatch):
     """The plan's one simulation, sized before it starts, cannot end within the limit: it is not
     started, the plan keeps the search's estimate, the report says which phases the clock cut, and
     the command ends within the limit plus 10% (it ran 0.9 s; simulating took 3-9 s more)."""
+    from planner.search import front
+
     path, out, limit = _many_micro_batches(write_yaml), tmp_path / "plan.json", 2.0
+    started_simulations = []  # the search's: sized first, this one is never started
+    monkeypatch.setattr(front, "predict", lambda *a, **k: started_simulations.append(a[0]) or predict(*a, **k))
     started = time.perf_counter()
     assert main([str(path), "--time-limit", str(limit), "--stages", "4", "--replicas", "1", "-o", str(out)]) == 0
     assert time.perf_counter() - started <= 1.1 * limit
@@ -339,6 +343,7 @@ def test_a_simulation_longer_than_the_time_left_is_cut_and_the_plan_keeps_its_es
     assert "the search's estimate: the time limit cut this plan's event simulation" in text
     plan, _ = read_plan(out)
     assert plan.search["simulated"] == 0 and "simulation" in plan.search["clock_cut"]
+    assert started_simulations == []
     document = json.loads(out.read_text())
     assert document["prediction"]["cost_model"] == "estimate"
     jsonschema = pytest.importorskip("jsonschema")
