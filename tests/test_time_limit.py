@@ -12,6 +12,7 @@ from planner.errors import InputError
 from planner.inputs.job import load_job
 from planner.plan.document import read_plan
 from planner.plan.plan import validate_plan
+from planner.prediction.predict import predict
 from planner.search.deadline import (CONSTRUCT_END, CONSTRUCT_UNITS_PER_S, CONSTRUCT_UNPLANNED_END, FINALISTS_END,
                                      FINALISTS_MIN, Budget)
 from planner.search.front import SearchOptions, search
