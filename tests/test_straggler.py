@@ -79,7 +79,7 @@ def _reports(job, workers: dict, iterations: int, scale: float, slow: dict, step
             for kind, mb in ops:
                 seconds = op_compute_s(job, kind, replica, stage) * scale * factor if kind != "recv_fwd" else 0.01
                 seconds += step_wait_s if kind == "step" else 0.0
-                trace.append((kind, mb, clock, clock + seconds, 0))
+                trace.append((kind, mb, clock, clock + seconds, 0, 1e-4))
                 clock += seconds
             traces.append(trace)
         reports.append({"rank": rank, "replica": replica, "stage": stage, "member": member, "traces": traces})

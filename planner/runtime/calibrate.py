@@ -261,6 +261,9 @@ def _document(job, kind, backend, names, reports, options) -> dict:
                          "recompute_achieved_flops": recompute_achieved,
                          "split_block_forward_backward_s": compute["split_block_s"],
                          "split_achieved_flops": split_achieved,
+                         "block_forward_backward_issue_s": compute["block_issue_s"],
+                         "recomputed_block_forward_backward_issue_s": compute["recomputed_block_issue_s"],
+                         "split_block_forward_backward_issue_s": compute["split_block_issue_s"],
                          "peak_flops": peak, "optimizer_step_s": compute["optimizer_s"],
                          "optimizer_parameters": OPTIMIZER_PROBE_PARAMETERS, "threads": compute["threads"]},
         }},
@@ -378,6 +381,27 @@ def timed(fn, repeats: int, device) -> float:
     return statistics.median(samples)
 
 
+def issued(fn, repeats: int, device) -> float:
+    """Median host seconds one call of ``fn`` takes to return after two warm-ups, the device idle
+    before each call and drained after it: on a GPU the call queues its kernels and returns, so this
+    is the host's cost of issuing them (``timed``'s samples are the larger of it and the device's)."""
+    import torch
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    samples = []
+    for k in range(repeats + 2):
+        sync()
+        start = time.perf_counter()
+        fn()
+        if k >= 2:
+            samples.append(time.perf_counter() - start)
+    sync()
+    return statistics.median(samples)
+
+
 def _compute_probe(job, options, device, threads) -> dict:
     import torch
 
@@ -399,8 +423,9 @@ def _compute_probe(job, options, device, threads) -> dict:
     grad = torch.randn_like(x)
 
     def chain_s(recompute: bool) -> tuple:
-        """(forward, forward + backward) seconds per block of a chain of ``PROBE_BLOCKS``; the chain
-        is freed on return, so one is alive at a time (a device that holds a few blocks can be probed)."""
+        """(forward, forward + backward, the host's issue of forward + backward) seconds per block of
+        a chain of ``PROBE_BLOCKS``; the chain is freed on return, so one is alive at a time (a device
+        that holds a few blocks can be probed)."""
         blocks = [Block(model).to(device=device, dtype=dtype) for _ in range(PROBE_BLOCKS)]
         for block in blocks:
             block.recompute = recompute  # as planner.runtime.gpt.build_stage sets it for training.recompute
@@ -413,12 +438,14 @@ def _compute_probe(job, options, device, threads) -> dict:
                 y = block(y)
             return y
         return (timed(forward, options.repeats, device) / PROBE_BLOCKS,
-                timed(lambda: forward().backward(grad), options.repeats, device) / PROBE_BLOCKS)
+                timed(lambda: forward().backward(grad), options.repeats, device) / PROBE_BLOCKS,
+                issued(lambda: forward().backward(grad), options.repeats, device) / PROBE_BLOCKS)
 
-    forward, both = chain_s(False)
-    recomputed_both = chain_s(True)[1]
-    split_both = timed(split_backward_step(model, x, grad, compiled, PROBE_BLOCKS), options.repeats,
-                       device) / PROBE_BLOCKS
+    forward, both, both_issue = chain_s(False)
+    recomputed_both, recomputed_issue = chain_s(True)[1:]
+    split = split_backward_step(model, x, grad, compiled, PROBE_BLOCKS)
+    split_both = timed(split, options.repeats, device) / PROBE_BLOCKS
+    split_issue = issued(split, options.repeats, device) / PROBE_BLOCKS
     norm = make_norm(model, model.hidden).to(device=device, dtype=dtype)
     head = torch.nn.Linear(model.hidden, head_rows(model), bias=False).to(device=device, dtype=dtype)
     tokens = torch.randint(0, model.vocabulary, (b, model.sequence + 1), device=device)
@@ -439,6 +466,7 @@ def _compute_probe(job, options, device, threads) -> dict:
     moved = probe.weight.numel() * OPTIMIZER_BYTES_PER_PARAMETER[training.optimizer]
     return {"micro_batch_size": b, "block_forward_s": forward, "block_backward_s": max(both - forward, 0.0),
             "recomputed_block_s": recomputed_both, "split_block_s": split_both,
+            "block_issue_s": both_issue, "recomputed_block_issue_s": recomputed_issue, "split_block_issue_s": split_issue,
             "head_s": head_s, "optimizer_s": optimizer_s, "optimizer_bytes_per_s": moved / optimizer_s,
             "dtype": str(dtype).replace("torch.", ""), "compiled": compiled, "threads": threads, "torch": torch.__version__,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"

@@ -248,14 +248,17 @@ class StageExecutor:
 
     def iteration(self, index: int, tokens=None) -> tuple:
         """Run iteration ``index`` (``tokens``: its ``batch``, loaded here when not given); returns
-        (this rank's share of the loss, [(kind, mb, start_s, end_s, chunk)])."""
+        (this rank's share of the loss, [(kind, mb, start_s, end_s, chunk, host_s)]): ``start_s`` and
+        ``end_s`` on the device's clock (CUDA events on the compute stream) or the host's, ``host_s`` the
+        host's seconds issuing the op (on a GPU the call returns before the kernels run, so a stage
+        whose ops take the host longer than the device waits for its host)."""
         m = self.module
         if tokens is None:
             tokens = self.batch(index)
         inputs, outputs, grads, pending, weight_work = {}, {}, {}, [], {}
         self.loss_scale = getattr(self.optimizer, "loss_scale", 1.0)  # fp16: fixed for the iteration
         loss_sum = torch.zeros((), device=self.device)
-        marks, done = [self.timer.mark()], []
+        marks, done, host = [self.timer.mark()], [], []
         for kind, mb, chunk in self.ops:
             start = now_s()
             part, key = self.chunks[chunk], (mb, chunk)  # the chunk run, and its messages' key
@@ -310,10 +313,11 @@ class StageExecutor:
                 if self.groups.tensor is not None:  # the lead's whole parameters to the other members
                     broadcast_whole(self.module, self.groups.tensor, self.groups.tensor_lead)
                 self._emulate_compute("step", start)
+            host.append(now_s() - start)
             marks.append(self.timer.mark())
             done.append((kind, mb, chunk))
         times = self.timer.seconds(marks)
-        trace = [(kind, mb, times[i], times[i + 1], chunk) for i, (kind, mb, chunk) in enumerate(done)]
+        trace = [(kind, mb, times[i], times[i + 1], chunk, host[i]) for i, (kind, mb, chunk) in enumerate(done)]
         return float(loss_sum) if self.lead else 0.0, trace
 
     # -- pieces --------------------------------------------------------------------------------

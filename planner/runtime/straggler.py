@@ -67,17 +67,17 @@ def worker_compute_s(reports: list, job, time_scale: float) -> tuple:
     measured iteration as a (workers, iterations) array, predicted compute seconds per worker).
 
     ``reports``: each rank's replica, stage and ``traces`` (per measured iteration, ops as
-    (kind, micro-batch, start_s, end_s, chunk)). A tensor group's members run the same ops: the
+    (kind, micro-batch, start_s, end_s, chunk, host_s)). A tensor group's members run the same ops: the
     worker's measured compute is the longest member's."""
     workers, measured, predicted = [], {}, {}
     for report in sorted(reports, key=lambda r: r["rank"]):
         key = (report["replica"], report["stage"])
-        seconds = [sum(b - a for (kind, _, a, b, _) in trace if kind in COMPUTE_KINDS) for trace in report["traces"]]
+        seconds = [sum(b - a for (kind, _, a, b, *_) in trace if kind in COMPUTE_KINDS) for trace in report["traces"]]
         if key not in measured:
             workers.append(key)
             ops = report["traces"][0] if report["traces"] else []
             predicted[key] = sum(op_compute_s(job, kind, key[0], key[1], chunk)
-                                 for (kind, _, _, _, chunk) in ops if kind in COMPUTE_KINDS) * time_scale
+                                 for (kind, _, _, _, chunk, _) in ops if kind in COMPUTE_KINDS) * time_scale
             measured[key] = seconds
         else:
             measured[key] = [max(x, y) for x, y in zip(measured[key], seconds)]

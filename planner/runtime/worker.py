@@ -300,8 +300,8 @@ def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, rep
         "peak_memory_bytes": {r["device"]: r["peak_memory_bytes"] for r in reports},
         "median_iteration": median_index,
         "trace": [{"rank": r["rank"], "replica": r["replica"], "stage": r["stage"], "device": r["device"],
-                   "kind": k, "microbatch": mb, "chunk": c, "start_s": a, "end_s": b}
-                  for r in reports for (k, mb, a, b, c) in r["traces"][median_index]],
+                   "kind": k, "microbatch": mb, "chunk": c, "start_s": a, "end_s": b, "host_s": h}
+                  for r in reports for (k, mb, a, b, c, h) in r["traces"][median_index]],
     })
     layout = Layout.of_plan(plan)
     predicted_trace = [{"rank": layout.rank(r, s), "replica": r, "stage": s, "device": plan.assignment[r][s],
@@ -335,7 +335,7 @@ def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, rep
                                              document["comparison"]["predicted_s"])
     names = {r["rank"]: f"rank {r['rank']} {r['device']} (r{r['replica']} s{r['stage']})" for r in reports}
     all_measured = [{"rank": r["rank"], "iteration": i, "kind": k, "microbatch": mb, "start_s": a, "end_s": b}
-                    for r in reports for i, trace in enumerate(r["traces"]) for (k, mb, a, b, _) in trace]
+                    for r in reports for i, trace in enumerate(r["traces"]) for (k, mb, a, b, *_) in trace]
     write_results(config.out_dir, document, chrome_trace(all_measured, predicted_trace, names, config.time_scale))
 
 
