@@ -6,10 +6,6 @@ sender reaches it and every resource it crosses is free (``cost_models.network``
 link, and the sender's egress and receiver's ingress NIC where the host has a shared NIC). A
 message occupies its resources for ``bytes / bandwidth`` and arrives ``latency`` later
 (formulas.md, Communication).
-A worker's host issues its compute ops in order, each taking the host ``host_forward_s`` /
-``host_backward_s`` (where given) and never waiting for the device; an op cannot end before its
-host has issued it, so a host slower than its device shows, and one that ran ahead during a wait
-for a message does not.
 The gradient sync of stage s starts when every replica's stage s has finished its last backward
 and its ring's links are free; the iteration ends when the last optimizer step ends (formulas.md,
 Pipeline schedules).
@@ -25,7 +21,7 @@ import numpy as np
 from cost_models.network import Network
 from cost_models.schedule import COMPUTE_KINDS, peer_stage, piece_of, stage_ops
 
-__all__ = ["PipelineJob", "Timeline", "SimulationCut", "simulate", "sync_resources", "op_compute_s", "op_host_s"]
+__all__ = ["PipelineJob", "Timeline", "SimulationCut", "simulate", "sync_resources", "op_compute_s"]
 
 _CLOCK_EVERY = 4096  # events between two readings of the clock against ``simulate``'s deadline
 
@@ -68,10 +64,6 @@ class PipelineJob:
     # the same size: ``boundary_bytes[0]`` prices the last stage -> first stage wrap too.
     virtual_stages: int = 1
     chunk_share: np.ndarray = None
-    # Host seconds per micro-batch to issue each worker's forward and backward (R, S), split over
-    # chunks and the split backward as the compute is; None: the host never binds.
-    host_forward_s: np.ndarray = None
-    host_backward_s: np.ndarray = None
 
     @property
     def replicas(self) -> int:
@@ -131,26 +123,12 @@ def op_compute_s(job: PipelineJob, kind: str, r: int, s: int, chunk: int = 0) ->
     the optimizer step: ``optimizer_s``)."""
     if kind == "step":
         return float(job.optimizer_s[r, s]) if job.optimizer_s is not None else 0.0
-    return _op_share_s(job, job.forward_s, job.backward_s, kind, r, s, chunk)
-
-
-def op_host_s(job: PipelineJob, kind: str, r: int, s: int, chunk: int = 0) -> float:
-    """Host seconds issuing worker (r, s)'s compute op ``kind`` (``COMPUTE_KINDS``) for one
-    micro-batch on ``chunk``; 0 where the job has no host times (and for the optimizer step)."""
-    if job.host_forward_s is None or kind == "step":
-        return 0.0
-    return _op_share_s(job, job.host_forward_s, job.host_backward_s, kind, r, s, chunk)
-
-
-def _op_share_s(job: PipelineJob, forward_s, backward_s, kind: str, r: int, s: int, chunk: int) -> float:
-    """Worker (r, s)'s ``kind`` share of its per-micro-batch ``forward_s`` / ``backward_s``: the
-    chunk's share under interleaving, the weight gradients' share of a split backward."""
     share = 1.0
     if job.virtual_stages > 1:
         share = float(job.chunk_share[s, chunk]) if job.chunk_share is not None else 1.0 / job.virtual_stages
     if kind == "fwd":
-        return float(forward_s[r, s]) * share
-    backward = float(backward_s[r, s]) * share
+        return float(job.forward_s[r, s]) * share
+    backward = float(job.backward_s[r, s]) * share
     if kind == "bwd":
         return backward
     share = float(job.weight_gradient_share[r, s]) if job.weight_gradient_share is not None else 0.5
@@ -177,7 +155,6 @@ def simulate(job: PipelineJob, *, keep_records: bool = True, deadline: float = m
     parked = {}  # message key -> worker waiting for it
     waits = {w: [] for w in ops}  # (wait_start, arrival, send_start)
     compute_s = dict.fromkeys(ops, 0.0)
-    host_at = dict.fromkeys(ops, 0.0)  # when each worker's host has issued its compute ops so far
     sync_ready = {s: [] for s in range(S)}
     sync_window = np.zeros((S, 2))
     stage_finish = np.zeros(S)
@@ -204,12 +181,10 @@ def simulate(job: PipelineJob, *, keep_records: bool = True, deadline: float = m
             piece = piece_of(s, S, chunk)  # the message keys name model pieces (stages when v = 1)
             if kind in COMPUTE_KINDS:
                 duration = op_compute_s(job, kind, r, s, chunk)
-                host_at[w] += op_host_s(job, kind, r, s, chunk)  # the host issues it after the ops before it
-                end = max(now + duration, host_at[w])
-                record(w, kind, mb, now, end)
+                record(w, kind, mb, now, now + duration)
                 compute_s[w] += duration
                 pointer[w] += 1
-                now = end
+                now += duration
                 if kind != "fwd":
                     stage_finish[s] = max(stage_finish[s], now)
                 heapq.heappush(heap, (now, order, w))

@@ -157,7 +157,6 @@ def test_plan_calibrate_measures_this_cpu_and_the_file_plans(tmp_path, capsys):
     calibration = read_calibration(out)
     kind = calibration.device_types["CPU-core"]
     assert 0 < kind["efficiency"] <= 1 and kind["memory_bandwidth_bytes_per_s"] > 1e8
-    assert "host_issue_s" not in kind  # on a CPU the host is the device: nothing runs ahead of it
     network = calibration.network
     assert network["devices"] == ["a0", "b0"]
     assert network["bandwidth_bytes_per_s"][0][1] > 1e7 and network["latency_s"][1][0] > 0

@@ -28,7 +28,6 @@ import numpy as np
 from cost_models.flops import training_flops_multiplier
 from planner.errors import InputError
 from planner.fields import Fields
-from planner.inputs.host_issue import HOST_ISSUE_KEYS, HostIssue
 from planner.io import read_yaml, write_document
 
 __all__ = ["CALIBRATION_FORMAT", "Calibration", "read_calibration", "write_calibration", "apply_calibration",
@@ -46,8 +45,7 @@ class Calibration:
     sha256: str
     measured_at_utc: str
     device_types: dict  # type name -> {"efficiency", "head_efficiency", "memory_bandwidth_bytes_per_s",
-    #                                    "recompute_efficiency", "split_backward_efficiency"[, "tensor_block_issue_s"]
-    #                                    [, "host_issue_s": {HOST_ISSUE_KEYS}]}
+    #                                    "recompute_efficiency", "split_backward_efficiency"[, "tensor_block_issue_s"]}
     network: dict | None  # {"devices": [...], "latency_s": NxN, "bandwidth_bytes_per_s": NxN} or None
     document: dict
 
@@ -105,8 +103,6 @@ def read_calibration(path) -> Calibration:
                     raise InputError(f"must be seconds in [0, 1), got {issue!r}: measure again with 'plan calibrate'",
                                      field=e.path("tensor_block_issue_s"))
                 types[str(name)]["tensor_block_issue_s"] = float(issue)
-            if e.has("host_issue_s"):
-                types[str(name)]["host_issue_s"] = _host_issue(e)
             e.raw("measured", {})
             e.finish()
         network = None
@@ -139,22 +135,10 @@ def write_calibration(document: dict, path) -> None:
     write_document(json.loads(json.dumps(document, default=float)), path)
 
 
-def _host_issue(e: Fields) -> dict:
-    """``host_issue_s``: seconds per block for each of ``HOST_ISSUE_KEYS``, the forward no more than
-    the forward and backward."""
-    h = Fields(e.raw("host_issue_s"), e.path("host_issue_s"))
-    seconds = {key: h.float(key, low=0.0, high=1.0) for key in HOST_ISSUE_KEYS}
-    h.finish()
-    if seconds["forward"] > seconds["forward_backward"]:
-        raise InputError(f"{seconds['forward']!r} is more than forward_backward ({seconds['forward_backward']!r}): "
-                         "measure again with 'plan calibrate'", field=h.path("forward"))
-    return seconds
-
-
 def apply_calibration(topology, calibration: Calibration):
     """``topology`` with the measured efficiencies (blocks, head, recomputed and split-backward blocks) and memory
-    bandwidth of every calibrated device type, its tensor groups' block floor and the host's issue
-    time per block where the calibration measured them."""
+    bandwidth of every calibrated device type, and its tensor groups' block floor where the
+    calibration measured one."""
     devices = []
     for d in topology.devices:
         measured = calibration.device_types.get(d.type_name)
@@ -164,8 +148,7 @@ def apply_calibration(topology, calibration: Calibration):
                         split_backward_efficiency=measured["split_backward_efficiency"],
                         memory_bandwidth_bytes_per_s=measured["memory_bandwidth_bytes_per_s"],
                         codec_bandwidth_bytes_per_s=d.codec_bandwidth,
-                        tensor_block_issue_s=measured.get("tensor_block_issue_s", d.tensor_block_issue_s),
-                        host_issue=HostIssue.of_seconds(measured.get("host_issue_s", {})))
+                        tensor_block_issue_s=measured.get("tensor_block_issue_s", d.tensor_block_issue_s))
         devices.append(d)
     return replace(topology, devices=tuple(devices))
 

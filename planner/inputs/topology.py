@@ -17,7 +17,6 @@ from cost_models.network import Network
 from planner.inputs.catalog import PRECISIONS, device_type, peak_for
 from planner.errors import InputError
 from planner.inputs.calibration import measured_links
-from planner.inputs.host_issue import HostIssue
 from planner.inputs.prices import parse_egress, parse_price
 from planner.inputs.regions import pair_directions, some_names
 from planner.fields import Fields
@@ -48,7 +47,6 @@ class Device:
     recompute_efficiency: float = 0.0  # measured efficiency of a recomputed block at 4 forwards' FLOPs; 0: as the blocks
     split_backward_efficiency: float = 0.0  # measured efficiency of ZB-H1's split-backward block; 0: as the blocks
     codec_bandwidth_bytes_per_s: float = 0.0  # what the codecs' shares refer to (codec_bandwidth); 0: memory bandwidth
-    host_issue: HostIssue = HostIssue()  # the host's seconds per block (a calibration's); 0: never binds
 
     @property
     def codec_bandwidth(self) -> float:
@@ -149,10 +147,6 @@ class Topology:
     def block_slowdowns(self, recompute: bool, split_backward: bool = False) -> np.ndarray:
         """Per device, ``Device.block_slowdown``: a block's FLOPs count this many times."""
         return np.array([d.block_slowdown(recompute, split_backward) for d in self.devices])
-
-    def block_issues(self, recompute: bool, split_backward: bool = False) -> np.ndarray:
-        """(N, 2): per device, the host's (forward, backward) seconds per block (``HostIssue.block_s``)."""
-        return np.array([d.host_issue.block_s(recompute, split_backward) for d in self.devices]).reshape(-1, 2)
 
     def memory_bytes(self) -> np.ndarray:
         return np.array([d.memory_bytes - d.memory_reserved_bytes for d in self.devices])

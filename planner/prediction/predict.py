@@ -76,9 +76,6 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     mem_bw = topology.memory_bandwidths()[device]
     codec_bw = topology.codec_bandwidths()[device]
     tensor = groups.degree[device]
-    # The host's issue time of the blocks (a calibration's; a tensor group's is in its block floor).
-    issue = topology.block_issues(training.recompute, plan.schedule == Schedule.ZERO_BUBBLE)[device]  # (R, S, 2)
-    issue = np.where((tensor > 1)[..., None], 0.0, issue) * profile.layer_counts[None, :, None]
     member_params = stage_parameters(costs, profile.layer_counts[None, :], np.arange(S)[None, :], tensor)
     optimizer = optimizer_time_s(stage_step_bytes(costs, member_params, np.arange(S)[None, :]), mem_bw)
     if costs.powersgd_rank and plan.replicas > 1:  # PowerSGD's products run before the step, on each device
@@ -113,9 +110,7 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
                        micro_batches_per_round=plan.micro_batches_per_round,
                        weight_gradient_share=np.repeat(profile.weight_gradient_share[None, :], plan.replicas, axis=0),
                        optimizer_s=optimizer, virtual_stages=plan.virtual_stages,
-                       chunk_share=chunk_shares(plan, costs) if plan.virtual_stages > 1 else None,
-                       host_forward_s=issue[..., 0] if issue.any() else None,
-                       host_backward_s=issue[..., 1] if issue.any() else None)
+                       chunk_share=chunk_shares(plan, costs) if plan.virtual_stages > 1 else None)
 
 
 def chunk_shares(plan: Plan, costs: LayerCosts) -> np.ndarray:

@@ -2,10 +2,7 @@
 
 - Compute: a transformer block's forward and backward (``PROBE_BLOCKS`` blocks chained as a stage
   runs them, per block) and the head's (norm, logits, loss) at the model's shapes, timed on rank 0's
-  device (on a GPU the blocks' kernels are queued behind a device-side wait, so the time is the
-  device's alone however slow the host, ``device_timed``; the host's seconds issuing them are
-  measured apart, ``issued``, and written as ``host_issue_s``: per block, forward, forward and
-  backward, recomputed, split; ``planner.inputs.host_issue``); efficiency = the block's model FLOPs
+  device; efficiency = the block's model FLOPs
   (``cost_models.flops``) / its measured time / the device type's peak at the training precision,
   and head efficiency the same for the head; the recompute efficiency the same for the runtime's block
   with full recomputation (its forward re-run in backward, compiled as ``plan launch`` compiles it)
@@ -212,12 +209,6 @@ def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
         f"ms with recomputation: {m['recomputed_block_forward_backward_s'] / plain:.3f} times (the FLOPs say 1.333), "
         f"{1e3 * m['split_block_forward_backward_s']:.3f} ms with ZB-H1's split backward: "
         f"{m['split_block_forward_backward_s'] / plain:.3f} times")
-    if "host_issue_s" in entry:
-        h = entry["host_issue_s"]
-        log(f"the host issued a block's forward and backward in {1e3 * h['forward_backward']:.3f} ms "
-            f"({1e3 * h['recomputed']:.3f} recomputed, {1e3 * h['split']:.3f} split): "
-            + ("below" if h["forward_backward"] < plain else "above") + " the device's time, so "
-            + ("the device" if h["forward_backward"] < plain else "the host") + " binds a stage of plain blocks")
     efficiency = entry["efficiency"]
     if efficiency < _IMPLAUSIBLE_EFFICIENCY:
         log(f"warning: measured efficiency {efficiency:.4f} of {kind}'s peak is implausibly low: is this host's "
@@ -270,15 +261,13 @@ def _document(job, kind, backend, names, reports, options) -> dict:
                          "recompute_achieved_flops": recompute_achieved,
                          "split_block_forward_backward_s": compute["split_block_s"],
                          "split_achieved_flops": split_achieved,
+                         "block_forward_backward_issue_s": compute["block_issue_s"],
+                         "recomputed_block_forward_backward_issue_s": compute["recomputed_block_issue_s"],
+                         "split_block_forward_backward_issue_s": compute["split_block_issue_s"],
                          "peak_flops": peak, "optimizer_step_s": compute["optimizer_s"],
                          "optimizer_parameters": OPTIMIZER_PROBE_PARAMETERS, "threads": compute["threads"]},
         }},
     }
-    if backend == "nccl":  # a GPU runs what its host queued; on a CPU the host is the device
-        document["device_types"][kind]["host_issue_s"] = {  # per block; ``planner.inputs.host_issue``
-            "forward": min(compute["block_forward_issue_s"], compute["block_issue_s"]),
-            "forward_backward": compute["block_issue_s"], "recomputed": compute["recomputed_block_issue_s"],
-            "split": compute["split_block_issue_s"]}
     n = len(names)
     if "tensor_block_s" in reports[0]:
         t = reports[0]["tensor_degree"]
@@ -363,7 +352,6 @@ def _measure(rank, world, job, options, queue, device, threads, degree) -> None:
 
 
 _QUEUED_CALLS = 8  # GPU calls queued per timed sample, as a stage queues its blocks
-_AHEAD_S = 0.002  # device_timed's wait beyond twice the host's issue time
 
 
 def timed(fn, repeats: int, device) -> float:
@@ -397,65 +385,21 @@ def issued(fn, repeats: int, device) -> float:
     """Median host seconds one call of ``fn`` takes to return after two warm-ups, the device idle
     before each call and drained after it: on a GPU the call queues its kernels and returns, so this
     is the host's cost of issuing them (``timed``'s samples are the larger of it and the device's)."""
+    import torch
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     samples = []
     for k in range(repeats + 2):
-        _drain(device)
+        sync()
         start = time.perf_counter()
         fn()
         if k >= 2:
             samples.append(time.perf_counter() - start)
-    _drain(device)
+    sync()
     return statistics.median(samples)
-
-
-def device_timed(fn, repeats: int, device, ahead_s: float) -> float:
-    """Median device seconds of one call of ``fn`` after two warm-ups, its kernels queued behind a
-    device-side wait of at least ``ahead_s`` so that the host has issued all of them before the
-    device starts: the device's time alone, however slow the host (``issued`` is the host's). A
-    sample whose wait ended before the host had issued the call is taken again behind a wait twice
-    as long. On a CPU, ``timed``."""
-    if device.type != "cuda":
-        return timed(fn, repeats, device)
-    import torch
-
-    cycles = max(int(ahead_s * _sleep_cycles_per_s(device)), 1)
-    for _ in range(2):
-        fn()
-    samples = []
-    while len(samples) < repeats:
-        _drain(device)
-        torch.cuda._sleep(cycles)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        if start.query():  # the device reached the call before the host had issued all of it
-            cycles *= 2
-            continue
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(samples)
-
-
-def _sleep_cycles_per_s(device) -> float:
-    """Clock cycles per second of ``torch.cuda._sleep`` on ``device``, measured."""
-    import torch
-
-    cycles = 10_000_000
-    _drain(device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    return cycles / (start.elapsed_time(end) / 1e3)
-
-
-def _drain(device) -> None:
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
 
 
 def _compute_probe(job, options, device, threads) -> dict:
@@ -479,10 +423,9 @@ def _compute_probe(job, options, device, threads) -> dict:
     grad = torch.randn_like(x)
 
     def chain_s(recompute: bool) -> tuple:
-        """Per block of a chain of ``PROBE_BLOCKS``: (forward, forward + backward) seconds on the
-        device alone and the same seconds of the host issuing them (``device_timed``, ``issued``).
-        The chain is freed on return, so one is alive at a time (a device that holds a few blocks
-        can be probed)."""
+        """(forward, forward + backward, the host's issue of forward + backward) seconds per block of
+        a chain of ``PROBE_BLOCKS``; the chain is freed on return, so one is alive at a time (a device
+        that holds a few blocks can be probed)."""
         blocks = [Block(model).to(device=device, dtype=dtype) for _ in range(PROBE_BLOCKS)]
         for block in blocks:
             block.recompute = recompute  # as planner.runtime.gpt.build_stage sets it for training.recompute
@@ -494,17 +437,15 @@ def _compute_probe(job, options, device, threads) -> dict:
             for block in blocks:
                 y = block(y)
             return y
-        return per_block(forward, lambda: forward().backward(grad))
+        return (timed(forward, options.repeats, device) / PROBE_BLOCKS,
+                timed(lambda: forward().backward(grad), options.repeats, device) / PROBE_BLOCKS,
+                issued(lambda: forward().backward(grad), options.repeats, device) / PROBE_BLOCKS)
 
-    def per_block(*calls) -> tuple:
-        """Device seconds of each call, then host seconds of each, per block."""
-        hosts = [issued(call, options.repeats, device) for call in calls]
-        devices = [device_timed(call, options.repeats, device, 2.0 * host + _AHEAD_S) for call, host in zip(calls, hosts)]
-        return tuple(seconds / PROBE_BLOCKS for seconds in devices + hosts)
-
-    forward, both, forward_issue, both_issue = chain_s(False)
-    recomputed_both, recomputed_issue = chain_s(True)[1::2]
-    split_both, split_issue = per_block(split_backward_step(model, x, grad, compiled, PROBE_BLOCKS))
+    forward, both, both_issue = chain_s(False)
+    recomputed_both, recomputed_issue = chain_s(True)[1:]
+    split = split_backward_step(model, x, grad, compiled, PROBE_BLOCKS)
+    split_both = timed(split, options.repeats, device) / PROBE_BLOCKS
+    split_issue = issued(split, options.repeats, device) / PROBE_BLOCKS
     norm = make_norm(model, model.hidden).to(device=device, dtype=dtype)
     head = torch.nn.Linear(model.hidden, head_rows(model), bias=False).to(device=device, dtype=dtype)
     tokens = torch.randint(0, model.vocabulary, (b, model.sequence + 1), device=device)
@@ -525,8 +466,7 @@ def _compute_probe(job, options, device, threads) -> dict:
     moved = probe.weight.numel() * OPTIMIZER_BYTES_PER_PARAMETER[training.optimizer]
     return {"micro_batch_size": b, "block_forward_s": forward, "block_backward_s": max(both - forward, 0.0),
             "recomputed_block_s": recomputed_both, "split_block_s": split_both,
-            "block_forward_issue_s": forward_issue, "block_issue_s": both_issue,
-            "recomputed_block_issue_s": recomputed_issue, "split_block_issue_s": split_issue,
+            "block_issue_s": both_issue, "recomputed_block_issue_s": recomputed_issue, "split_block_issue_s": split_issue,
             "head_s": head_s, "optimizer_s": optimizer_s, "optimizer_bytes_per_s": moved / optimizer_s,
             "dtype": str(dtype).replace("torch.", ""), "compiled": compiled, "threads": threads, "torch": torch.__version__,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"

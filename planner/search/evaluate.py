@@ -37,8 +37,6 @@ class SearchContext:
     head_slowdown: np.ndarray  # per device: the head's FLOPs count this many times (calibration)
     block_slowdown: np.ndarray  # per device: a block's FLOPs count this many times (Device.block_slowdown)
     split_block_slowdown: np.ndarray  # ... under ZB-H1's split backward (Device.block_slowdown(..., True))
-    block_issue_s: np.ndarray = None  # per device: the host's seconds to issue a block (HostIssue.block_s, summed)
-    split_block_issue_s: np.ndarray = None  # ... under ZB-H1's split backward
     capacity: np.ndarray  # usable bytes per device
     mem_bw: np.ndarray
     codec_bw: np.ndarray  # per device, Device.codec_bandwidth
@@ -56,11 +54,6 @@ class SearchContext:
         """Per device, how many times a block's FLOPs count under ``schedule`` (ZB-H1's split
         backward has its own, ``Device.block_slowdown``)."""
         return self.split_block_slowdown if schedule == Schedule.ZERO_BUBBLE else self.block_slowdown
-
-    def issue_s(self, schedule) -> np.ndarray:
-        """Per device, the host's seconds issuing one block's forward and backward under ``schedule``
-        (0 where not measured, and for a tensor group, whose block floor holds it)."""
-        return self.split_block_issue_s if schedule == Schedule.ZERO_BUBBLE else self.block_issue_s
 
     def tensor_layer_s(self, costs, assign, schedule) -> np.ndarray:
         """Seconds each placed group's block takes per micro-batch beyond its compute: its tensor
@@ -97,17 +90,10 @@ def make_context(topology, model, training, groups: tuple = ()) -> SearchContext
                          head_slowdown=topology.head_slowdowns(),
                          block_slowdown=topology.block_slowdowns(training.recompute),
                          split_block_slowdown=topology.block_slowdowns(training.recompute, split_backward=True),
-                         block_issue_s=_issue_s(topology, training.recompute, False, grouped.degree),
-                         split_block_issue_s=_issue_s(topology, training.recompute, True, grouped.degree),
                          mem_bw=topology.memory_bandwidths(),
                          codec_bw=topology.codec_bandwidths(),
                          network=topology.network, costs={}, rings={}, ring_nics={}, groups=grouped,
                          tensor=grouped.degree)
-
-
-def _issue_s(topology, recompute: bool, split_backward: bool, degree: np.ndarray) -> np.ndarray:
-    """Per device of the search's view, the host's forward + backward seconds per block (0 for a tensor group)."""
-    return np.where(degree > 1, 0.0, topology.block_issues(recompute, split_backward).sum(axis=1))
 
 
 def stage_costs(ctx: SearchContext, micro_batch_size: int, stages: int, replicas: int):
@@ -239,8 +225,6 @@ def _pipeline_shape(ctx, assign, costs, counts, schedule, links):
     tau = tau / ctx.speed[assign] + np.array(counts, dtype=float)[None, :] * ctx.tensor_layer_s(costs, assign, schedule)
     if costs.boundary_encode_bytes:  # compressed messages: encode and decode on each side of a boundary
         tau = tau + sum(message_codec_s(costs, ctx.codec_bw[assign]))
-    # A host slower than its device sets the pace (the simulator lets it run ahead during waits; here it may not).
-    tau = np.maximum(tau, np.array(counts, dtype=float)[None, :] * ctx.issue_s(schedule)[assign])
     fill = tau.sum(axis=1) + link_fill
     if schedule == Schedule.GPIPE and S > 1:
         share = backward_share(ctx.training)
