@@ -196,8 +196,10 @@ def test_plan_calibrate_measures_this_cpu_and_the_file_plans(tmp_path, capsys):
     assert kind["split_backward_efficiency"] == pytest.approx(min(3 * forward / split_s / measured["peak_flops"],
                                                                   kind["efficiency"]))
     assert {d.split_backward_efficiency for d in calibrated.devices} == {kind["split_backward_efficiency"]}
+    assert all(measured[f"{k}_issue_s"] > 0 for k in ("block_forward_backward", "recomputed_block_forward_backward",
+                                                       "split_block_forward_backward"))
     log = capsys.readouterr().out
-    assert "ms with recomputation" in log and "with ZB-H1's split backward" in log
+    assert "ms with recomputation" in log and "with ZB-H1's split backward" in log and "to issue a block's" in log
     assert main([str(topology), "--calibration", str(out), "--time-limit", "5"]) == 0
     assert "Calibration:" in capsys.readouterr().out
     # The tensor-group sweep (benchmarks/tensor_block.py) times the same block at two micro-batches

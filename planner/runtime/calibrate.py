@@ -11,6 +11,9 @@
   eager with their weight gradients deferred, ``planner.runtime.split_backward``, what lies between
   them compiled as ``plan launch`` compiles it): forward, input gradients, then the weight
   gradients, counted at 3 forwards' FLOPs.
+- Host: the seconds the host takes to issue each of those blocks' calls (the call returns before
+  a GPU has run its kernels), recorded under ``measured`` (``*_issue_s``) beside the blocks' times;
+  where the two are close, a stage can wait for its host.
 - Optimizer: the runtime's own optimizer stepping ``OPTIMIZER_PROBE_PARAMETERS`` parameters; the
   effective memory bandwidth = bytes the roofline counts (``planner.prediction.stage_model``) / time.
 - Links: a ping-pong between every ordered pair of the launched processes over torch.distributed at
@@ -209,6 +212,10 @@ def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
         f"ms with recomputation: {m['recomputed_block_forward_backward_s'] / plain:.3f} times (the FLOPs say 1.333), "
         f"{1e3 * m['split_block_forward_backward_s']:.3f} ms with ZB-H1's split backward: "
         f"{m['split_block_forward_backward_s'] / plain:.3f} times")
+    log(f"the host took {1e3 * m['block_forward_backward_issue_s']:.3f} ms to issue a block's forward and backward "
+        f"({1e3 * m['recomputed_block_forward_backward_issue_s']:.3f} recomputed, "
+        f"{1e3 * m['split_block_forward_backward_issue_s']:.3f} split): close to the block's time, a stage waits for "
+        "its host")
     efficiency = entry["efficiency"]
     if efficiency < _IMPLAUSIBLE_EFFICIENCY:
         log(f"warning: measured efficiency {efficiency:.4f} of {kind}'s peak is implausibly low: is this host's "
