@@ -137,3 +137,30 @@ def test_only_the_lead_holds_the_messages_it_sent():
     assert member[1] == member[0]
     blocks = stage_memory_bytes(costs, 3, 0, 3, 2, lead=True) - stage_memory_bytes(costs, 3, 0, 2, 2, lead=True)
     assert member[2] - member[0] == pytest.approx(blocks + output)
+
+
+def test_the_search_counts_the_memory_the_prediction_does(tmp_path):
+    """The search's memory check (``evaluate.fits``) holds the same messages as the prediction: a
+    capacity a hair below each device's predicted need refuses the plan, a hair above takes it."""
+    import numpy as np
+
+    from planner.prediction.stage_model import layer_costs
+    from planner.search.evaluate import fits
+
+    results = json.loads((RUNS / "4x1-mb2-1f1b-recompute" / "results.json").read_text())
+    plan_path = tmp_path / "plan.yaml"
+    plan_path.write_text(yaml.safe_dump(results["plan"]))
+    shutil.copy(RUNS / "calibration.yaml", tmp_path / "calibration.yaml")
+    inputs = load_run_inputs(plan_path, ROOT / results["plan"]["topology"]["path"])
+    plan = inputs.plan
+    prediction = predict(plan, inputs.topology, inputs.model, inputs.training)[0]
+    need = np.array([[prediction.memory_bytes[name] - inputs.topology.devices[inputs.topology.index(name)]
+                      .memory_reserved_bytes for name in row] for row in plan.assignment])
+    costs = layer_costs(inputs.model, inputs.training, plan.micro_batch_size, plan.stages, plan.replicas)
+    counts = np.diff(plan.stage_bounds)
+    micro_batches = np.array(plan.micro_batches)
+    assert fits(costs, plan.schedule, counts, micro_batches, need * (1 + 1e-9))
+    for s in range(plan.stages):
+        tight = need.copy()
+        tight[0, s] *= 1 - 1e-6
+        assert not fits(costs, plan.schedule, counts, micro_batches, tight), s
