@@ -4,7 +4,7 @@ import functools
 
 import numpy as np
 
-from cost_models.schedule import Schedule, stage_ops
+from cost_models.schedule import Schedule, round_sizes, stage_ops
 
 __all__ = [
     "state_bytes_per_parameter",
@@ -144,7 +144,7 @@ def held_messages(schedule: str, stage: int, stages: int, micro_batches: int, pe
     peak, the last forward, precedes every backward). ``chunk_layers``: as ``peak_in_flight``'s.
     Vectorised over numpy arrays of stages and micro-batch counts."""
     chunks = tuple(int(n) for n in chunk_layers)
-    held = np.vectorize(lambda i, m: _walk(str(schedule), int(i), int(stages), int(m), int(per_round),
+    held = np.vectorize(lambda i, m: _peak(str(schedule), int(i), int(stages), int(m), int(per_round),
                                            int(virtual_stages), chunks)[1], otypes=[float])
     return held(stage, micro_batches)
 
@@ -158,7 +158,7 @@ def peak_in_flight(schedule: str, stage: int, stages: int, micro_batches: int, p
     micro-batches (``f_c`` chunk c's micro-batches in flight), so that times the stage's blocks is
     the blocks' activations kept (the warm-up runs chunk 0 first: with uneven chunks, the larger
     first chunk is in flight more often; Narayanan et al. 2021, sec. 2.2.2)."""
-    return _walk(str(schedule), int(stage), int(stages), int(micro_batches), int(per_round), int(virtual_stages),
+    return _peak(str(schedule), int(stage), int(stages), int(micro_batches), int(per_round), int(virtual_stages),
                  tuple(int(n) for n in chunk_layers))[0]
 
 
@@ -168,8 +168,27 @@ def head_in_flight(schedule: str, stage: int, stages: int, micro_batches: int, p
     ``peak_in_flight``): on the last stage, those whose logits and final norm (``logits_bytes``,
     ``final_norm_bytes``) are kept, which under interleaved 1F1B are only its last chunk's (the
     model's last piece, whose forward its backward soon follows), not ``peak_in_flight``'s."""
-    return _walk(str(schedule), int(stage), int(stages), int(micro_batches), int(per_round), int(virtual_stages),
+    return _peak(str(schedule), int(stage), int(stages), int(micro_batches), int(per_round), int(virtual_stages),
                  tuple(int(n) for n in chunk_layers))[2]
+
+
+def _peak(schedule: str, stage: int, stages: int, micro_batches: int, per_round: int, virtual_stages: int,
+          chunk_layers: tuple) -> tuple:
+    """``_walk``'s answer, in closed form for GPipe and 1F1B with one chunk per device (the search
+    asks for them at thousands of micro-batches), walked otherwise."""
+    one_f_one_b = schedule == Schedule.ONE_F_ONE_B or (schedule == Schedule.ZERO_BUBBLE and stage == 0)
+    if virtual_stages > 1 or not (one_f_one_b or schedule == Schedule.GPIPE):
+        return _walk(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers)
+    sizes = round_sizes(micro_batches, per_round)
+    in_flight = [size if schedule == Schedule.GPIPE else min(stages - stage, size) for size in sizes]
+    peak = max(in_flight)
+    k = len(sizes) - 1 - in_flight[::-1].index(peak)  # the last round that reaches it
+    before, size = sum(sizes[:k]), sizes[k]
+    # at round k's last forward (GPipe) or last steady forward (1F1B): every forward of the rounds up
+    # to k sent downstream, the backwards of the rounds before k (and, 1F1B, round k's size - peak) upstream
+    backwards = before if schedule == Schedule.GPIPE else before + size - peak
+    held = (before + size) * (stage < stages - 1) + backwards * (stage > 0)
+    return float(peak), float(held), float(peak)
 
 
 @functools.lru_cache(maxsize=4096)
