@@ -168,17 +168,21 @@ def head_in_flight(schedule: str, stage: int, stages: int, micro_batches: int, p
     ``peak_in_flight``): on the last stage, those whose logits and final norm (``logits_bytes``,
     ``final_norm_bytes``) are kept, which under interleaved 1F1B are only its last chunk's (the
     model's last piece, whose forward its backward soon follows), not ``peak_in_flight``'s."""
-    return _peak(str(schedule), int(stage), int(stages), int(micro_batches), int(per_round), int(virtual_stages),
+    if virtual_stages == 1:  # one chunk: all its in-flight micro-batches
+        return peak_in_flight(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers)
+    return _walk(str(schedule), int(stage), int(stages), int(micro_batches), int(per_round), int(virtual_stages),
                  tuple(int(n) for n in chunk_layers))[2]
 
 
 def _peak(schedule: str, stage: int, stages: int, micro_batches: int, per_round: int, virtual_stages: int,
           chunk_layers: tuple) -> tuple:
-    """``_walk``'s answer, in closed form for GPipe and 1F1B with one chunk per device (the search
-    asks for them at thousands of micro-batches), walked otherwise."""
+    """``_walk``'s (in-flight, held), in closed form for GPipe, 1F1B and interleaved 1F1B with equal
+    chunks (the search asks for them at thousands of micro-batches), walked otherwise."""
     one_f_one_b = schedule == Schedule.ONE_F_ONE_B or (schedule == Schedule.ZERO_BUBBLE and stage == 0)
+    if virtual_stages > 1 and schedule == Schedule.ONE_F_ONE_B and len(set(chunk_layers)) <= 1:
+        return _interleaved_peak(stage, stages, micro_batches, per_round, virtual_stages)
     if virtual_stages > 1 or not (one_f_one_b or schedule == Schedule.GPIPE):
-        return _walk(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers)
+        return _walk(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers)[:2]
     sizes = round_sizes(micro_batches, per_round)
     in_flight = [size if schedule == Schedule.GPIPE else min(stages - stage, size) for size in sizes]
     peak = max(in_flight)
@@ -188,7 +192,27 @@ def _peak(schedule: str, stage: int, stages: int, micro_batches: int, per_round:
     # to k sent downstream, the backwards of the rounds before k (and, 1F1B, round k's size - peak) upstream
     backwards = before if schedule == Schedule.GPIPE else before + size - peak
     held = (before + size) * (stage < stages - 1) + backwards * (stage > 0)
-    return float(peak), float(held), float(peak)
+    return float(peak), float(held)
+
+
+def _interleaved_peak(stage: int, stages: int, micro_batches: int, per_round: int, chunks: int) -> tuple:
+    """``_walk``'s (in-flight, held) for interleaved 1F1B with equal chunks, in closed form: each round of ``m`` micro-batches runs ``T = m v`` chunk forwards, ``w``
+    of them warm-up (``cost_models.schedule``), so the peak, ``w + 1`` chunks (``T`` when all are
+    warm-up), is reached last at the round's last forward, after ``T - w - 1`` backwards (none)."""
+    S, v, i = stages, chunks, stage
+    sizes = round_sizes(micro_batches, per_round)
+    peaks = []
+    for m in sizes:
+        total = m * v
+        warmup = total if m == S else min(2 * (S - i - 1) + (v - 1) * S, total)
+        peaks.append((warmup + 1, total - warmup - 1) if total > warmup else (total, 0))
+    peak = max(p for p, _ in peaks)
+    k = len(sizes) - 1 - [p for p, _ in peaks][::-1].index(peak)
+    before, size, backwards = sum(sizes[:k]), sizes[k], peaks[k][1]
+    first_chunk = (backwards // (S * v)) * S + max(0, min(backwards % (S * v), v * S) - (v - 1) * S)
+    outputs = v * (before + size) - (before + size) * (i == S - 1)  # the last stage's last chunk sends none
+    gradients = v * before - before * (i == 0) + backwards - first_chunk * (i == 0)  # nor the first's first
+    return float(peak / v), float(outputs + gradients)
 
 
 @functools.lru_cache(maxsize=4096)

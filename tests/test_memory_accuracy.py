@@ -79,15 +79,22 @@ def test_held_messages_one_f_one_b_and_gpipe():
 
 
 def test_the_closed_forms_agree_with_the_op_list_walk():
-    """GPipe and 1F1B (and ZB-H1's first stage, which runs 1F1B) in accumulation rounds: the closed
-    form the search uses at thousands of micro-batches equals the walk of the op list."""
+    """GPipe, 1F1B (and ZB-H1's first stage, which runs 1F1B) and interleaved 1F1B in accumulation
+    rounds: the closed forms the search uses at thousands of micro-batches equal the op list's walk."""
     for schedule in ("1f1b", "gpipe", "zb-h1"):
         for stages in range(1, 5):
             for micro_batches in range(1, 10):
                 for per_round in range(0, 4):
                     for s in range(stages):
                         case = (schedule, s, stages, micro_batches, per_round, 1, ())
-                        assert memory._peak(*case) == memory._walk(*case), case
+                        assert memory._peak(*case) == memory._walk(*case)[:2], case
+    # interleaved 1F1B, equal chunks: rounds of whole groups of S micro-batches
+    for stages, chunks in ((2, 2), (3, 2), (4, 3)):
+        for micro_batches in range(stages, 4 * stages + 1, stages):
+            for per_round in (0, stages, 2 * stages):
+                for s in range(stages):
+                    case = ("1f1b", s, stages, micro_batches, per_round, chunks, ())
+                    assert memory._peak(*case) == memory._walk(*case)[:2], case
 
 
 def test_interleaved_peak_weights_chunks_by_their_blocks():
