@@ -134,10 +134,11 @@ def held_messages(schedule: str, stage: int, stages: int, micro_batches: int, pe
     ``sync`` op waits on them (``planner.runtime.engine.StageExecutor.iteration``'s pending sends),
     so a stage holds the output of every forward it sent downstream (from the forward on, the
     output the micro-batch's backward needs too) and every input gradient it sent upstream, whether
-    or not their micro-batches are still in flight. Walks the stage's op list
-    (``cost_models.schedule.stage_ops``, the one the runtime executes) to the last op at which its
+    or not their micro-batches are still in flight. Counted on the stage's op list
+    (``cost_models.schedule.stage_ops``, the one the runtime executes) at the last op at which its
     in-flight activations are at their peak (a micro-batch's activations are kept from its forward
-    to its backward, under ZB-H1 to its weight gradient) and counts the messages sent by then.
+    to its backward, under ZB-H1 to its weight gradient): the messages sent by then, walked op by
+    op or, for GPipe and 1F1B (interleaved too), in closed form.
     1F1B in one round: the last steady forward of stage i (Narayanan et al. 2021, sec. 2.2) has
     ``M`` forwards and ``M - min(S - i, M)`` backwards behind it, so ``M`` outputs (none on the last
     stage) and ``M - min(S - i, M)`` gradients (none on the first); GPipe: the ``M`` outputs (its
@@ -196,9 +197,10 @@ def _peak(schedule: str, stage: int, stages: int, micro_batches: int, per_round:
 
 
 def _interleaved_peak(stage: int, stages: int, micro_batches: int, per_round: int, chunks: int) -> tuple:
-    """``_walk``'s (in-flight, held) for interleaved 1F1B with equal chunks, in closed form: each round of ``m`` micro-batches runs ``T = m v`` chunk forwards, ``w``
-    of them warm-up (``cost_models.schedule``), so the peak, ``w + 1`` chunks (``T`` when all are
-    warm-up), is reached last at the round's last forward, after ``T - w - 1`` backwards (none)."""
+    """``_walk``'s (in-flight, held) for interleaved 1F1B with equal chunks, in closed form: each
+    round of ``m`` micro-batches runs ``T = m v`` chunk forwards, ``w`` of them warm-up
+    (``cost_models.schedule``), so the peak, ``w + 1`` chunks (``T`` when all are warm-up), is
+    reached last at the round's last forward, after ``T - w - 1`` backwards (none)."""
     S, v, i = stages, chunks, stage
     sizes = round_sizes(micro_batches, per_round)
     peaks = []
@@ -218,11 +220,11 @@ def _interleaved_peak(stage: int, stages: int, micro_batches: int, per_round: in
 @functools.lru_cache(maxsize=4096)
 def _walk(schedule: str, stage: int, stages: int, micro_batches: int, per_round: int, virtual_stages: int,
           chunk_layers: tuple) -> tuple:
-    """(in-flight micro-batches, messages held, last chunk's in-flight micro-batches) at the last op where the stage's in-flight
-    activations, weighted by ``chunk_layers`` (equal without), are at their peak."""
+    """(in-flight micro-batches, messages held, last chunk's in-flight micro-batches) at the last op
+    where the stage's in-flight activations, weighted by ``chunk_layers`` (equal without), peak."""
     weights = chunk_layers or (1,) * virtual_stages
     frees = "bwd_weight" if schedule == Schedule.ZERO_BUBBLE and stage > 0 else "bwd"
-    in_flight, peak, sent, at_peak = [0] * virtual_stages, -1, 0, (0.0, 0)
+    in_flight, peak, sent, at_peak = [0] * virtual_stages, -1, 0, (0.0, 0, 0)
     for kind, _, chunk in stage_ops(Schedule(schedule), stage, stages, micro_batches, per_round, virtual_stages):
         if kind == "fwd":
             in_flight[chunk] += 1
