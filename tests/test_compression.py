@@ -778,10 +778,10 @@ def test_the_measured_gpu_compression_runs_are_predicted_within_their_recorded_e
     each plan made with the host's calibration) re-predicted now: the uncompressed runs as recorded
     to the last bit, the compressed ones closer than recorded (PowerSGD +29.7% -> +8.4% once its
     passes are charged at the share of the bandwidth the share was measured against)."""
-    from benchmarks.repredict_launches import repredict
+    from benchmarks.repredict import repredict_launches
 
     folder = ROOT / "benchmarks" / "results" / "compression_gpu_h100x2"
-    rows = {r["run"]: r for r in repredict(folder, ROOT / "topologies" / "local" / "h100-x2.yaml")}
+    rows = {r["run"]: r for r in repredict_launches(folder, ROOT / "topologies" / "local" / "h100-x2.yaml")}
     assert set(rows) == {"off-off-2x1", "int8-off-2x1", "off-off-1x2", "off-powersgd-1x2"}
     for plain in ("off-off-2x1", "off-off-1x2"):
         assert rows[plain]["predicted_s"] == pytest.approx(rows[plain]["recorded_predicted_s"], rel=1e-9)

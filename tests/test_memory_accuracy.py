@@ -183,3 +183,29 @@ def test_the_search_counts_the_memory_the_prediction_does(tmp_path):
         tight = need.copy()
         tight[0, s] *= 1 - 1e-6
         assert not fits(costs, plan.schedule, counts, micro_batches, tight), s
+
+
+def test_repredict_refuses_in_one_line_and_checks_the_calibration_of_launched_plans(tmp_path, capsys):
+    """``benchmarks/repredict.py``: one kind of recorded runs a call, and a folder of ``plan launch``
+    outputs whose calibration changed since its plans were made is refused by the plan's field."""
+    from benchmarks.repredict import main
+
+    folder = tmp_path / "runs"
+    shutil.copytree(ROOT / "benchmarks" / "results" / "compression_gpu_h100x2", folder)
+    topology = str(ROOT / "topologies" / "local" / "h100-x2.yaml")
+    for argv, says in (([], "give one of MODE, --runs FOLDER or --runtime-runs, not none"),
+                       (["gpu4", "--runs", str(folder), "--topology", topology],
+                        "give one of MODE, --runs FOLDER or --runtime-runs, not MODE and --runs"),
+                       (["--runs", str(folder)], "--runs needs --topology FILE")):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        err = capsys.readouterr().err.strip().splitlines()  # argparse's usage, then the one line
+        assert exit_.value.code == 2 and "error: " + says in err[-1] and "Traceback" not in "".join(err), err
+    with (folder / "calibration.yaml").open("a") as f:
+        f.write("# edited\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--runs", str(folder), "--topology", topology])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and "field 'calibration.sha256'" in err[0], err
+    recorded = ROOT / "benchmarks" / "results" / "compression_gpu_h100x2" / "repredict.json"
+    assert (folder / "repredict.json").read_text() == recorded.read_text()  # nothing written on a refusal
