@@ -43,8 +43,8 @@ class LayerCosts:
     ``micro_batch_size`` sequences, in a pipeline of ``stages`` stages. The extras of each stage
     (embeddings on the first, head and logits on the last) are derived once into arrays of length
     ``stages``: ``stage_extra_params``, ``stage_extra_kept_bytes``, ``stage_transient_bytes``.
-    Every stage but the last also holds the messages it sent until the iteration's sync
-    (``cost_models.memory.held_messages``), ``boundary_bytes`` each.
+    A stage also holds the messages it sent until the iteration's sync, outputs downstream and
+    gradients upstream (``cost_models.memory.held_messages``), ``boundary_bytes`` each.
 
     With the optimizer state sharded over ``shards`` replicas (ZeRO stage 1), the per-parameter
     state and step bytes are the sharded ones; a tied embedding's two copies are summed over their
