@@ -50,7 +50,9 @@ def test_the_cost_model_charges_the_last_position_only():
     costs = {m.head: layer_costs(m, training, b, 2) for m in (lm, classifier)}
     assert costs["classification"].head_forward_flops == 2.0 * b * lm.hidden * 2
     assert costs["classification"].last_params == 2 * lm.hidden + lm.hidden * 2  # final LayerNorm + head
-    assert costs["classification"].last_kept_bytes == 2.0 * b * 2  # bf16 logits (memory.logits_bytes)
+    # bf16 logits (memory.logits_bytes), the final norm's input (the last block's output) and its
+    # output at the last position (memory.final_norm_bytes)
+    assert costs["classification"].last_kept_bytes == 2.0 * b * 2 + 2.0 * b * lm.hidden * (lm.sequence + 1)
     bounds = (0, 12, 24)
     light, heavy = stage_profile(costs["classification"], bounds), stage_profile(costs["lm"], bounds)
     assert light.forward_flops[1] < heavy.forward_flops[1] and light.parameters[1] < heavy.parameters[1]

@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from cost_models import memory
 from cost_models.compression import (BLOCK_VALUES, INT8_CODEC_BANDWIDTH_SHARE, int8_decode_bytes, int8_encode_bytes,
                                      int8_message_bytes)
 from planner.errors import InputError
@@ -356,7 +357,7 @@ def test_int8_messages_shrink_as_the_formula_says_and_charge_their_codec(job):
     assert forward[0, 1] == pytest.approx(int8_decode_bytes(values, 2) / (share * 2e12))
     assert backward[0, 1] == pytest.approx(int8_encode_bytes(values, 2) / (share * 2e12))
     assert not np.any(message_codec_s(c_off, bandwidth)[0])
-    # the simulator's input carries both, and the memory model is unchanged
+    # the simulator's input carries both
     j_off = build_pipeline_job(_pipeline_plan(job), job.topology, job.model, off)
     j_int8 = build_pipeline_job(_pipeline_plan(job, "int8"), job.topology, job.model, int8)
     assert j_int8.boundary_bytes[0] == c_int8.boundary_bytes
@@ -366,7 +367,15 @@ def test_int8_messages_shrink_as_the_formula_says_and_charge_their_codec(job):
     p_off = predict(_pipeline_plan(job), job.topology, job.model, off)[0]
     p_int8 = predict(_pipeline_plan(job, "int8"), job.topology, job.model, int8)[0]
     assert p_int8.iteration_s < p_off.iteration_s  # a 1 Gbit/s link: compression pays
-    assert p_int8.memory_bytes == p_off.memory_bytes
+    # Memory: a stage holds the messages it sent until the sync (memory.held_messages), int8 wire
+    # tensors instead of its outputs, and keeps each in-flight output beside them until its backward.
+    plan = _pipeline_plan(job)
+    for s, name in enumerate(plan.assignment[0]):
+        order = (plan.schedule, s, plan.stages, plan.micro_batches[0])
+        held, in_flight = float(memory.held_messages(*order)), float(memory.in_flight_micro_batches(*order))
+        kept_outputs = in_flight * c_off.boundary_bytes if s < plan.stages - 1 else 0.0
+        saved = held * (c_off.boundary_bytes - c_int8.boundary_bytes) - kept_outputs
+        assert p_off.memory_bytes[name] - p_int8.memory_bytes[name] == pytest.approx(saved), name
     sent_off = communication_bytes(_pipeline_plan(job), job.model, off)
     sent_int8 = communication_bytes(_pipeline_plan(job, "int8"), job.model, int8)
     assert sent_off["pipeline_bytes_per_iteration"] == 2 * 16 * 2.0 * values
@@ -769,10 +778,10 @@ def test_the_measured_gpu_compression_runs_are_predicted_within_their_recorded_e
     each plan made with the host's calibration) re-predicted now: the uncompressed runs as recorded
     to the last bit, the compressed ones closer than recorded (PowerSGD +29.7% -> +8.4% once its
     passes are charged at the share of the bandwidth the share was measured against)."""
-    from benchmarks.repredict_launches import repredict
+    from benchmarks.repredict import repredict_launches
 
     folder = ROOT / "benchmarks" / "results" / "compression_gpu_h100x2"
-    rows = {r["run"]: r for r in repredict(folder, ROOT / "topologies" / "local" / "h100-x2.yaml")}
+    rows = {r["run"]: r for r in repredict_launches(folder, ROOT / "topologies" / "local" / "h100-x2.yaml")}
     assert set(rows) == {"off-off-2x1", "int8-off-2x1", "off-off-1x2", "off-powersgd-1x2"}
     for plain in ("off-off-2x1", "off-off-1x2"):
         assert rows[plain]["predicted_s"] == pytest.approx(rows[plain]["recorded_predicted_s"], rel=1e-9)

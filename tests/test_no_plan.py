@@ -49,12 +49,12 @@ def test_a_stage_too_big_for_every_device_names_the_device_and_the_stage_count(w
 
 def test_recompute_is_the_fix_only_when_it_is_off(write_yaml, capsys):
     doc = small_topology(model="gpt3-6.7b")  # its state (100 GiB) fits the 4 devices together (188 GiB)
-    doc["training"].update(global_batch=16, micro_batch_size=2)
+    doc["training"].update(global_batch=16, micro_batch_size=4)
     path = write_yaml(doc)
     assert main([str(path), "--time-limit", "5"]) == 2
     assert _error(capsys) == (f"plan: error: {path}: field 'training.recompute': no plan fits in memory: 4 stage(s) "
                               "x 1 replica(s) must use slow-0 (T4, 15 GiB usable), and a stage of 8 layers needs at "
-                              f"least {_gib(doc, 4, 4, 2)} at micro-batch size 2 (recompute off): set recompute: true")
+                              f"least {_gib(doc, 4, 4, 4)} at micro-batch size 4 (recompute off): set recompute: true")
     doc["training"]["recompute"] = True
     assert main([str(write_yaml(doc)), "--time-limit", "5"]) == 0  # and with it the model fits
     capsys.readouterr()

@@ -117,7 +117,8 @@ def test_the_report_stops_re_evaluating_at_its_deadline(write_yaml):
 
 def test_a_fast_idle_device_is_not_called_too_small():
     """The lab cluster's desktop RTX 4090 computes at about the used devices' speed but is left out:
-    a 7th stage costs more than it computes, which is the shape, not its compute share."""
+    a stage more costs more than it computes, which is the shape it joins or (the search's plan of
+    8 stages, its 9th) its 1 Gbit/s link, not its compute share."""
     from conftest import ROOT
     from planner.inputs.job import load_job
     from planner.search.front import SearchOptions, search
@@ -127,7 +128,8 @@ def test_a_fast_idle_device_is_not_called_too_small():
     reasons = {r.devices[0]: r for r in idle_reasons(result.plan, job.topology, job.model, result.training)}
     assert "desktop-4090" in reasons, reasons
     reason = reasons["desktop-4090"]
-    assert reason.kind == "shape" and "fill and drain" in reason.text and reason.delta_s > 0, reason
+    assert reason.kind in ("shape", "slow link") and reason.delta_s > 0, reason
+    assert "fill and drain" in reason.text or "on a free network it would cut" in reason.text, reason
 
 
 def test_a_plan_left_at_the_estimate_is_not_compared_with_simulations(write_yaml):

@@ -190,11 +190,16 @@ def _prediction(plan, topology, model, training, costs, seconds: float, breakdow
     used, capacity = {}, {}
     for r, row in enumerate(plan.assignment):
         for s, name in enumerate(row):
-            in_flight = memory.in_flight_micro_batches(plan.schedule, s, plan.stages, plan.micro_batches[r],
-                                                       plan.micro_batches_per_round, plan.virtual_stages)
+            order = (plan.schedule, s, plan.stages, plan.micro_batches[r], plan.micro_batches_per_round,
+                     plan.virtual_stages)
+            chunks = tuple(end - first for first, end in plan.chunk_layers(s))
+            in_flight = memory.peak_in_flight(*order, chunk_layers=chunks)
+            held = memory.held_messages(*order, chunk_layers=chunks)
+            heads = memory.head_in_flight(*order, chunk_layers=chunks) if s == plan.stages - 1 else in_flight
             members = plan.members(name)
             for k, member in enumerate(members):  # the lead also steps the whole parameters
-                need = float(stage_memory_bytes(costs, counts[s], s, in_flight, len(members), lead=k == 0))
+                need = float(stage_memory_bytes(costs, counts[s], s, in_flight, len(members), lead=k == 0,
+                                                held=held, heads=heads))
                 dev = topology.devices[topology.index(member)]
                 used[member] = need + dev.memory_reserved_bytes
                 capacity[member] = dev.memory_bytes

@@ -20,7 +20,8 @@ from planner.plan.tensor import TENSOR_DEGREES
 
 __all__ = ["OPTIMIZER_BYTES_PER_PARAMETER", "OUTER_STATE_BYTES_PER_PARAMETER", "OUTER_STEP_BYTES_PER_PARAMETER",
            "LayerCosts", "layer_costs", "StageProfile", "stage_profile",
-           "stage_parameters", "stage_memory_bytes", "stage_step_bytes", "in_flight_table", "optimizer_time_s",
+           "stage_parameters", "stage_memory_bytes", "stage_step_bytes", "in_flight_table", "held_table",
+           "optimizer_time_s",
            "iteration_flops", "optimizer_shards", "tensor_layer_s", "head_outputs", "message_codec_s",
            "stage_gradient_bytes", "stage_compress_flops", "stage_compress_s", "least_gradient_bytes_per_param",
            "powersgd_pass_s"]
@@ -42,6 +43,8 @@ class LayerCosts:
     ``micro_batch_size`` sequences, in a pipeline of ``stages`` stages. The extras of each stage
     (embeddings on the first, head and logits on the last) are derived once into arrays of length
     ``stages``: ``stage_extra_params``, ``stage_extra_kept_bytes``, ``stage_transient_bytes``.
+    A stage also holds the messages it sent until the iteration's sync, outputs downstream and
+    gradients upstream (``cost_models.memory.held_messages``), ``boundary_bytes`` each.
 
     With the optimizer state sharded over ``shards`` replicas (ZeRO stage 1), the per-parameter
     state and step bytes are the sharded ones; a tied embedding's two copies are summed over their
@@ -58,8 +61,8 @@ class LayerCosts:
     first_params: float  # embeddings (and, with one stage, the head)
     last_params: float  # final norm + head (+ the tied embedding's copy)
     layer_kept_bytes: float
-    first_kept_bytes: float
-    last_kept_bytes: float
+    output_kept_bytes: float  # a stage's output beside the message it sent (compressed messages), but the last stage's
+    last_kept_bytes: float  # the head's: logits and the final norm's input and output
     transient_bytes: float
     last_transient_bytes: float
     state_bytes_per_param: float
@@ -110,7 +113,8 @@ class LayerCosts:
         first = (np.arange(self.stages) == 0).astype(float)
         last = (np.arange(self.stages) == self.stages - 1).astype(float)
         object.__setattr__(self, "stage_extra_params", first * self.first_params + last * self.last_params)
-        object.__setattr__(self, "stage_extra_kept_bytes", first * self.first_kept_bytes + last * self.last_kept_bytes)
+        object.__setattr__(self, "stage_extra_kept_bytes",
+                           (1.0 - last) * self.output_kept_bytes + last * self.last_kept_bytes)
         object.__setattr__(self, "stage_transient_bytes", self.transient_bytes + last * self.last_transient_bytes)
         unsharded = first * self.first_unsharded_params + last * self.last_unsharded_params
         object.__setattr__(self, "stage_unsharded_bytes", unsharded * self.unsharded_state_bytes_per_param)
@@ -205,7 +209,9 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         layer_params=float(flops.layer_parameters(h, model.ffn_hidden, gated_mlp=model.gated_mlp,
                                                   biases=model.biases)),
         first_params=float(first_params), last_params=float(last_params), layer_kept_bytes=kept,
-        first_kept_bytes=boundary, last_kept_bytes=memory.logits_bytes(positions, b, outputs, dtype),
+        output_kept_bytes=boundary if int8 else 0.0,  # uncompressed, the message sent is the output itself
+        last_kept_bytes=memory.logits_bytes(positions, b, outputs, dtype) + memory.final_norm_bytes(s, b, h, positions,
+                                                                                                   dtype),
         transient_bytes=transient,
         last_transient_bytes=memory.logits_bytes(positions, b, outputs, dtype),  # the logits' gradient
         state_bytes_per_param=state - sharded_state * (1.0 - 1.0 / shards),
@@ -306,23 +312,32 @@ def stage_parameters(costs: LayerCosts, n_layers, stage, tensor=1):
     return n_layers * _per_member(costs.layer_params, costs.layer_split_params, tensor) + costs.stage_extra_params[stage]
 
 
-def stage_memory_bytes(costs: LayerCosts, n_layers, stage, in_flight, tensor=1, lead=True):
+def stage_memory_bytes(costs: LayerCosts, n_layers, stage, in_flight, tensor=1, lead=True, held=0.0, heads=None):
     """Peak bytes of stage ``stage`` with ``n_layers`` blocks and ``in_flight`` micro-batches'
     activations kept, on each member of a tensor group of ``tensor`` devices: weights, gradients
-    and optimizer state, the kept activations, one micro-batch's transient working set
-    (recomputation, logits gradient, message buffers). ``lead=False``: a member other than the
-    group's lead, which steps only its share of the split parameters; of the whole ones (norms,
-    row-parallel biases, embeddings, head) it keeps the weights, which the lead broadcasts after
-    each step, and the gradients of the first stage's embeddings only (Shoeybi et al. 2019, sec. 3:
-    the whole parameters are duplicated on every member and take the same update, so one member
-    steps them; ``planner.runtime.tensor_parallel.follow_lead``)."""
-    kept = n_layers * _per_member(costs.layer_kept_bytes, costs.layer_split_kept_bytes, tensor) \
-        + costs.stage_extra_kept_bytes[stage]
+    and optimizer state, the kept activations, the ``held`` messages the stage has sent and keeps
+    until the sync (``cost_models.memory.held_messages``; their bytes as sent, ``boundary_bytes``),
+    one micro-batch's transient working set (recomputation, logits gradient, message buffers).
+    ``heads``: the micro-batches whose stage extras (the last stage's head) are kept, where they are
+    fewer than ``in_flight`` (interleaved 1F1B, ``cost_models.memory.head_in_flight``).
+    ``lead=False``: a member other than the group's lead, which steps only its share of the split
+    parameters; of the whole ones (norms, row-parallel biases, embeddings, head) it keeps the
+    weights, which the lead broadcasts after each step, and the gradients of the first stage's
+    embeddings only (Shoeybi et al. 2019, sec. 3: the whole parameters are duplicated on every
+    member and take the same update, so one member steps them;
+    ``planner.runtime.tensor_parallel.follow_lead``); only the lead sends pipeline messages
+    (``planner.runtime.engine``), so such a member holds none, only the outputs of its in-flight
+    micro-batches (but on the last stage), ``raw_boundary_bytes`` each."""
+    blocks = n_layers * _per_member(costs.layer_kept_bytes, costs.layer_split_kept_bytes, tensor)
+    kept = in_flight * blocks + (in_flight if heads is None else heads) * costs.stage_extra_kept_bytes[stage]
     transient = _per_member(costs.stage_transient_bytes[stage], costs.split_transient_bytes, tensor)
-    activations = in_flight * kept + transient
     parameters = stage_parameters(costs, n_layers, stage, tensor)
     if lead:
+        activations = kept + held * costs.boundary_bytes + transient
         return parameters * costs.state_bytes_per_param + activations + costs.stage_unsharded_bytes[stage]
+    sends = np.asarray(stage) < costs.stages - 1
+    outputs = np.where(sends, costs.raw_boundary_bytes - costs.output_kept_bytes, 0.0)  # uncompressed: not yet counted
+    activations = kept + in_flight * outputs + transient
     whole = n_layers * (costs.layer_params - costs.layer_split_params) + costs.stage_extra_params[stage]
     first = np.asarray(stage) == 0
     # the embeddings' gradients: the weight's bytes again (a 16-bit gradient of a 16-bit weight)
@@ -389,6 +404,13 @@ def in_flight_table(schedule: str, stages: int, micro_batches, per_round: int = 
     table = memory.in_flight_micro_batches(schedule, np.arange(stages)[None, :], stages, m, per_round,
                                            virtual_stages)
     return table if table.shape[1] == stages else np.repeat(table, stages, axis=1)
+
+
+def held_table(schedule: str, stages: int, micro_batches, per_round: int = 0, virtual_stages: int = 1) -> np.ndarray:
+    """(R, S) messages every worker has sent and holds at its peak (``cost_models.memory.held_messages``),
+    for ``stage_memory_bytes``'s ``held`` beside ``in_flight_table``."""
+    m = np.asarray(micro_batches, dtype=np.int64)[:, None]
+    return memory.held_messages(schedule, np.arange(stages)[None, :], stages, m, per_round, virtual_stages)
 
 
 def optimizer_time_s(step_bytes, memory_bandwidth_bytes_per_s):

@@ -241,18 +241,24 @@ class _PlacementModel:
         """``stage_memory_bytes`` is bilinear in (layers n, in-flight micro-batches f):
         ``a + b n + c f + d n f``; its four coefficients come from the function itself, rounded down
         (every split that fits in floats fits here, so the heuristic's hint is always feasible;
-        ``decode`` re-checks the answer in floats)."""
+        ``decode`` re-checks the answer in floats). The messages a stage holds until the sync
+        (``cost_models.memory.held_messages``) are linear in the micro-batches M and the in-flight f:
+        every stage but the last holds its M outputs, every stage but the first the ``M - f``
+        gradients it sent (1F1B's count at its peak; GPipe's peak precedes every backward)."""
         m, S = self.model, self.S
+        message = math.floor(self.costs.boundary_bytes)
         for r, s in itertools.product(range(self.R), range(S)):
             if self.schedule == Schedule.GPIPE:
                 in_flight = self.micro[r]
+                held = self.micro[r] * int(s < S - 1)
             else:
                 in_flight = m.new_int_var(1, S - s, f"in_flight_r{r}_s{s}")
                 m.add_min_equality(in_flight, [self.micro[r], S - s])
+                held = self.micro[r] * int(s < S - 1) + (self.micro[r] - in_flight) * int(s > 0)
             kept_layers = m.new_int_var(0, self.L * self.total, f"kept_layer_activations_r{r}_s{s}")
             m.add_multiplication_equality(kept_layers, [self.layers[s], in_flight])
             need = self._memory_coefficients(s)
-            m.add(need[0] + need[1] * self.layers[s] + need[2] * in_flight + need[3] * kept_layers
+            m.add(need[0] + need[1] * self.layers[s] + need[2] * in_flight + need[3] * kept_layers + message * held
                   <= sum(int(self.capacity_bytes[d]) * self.x[d, r, s] for d in range(self.n)))
 
     def _memory_coefficients(self, stage: int) -> tuple:

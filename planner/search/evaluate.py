@@ -17,7 +17,7 @@ from cost_models.schedule import Schedule
 from planner.plan.sync import syncs_for
 from planner.plan.sync_groups import CLUSTER, ONE, grouped_sync, grouping
 from planner.plan.tensor import group_devices
-from planner.prediction.stage_model import (in_flight_table, layer_costs, message_codec_s, optimizer_time_s,
+from planner.prediction.stage_model import (held_table, in_flight_table, layer_costs, message_codec_s, optimizer_time_s,
                                             powersgd_pass_s, stage_compress_s, stage_gradient_bytes, stage_memory_bytes,
                                             stage_parameters, stage_step_bytes, tensor_layer_s)
 from planner.search.balance import split_batch, split_layers
@@ -125,12 +125,13 @@ def _ring_latency(ctx, members) -> float:
 
 
 def _gpipe_caps(costs, counts, capacity, tensor):
-    """Largest micro-batch count each replica can keep in flight under GPipe."""
+    """Largest micro-batch count each replica can keep in flight under GPipe (each stage but the
+    last also holds every output it sent, ``cost_models.memory.held_messages``)."""
     R, S = capacity.shape
     caps = np.full(R, 1 << 40, dtype=np.int64)
     for s in range(S):
         fixed = stage_memory_bytes(costs, counts[s], s, 0.0, tensor[:, s])
-        per_mb = stage_memory_bytes(costs, counts[s], s, 1.0, tensor[:, s]) - fixed
+        per_mb = stage_memory_bytes(costs, counts[s], s, 1.0, tensor[:, s], held=float(s < S - 1)) - fixed
         caps = np.minimum(caps, np.floor((capacity[:, s] - fixed) / per_mb).astype(np.int64))
     return caps
 
@@ -427,9 +428,10 @@ def fits(costs, schedule: str, counts, micro_batches, capacity: np.ndarray, tens
     of interleaved 1F1B, which keep more micro-batches' activations, ``in_flight_table``)."""
     R, S = capacity.shape
     in_flight = in_flight_table(schedule, S, micro_batches, costs.micro_batches_per_round, virtual_stages)
+    held = held_table(schedule, S, micro_batches, costs.micro_batches_per_round, virtual_stages)
     tensor = np.ones((R, S)) if tensor is None else tensor
-    need = np.stack([stage_memory_bytes(costs, counts[s], s, in_flight[:, s], tensor[:, s]) for s in range(S)],
-                    axis=1)
+    need = np.stack([stage_memory_bytes(costs, counts[s], s, in_flight[:, s], tensor[:, s], held=held[:, s])
+                     for s in range(S)], axis=1)
     return bool((need <= capacity * (1 + 1e-12)).all())
 
 
