@@ -62,7 +62,7 @@ def plan_to_document(plan: Plan, *, model=None, training=None, topology_source: 
         p = plan.prediction
         doc["prediction"] = {
             "iteration_s": p.iteration_s, "breakdown_s": dict(p.breakdown_s), "tokens_per_s": p.tokens_per_s,
-            "achieved_flops": p.achieved_flops, "mfu": p.mfu, "cost_model": p.cost_model,
+            "achieved_flops": p.achieved_flops, "mfu": p.mfu, "cost_model": str(p.cost_model),
             "memory": {d: {"used_bytes": p.memory_bytes[d], "capacity_bytes": p.capacity_bytes[d]}
                        for d in p.memory_bytes},
         }

@@ -3,6 +3,7 @@ schedule, and the prediction; one ``validate_plan`` (the file format is ``planne
 
 import functools
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 from planner.errors import InputError
 from planner.inputs.model import SCHEDULES
@@ -13,7 +14,15 @@ from planner.plan.sync import sync_problem
 from planner.plan.sync_groups import sync_groups_problem
 from planner.plan.tensor import tensor_degree_problem
 
-__all__ = ["Plan", "Prediction", "validate_plan", "interleave_plan"]
+__all__ = ["Plan", "Prediction", "CostModel", "validate_plan", "interleave_plan"]
+
+
+class CostModel(StrEnum):
+    """Which cost model timed a plan: the event simulator, or the search's estimate where the time
+    limit left no room to simulate it (``planner.search.deadline``)."""
+
+    SIMULATOR = "simulator"
+    ESTIMATE = "estimate"
 
 @dataclass(frozen=True, kw_only=True)
 class Prediction:
@@ -26,7 +35,7 @@ class Prediction:
     mfu: float
     memory_bytes: dict  # device name -> predicted peak bytes
     capacity_bytes: dict  # device name -> device memory
-    cost_model: str = "simulator"
+    cost_model: CostModel = CostModel.SIMULATOR
 
     @property
     def fits(self) -> bool:

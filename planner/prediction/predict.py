@@ -11,7 +11,7 @@ import numpy as np
 from cost_models import memory
 from cost_models.schedule import Schedule
 from cost_models.simulator import PipelineJob, Timeline, simulate
-from planner.plan.plan import Plan, Prediction
+from planner.plan.plan import CostModel, Plan, Prediction
 from planner.plan.sync_groups import grouped_sync, grouped_sync_bytes
 from planner.plan.tensor import groups_of_plan
 from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_flops, layer_costs, message_codec_s,
@@ -19,9 +19,7 @@ from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_
                                             stage_parameters, stage_profile, stage_step_bytes, tensor_layer_s)
 
 __all__ = ["sync_time_s", "sync_members", "build_pipeline_job", "predict", "estimated_prediction",
-           "model_flops_per_iteration", "communication_bytes", "chunk_shares", "ESTIMATE"]
-
-ESTIMATE = "estimate"  # ``Prediction.cost_model`` of a plan the time limit left unsimulated (the search's estimate)
+           "model_flops_per_iteration", "communication_bytes", "chunk_shares"]
 
 
 def sync_time_s(topology, plan: Plan, profile: StageProfile, stage: int) -> float:
@@ -181,11 +179,11 @@ def estimated_prediction(plan: Plan, topology, model, training, iteration_s: flo
     simulation (no breakdown; memory from the stage model, as ``predict``'s): for a plan whose
     simulation the time limit did not hold."""
     costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
-    return _prediction(plan, topology, model, training, costs, float(iteration_s), {}, cost_model=ESTIMATE)
+    return _prediction(plan, topology, model, training, costs, float(iteration_s), {}, cost_model=CostModel.ESTIMATE)
 
 
 def _prediction(plan, topology, model, training, costs, seconds: float, breakdown_s: dict,
-                cost_model: str = "simulator") -> Prediction:
+                cost_model: CostModel = CostModel.SIMULATOR) -> Prediction:
     counts = np.diff(plan.stage_bounds)
     used, capacity = {}, {}
     for r, row in enumerate(plan.assignment):

@@ -1,7 +1,8 @@
 """Human-readable rendering of a plan (what ``plan TOPOLOGY`` prints)."""
 
 from planner.inputs.units import format_bytes, format_flops, format_seconds
-from planner.prediction.predict import ESTIMATE, communication_bytes
+from planner.plan.plan import CostModel
+from planner.prediction.predict import communication_bytes
 from planner.plan.sync_groups import outer_weights
 from planner.search.deadline import plan_simulation_s
 
@@ -168,7 +169,7 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
     if p is not None:
         out += ["", f"Predicted iteration time: {format_seconds(p.iteration_s)}"]
         total = p.iteration_s
-        if p.cost_model == ESTIMATE:
+        if p.cost_model == CostModel.ESTIMATE:
             out.append("  (the search's estimate: the time limit cut this plan's event simulation, which its size "
                        "predicts at " + f"{plan_simulation_s(plan):.1f} s; a longer --time-limit simulates it)")
         else:

@@ -32,6 +32,7 @@ from cost_models.links import LevelMatrix
 from planner.inputs.catalog import AUTO, runs
 from planner.inputs.units import format_bytes
 from cost_models.simulator import SimulationCut
+from planner.plan.plan import CostModel
 from planner.prediction.predict import predict
 from planner.search.deadline import plan_simulation_s
 from planner.search.evaluate import evaluate_placement, make_context
@@ -148,7 +149,7 @@ def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: flo
     floor = stage_memory_floor(model, training, 1, model.layers, max(plan.replicas, 1))
     base = plan.prediction.iteration_s
     # a plan left at the search's estimate has no simulated time to compare simulations with
-    late = plan.prediction.cost_model != "simulator" or not _time_for_simulation(plan, deadline)
+    late = plan.prediction.cost_model != CostModel.SIMULATOR or not _time_for_simulation(plan, deadline)
     if not late:
         free_network = _free_network(topology)
         try:
@@ -278,7 +279,7 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
         out.append(Binding(kind="memory", change=change, text=(
             f"memory: {fullest} holds {format_bytes(p.memory_bytes[fullest])} of {format_bytes(p.capacity_bytes[fullest])} "
             f"({100 * use:.0f}%)" + (f"; {effect}" if effect else ""))))
-    simulated = p.cost_model == "simulator"  # else the time limit left the plan at the search's estimate
+    simulated = p.cost_model == CostModel.SIMULATOR  # else the time limit left the plan at the search's estimate
     links = _plan_links(plan, topology) if simulated else []
     if not simulated:
         out.append(Binding(kind="link", text="link: not re-evaluated (the plan's time is the search's estimate, "
