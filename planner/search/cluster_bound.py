@@ -147,6 +147,9 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
         outside both do ``(1 - f)(1 - phi)`` of the blocks' work), at least ``A / L + Lambda`` and
         ``P / B`` (a stage has a block, a replica a sequence); and, unless every stage or every
         replica crosses (cases (ii), (i)), ``_crowded_s``.
+
+    Where no cluster has ``D`` devices, every stage group crosses, so (ii)'s bound holds whatever
+    the replicas do; where none has ``S``, every replica crosses and (i)'s holds; both where both.
     """
     tau, latency = level.tau_bytes_per_s, level.latency_s
     cells = stages * replicas
@@ -179,7 +182,11 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
         both = np.where(replicas > 1, np.maximum(both, np.minimum.reduce([one, two, crowded])), np.inf)
     else:
         both = never
-    return np.minimum(inside, np.minimum.reduce([one, two, both]))
+    # A stage group of more cells than any cluster has devices crosses; so does a replica.
+    every_stage, every_replica = replicas > level.sizes.max(), stages > level.sizes.max()
+    crossing_s = np.where(every_stage, two if not every_replica else np.maximum(one, two),
+                          one if every_replica else np.minimum.reduce([one, two, both]))
+    return np.minimum(inside, crossing_s)
 
 
 def _crowded_s(C, a, b):
