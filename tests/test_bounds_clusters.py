@@ -252,3 +252,24 @@ def test_a_host_behind_a_slow_nic_is_a_cluster_of_its_own():
     labels = clusters_at(topology.network, 0.2e9 / 8)
     assert labels[0] == labels[1] != labels[2]
     assert len(set(clusters_at(topology.network, 0.1e9 / 8).tolist())) == 1
+
+
+def test_heaviest_stage_is_the_best_split_of_whole_blocks_with_the_head_last():
+    """``_heaviest_stage_flops`` against every split of L blocks over S stages of one block or
+    more, the head on the last: the least heaviest stage (DTFM's GPT-3 XL, 24 blocks, 8 stages,
+    a head of 1.5 blocks: 4 blocks, where the even share is 3.19)."""
+    import itertools
+
+    from planner.search.bounds import _heaviest_stage_flops
+
+    def brute(layers, stages, w, h):
+        best = float("inf")
+        for cuts in itertools.combinations(range(1, layers), stages - 1):
+            counts = np.diff((0, *cuts, layers))
+            best = min(best, max(max(counts[:-1] * w, default=0.0), counts[-1] * w + h))
+        return best
+
+    assert _heaviest_stage_flops(24, 8, 1.0, 1.5, False) == 4.0
+    for layers, stages, h in ((6, 3, 0.4), (7, 2, 2.5), (8, 4, 0.0), (9, 1, 1.0), (5, 5, 3.0)):
+        assert _heaviest_stage_flops(layers, stages, 1.0, h, False) == pytest.approx(brute(layers, stages, 1.0, h))
+        assert _heaviest_stage_flops(layers, stages, 1.0, h, True) <= brute(layers, stages, 1.0, h)

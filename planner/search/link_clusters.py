@@ -12,6 +12,8 @@ in time linear in the devices plus the region table and the pair entries, never 
 shared NIC is at most ``tau`` both ways stand alone; the others of regions ``ra`` and ``rb`` join
 where the table is above ``tau`` either way (the diagonal: inside a region); pair entries above
 ``tau`` join their two devices. A dense matrix (small topologies) is thresholded as is.
+(``planner.search.locality.bandwidth_clusters`` joins devices only where both directions are fast,
+on the dense block of at most a few hundred devices: clusters for placing, not for bounding.)
 """
 
 import numpy as np
