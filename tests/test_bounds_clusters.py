@@ -12,16 +12,17 @@ _TYPES = ("A100-80GB", "V100-16GB", "T4", "RTX-4090", "L4")
 
 
 def _clustered_topology(rng):
-    """2-3 regions of 1-2 hosts of 1-3 devices of one type each: fast links in a host, 10-100
-    Gbit/s in a region, 0.05-2 Gbit/s and 5-80 ms between regions (asymmetric region pairs), now
-    and then a shared NIC on a host and a pair entry."""
+    """2-3 regions of 1-2 hosts of 1-3 devices of one type each (or of 3-4 hosts of one device):
+    fast links in a host, 10-100 Gbit/s in a region, 0.05-2 Gbit/s and 5-80 ms between regions
+    (asymmetric region pairs), now and then a shared NIC on a host and a pair entry."""
     devices, hosts = [], []
+    homes = rng.random() < 0.3  # one device per host: at the fastest threshold every device alone
     for r in range(int(rng.integers(2, 4))):
-        for h in range(int(rng.integers(1, 3))):
+        for h in range(int(rng.integers(1, 3)) + 2 * homes):
             host = f"r{r}h{h}"
             hosts.append(host)
-            devices.append({"name": host, "count": int(rng.integers(1, 4)), "host": host, "region": f"r{r}",
-                            "type": _TYPES[int(rng.integers(len(_TYPES)))]})
+            devices.append({"name": host, "count": 1 if homes else int(rng.integers(1, 4)), "host": host,
+                            "region": f"r{r}", "type": _TYPES[int(rng.integers(len(_TYPES)))]})
     regions = sorted({d["region"] for d in devices})
     pairs = [{"from": a, "to": b, "latency": f"{rng.uniform(5, 80):.1f}ms",
               "bandwidth": f"{rng.uniform(0.05, 2):.3f}Gbps"} for a in regions for b in regions
@@ -137,14 +138,20 @@ def _checked_plans(seed: int, count: int, bound_of):
 def test_lower_bound_stays_below_random_plans_on_clustered_topologies():
     """Hosts, regions, slow asymmetric region pairs, shared NICs, pair entries; tensor groups, uneven
     layer and batch splits, int8 messages, PowerSGD, local steps, every sync algorithm, sharded
-    optimizer state: the bound never exceeds a plan's simulated iteration, and its clusters term
-    binds on some of them (it is the bound there, above the bound without it)."""
-    from planner.search.bounds import _lower_bound_s, lower_bound_s
+    optimizer state: the bound on plans of a plan's own degrees (``_pair_bounds_s``, whose least is
+    the bound) never exceeds its simulated iteration, and the clusters term binds on some
+    topologies (the bound there is above the bound without it)."""
+    from planner.search.bounds import _lower_bound_s, _pair_bounds_s, lower_bound_s
 
-    checked = _checked_plans(3, 120, lower_bound_s)
-    assert len(checked) >= 40
-    for bound, predicted, plan in checked:
+    checked = _checked_plans(3, 160, lambda *job: _pair_bounds_s(*job))
+    assert len(checked) >= 60
+    close = 0
+    for pairs, predicted, plan in checked:
+        assert plan.stages in pairs, (plan.stages, sorted(pairs))  # a fitting plan's S is never skipped
+        bound = pairs[plan.stages][plan.replicas - 1]
         assert bound <= predicted * (1 + 1e-9), (bound, predicted, plan.stages, plan.replicas)
+        close += bound > 0.5 * predicted
+    assert close >= 10
     tighter = 0
     rng = np.random.default_rng(5)
     for _ in range(30):
@@ -273,3 +280,24 @@ def test_heaviest_stage_is_the_best_split_of_whole_blocks_with_the_head_last():
     for layers, stages, h in ((6, 3, 0.4), (7, 2, 2.5), (8, 4, 0.0), (9, 1, 1.0), (5, 5, 3.0)):
         assert _heaviest_stage_flops(layers, stages, 1.0, h, False) == pytest.approx(brute(layers, stages, 1.0, h))
         assert _heaviest_stage_flops(layers, stages, 1.0, h, True) <= brute(layers, stages, 1.0, h)
+
+
+def test_four_homes_two_by_two_is_near_its_pair_bound():
+    """Four RTX 4090s in four homes on 0.5 Gbit/s lines, GPT-3 XL, 8 sequences: a 2 x 2 plan syncs
+    each half of the model between two homes. The bound on 2 x 2 plans is within 20% of the
+    plan's simulated time, and below it."""
+    from planner.prediction.predict import predict
+    from planner.search.bounds import _pair_bounds_s
+    from planner.search.evaluate import evaluate_placement, make_context
+    from planner.search.plans import candidate_to_plan
+
+    model = model_preset("gpt3-xl")
+    training = parse_training({"global_batch": 8, "micro_batch_size": 1, "schedule": "1f1b", "precision": "fp16",
+                               "recompute": True, "shard_optimizer": False, "sync": "ring"})
+    topology = parse_topology({"devices": [{"name": "home", "count": 4, "type": "RTX-4090", "region": "city"}],
+                               "network": {"region": {"latency": "5ms", "bandwidth": "0.5Gbps"}}}, name="homes")
+    ctx = make_context(topology, model, training)
+    candidate = evaluate_placement(ctx, np.arange(4).reshape(2, 2), 1, "1f1b")
+    predicted = predict(candidate_to_plan(ctx, candidate), topology, model, training)[0].iteration_s
+    bound = _pair_bounds_s(topology, model, training)[2][1]
+    assert 0.8 * predicted <= bound <= predicted

@@ -68,6 +68,14 @@ def lower_bound_s(topology, model, training) -> float:
 
 def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
     """``lower_bound_s``, with or without the clusters' term."""
+    pairs = _pair_bounds_s(topology, model, training, clusters=clusters)
+    best = min((float(values.min()) for values in pairs.values()), default=np.inf)
+    return best if np.isfinite(best) else work_bound_s(topology, model, training)
+
+
+def _pair_bounds_s(topology, model, training, *, clusters: bool = True) -> dict:
+    """``{S: bounds}``: the bound on every plan of S stages and ``D = 1 .. len(bounds)`` replicas,
+    for every S whose largest stage's state fits (``lower_bound_s``: their least)."""
     work = work_flops(topology, model, training)
     flops = topology.effective_flops(training.precision)
     speed = np.sort(flops)[::-1]
@@ -96,10 +104,13 @@ def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
     head_flops = (work - block_work) / batch  # one sequence's head, as work_flops counts it
     heaviest_by_stages = [_heaviest_stage_flops(model.layers, s, sequence_layer_flops, head_flops,
                                                 training.virtual_stages != 1) for s in range(1, model.layers + 1)]
-    crossing = Crossing(model_sync_bytes=model.layers * layer_params * gradient_bytes, layers=model.layers,
+    two_stages = layer_costs(model, training, 1, 2)  # a pipeline's first and last stages' extras
+    end_params = layer_params + max(two_stages.first_params, two_stages.last_params)
+    crossing = Crossing(model_sync_bytes=model.layers * layer_params * gradient_bytes,
+                        end_sync_bytes=end_params * gradient_bytes, layers=model.layers,
                         batch_bytes=batch * boundary_bytes, batch=batch, sharded=Sync.SHARDED in syncs,
                         ring_only=set(syncs) == {Sync.RING}, sync_every=training.sync_every)
-    best = np.inf
+    pairs = {}
     for stages in range(fewest_stages, min(model.layers, n) + 1):
         replicas = np.arange(1, min(n // stages, batch) + 1)
         if replicas.size == 0:
@@ -131,8 +142,8 @@ def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
         every_block = busiest * model.layers * sequence_layer_flops / cell_flops  # K of cluster_bound
         terms += [cluster_bound(level, crossing, stages, replicas, used, speedup, cells_flops, work, block_work,
                                 every_block, state / stages) for level in levels]
-        best = min(best, float(np.maximum.reduce(terms).min()))
-    return best if np.isfinite(best) else work_bound_s(topology, model, training)
+        pairs[stages] = np.maximum.reduce(terms)
+    return pairs
 
 
 def work_flops(topology, model, training) -> float:

@@ -57,6 +57,7 @@ class Crossing:
     """What crosses between clusters, for one job (module description's notation)."""
 
     model_sync_bytes: float  # L p g: every block's least sync bytes
+    end_sync_bytes: float  # the least sync bytes of a first or last stage of a pipeline: a block and its extras
     layers: int  # L
     batch_bytes: float  # B m: the whole batch's activations at one boundary
     batch: int  # B
@@ -150,6 +151,10 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
 
     Where no cluster has ``D`` devices, every stage group crosses, so (ii)'s bound holds whatever
     the replicas do; where none has ``S``, every replica crosses and (i)'s holds; both where both.
+    Where every cluster is one device, the first stage's last backward waits for the busiest
+    replica's last gradient over a crossing link that carried all its ``ceil(B / D)`` sequences'
+    gradients, and its sync (at least a block and the embeddings, ``end_sync_bytes``) crosses
+    after it; the last stage's likewise waits for the activations and syncs a block and the head.
     """
     tau, latency = level.tau_bytes_per_s, level.latency_s
     cells = stages * replicas
@@ -184,7 +189,11 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
         both = never
     # A stage group of more cells than any cluster has devices crosses; so does a replica.
     every_stage, every_replica = replicas > level.sizes.max(), stages > level.sizes.max()
-    crossing_s = np.where(every_stage, two if not every_replica else np.maximum(one, two),
+    all_cross = np.maximum(one, two)
+    if level.sizes.max() == 1 and stages > 1:  # every cell alone: every boundary and stage crosses
+        all_cross = np.maximum(all_cross, np.ceil(B / replicas) * P / B
+                               + crossing.end_sync_bytes * share / tau + lam)
+    crossing_s = np.where(every_stage, all_cross if every_replica else two,
                           one if every_replica else np.minimum.reduce([one, two, both]))
     return np.minimum(inside, crossing_s)
 

@@ -28,8 +28,8 @@ MAX_THRESHOLDS = 8  # thresholds tried per topology (each gives a valid bound; m
 
 
 def link_thresholds(network) -> np.ndarray:
-    """The bandwidths at which the clusters can change (the distinct link and NIC values, below the
-    fastest), at most ``MAX_THRESHOLDS`` of them spread over their sorted list, ascending."""
+    """The bandwidths at which the clusters can change (the distinct link and NIC values), at most
+    ``MAX_THRESHOLDS`` of them spread over their sorted list (the fastest kept), ascending."""
     bandwidth = network.bandwidth_bytes_per_s
     if isinstance(bandwidth, LevelMatrix):
         values = [bandwidth.host_value, *np.ravel(bandwidth.table), *bandwidth.overrides.values(),
@@ -38,10 +38,7 @@ def link_thresholds(network) -> np.ndarray:
         dense = np.array(bandwidth, dtype=float)
         values = dense[~np.eye(dense.shape[0], dtype=bool)]
     values = np.unique(np.asarray(values, dtype=float))
-    values = values[np.isfinite(values) & (values > 0)]
-    if values.size <= 1:
-        return np.zeros(0)
-    values = values[:-1]  # at the fastest value nothing is slower: one cluster of all joined devices
+    values = values[np.isfinite(values) & (values > 0)]  # at the fastest, every host is a cluster
     if values.size > MAX_THRESHOLDS:
         values = values[np.unique(np.linspace(0, values.size - 1, MAX_THRESHOLDS).round().astype(int))]
     return values
