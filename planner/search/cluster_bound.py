@@ -37,7 +37,7 @@ from planner.search.link_clusters import clusters_at, link_thresholds
 
 __all__ = ["MAX_CLUSTERS", "ClusterLevel", "Crossing", "cluster_levels", "cluster_bound"]
 
-MAX_CLUSTERS = 64  # clusters kept apart per threshold; the rest share one envelope (a weaker, valid bound)
+MAX_CLUSTERS = 16  # clusters kept apart per threshold; the rest share one envelope (a weaker, valid bound)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -74,12 +74,13 @@ def cluster_levels(topology, training) -> list:
     network = topology.network
     flops = topology.effective_flops(training.precision)
     memory = topology.memory_bytes()
-    levels = []
-    for tau in link_thresholds(network):
+    levels, seen = [], set()
+    for tau in link_thresholds(network):  # ascending: of equal clusters, the first has the slowest links
         labels = clusters_at(network, tau)
         k = int(labels.max()) + 1
-        if k <= 1:
+        if k <= 1 or labels.tobytes() in seen:
             continue
+        seen.add(labels.tobytes())
         order = np.lexsort((-flops, labels))  # by cluster, fastest first
         sizes = np.bincount(labels, minlength=k)
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
