@@ -301,3 +301,38 @@ def test_four_homes_two_by_two_is_near_its_pair_bound():
     predicted = predict(candidate_to_plan(ctx, candidate), topology, model, training)[0].iteration_s
     bound = _pair_bounds_s(topology, model, training)[2][1]
     assert 0.8 * predicted <= bound <= predicted
+
+
+@pytest.mark.parametrize("name", ["hetero/home-consumer-gpus", "dtfm/case3-multi-datacenter",
+                                  "emulated/dtfm-case5-mini"])
+def test_pair_bounds_stay_below_random_plans_on_shipped_topologies(name):
+    """Where the clusters term raised the bound most, random placements of random degrees (the
+    estimate's splits) never simulate below the bound on plans of their degrees."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from planner.inputs.job import load_job
+    from planner.prediction.predict import predict
+    from planner.search.bounds import _pair_bounds_s
+    from planner.search.evaluate import evaluate_placement, make_context
+    from planner.search.plans import candidate_to_plan
+
+    job = load_job(Path(__file__).resolve().parent.parent / "topologies" / f"{name}.yaml")
+    training = replace(job.training, recompute=True, schedule="1f1b",
+                       micro_batch_size=job.training.micro_batch_size or 1)
+    pairs = _pair_bounds_s(job.topology, job.model, training)
+    ctx = make_context(job.topology, job.model, training)
+    rng = np.random.default_rng(1)
+    checked = 0
+    for _ in range(12):
+        stages = int(rng.integers(2, 7))
+        replicas = int(rng.integers(1, job.topology.size // stages + 1))
+        assign = rng.permutation(job.topology.size)[:stages * replicas].reshape(replicas, stages)
+        candidate = evaluate_placement(ctx, assign, training.micro_batch_size, training.schedule)
+        if candidate is None:
+            continue
+        prediction = predict(candidate_to_plan(ctx, candidate), job.topology, job.model, training)[0]
+        if prediction.fits:
+            assert pairs[stages][replicas - 1] <= prediction.iteration_s
+            checked += 1
+    assert checked >= 6
