@@ -1,13 +1,17 @@
 """Lower bounds on the iteration time of any plan, so every heuristic answer reports a gap."""
 
 import math
+from collections import Counter
 
 import numpy as np
 
+from cost_models.compression import BLOCK_VALUES, SCALE_BYTES, MessageCompression
 from cost_models.network import Sync
 from cost_models.schedule import Schedule
 from planner.plan.sync import syncs_for
+from planner.plan.tensor import TENSOR_DEGREES
 from planner.prediction.stage_model import iteration_flops, layer_costs, least_gradient_bytes_per_param
+from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
 
 __all__ = ["lower_bound_s", "work_bound_s", "work_flops"]
 
@@ -21,47 +25,99 @@ def work_bound_s(topology, model, training) -> float:
 def lower_bound_s(topology, model, training) -> float:
     """A bound on the iteration time of every plan the search can return.
 
-    For each degree pair (S stages x D replicas) a plan could use, the larger of
-    - the work bound over the ``S * D`` fastest devices (each device computes at most at its speed);
+    A plan is a grid of S stages x D replicas of cells, each cell one device or a tensor group of
+    up to ``t`` devices of one type on one host (``_most_tensor_devices``: 1 where the job
+    interleaves), running a block at most ``sigma`` times one member's speed (``_tensor_speedup``:
+    its all-reduces); it uses ``U <= min(N, S D t)`` devices. For each degree pair (S, D) a plan
+    could use, the largest of
+    - the work bound over the plan's cells: at most the ``U`` fastest devices' FLOP/s, and at most
+      ``sigma`` times the ``S D`` fastest's (each cell's lead is a distinct device);
     - the gradient sync of the largest stage (at least ``params / S``): a ring all-reduce moves
       ``2 (D - 1) / D * n`` bytes over its slowest hop (Patarasuk & Yuan 2009), and that hop is no
       faster than the D-th best device's fastest outgoing link (NIC-capped), since the ring's D
       members cannot all be among the D - 1 best; DTFM's sharded exchange sends as much from each
-      member over its own links. A parameter server or a hierarchical all-reduce (where
-      ``training.sync`` allows them) still sends ``n`` out of that slowest member, or ``n`` in
-      the leads' ring where it leads a host (``cost_models.network.Sync``), so ``n`` replaces
-      ``2 (D - 1) / D * n`` then;
+      member over its own links; a tensor group's sync is timed over its lead's links with the
+      stage's whole gradients (``planner.plan.tensor``). A parameter server or a hierarchical
+      all-reduce (where ``training.sync`` allows them) still sends ``n`` out of that slowest member,
+      or ``n`` in the leads' ring where it leads a host (``cost_models.network.Sync``), so ``n``
+      replaces ``2 (D - 1) / D * n`` then. ``n`` counts the fewest bytes any parameter adds to a sync
+      (PowerSGD's best-compressed part, local steps' ``1 / H``: ``_least_sync_bytes_per_param``);
     - with two stages or more, the activations of the busiest replica (at least ``B / D`` of the
-      global batch's ``B`` sequences) crossing one directed link, no faster than the fastest link;
+      global batch's ``B`` sequences) crossing one directed link, no faster than the fastest link
+      (int8 messages: their codes and scales, ``_least_boundary_bytes``);
     - the stage with the most layers (at least ``ceil(L / S)``) computed then synchronised: its
       all-reduce starts after every replica's last backward there (formulas.md, Pipeline schedules),
       and the replica with the most sequences (at least ``B / D``) runs them through those layers
-      on one device no faster than the fastest; then its gradients (at least ``ceil(L / S)``
-      layers' parameters) cross the ring as above;
-    minimised over the pairs whose largest stage's state fits on the largest device. Never below
-    ``work_bound_s``'s reasoning applied to the devices a pair uses, so at least as tight as it.
+      on one cell no faster than ``sigma`` times the fastest device; then its gradients (at least
+      ``ceil(L / S)`` layers' parameters) cross the ring as above;
+    - every replica's heaviest stage, blocks and head (``_heaviest_stage_flops``: whole blocks, the
+      head on the last stage), on its own cell: the busiest replica's on one cell as above, and all
+      D of them on the fastest devices the other stages' cells leave (``N - (S - 1) D`` at most,
+      ``D t`` at most, ``sigma`` times the D fastest at most);
+    - the clusters that slow links join (``planner.search.cluster_bound``, for each threshold of
+      ``planner.search.link_clusters``): a plan inside one cluster that holds it runs on that
+      cluster's devices; one that spans clusters has a stage group or a replica crossing a link of
+      at most the threshold, whose sync or activations (and latencies) it pays;
+    minimised over the pairs whose largest stage's state fits: at least ``params / S`` parameters at
+    the least state per parameter (sharded over every device where sharding is allowed), over ``t``
+    members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning
+    applied to the devices a pair uses, so at least as tight as it.
     """
+    return _lower_bound_s(topology, model, training, clusters=True)
+
+
+def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
+    """``lower_bound_s``, with or without the clusters' term."""
+    pairs = _pair_bounds_s(topology, model, training, clusters=clusters)
+    best = min((float(values.min()) for values in pairs.values()), default=np.inf)
+    return best if np.isfinite(best) else work_bound_s(topology, model, training)
+
+
+def _pair_bounds_s(topology, model, training, *, clusters: bool = True) -> dict:
+    """``{S: bounds}``: the bound on every plan of S stages and ``D = 1 .. len(bounds)`` replicas,
+    for every S whose largest stage's state fits (``lower_bound_s``: their least)."""
     work = work_flops(topology, model, training)
-    speed = np.sort(topology.effective_flops(training.precision))[::-1]
+    flops = topology.effective_flops(training.precision)
+    speed = np.sort(flops)[::-1]
     fastest = np.cumsum(speed)
     per_sequence = layer_costs(model, training, 1, 1)  # the stage model for one sequence, one stage
     params = per_sequence.layers * per_sequence.layer_params + per_sequence.first_params  # the whole model
-    # The least state a device can hold: the model's sharded over every device if sharding is allowed.
-    state = params * layer_costs(model, training, 1, 1, topology.size).state_bytes_per_param
-    fewest_stages = max(1, math.ceil(state / float(topology.memory_bytes().max())))
+    tensor = _most_tensor_devices(topology, model, training)
+    memory = topology.memory_bytes()
+    # The least state a device can hold: the model's sharded over every device if sharding is allowed,
+    # split over a tensor group's members.
+    state = params * layer_costs(model, training, 1, 1, topology.size).state_bytes_per_param / tensor
+    fewest_stages = max(1, math.ceil(state / float(memory.max())))
     layer_params = per_sequence.layer_params
     # a block's FLOPs as the fastest-counting device counts them (Device.block_slowdown)
     sequence_layer_flops = per_sequence.layer_flops * _least_block_slowdown(topology, training)
-    gradient_bytes = least_gradient_bytes_per_param(per_sequence)  # PowerSGD: the best-compressed part's rate
+    gradient_bytes = _least_sync_bytes_per_param(model, training)
+    boundary_bytes = _least_boundary_bytes(per_sequence, training)
     best_out = np.sort(topology.network.fastest_out_bytes_per_s())[::-1]  # each device's fastest outgoing link, best first
+    speedup = _tensor_speedup(per_sequence, tensor, sequence_layer_flops, float(flops.min()), float(best_out[0]))
     n = topology.size
-    whole_message_syncs = any(s in (Sync.HIERARCHICAL, Sync.PARAMETER_SERVER) for s in syncs_for(training, 2))
-    best = np.inf
+    syncs = syncs_for(training, 2)
+    whole_message_syncs = any(s in (Sync.HIERARCHICAL, Sync.PARAMETER_SERVER) for s in syncs)
+    levels = cluster_levels(topology, training) if clusters else []
+    batch = training.global_batch
+    block_work = batch * model.layers * sequence_layer_flops  # every block, every sequence
+    head_flops = (work - block_work) / batch  # one sequence's head, as work_flops counts it
+    heaviest_by_stages = [_heaviest_stage_flops(model.layers, s, sequence_layer_flops, head_flops,
+                                                training.virtual_stages != 1) for s in range(1, model.layers + 1)]
+    two_stages = layer_costs(model, training, 1, 2)  # a pipeline's first and last stages' extras
+    end_params = layer_params + max(two_stages.first_params, two_stages.last_params)
+    crossing = Crossing(model_sync_bytes=model.layers * layer_params * gradient_bytes,
+                        end_sync_bytes=end_params * gradient_bytes, layers=model.layers,
+                        batch_bytes=batch * boundary_bytes, batch=batch, sharded=Sync.SHARDED in syncs,
+                        ring_only=set(syncs) == {Sync.RING}, sync_every=training.sync_every)
+    pairs = {}
     for stages in range(fewest_stages, min(model.layers, n) + 1):
-        replicas = np.arange(1, min(n // stages, training.global_batch) + 1)
+        replicas = np.arange(1, min(n // stages, batch) + 1)
         if replicas.size == 0:
             break
-        compute = work / fastest[stages * replicas - 1]
+        used = np.minimum(stages * replicas * tensor, n)  # devices a plan of these degrees may use
+        cells_flops = np.minimum(fastest[used - 1], speedup * fastest[stages * replicas - 1])
+        compute = work / cells_flops
         share = 2.0 * (replicas - 1) / replicas
         if whole_message_syncs:
             share = np.minimum(share, 1.0)
@@ -69,13 +125,25 @@ def lower_bound_s(topology, model, training) -> float:
         sync = params / stages * gradient_bytes * ring
         pipe = 0.0
         if stages > 1:
-            pipe = np.ceil(training.global_batch / replicas) * per_sequence.boundary_bytes / best_out[0]
+            pipe = np.ceil(batch / replicas) * boundary_bytes / best_out[0]
         deepest = math.ceil(model.layers / stages)
-        widest_stage = (training.global_batch / replicas * deepest * sequence_layer_flops / speed[0]
+        busiest = np.ceil(batch / replicas)  # the busiest replica's sequences, at least
+        cell_flops = speedup * speed[0]  # one cell at its fastest
+        widest_stage = (busiest * deepest * sequence_layer_flops / cell_flops
                         + deepest * layer_params * gradient_bytes * ring)
-        best = min(best, float(np.maximum.reduce([compute, sync, np.broadcast_to(pipe, compute.shape),
-                                                  widest_stage]).min()))
-    return best if np.isfinite(best) else work_bound_s(topology, model, training)
+        # Every replica's heaviest stage (``_heaviest_stage_flops`` per sequence) on its own cells:
+        # the busiest replica's on one cell; all of them together on the fastest devices the other
+        # stages' cells (one device at least each) leave.
+        heaviest = heaviest_by_stages[stages - 1]
+        group = np.minimum(replicas * tensor, n - (stages - 1) * replicas)
+        busiest_cell = busiest * heaviest / cell_flops
+        heaviest_cells = batch * heaviest / np.minimum(fastest[group - 1], speedup * fastest[replicas - 1])
+        terms = [compute, sync, np.broadcast_to(pipe, compute.shape), widest_stage, busiest_cell, heaviest_cells]
+        every_block = busiest * model.layers * sequence_layer_flops / cell_flops  # K of cluster_bound
+        terms += [cluster_bound(level, crossing, stages, replicas, used, speedup, cells_flops, work, block_work,
+                                every_block, state / stages) for level in levels]
+        pairs[stages] = np.maximum.reduce(terms)
+    return pairs
 
 
 def work_flops(topology, model, training) -> float:
@@ -91,3 +159,66 @@ def _least_block_slowdown(topology, training) -> float:
     """The smallest ``Device.block_slowdown`` of the topology under ``training``'s recomputation and
     schedule (ZB-H1's split backward where it is the schedule asked for)."""
     return float(topology.block_slowdowns(training.recompute, training.schedule == Schedule.ZERO_BUBBLE).min())
+
+
+def _most_tensor_devices(topology, model, training) -> int:
+    """The most devices one cell of a plan may hold: the largest tensor degree that divides the
+    model's heads and MLP width and fits in one host's devices of one type (1 where the job
+    interleaves, which runs no tensor groups)."""
+    if training.fixed_virtual_stages > 1:
+        return 1
+    most = max(Counter((d.host, d.type_name) for d in topology.devices).values())
+    return max(t for t in TENSOR_DEGREES
+               if t == 1 or (t <= most and model.heads % t == 0 and model.ffn_hidden % t == 0))
+
+
+def _least_sync_bytes_per_param(model, training) -> float:
+    """The fewest bytes any parameter adds to a sync per iteration: the training precision's, or
+    PowerSGD's best-compressed part (``least_gradient_bytes_per_param``), over the local steps'
+    ``H`` (``training.sync_every``: a sync every ``H`` iterations)."""
+    costs = layer_costs(model, training, 1, 1, 2)  # two replicas: the sync as a data-parallel plan runs it
+    rate = least_gradient_bytes_per_param(costs)
+    return rate / costs.sync_every if costs.powersgd_rank else rate  # the plain rate is already over H
+
+
+def _least_boundary_bytes(per_sequence, training) -> float:
+    """Bytes one sequence's activation adds to a message across a stage boundary: at the training
+    precision, or in block-wise int8 one byte per value and one fp32 scale per ``BLOCK_VALUES``
+    values, without the last block's padding (``cost_models.compression.int8_message_bytes`` of a
+    micro-batch of ``m`` sequences is at least ``m`` times this)."""
+    if training.compress_messages != MessageCompression.INT8:
+        return per_sequence.boundary_bytes
+    values = per_sequence.raw_boundary_bytes / training.activation_bytes
+    return values * (1.0 + SCALE_BYTES / BLOCK_VALUES)
+
+
+def _heaviest_stage_flops(layers: int, stages: int, layer_flops: float, head_flops: float, interleaved: bool) -> float:
+    """The least FLOPs per sequence of a plan's heaviest stage: ``layers`` whole blocks of
+    ``layer_flops`` over ``stages`` stages of at least one block each, the last one also running the
+    head (``head_flops``), the least over the last stage's share ``k`` of
+    ``max(k w + h, ceil((L - k) / (S - 1)) w)``. ``interleaved``: a device may hold several chunks,
+    so only ``max(ceil(L / S) w, (L w + h) / S, w + h)``."""
+    w, h = layer_flops, head_flops
+    if stages == 1:
+        return layers * w + h
+    if interleaved:
+        return max(math.ceil(layers / stages) * w, (layers * w + h) / stages, w + h)
+    last = np.arange(1, layers - stages + 2)
+    return float(np.maximum(last * w + h, np.ceil((layers - last) / (stages - 1)) * w).min())
+
+
+def _tensor_speedup(per_sequence, most: int, layer_flops: float, slowest_flops: float, best_link: float) -> float:
+    """How many times one device's block speed a tensor group of at most ``most`` devices reaches,
+    at most: a block of ``w`` FLOPs per sequence takes a member of speed ``v`` at least
+    ``w / (t v)`` plus the group's all-reduces of the block's activation (a ring's
+    ``2 (t - 1) / t`` of each message over a link no faster than the fastest,
+    ``planner.prediction.stage_model.tensor_layer_s``), so the group runs at most
+    ``t / (1 + c_t t v / w)`` times one member's speed; that decreases with ``v``, so the slowest
+    device's speed gives the most (1 for a cell of one device)."""
+    allreduces = (per_sequence.tensor_allreduces_forward + per_sequence.tensor_allreduces_backward)
+    best = 1.0
+    for t in TENSOR_DEGREES:
+        if 1 < t <= most:
+            seconds = allreduces * 2.0 * (t - 1) / t * per_sequence.tensor_message_bytes / best_link
+            best = max(best, t / (1.0 + seconds * t * slowest_flops / layer_flops))
+    return best

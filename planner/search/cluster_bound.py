@@ -1,0 +1,217 @@
+"""The lower bound's term for clusters that only slow links join (``planner.search.bounds``).
+
+At each threshold ``tau`` of ``planner.search.link_clusters``, any two devices in different
+clusters are joined, both ways, by links of at most ``tau`` bytes/s and at least ``latency`` seconds
+(the least latency between clusters, the software's per-message overhead included), and every cell
+of a plan (a device, or a tensor group on one host) sits inside one cluster. A plan of S stages x D
+replicas either sits inside one cluster, or its grid spans two clusters or more, and then some
+stage group or some replica crosses between clusters: if every stage group and every replica sat
+inside one cluster, the whole grid would (each stage meets each replica in a cell).
+
+Notation (``cluster_bound``): ``B`` sequences, ``L`` blocks; ``P = B m / tau``, the whole batch's
+activations (``m`` per sequence, ``bounds._least_boundary_bytes``) over a link of at most ``tau``;
+``A = K + L p g x / tau``, where ``p g`` is a block's least sync bytes
+(``bounds._least_sync_bytes_per_param``), ``x`` the share of a stage's sync bytes that one member
+sends over one crossing link, the least of the algorithms allowed (``2 (D - 1) / D`` for a ring,
+every hop carrying that; 1 for a parameter server's and a hierarchical all-reduce's ``n``, the
+leads' ring carrying ``2 (h - 1) / h >= 1`` of them; ``2 / D`` for DTFM's sharded exchange:
+``cost_models.network.Network.sync_flows``),
+and ``K`` the busiest replica's (at least ``ceil(B / D)`` sequences) compute of every block on one
+cell at its fastest: a stage's sync starts after every replica's last backward on it (formulas.md,
+Pipeline schedules), so a crossing stage of a fraction ``f`` of the blocks takes at least ``f A``,
+plus ``Lambda``, the latencies of the sync's steps (``2 (D - 1)`` steps for a ring, each as slow as
+its slowest hop: ``cost_models.comm.ring_allreduce_time_s``; at least 2 messages one after the other
+for every other algorithm), over ``H`` with local steps. A crossing replica of a fraction ``phi`` of
+the batch sends at least ``phi P`` across (forward; the gradients go back over the reverse link), and
+its first micro-batch crosses there and back before its backward reaches the upstream cell: ``2``
+latencies. ``C``: the blocks' work over the most FLOP/s the plan's cells reach together.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.links import LevelMatrix
+from planner.search.link_clusters import clusters_at, link_thresholds
+
+__all__ = ["MAX_CLUSTERS", "ClusterLevel", "Crossing", "cluster_levels", "cluster_bound"]
+
+MAX_CLUSTERS = 16  # clusters kept apart per threshold; the rest share one envelope (a weaker, valid bound)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ClusterLevel:
+    """The clusters at one threshold: links between clusters are at most ``tau_bytes_per_s`` and at
+    least ``latency_s``."""
+
+    tau_bytes_per_s: float
+    latency_s: float
+    sizes: np.ndarray  # (K,) devices per cluster
+    memory_bytes: np.ndarray  # (K,) each cluster's largest device memory
+    speed: np.ndarray  # (K, M) FLOP/s of each cluster's k + 1 fastest devices (its total past its size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Crossing:
+    """What crosses between clusters, for one job (module description's notation)."""
+
+    model_sync_bytes: float  # L p g: every block's least sync bytes
+    end_sync_bytes: float  # the least sync bytes of a first or last stage of a pipeline: a block and its extras
+    layers: int  # L
+    batch_bytes: float  # B m: the whole batch's activations at one boundary
+    batch: int  # B
+    sharded: bool  # DTFM's sharded exchange allowed
+    ring_only: bool  # the ring is the only sync allowed
+    sync_every: int  # H
+
+
+def cluster_levels(topology, training) -> list:
+    """The clusters at each of the network's thresholds where they are more than one: each
+    cluster's size, largest memory and fastest devices' speed, and the least latency between
+    clusters. Past ``MAX_CLUSTERS`` clusters, the smaller ones are replaced by one that dominates
+    each of them (the largest size, memory and speed of any): a plan inside one of them is inside it."""
+    network = topology.network
+    flops = topology.effective_flops(training.precision)
+    memory = topology.memory_bytes()
+    levels, seen = [], set()
+    for tau in link_thresholds(network):  # ascending: of equal clusters, the first has the slowest links
+        labels = clusters_at(network, tau)
+        k = int(labels.max()) + 1
+        if k <= 1 or labels.tobytes() in seen:
+            continue
+        seen.add(labels.tobytes())
+        order = np.lexsort((-flops, labels))  # by cluster, fastest first
+        sizes = np.bincount(labels, minlength=k)
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        rank = np.arange(labels.size) - starts[labels[order]]
+        speed = np.zeros((k, int(sizes.max())))
+        speed[labels[order], rank] = flops[order]
+        speed = np.cumsum(speed, axis=1)  # saturates at the cluster's total past its size
+        most = np.full(k, -np.inf)
+        np.maximum.at(most, labels, memory)
+        if k > MAX_CLUSTERS:
+            keep = np.argsort(-sizes, kind="stable")
+            kept, merged = keep[:MAX_CLUSTERS - 1], keep[MAX_CLUSTERS - 1:]
+            sizes = np.append(sizes[kept], sizes[merged].max())
+            most = np.append(most[kept], most[merged].max())
+            speed = np.vstack([speed[kept], speed[merged].max(axis=0)])
+        levels.append(ClusterLevel(tau_bytes_per_s=float(tau), latency_s=_least_latency_between(network, labels),
+                                   sizes=sizes, memory_bytes=most, speed=speed))
+    return levels
+
+
+def _least_latency_between(network, labels: np.ndarray) -> float:
+    """The least latency of a link between two devices of different clusters (``labels``), the
+    per-message overhead included; by levels from the (region, region) table where two regions hold
+    devices of different clusters, and the pair entries, never N x N."""
+    latency = network.latency_s
+    if not isinstance(latency, LevelMatrix):
+        dense = np.array(latency, dtype=float)
+        return float(np.min(np.where(labels[:, None] != labels[None, :], dense, np.inf)))
+    regions = latency.table.shape[0]
+    first = np.full(regions, -1)
+    first[latency.region[::-1]] = labels[::-1]  # a label of each region (its first device's)
+    mixed = np.zeros(regions, dtype=bool)
+    mixed[latency.region[labels != first[latency.region]]] = True  # regions holding two clusters or more
+    across = mixed[:, None] | mixed[None, :] | (first[:, None] != first[None, :])
+    present = np.bincount(latency.region, minlength=regions) > 0
+    across &= present[:, None] & present[None, :]
+    candidates = [latency.table[across]] + [np.array([v for (a, b), v in latency.overrides.items()
+                                                      if labels[a] != labels[b]])]
+    values = np.concatenate(candidates)
+    values = values[np.isfinite(values)]
+    return float(values.min()) if values.size else 0.0
+
+
+def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas: np.ndarray, used: np.ndarray,
+                  speedup: float, cells_flops: np.ndarray, work_flops: float, block_flops: float,
+                  busiest_s: np.ndarray, state_bytes: float) -> np.ndarray:
+    """A bound, per replica count ``replicas`` (D), on plans of ``stages`` (S) stages from the
+    clusters of ``level`` (module description; ``used``: U; ``cells_flops``: the most FLOP/s the
+    plan's cells reach together, the U fastest devices' at most and ``speedup`` (a tensor group's
+    most over one device) times the ``S D`` fastest's; ``work_flops``: the iteration's;
+    ``block_flops``: the blocks' alone; ``busiest_s``: K; ``state_bytes``: the largest stage's
+    least state).
+
+    Either the plan sits inside one cluster with at least ``S D`` devices and a device of at least
+    ``state_bytes``: then its work bound over that cluster's ``U`` fastest devices. Or it spans
+    clusters, and then (the time ``T`` is at least each of the terms, so at least their largest
+    minimised over what the plan may choose):
+
+    (i) no stage crosses: the stages sit in two clusters or more, so every replica crosses, the
+        busiest (``ceil(B / D)`` sequences) too: ``max(ceil(B / D) P / B, P C / (P + C), 2 latencies)``,
+        the second from ``max(phi P, (1 - phi) C)``, the rest of the batch running elsewhere;
+    (ii) no replica crosses: every stage crosses, the deepest (``ceil(L / S)`` blocks) too:
+        ``max(ceil(L / S) A / L + Lambda, C (A + Lambda) / (A + C))``, the second from
+        ``max(f A + Lambda, (1 - f) C)``, the other stages' blocks running elsewhere;
+    (iii) some stage and some replica cross: ``T`` with ``T = (1 - T / A)(1 - T / P) C`` (the cells
+        outside both do ``(1 - f)(1 - phi)`` of the blocks' work), at least ``A / L + Lambda`` and
+        ``P / B`` (a stage has a block, a replica a sequence); and, unless every stage or every
+        replica crosses (cases (ii), (i)), ``_crowded_s``.
+
+    Where no cluster has ``D`` devices, every stage group crosses, so (ii)'s bound holds whatever
+    the replicas do; where none has ``S``, every replica crosses and (i)'s holds; both where both.
+    Where every cluster is one device, the first stage's last backward waits for the busiest
+    replica's last gradient over a crossing link that carried all its ``ceil(B / D)`` sequences'
+    gradients, and its sync (at least a block and the embeddings, ``end_sync_bytes``) crosses
+    after it; the last stage's likewise waits for the activations and syncs a block and the head.
+    """
+    tau, latency = level.tau_bytes_per_s, level.latency_s
+    cells = stages * replicas
+    width = level.speed.shape[1]
+    # (K, D) the most FLOP/s the plan's cells reach inside each cluster, as ``cells_flops`` overall
+    best_cluster = np.minimum(level.speed[:, np.minimum(used, width) - 1],
+                              speedup * level.speed[:, np.minimum(cells, width) - 1])
+    fits = (level.memory_bytes >= state_bytes)[:, None] & (level.sizes[:, None] >= cells[None, :])
+    with np.errstate(divide="ignore"):
+        inside = work_flops / np.where(fits, best_cluster, 0.0).max(axis=0)  # inf where no cluster holds it
+    share = 2.0 * (replicas - 1) / replicas if crossing.ring_only else np.ones(replicas.shape)
+    if crossing.sharded:
+        share = np.minimum(share, 2.0 / replicas)
+    A = busiest_s + crossing.model_sync_bytes * share / tau
+    steps = 2.0 * (replicas - 1) if crossing.ring_only and crossing.sync_every == 1 else 2.0
+    lam = steps * latency / crossing.sync_every
+    P = crossing.batch_bytes / tau
+    C = block_flops / cells_flops
+    L, B = crossing.layers, crossing.batch
+    never = np.full(replicas.shape, np.inf)
+    one = (np.maximum.reduce([np.ceil(B / replicas) * P / B, P * C / (P + C), np.full(replicas.shape, 2.0 * latency)])
+           if stages > 1 else never)  # a replica of one cell never crosses
+    two = np.where(replicas > 1, np.maximum(math.ceil(L / stages) * A / L + lam,
+                                            np.maximum(lam, C * (A + lam) / (A + C))), np.inf)
+    if stages > 1:
+        a, b = C / (A * P), -(C / A + C / P + 1.0)
+        both = np.maximum.reduce([2.0 * C / (-b + np.sqrt(b * b - 4.0 * a * C)), A / L + lam,
+                                  np.full(replicas.shape, P / B)])
+        crowded = _crowded_s(block_flops / best_cluster.max(axis=0), (stages - 1) / A, (replicas - 1) / P)
+        both = np.where(replicas > 1, np.maximum(both, np.minimum.reduce([one, two, crowded])), np.inf)
+    else:
+        both = never
+    # A stage group of more cells than any cluster has devices crosses; so does a replica.
+    every_stage, every_replica = replicas > level.sizes.max(), stages > level.sizes.max()
+    all_cross = np.maximum(one, two)
+    if level.sizes.max() == 1 and stages > 1:  # every cell alone: every boundary and stage crosses
+        all_cross = np.maximum(all_cross, np.ceil(B / replicas) * P / B
+                               + crossing.end_sync_bytes * share / tau + lam)
+    crossing_s = np.where(every_stage, all_cross if every_replica else two,
+                          one if every_replica else np.minimum.reduce([one, two, both]))
+    return np.minimum(inside, crossing_s)
+
+
+def _crowded_s(C, a, b):
+    """The least ``T`` with ``T >= (1 - min(1, a T) min(1, b T)) C`` (case (iii) of ``cluster_bound``
+    where some stage and some replica stay inside; ``C``: the blocks' work over the fastest
+    cluster's ``U`` fastest devices, ``a = (S - 1) / A``, ``b = (D - 1) / P``).
+
+    A stage and a replica that stay inside share a cell, so they sit in one cluster, and so do all
+    the cells of such stages and replicas: every cell but those of a crossing stage and a crossing
+    replica. Those do a share ``F Phi`` of the blocks' work, with ``F`` the crossing stages' share
+    of the blocks (at most ``S - 1`` of them, each ``f <= T / A``) and ``Phi`` the crossing
+    replicas' share of the batch (at most ``D - 1``, each ``phi <= T / P``); the rest runs in one
+    cluster: ``T >= (1 - F Phi) C``. Each of ``m(T) = a b T^2``, ``a T``, ``b T`` is at least
+    ``min(1, a T) min(1, b T)``, so the root of ``T = (1 - m(T)) C`` is at most the wanted one,
+    which is one of them: their largest."""
+    ab = a * b
+    quadratic = 2.0 * C / (1.0 + np.sqrt(1.0 + 4.0 * ab * C * C))
+    return np.maximum.reduce([quadratic, C / (1.0 + a * C), C / (1.0 + b * C)])

@@ -1,0 +1,85 @@
+"""Clusters of devices that only slow links join, for lower bounds.
+
+At a threshold ``tau`` (bytes/s), two devices are *joined* where the link between them is faster
+than ``tau`` in either direction, or where they share a host (a tensor group never leaves its
+host). The clusters are the connected components of that relation, so any two devices in
+different clusters are joined, both ways, by links of at most ``tau`` (NIC caps included). A
+cluster may be larger than the exact components (joining more than needed keeps that property);
+the bounds only rely on it.
+
+By levels (``cost_models.links.LevelMatrix``) the components come from the host/region structure
+in time linear in the devices plus the region table and the pair entries, never N x N: hosts whose
+shared NIC is at most ``tau`` both ways stand alone; the others of regions ``ra`` and ``rb`` join
+where the table is above ``tau`` either way (the diagonal: inside a region); pair entries above
+``tau`` join their two devices. A dense matrix (small topologies) is thresholded as is.
+(``planner.search.locality.bandwidth_clusters`` joins devices only where both directions are fast,
+on the dense block of at most a few hundred devices: clusters for placing, not for bounding.)
+"""
+
+import numpy as np
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+from cost_models.links import LevelMatrix
+
+__all__ = ["MAX_THRESHOLDS", "link_thresholds", "clusters_at"]
+
+MAX_THRESHOLDS = 8  # thresholds tried per topology (each gives a valid bound; more only tighten)
+
+
+def link_thresholds(network) -> np.ndarray:
+    """The bandwidths at which the clusters can change (the distinct link and NIC values), at most
+    ``MAX_THRESHOLDS`` of them spread over their sorted list (the fastest kept), ascending."""
+    bandwidth = network.bandwidth_bytes_per_s
+    if isinstance(bandwidth, LevelMatrix):
+        values = [bandwidth.host_value, *np.ravel(bandwidth.table), *bandwidth.overrides.values(),
+                  *network.nic_egress_bytes_per_s, *network.nic_ingress_bytes_per_s]
+    else:
+        dense = np.array(bandwidth, dtype=float)
+        values = dense[~np.eye(dense.shape[0], dtype=bool)]
+    values = np.unique(np.asarray(values, dtype=float))
+    values = values[np.isfinite(values) & (values > 0)]  # at the fastest, every host is a cluster
+    if values.size > MAX_THRESHOLDS:
+        values = values[np.unique(np.linspace(0, values.size - 1, MAX_THRESHOLDS).round().astype(int))]
+    return values
+
+
+def clusters_at(network, tau: float) -> np.ndarray:
+    """(N,) cluster label of each device at threshold ``tau``: labels 0 .. K-1."""
+    host = np.asarray(network.host, dtype=np.int64)
+    hosts = int(host.max()) + 1 if host.size else 0
+    bandwidth = network.bandwidth_bytes_per_s
+    if not isinstance(bandwidth, LevelMatrix):
+        dense = np.array(bandwidth, dtype=float)
+        np.fill_diagonal(dense, 0.0)
+        a, b = np.nonzero((dense > tau) | (dense.T > tau))
+        return _components(hosts, host[a], host[b])[host]
+    egress, ingress = network.nic_egress_bytes_per_s, network.nic_ingress_bytes_per_s
+    open_host = (egress > tau) | (ingress > tau)  # a host whose NIC passes more than tau one way at least
+    region_of_host = np.zeros(hosts, dtype=np.int64)
+    region_of_host[host] = bandwidth.region
+    table = np.asarray(bandwidth.table, dtype=float)
+    fast = (table > tau) | (table.T > tau)
+    regions = table.shape[0]
+    has_open = np.bincount(region_of_host[open_host], minlength=regions) > 0
+    fast &= has_open[:, None] & has_open[None, :]
+    ra, rb = np.nonzero(fast)
+    # nodes: hosts 0 .. H-1, then one node per region standing for its open hosts
+    open_ids = np.flatnonzero(open_host)
+    linked = np.zeros(regions, dtype=bool)
+    linked[ra] = True  # a region whose open hosts reach some open host faster than tau
+    members = open_ids[linked[region_of_host[open_ids]]]
+    pairs_a = [members, hosts + ra]
+    pairs_b = [hosts + region_of_host[members], hosts + rb]
+    if bandwidth.overrides:
+        keys = np.array([k for k, v in bandwidth.overrides.items() if v > tau], dtype=np.int64).reshape(-1, 2)
+        pairs_a.append(host[keys[:, 0]])
+        pairs_b.append(host[keys[:, 1]])
+    labels = _components(hosts + regions, np.concatenate(pairs_a), np.concatenate(pairs_b))[:hosts]
+    return np.unique(labels, return_inverse=True)[1][host]
+
+
+def _components(nodes: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Connected-component labels of ``nodes`` nodes joined by the edges ``a[k] -- b[k]``."""
+    graph = coo_matrix((np.ones(a.size), (a, b)), shape=(nodes, nodes))
+    return connected_components(graph, directed=False)[1]
