@@ -10,7 +10,11 @@
   the split-backward efficiency the same for the block as a ZB-H1 plan runs it (its linear layers
   eager with their weight gradients deferred, ``planner.runtime.split_backward``, what lies between
   them compiled as ``plan launch`` compiles it): forward, input gradients, then the weight
-  gradients, counted at 3 forwards' FLOPs.
+  gradients, counted at 3 forwards' FLOPs; its time is the plain block's times the ratio of the
+  two on the device alone (``device_timed``: kernels queued behind a device-side wait), since a
+  zero-bubble stage issues the split block's extra calls in the slack its schedule leaves (on
+  2x H200, timed back to back as a stage queues them, it read 10% above the plain block while the
+  runtime's ZB-H1 stages ran 1-2% above their 1F1B time).
 - Host: the seconds the host takes to issue each of those blocks' calls (the call returns before
   a GPU has run its kernels), recorded under ``measured`` (``*_issue_s``) beside the blocks' times;
   where the two are close, a stage can wait for its host.
@@ -271,6 +275,9 @@ def _document(job, kind, backend, names, reports, options) -> dict:
                          "block_forward_backward_issue_s": compute["block_issue_s"],
                          "recomputed_block_forward_backward_issue_s": compute["recomputed_block_issue_s"],
                          "split_block_forward_backward_issue_s": compute["split_block_issue_s"],
+                         "block_forward_backward_device_s": compute["block_device_s"],
+                         "split_block_forward_backward_device_s": compute["split_block_device_s"],
+                         "split_block_forward_backward_queued_s": compute["split_block_queued_s"],
                          "peak_flops": peak, "optimizer_step_s": compute["optimizer_s"],
                          "optimizer_parameters": OPTIMIZER_PROBE_PARAMETERS, "threads": compute["threads"]},
         }},
@@ -359,6 +366,7 @@ def _measure(rank, world, job, options, queue, device, threads, degree) -> None:
 
 
 _QUEUED_CALLS = 8  # GPU calls queued per timed sample, as a stage queues its blocks
+_AHEAD_S = 0.002  # device_timed's wait beyond twice the host's issue time
 
 
 def timed(fn, repeats: int, device) -> float:
@@ -392,21 +400,65 @@ def issued(fn, repeats: int, device) -> float:
     """Median host seconds one call of ``fn`` takes to return after two warm-ups, the device idle
     before each call and drained after it: on a GPU the call queues its kernels and returns, so this
     is the host's cost of issuing them (``timed``'s samples are the larger of it and the device's)."""
-    import torch
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     samples = []
     for k in range(repeats + 2):
-        sync()
+        _drain(device)
         start = time.perf_counter()
         fn()
         if k >= 2:
             samples.append(time.perf_counter() - start)
-    sync()
+    _drain(device)
     return statistics.median(samples)
+
+
+def device_timed(fn, repeats: int, device, ahead_s: float) -> float:
+    """Median device seconds of one call of ``fn`` after two warm-ups, its kernels queued behind a
+    device-side wait of at least ``ahead_s`` so that the host has issued all of them before the
+    device starts: the device's time alone, however slow the host (``issued`` is the host's). A
+    sample whose wait ended before the host had issued the call is taken again behind a wait twice
+    as long. On a CPU, ``timed``."""
+    if device.type != "cuda":
+        return timed(fn, repeats, device)
+    import torch
+
+    cycles = max(int(ahead_s * _sleep_cycles_per_s(device)), 1)
+    for _ in range(2):
+        fn()
+    samples = []
+    while len(samples) < repeats:
+        _drain(device)
+        torch.cuda._sleep(cycles)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        if start.query():  # the device reached the call before the host had issued all of it
+            cycles *= 2
+            continue
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(samples)
+
+
+def _sleep_cycles_per_s(device) -> float:
+    """Clock cycles per second of ``torch.cuda._sleep`` on ``device``, measured."""
+    import torch
+
+    cycles = 10_000_000
+    _drain(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / (start.elapsed_time(end) / 1e3)
+
+
+def _drain(device) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
 
 
 def _compute_probe(job, options, device, threads) -> dict:
@@ -430,9 +482,10 @@ def _compute_probe(job, options, device, threads) -> dict:
     grad = torch.randn_like(x)
 
     def chain_s(recompute: bool) -> tuple:
-        """(forward, forward + backward, the host's issue of forward + backward) seconds per block of
-        a chain of ``PROBE_BLOCKS``; the chain is freed on return, so one is alive at a time (a device
-        that holds a few blocks can be probed)."""
+        """Per block of a chain of ``PROBE_BLOCKS``: (forward, forward + backward) seconds as a stage
+        queues them (``timed``), the host's seconds issuing forward + backward (``issued``) and the
+        device's alone (``device_timed``). The chain is freed on return, so one is alive at a time (a
+        device that holds a few blocks can be probed)."""
         blocks = [Block(model).to(device=device, dtype=dtype) for _ in range(PROBE_BLOCKS)]
         for block in blocks:
             block.recompute = recompute  # as planner.runtime.gpt.build_stage sets it for training.recompute
@@ -444,14 +497,25 @@ def _compute_probe(job, options, device, threads) -> dict:
             for block in blocks:
                 y = block(y)
             return y
-        return (timed(forward, options.repeats, device) / PROBE_BLOCKS,
-                timed(lambda: forward().backward(grad), options.repeats, device) / PROBE_BLOCKS,
-                issued(lambda: forward().backward(grad), options.repeats, device) / PROBE_BLOCKS)
 
-    forward, both, both_issue = chain_s(False)
-    recomputed_both, recomputed_issue = chain_s(True)[1:]
+        def both():
+            forward().backward(grad)
+
+        issue = issued(both, options.repeats, device)
+        return (timed(forward, options.repeats, device) / PROBE_BLOCKS,
+                timed(both, options.repeats, device) / PROBE_BLOCKS, issue / PROBE_BLOCKS,
+                device_timed(both, options.repeats, device, 2.0 * issue + _AHEAD_S) / PROBE_BLOCKS)
+
+    forward, both, both_issue, both_device = chain_s(False)
+    recomputed_both, recomputed_issue = chain_s(True)[1:3]
     split = split_backward_step(model, x, grad, compiled, PROBE_BLOCKS)
-    split_both = timed(split, options.repeats, device) / PROBE_BLOCKS
+    split_queued = timed(split, options.repeats, device) / PROBE_BLOCKS
+    split_issue = issued(split, options.repeats, device) / PROBE_BLOCKS
+    split_device = device_timed(split, options.repeats, device,
+                                2.0 * PROBE_BLOCKS * split_issue + _AHEAD_S) / PROBE_BLOCKS
+    # A zero-bubble stage issues its calls in the slack its schedule leaves, so the split block costs
+    # what the device says it costs beyond the plain block, not what a host issuing it back to back does.
+    split_both = both * split_device / both_device
     split_issue = issued(split, options.repeats, device) / PROBE_BLOCKS
     norm = make_norm(model, model.hidden).to(device=device, dtype=dtype)
     head = torch.nn.Linear(model.hidden, head_rows(model), bias=False).to(device=device, dtype=dtype)
@@ -473,6 +537,7 @@ def _compute_probe(job, options, device, threads) -> dict:
     moved = probe.weight.numel() * OPTIMIZER_BYTES_PER_PARAMETER[training.optimizer]
     return {"micro_batch_size": b, "block_forward_s": forward, "block_backward_s": max(both - forward, 0.0),
             "recomputed_block_s": recomputed_both, "split_block_s": split_both,
+            "block_device_s": both_device, "split_block_device_s": split_device, "split_block_queued_s": split_queued,
             "block_issue_s": both_issue, "recomputed_block_issue_s": recomputed_issue, "split_block_issue_s": split_issue,
             "head_s": head_s, "optimizer_s": optimizer_s, "optimizer_bytes_per_s": moved / optimizer_s,
             "dtype": str(dtype).replace("torch.", ""), "compiled": compiled, "threads": threads, "torch": torch.__version__,
