@@ -11,10 +11,8 @@
   eager with their weight gradients deferred, ``planner.runtime.split_backward``, what lies between
   them compiled as ``plan launch`` compiles it): forward, input gradients, then the weight
   gradients, counted at 3 forwards' FLOPs; its time is the plain block's times the ratio of the
-  two on the device alone (``device_timed``: kernels queued behind a device-side wait), since a
-  zero-bubble stage issues the split block's extra calls in the slack its schedule leaves (on
-  2x H200, timed back to back as a stage queues them, it read 10% above the plain block while the
-  runtime's ZB-H1 stages ran 1-2% above their 1F1B time).
+  two on the device alone (``device_timed``: kernels queued behind a device-side wait), or the
+  host's time to issue it where that is longer (``split_block_s``).
 - Host: the seconds the host takes to issue each of those blocks' calls (the call returns before
   a GPU has run its kernels), recorded under ``measured`` (``*_issue_s``) beside the blocks' times;
   where the two are close, a stage can wait for its host.
@@ -56,7 +54,7 @@ from planner.runtime.spawn import RankFailure, gather_from_ranks
 
 __all__ = ["CalibrateOptions", "CalibrationFailure", "calibrate", "fit_latency_bandwidth", "OPTIMIZER_PROBE_PARAMETERS",
            "tensor_probe_degree", "tensor_block_floor", "TENSOR_PROBE_MICRO_BATCH",
-           "tensor_probe", "timed", "split_backward_step", "PROBE_BLOCKS", "join_ranks"]
+           "tensor_probe", "timed", "split_backward_step", "split_block_s", "PROBE_BLOCKS", "join_ranks"]
 
 OPTIMIZER_PROBE_PARAMETERS = 32 * 2**20
 _SIZES_CPU = (4 * 2**10, 64 * 2**10, 2**20, 8 * 2**20)
@@ -513,9 +511,7 @@ def _compute_probe(job, options, device, threads) -> dict:
     split_issue = issued(split, options.repeats, device) / PROBE_BLOCKS
     split_device = device_timed(split, options.repeats, device,
                                 2.0 * PROBE_BLOCKS * split_issue + _AHEAD_S) / PROBE_BLOCKS
-    # A zero-bubble stage issues its calls in the slack its schedule leaves, so the split block costs
-    # what the device says it costs beyond the plain block, not what a host issuing it back to back does.
-    split_both = both * split_device / both_device
+    split_both = split_block_s(both, both_device, split_device, split_issue)
     split_issue = issued(split, options.repeats, device) / PROBE_BLOCKS
     norm = make_norm(model, model.hidden).to(device=device, dtype=dtype)
     head = torch.nn.Linear(model.hidden, head_rows(model), bias=False).to(device=device, dtype=dtype)
@@ -543,6 +539,17 @@ def _compute_probe(job, options, device, threads) -> dict:
             "dtype": str(dtype).replace("torch.", ""), "compiled": compiled, "threads": threads, "torch": torch.__version__,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
             else (platform.processor() or platform.machine())}
+
+
+def split_block_s(plain_queued_s: float, plain_device_s: float, split_device_s: float, split_issue_s: float) -> float:
+    """Seconds per block of ZB-H1's split block in a stage: the plain block's time as a stage queues
+    it times the two blocks' ratio on the device alone (the split block's extra device work), and
+    no less than the host's time to issue the split block (the device runs what its host queued).
+    Not the split block timed back to back: a zero-bubble stage's host issues in the slack its
+    schedule leaves, and on hosts whose issue time is near the device's the back-to-back timing read
+    10% (one 2x H200 host) to 23% (another) above the plain block; the runtime's ZB-H1 stages ran
+    1-2% above 1F1B on the first and the host's issue time above the device's on the second."""
+    return max(plain_queued_s * split_device_s / plain_device_s, split_issue_s)
 
 
 def split_backward_step(model, x, grad, compiled: bool, blocks: int = 1):
