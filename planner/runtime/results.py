@@ -3,7 +3,8 @@ by side, plus a Chrome trace of the measured (and predicted) per-op timelines.
 
 ``results.json`` keys: ``plan`` (the plan document), ``run`` (how it ran), ``measured`` (seconds of
 this host: per-iteration times as the max over ranks, median, spread, tokens/s, MFU, loss, peak
-memory per device, the op trace of the median iteration), ``predicted`` (the simulator's iteration
+memory per device, the op trace of the median iteration: per op its start and end on the device's
+clock and ``host_s``, the host's seconds issuing it), ``predicted`` (the simulator's iteration
 time, memory and op trace, in the plan's seconds) and ``comparison`` (both in this host's seconds:
 the prediction times ``run.time_scale``, and ``prediction_error`` = (predicted - measured) / measured).
 ``straggler`` (``planner.runtime.straggler``): each worker's measured forward and backward seconds
