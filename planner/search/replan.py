@@ -129,12 +129,14 @@ def holdings(plan: Plan, model, training) -> dict:
     return held
 
 
-def held_bytes(plan: Plan, model, training) -> dict:
+def held_bytes(plan: Plan, model, training, held: dict | None = None) -> dict:
     """device -> bytes of state it holds under ``plan``: of each piece it holds, its fraction of the
-    weights and its fraction of the optimizer state (``holdings``, ``state_pieces``)."""
+    weights and its fraction of the optimizer state (``held``: the plan's ``holdings`` where the
+    caller has them; ``state_pieces``)."""
     pieces = state_pieces(model, training)
-    return {device: float(sum(pieces[p][0] * w + pieces[p][1] * s for p, (w, s) in held.items()))
-            for device, held in holdings(plan, model, training).items()}
+    held = held if held is not None else holdings(plan, model, training)
+    return {device: float(sum(pieces[p][0] * w + pieces[p][1] * s for p, (w, s) in mine.items()))
+            for device, mine in held.items()}
 
 
 def plan_moves(old: Plan, new: Plan, topology, model, training) -> Moves:
@@ -505,7 +507,8 @@ def replan(old: Plan, topology, model, training, options, *, move_weight: float 
 
 
 def _why(best: Option, kept: list, found: Option, lost: tuple, old: Plan, model, training, weight: float) -> str:
-    before, held = holdings(old, model, training), held_bytes(old, model, training)
+    before = holdings(old, model, training)
+    held = held_bytes(old, model, training, before)
     lost_pieces = {piece for device in lost for piece in before.get(device, {})}
     lost_bytes = sum(held.get(device, 0.0) for device in lost)
     only_lost = best.moves.pieces <= lost_pieces and best.moves.bytes <= lost_bytes * (1 + 1e-9)
