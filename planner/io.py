@@ -240,7 +240,15 @@ def write_document(document: dict, path) -> None:
 
 
 def _umask() -> int:
-    """The process's file-creation mask (read by setting it, then restored)."""
+    """The process's file-creation mask: from ``/proc/self/status`` where Linux has it (reading it
+    there changes nothing another thread could see); elsewhere by setting it, then restoring it."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
