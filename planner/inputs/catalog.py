@@ -136,8 +136,10 @@ def device_type(type_name: str) -> DeviceType:
     if type_name not in catalog:
         import difflib
 
-        folded = {name.lower().replace("-", ""): name for name in catalog}
-        spelled = folded.get(str(type_name).lower().replace("-", "").replace("_", "").replace(" ", ""))
+        def fold(name) -> str:  # case and separators, as a user may type a type name
+            return str(name).lower().replace("-", "").replace("_", "").replace(" ", "")
+
+        spelled = {fold(name): name for name in catalog}.get(fold(type_name))
         close = next(iter(difflib.get_close_matches(str(type_name), list(catalog), n=1, cutoff=0.75)), None)
         hint = (f" (did you mean {spelled!r}? type names are case-sensitive)" if spelled else
                 f" (did you mean {close!r}?)" if close else "")
