@@ -200,6 +200,8 @@ def read_yaml(path) -> object:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(error, "problem", None) or "invalid YAML"
+        if "maximum nesting depth" in problem:  # libyaml's own limit (PyYAML >= 6.0.4), met while scanning ahead
+            problem = f"nests deeper than {MAX_DEPTH} levels: flatten it"
         raise InputError(f"not valid YAML{where}: {problem}", source=str(path),
                          field=getattr(error, "field", None)) from None
     except RecursionError:  # a guard: the depth check above comes first
