@@ -54,7 +54,9 @@ def test_recompute_is_the_fix_only_when_it_is_off(write_yaml, capsys):
     assert main([str(path), "--time-limit", "5"]) == 2
     assert _error(capsys) == (f"plan: error: {path}: field 'training.recompute': no plan fits in memory: 4 stage(s) "
                               "x 1 replica(s) must use slow-0 (T4, 15 GiB usable), and a stage of 8 layers needs at "
-                              f"least {_gib(doc, 4, 4, 4)} at micro-batch size 4 (recompute off): set recompute: true")
+                              f"least {_gib(doc, 4, 1, 4)} at micro-batch size 4 (recompute off); split evenly, "
+                              f"stage 0 needs {_even(doc, 4, 1, 4)} with the micro-batches it keeps in flight: set "
+                              "recompute: true")
     doc["training"]["recompute"] = True
     assert main([str(write_yaml(doc)), "--time-limit", "5"]) == 0  # and with it the model fits
     capsys.readouterr()
@@ -67,6 +69,31 @@ def test_recompute_is_the_fix_only_when_it_is_off(write_yaml, capsys):
         err = _error(capsys)
         assert "field 'model'" in err and "more than all 4 devices hold together" in err and "recompute:" not in err
         assert err.endswith("add devices with more memory or plan a smaller model")
+
+
+def _even(doc, stages: int, replicas: int, micro_batch_size: int) -> str:
+    """Stage 0 of an even split at 1F1B's in-flight count (``stages`` micro-batches), by hand."""
+    import math
+
+    from planner.inputs.units import format_bytes
+    from planner.prediction.stage_model import layer_costs, stage_memory_bytes
+
+    job = _job(doc)
+    costs = layer_costs(job.model, job.training, micro_batch_size, stages, replicas)
+    return format_bytes(stage_memory_bytes(costs, math.ceil(job.model.layers / stages), 0, stages))
+
+
+def test_the_named_shape_is_measured_by_its_own_replicas_and_its_split(capsys):
+    """Six 24 GiB GPUs, GPT-3 6.7B at micro-batch 4: 6 x 1 must hold unsharded state (19.5 GiB a
+    stage at least, not 8.25 as over the most replicas any shape tried), and stage 0 of an even
+    split keeps 6 micro-batches in flight: 24.6 GiB, the number that does not fit."""
+    from tests.conftest import ROOT
+
+    path = ROOT / "topologies" / "emulated" / "home-mini.yaml"
+    assert main([str(path), "--model", "gpt3-6.7b"]) == 2
+    err = _error(capsys)
+    assert "6 stage(s) x 1 replica(s) must use berlin-4090-0 (RTX-4090, 23 GiB usable)" in err
+    assert "needs at least 19.5 GiB" in err and "split evenly, stage 0 needs 24.6 GiB" in err
 
 
 def _gib(doc, stages: int, replicas: int, micro_batch_size: int = 1) -> str:

@@ -5,7 +5,10 @@ import math
 
 import numpy as np
 
+from cost_models.memory import in_flight_micro_batches
+from cost_models.schedule import Schedule
 from planner.errors import InputError
+from planner.inputs.catalog import AUTO
 from planner.inputs.units import format_bytes
 from planner.prediction.stage_model import layer_costs, stage_memory_bytes
 from planner.search.construct import choose_devices
@@ -52,6 +55,21 @@ def stage_memory_floor(model, training, micro_batch_size: int, stages: int, repl
     costs = layer_costs(model, training, micro_batch_size, stages, replicas)
     per_stage = math.ceil(model.layers / stages)
     return float(min(stage_memory_bytes(costs, per_stage, s, 1.0) for s in range(stages)))
+
+
+def _even_split_worst(model, training, micro_batch_size: int, stages: int, replicas: int) -> tuple:
+    """(stage, bytes) of the stage that needs the most under an even layer split (``ceil(layers /
+    stages)`` each) with the micro-batches its schedule keeps in flight (1F1B and ZB-H1: ``S - s`` at
+    most; GPipe: a round's; ``cost_models.memory.in_flight_micro_batches``)."""
+    costs = layer_costs(model, training, micro_batch_size, stages, replicas)
+    per_replica = max(1, training.global_batch // (micro_batch_size * replicas))
+    schedule = Schedule.ONE_F_ONE_B if training.schedule == AUTO else training.schedule
+    needs = [stage_memory_bytes(costs, math.ceil(model.layers / stages), s,
+                                in_flight_micro_batches(schedule, s, stages, per_replica,
+                                                        training.micro_batches_per_round))
+             for s in range(stages)]
+    worst = int(np.argmax(needs))
+    return worst, float(needs[worst])
 
 
 def _state_bytes(model, training) -> float:
@@ -110,9 +128,12 @@ def no_fit_error(topology, model, training, pairs: list, micro_batch_sizes: list
     chosen = choose_devices(speed, capacity, s * r)
     weakest = int(chosen[np.argmin(capacity[chosen])])
     device = topology.devices[weakest]
+    stage, need = _even_split_worst(model, training, b, s, r)
     cause = (f"no plan fits in memory: {s} stage(s) x {r} replica(s) must use {device.name} ({device.type_name}, "
-             f"{_gib(capacity[weakest])} usable), and a stage of {layers} layers needs at least {_gib(floor)} at "
-             f"micro-batch size {b} ({recompute})")
+             f"{_gib(capacity[weakest])} usable), and a stage of {layers} layers needs at least "
+             f"{_gib(stage_memory_floor(model, training, b, s, r))} at micro-batch size {b} ({recompute})"
+             + (f"; split evenly, stage {stage} needs {_gib(need)} with the micro-batches it keeps in flight"
+                if need > capacity[weakest] else ""))
     if training.schedule == "gpipe" and not training.micro_batches_per_round:
         return InputError(f"{cause}, and GPipe keeps the activations of all a replica's micro-batches: use "
                           "--schedule 1f1b or accumulation rounds (--micro-batches-per-round)", field="--schedule")
