@@ -370,6 +370,11 @@ def _make(args) -> int:
         from planner.inputs.calibration import apply_calibration, calibration_record, read_calibration
 
         calibration = read_calibration(args.calibration)
+        types = sorted({d.type_name for d in job.topology.devices})
+        if calibration.device_types and not set(calibration.device_types) & set(types):
+            raise InputError(f"measured {', '.join(sorted(calibration.device_types))}, which {args.topology} does not "
+                             f"have (its types: {', '.join(types)}): run 'plan calibrate {args.topology}' on that "
+                             "cluster, or leave --calibration out", source=args.calibration, field="device_types")
         job = dataclasses.replace(job, topology=apply_calibration(job.topology, calibration))
         record = calibration_record(calibration)
     if args.budget is not None and args.objective == "dtfm":

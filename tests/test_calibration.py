@@ -583,3 +583,14 @@ def test_the_split_block_rederived_from_its_probes_predicts_the_recorded_zero_bu
         after = predict(inputs.plan, apply_calibration(base, rederived), inputs.model, inputs.training)[0].iteration_s
         assert before / measured - 1 == pytest.approx(recorded_error, abs=0.001)
         assert abs(after / measured - 1) < error
+
+
+def test_a_calibration_of_device_types_the_topology_lacks_is_refused_in_one_line(tmp_path, write_yaml, capsys):
+    """A calibration of CPU-cores given to a topology of A100s and T4s changes nothing the planner
+    predicts; planning with it would report a calibrated plan that is not."""
+    cal = _calibration(tmp_path / "cal.yaml", kind="CPU-core")
+    topology = write_yaml(small_topology())
+    assert main([str(topology), "--calibration", str(cal)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "cal.yaml" in err and "field 'device_types'" in err
+    assert "measured CPU-core" in err and "its types: A100-80GB, T4" in err and "plan calibrate" in err
