@@ -1,5 +1,7 @@
 """Strict reading of one YAML mapping: known keys only, each typed, each error naming its field."""
 
+import difflib
+
 from planner.errors import InputError
 
 __all__ = ["Fields"]
@@ -35,7 +37,9 @@ class Fields:
         self._seen.add(key)
         if key not in self._mapping or self._mapping[key] is None:
             if default is _MISSING:
-                raise InputError("is missing: add it", field=self.path(key))
+                typo = difflib.get_close_matches(key, [str(k) for k in self._mapping if k != key], n=1, cutoff=0.8)
+                raise InputError("is missing: add it" + (f" (the file has '{typo[0]}': a misspelling of it?)"
+                                                          if typo else ""), field=self.path(key))
             return default
         return self._mapping[key]
 

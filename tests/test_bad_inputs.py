@@ -477,3 +477,14 @@ def test_a_plan_at_the_global_batch_limit_stays_quick_and_small(tmp_path, capsys
     assert time.perf_counter() - started < 60
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 * 2**20  # KiB: under 4 GiB
     assert f'"global_batch": {MAX_GLOBAL_BATCH}' in capsys.readouterr().out
+
+
+def test_a_misspelled_required_key_is_named_where_the_key_is_missing(write_yaml, capsys):
+    """``global_bach`` for ``global_batch``: the line names the field that is missing and the key the
+    file has instead (the unknown-key check comes after it)."""
+    doc = small_topology()
+    doc["training"]["global_bach"] = doc["training"].pop("global_batch")
+    assert main([str(write_yaml(doc))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "field 'training.global_batch': is missing: add it" in err
+    assert "'global_bach': a misspelling of it?" in err
