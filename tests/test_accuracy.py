@@ -18,6 +18,17 @@ def test_rank_correlation_matches_scipy_with_ties():
     assert rank_correlation([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
 
 
+def test_rank_correlation_of_runs_that_do_not_differ_is_nan_without_a_warning():
+    """The same plan run twice predicts the same time: no rank to correlate (numpy would warn)."""
+    import math
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert math.isnan(rank_correlation([0.3, 0.3], [0.31, 0.32]))
+        assert math.isnan(rank_correlation([0.3], [0.31]))
+
+
 def test_mean_absolute_percentage_error_by_hand():
     assert mean_absolute_percentage_error([1.1, 0.9], [1.0, 1.0]) == pytest.approx(0.1)
 

@@ -50,10 +50,12 @@ def _ranks(values) -> np.ndarray:
 
 def rank_correlation(predicted, measured) -> float:
     """Spearman's rank correlation: Pearson's correlation of the ranks (1: the prediction orders the
-    plans exactly as measured; Spearman 1904)."""
-    if len(predicted) < 2:
+    plans exactly as measured; Spearman 1904). NaN where it is undefined: fewer than two runs, or
+    every run of the same predicted or measured rank (the same plan run twice)."""
+    a, b = _ranks(predicted), _ranks(measured)
+    if len(predicted) < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return float("nan")
-    return float(np.corrcoef(_ranks(predicted), _ranks(measured))[0, 1])
+    return float(np.corrcoef(a, b)[0, 1])
 
 
 def memory_rows(results: dict) -> list:

@@ -13,6 +13,7 @@ Each figure is written as PNG and SVG. Errors are ``(predicted - measured) / mea
 (``planner.report.accuracy.prediction_error``).
 """
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -70,7 +71,8 @@ def plot_accuracy(runs: list, stem, *, title: str = "Predicted vs measured itera
     axes.set_ylabel("predicted iteration time (s)")
     mape = mean_absolute_percentage_error(predicted, measured)
     rho = rank_correlation(predicted, measured)
-    axes.set_title(f"{title}\nMAPE {100 * mape:.1f}%, Spearman {rho:.3f}, {len(rows)} runs", fontsize=11)
+    spearman = "n/a (the runs do not differ in rank)" if math.isnan(rho) else f"{rho:.3f}"
+    axes.set_title(f"{title}\nMAPE {100 * mape:.1f}%, Spearman {spearman}, {len(rows)} runs", fontsize=11)
     names = [f"{k}: {r['label']} ({100 * r['error']:+.1f}%)" for k, r in enumerate(rows, start=1)]
     handles = [Patch(color="none", label=n) for n in names]
     axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False,
