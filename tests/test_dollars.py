@@ -235,3 +235,21 @@ def test_egress_table_adds_up_to_the_cost_models_bytes_per_iteration():
     table = egress_bytes(plan, topology, model, training)
     assert table.sum() == pytest.approx(communication_bytes(plan, model, training)["bytes_per_iteration"])
     assert table[0, 1] > 0 and table[1, 0] > 0
+
+
+def test_the_report_says_cp_sat_disagrees_only_beside_a_time_plan_and_beyond_one_percent(pooled):
+    """CP-SAT minimises the search's time estimate: 0.5% under the simulated plan is its rounding, 5%
+    is a disagreement worth a line, and beside a plan chosen for dollars nothing compares."""
+    from dataclasses import replace
+
+    from planner.report.text import render_plan
+
+    job, time_result, cost_result = pooled
+    said = "the two disagree here"
+    for result, below, expected in ((time_result, 0.005, False), (time_result, 0.05, True),
+                                    (cost_result, 0.05, False)):
+        shape = {"stages": 1, "replicas": 1, "micro_batch_size": 1, "schedule": "1f1b", "status": "OPTIMAL",
+                 "estimate_s": result.plan.prediction.iteration_s * (1 - below), "wall_s": 0.1}
+        shown = replace(result, exact_shapes=[shape])
+        text = render_plan(result.plan, job.topology, job.model, result.training, result=shown)
+        assert (said in text) == expected, (result.objective, below)
