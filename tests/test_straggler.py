@@ -184,3 +184,21 @@ def test_the_cli_refuses_a_device_the_plan_does_not_use_and_slow_without_emulate
     code, out, err = run_cli(["launch", plan, "--slow", "b2:2", "--out", tmp_path / "r2"], capsys)
     assert code == 2 and "add --emulate" in err, err
     assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
+
+
+def test_a_straggler_named_while_the_host_overran_the_plan_is_told_to_rerun_first():
+    """An emulated run whose host ran past the plan's compute times can name a worker slow for the
+    host's load: the launch says to rerun at the suggested time scale before re-planning; without
+    the overrun, or with an emulated straggler, it says the summary only."""
+    from planner.runtime.launch import _say_straggler
+
+    found = {"device": "paris-4090", "summary": "paris-4090 computed 1.6x slower ..."}
+    overrun = {"warning": "this host overran the plan's compute times: ...", "suggested_time_scale": 0.117}
+    for emulation, told in (({"compute_overrun": overrun}, True), ({"compute_overrun": {"warning": ""}}, False),
+                            ({"compute_overrun": overrun, "slowdown": {"device": "paris-4090", "detected": True}},
+                             False)):
+        lines = []
+        _say_straggler({"straggler": found, "emulation": emulation}, lines.append)
+        assert lines[0] == found["summary"]
+        assert any("rerun with --time-scale 0.117 before re-planning around paris-4090" in line
+                   for line in lines) == told

@@ -420,6 +420,10 @@ def _say_straggler(results: dict, log) -> None:
     emulated = results.get("emulation", {}).get("slowdown")
     if found.get("device") or emulated:
         log(found["summary"])
+    overrun = results.get("emulation", {}).get("compute_overrun") or {}
+    if found.get("device") and not emulated and overrun.get("warning"):
+        log(f"this host also overran the plan's compute times (above), which can make a worker look slow: rerun "
+            f"with --time-scale {overrun['suggested_time_scale']:.3g} before re-planning around {found['device']}")
     if emulated and not emulated["detected"]:
         log(f"the emulated straggler {emulated['device']} ({emulated['factor']:g}x from iteration "
             f"{emulated['from_iteration']}) was not found in the measurements"
