@@ -728,6 +728,9 @@ def _plot(args) -> int:
         raise InputError(f"unknown figure {unknown[0] if unknown else '(none)'}: use accuracy, timeline, memory, "
                          "loss", field="--figures")
     out = Path(args.out)
+    if not out.parent.is_dir():  # as -o: the folder for the figures may be new, the one holding it not
+        raise InputError(f"its parent folder {out.parent} does not exist: create it first, or name another folder",
+                         field="--out")
     written = plot_accuracy(runs, out / "accuracy", title=args.title) if "accuracy" in figures else []
     written += plot_loss(runs, out / "loss") if "loss" in figures else []
     for label, results in runs:

@@ -44,6 +44,16 @@ def test_plot_writes_every_figure_from_committed_results(tmp_path, capsys):
     assert "memory-emulated-run.png" not in written  # no allocator on the CPU: no memory figure
 
 
+def test_plot_into_a_folder_whose_parent_is_missing_is_one_line(tmp_path, capsys):
+    """As ``plan -o``: the figures' folder may be new, the folder holding it must exist (a typo in
+    the path makes no tree of folders)."""
+    assert main(["plot", str(DATA / "gpu-run"), "--out", str(tmp_path / "missing" / "figures")]) == 2
+    err = capsys.readouterr().err
+    assert "field '--out'" in err and "does not exist" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "missing").exists()
+    assert main(["plot", str(DATA / "gpu-run"), "--out", str(tmp_path / "figures")]) == 0
+
+
 def test_plot_of_a_folder_without_results_is_one_line(tmp_path, capsys):
     assert main(["plot", str(tmp_path)]) == 2
     err = capsys.readouterr().err
