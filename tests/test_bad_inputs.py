@@ -488,3 +488,13 @@ def test_a_misspelled_required_key_is_named_where_the_key_is_missing(write_yaml,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "field 'training.global_batch': is missing: add it" in err
     assert "'global_bach': a misspelling of it?" in err
+
+
+def test_a_plan_file_given_as_a_topology_says_which_file_it_is(capsys):
+    """The mirror of ``plan launch TOPOLOGY``: ``plan PLAN`` names the command that runs it."""
+    from conftest import ROOT
+
+    path = ROOT / "benchmarks" / "plans" / "h100x2-pipeline.yaml"
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a plan file, not a topology: run it with 'plan launch FILE'" in err

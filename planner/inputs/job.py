@@ -34,6 +34,9 @@ def load_job(path, *, model: str | ModelSpec | None = None, model_file=None, tra
         if not isinstance(document, dict):
             raise InputError("expected a mapping with 'devices' and 'network' at the top")
         unknown = [k for k in document if k not in _TOP_KEYS]
+        if "format_version" in unknown and "devices" not in document:
+            raise InputError("is a plan file, not a topology: run it with 'plan launch FILE', or plan a topology "
+                             "file", field="format_version")
         if unknown:
             raise InputError(f"unknown top-level key '{unknown[0]}': use only {', '.join(_TOP_KEYS)}",
                              field=str(unknown[0]))
