@@ -1,0 +1,83 @@
+"""The lower bound's round-trip term (``planner.search.round_trip``): below every random valid plan's
+simulated time under 1F1B, GPipe and ZB-H1, in one round or in accumulation rounds, and equal to
+its formula on a two-stage pipeline over a slow line, within 15% of that plan's simulated time."""
+
+from dataclasses import replace
+
+import numpy as np
+
+from planner.inputs.model import model_preset, parse_training
+from planner.inputs.topology import parse_topology
+from tests.test_bounds_clusters import _clustered_topology, _random_plan
+
+
+def _random_training(rng):
+    """A random job of 8-16 sequences under one schedule, with or without accumulation rounds."""
+    return parse_training({"global_batch": int(rng.choice([8, 16])), "micro_batch_size": int(rng.choice([1, 2])),
+                           "schedule": str(rng.choice(["1f1b", "gpipe", "zb-h1"])), "precision": "fp16",
+                           "micro_batches_per_round": int(rng.choice([0, 0, 2, 3])),
+                           "recompute": bool(rng.random() < 0.5), "compress_messages": str(rng.choice(["off", "int8"])),
+                           "sync": str(rng.choice(["ring", "parameter-server"]))})
+
+
+def test_round_trips_stay_below_random_plans_under_every_schedule():
+    """Random plans of two stages or more (tensor groups, uneven layer and batch splits, int8
+    messages) on random clustered topologies never simulate below their own pair's bound, with
+    the job's schedule or with ``auto`` (GPipe's or 1F1B's, whichever allows less); and the
+    round trips raise the bound by more than 10% on some of them."""
+    from planner.errors import InputError
+    from planner.prediction.predict import predict
+    from planner.search.bounds import _pair_bounds_s
+
+    rng = np.random.default_rng(11)
+    checked = raised = 0
+    for _ in range(140):
+        topology, model = _clustered_topology(rng), model_preset(str(rng.choice(["small", "gpt3-xl"])))
+        training = _random_training(rng)
+        try:
+            plan = _random_plan(rng, topology, model, training)
+            if plan is None or plan.stages < 2:
+                continue
+            prediction, _ = predict(plan, topology, model, training)
+        except InputError:
+            continue
+        if not prediction.fits:
+            continue
+        s, d = plan.stages, plan.replicas - 1
+        bound = _pair_bounds_s(topology, model, training)[s][d]
+        assert bound <= prediction.iteration_s * (1 + 1e-9), (bound, prediction.iteration_s, s, d + 1, training)
+        if training.schedule != "zb-h1":
+            auto = _pair_bounds_s(topology, model, replace(training, schedule="auto"))[s][d]
+            assert auto <= bound * (1 + 1e-9)
+        checked += 1
+        raised += bound > 1.1 * _pair_bounds_s(topology, model, training, round_trips=False)[s][d]
+    assert checked >= 40
+    assert raised >= 8
+
+
+def test_two_stages_over_a_slow_line_by_hand():
+    """Two RTX 4090s in two homes on a 0.1 Gbit/s, 40 ms line, GPT-3 XL, 8 sequences of one in
+    1F1B: the first stage chains micro-batches 0, 2, 4, 6, four round trips of one sequence, each
+    its compute ``c`` and two messages of ``2048 x 2048`` fp16 values (8 MiB, 0.671 s) and 40 ms;
+    one replica syncs nothing: ``4 (c + 2 x 0.671) + 8 x 0.04``, ``c`` the sequence's FLOPs over
+    one 4090 (twice the work bound over two, over 8 sequences). The simulated 1 x 2 plan takes at
+    least that and at most 15% more."""
+    from planner.prediction.predict import predict
+    from planner.search.bounds import _pair_bounds_s, work_bound_s
+    from planner.search.evaluate import evaluate_placement, make_context
+    from planner.search.plans import candidate_to_plan
+
+    model = model_preset("gpt3-xl")
+    training = parse_training({"global_batch": 8, "micro_batch_size": 1, "schedule": "1f1b", "precision": "fp16",
+                               "recompute": True, "sync": "ring"})
+    topology = parse_topology({"devices": [{"name": "home", "count": 2, "type": "RTX-4090", "region": "city"}],
+                               "network": {"region": {"latency": "40ms", "bandwidth": "0.1Gbps"}}}, name="homes")
+    message_s = 2048 * 2048 * 2 / (0.1e9 / 8)
+    c = 2.0 * work_bound_s(topology, model, training) / 8
+    by_hand = 4 * (c + 2 * message_s) + 8 * 0.040
+    bound = _pair_bounds_s(topology, model, training)[2][0]
+    assert abs(bound - by_hand) <= 1e-9 * by_hand
+    ctx = make_context(topology, model, training)
+    candidate = evaluate_placement(ctx, np.arange(2).reshape(1, 2), 1, "1f1b")
+    predicted = predict(candidate_to_plan(ctx, candidate), topology, model, training)[0].iteration_s
+    assert bound <= predicted <= 1.15 * bound
