@@ -5,6 +5,7 @@ its formula on a two-stage pipeline over a slow line, within 15% of that plan's 
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from planner.inputs.model import model_preset, parse_training
 from planner.inputs.topology import parse_topology
@@ -55,29 +56,53 @@ def test_round_trips_stay_below_random_plans_under_every_schedule():
     assert raised >= 8
 
 
-def test_two_stages_over_a_slow_line_by_hand():
-    """Two RTX 4090s in two homes on a 0.1 Gbit/s, 40 ms line, GPT-3 XL, 8 sequences of one in
-    1F1B: the first stage chains micro-batches 0, 2, 4, 6, four round trips of one sequence, each
-    its compute ``c`` and two messages of ``2048 x 2048`` fp16 values (8 MiB, 0.671 s) and 40 ms;
-    one replica syncs nothing: ``4 (c + 2 x 0.671) + 8 x 0.04``, ``c`` the sequence's FLOPs over
-    one 4090 (twice the work bound over two, over 8 sequences). The simulated 1 x 2 plan takes at
-    least that and at most 15% more."""
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_two_stages_over_a_slow_line_by_hand(schedule):
+    """Two RTX 4090s in two homes on a 0.1 Gbit/s, 40 ms line, GPT-3 XL, 8 sequences of one, one
+    replica (no sync). 1F1B: the first stage chains micro-batches 0, 2, 4, 6, four round trips of
+    one sequence, each its compute ``c`` and two messages of ``2048 x 2048`` fp16 values (8 MiB,
+    0.671 s) and 40 ms: ``4 (c + 2 x 0.671) + 8 x 0.04``, ``c`` the sequence's FLOPs over one 4090
+    (twice the work bound over two, over 8 sequences). GPipe: the 8 activations cross before the 8
+    gradients: ``16 x 0.671 + 2 x 0.04``. The simulated 1 x 2 plan takes at least that and at most
+    15% more."""
     from planner.prediction.predict import predict
     from planner.search.bounds import _pair_bounds_s, work_bound_s
     from planner.search.evaluate import evaluate_placement, make_context
     from planner.search.plans import candidate_to_plan
 
     model = model_preset("gpt3-xl")
-    training = parse_training({"global_batch": 8, "micro_batch_size": 1, "schedule": "1f1b", "precision": "fp16",
+    training = parse_training({"global_batch": 8, "micro_batch_size": 1, "schedule": schedule, "precision": "fp16",
                                "recompute": True, "sync": "ring"})
     topology = parse_topology({"devices": [{"name": "home", "count": 2, "type": "RTX-4090", "region": "city"}],
                                "network": {"region": {"latency": "40ms", "bandwidth": "0.1Gbps"}}}, name="homes")
     message_s = 2048 * 2048 * 2 / (0.1e9 / 8)
     c = 2.0 * work_bound_s(topology, model, training) / 8
-    by_hand = 4 * (c + 2 * message_s) + 8 * 0.040
+    by_hand = 4 * (c + 2 * message_s) + 8 * 0.040 if schedule == "1f1b" else 16 * message_s + 2 * 0.040
     bound = _pair_bounds_s(topology, model, training)[2][0]
     assert abs(bound - by_hand) <= 1e-9 * by_hand
     ctx = make_context(topology, model, training)
-    candidate = evaluate_placement(ctx, np.arange(2).reshape(1, 2), 1, "1f1b")
+    candidate = evaluate_placement(ctx, np.arange(2).reshape(1, 2), 1, schedule)
     predicted = predict(candidate_to_plan(ctx, candidate), topology, model, training)[0].iteration_s
     assert bound <= predicted <= 1.15 * bound
+
+
+def test_gpipe_counts_only_where_its_activations_fit():
+    """Home-consumer GPUs (24 GB), GPT-3 XL, 256 sequences: GPipe in one round keeps 128 sequences'
+    logits on the last stage of a 3 x 2 plan, more than fits, and the search's own memory check
+    agrees on a placement; in rounds of 4 it fits, and there too."""
+    from pathlib import Path
+
+    from planner.inputs.job import load_job
+    from planner.search.bounds import _most_tensor_devices
+    from planner.search.evaluate import evaluate_placement, make_context
+    from planner.search.round_trip import gpipe_fits
+
+    job = load_job(Path(__file__).resolve().parent.parent / "topologies" / "hetero" / "home-consumer-gpus.yaml")
+    model, topology = job.model, job.topology
+    for rounds, fits in ((0, False), (4, True)):
+        training = replace(job.training, schedule="gpipe", micro_batch_size=1, micro_batches_per_round=rounds)
+        tensor = _most_tensor_devices(topology, model, training)
+        capacity = float(topology.memory_bytes().max())
+        assert list(gpipe_fits(model, training, 3, np.array([256, 128]), tensor, topology.size, capacity)) == [fits] * 2
+        candidate = evaluate_placement(make_context(topology, model, training), np.arange(6).reshape(2, 3), 1, "gpipe")
+        assert (candidate is not None) == fits
