@@ -121,7 +121,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                         batch_bytes=batch * boundary_bytes, batch=batch, sharded=Sync.SHARDED in syncs,
                         ring_only=set(syncs) == {Sync.RING}, sync_every=training.sync_every)
     sequence_s = work / batch / (speedup * speed[0])  # one sequence's forward and backward, every stage
-    boundary_s = boundary_bytes / best_out[0]
+    boundary_s = boundary_bytes / best_out[0] if best_out[0] > 0 else math.inf  # a lone device has no boundary
     latency_s = least_latency_s(topology.network)
     first_params = layer_params + two_stages.first_params  # a first stage's block and embeddings
     most_sequences = training.micro_batch_size or math.inf
