@@ -64,7 +64,7 @@ def gpipe_fits(model, training, stages: int, busiest: np.ndarray, tensor: int, d
     costs = layer_costs(model, training, 1, stages, devices)
     last = stage_memory_bytes(costs, 1, stages - 1, kept, tensor)
     deepest = math.ceil(model.layers / stages)
-    deep = np.min([stage_memory_bytes(costs, deepest, s, kept, tensor) for s in range(stages)], axis=0)
+    deep = stage_memory_bytes(costs, deepest, np.arange(stages)[:, None], kept[None, :], tensor).min(axis=0)
     return np.maximum(last, deep) <= capacity_bytes
 
 
