@@ -106,3 +106,17 @@ def test_gpipe_counts_only_where_its_activations_fit():
         assert list(gpipe_fits(model, training, 3, np.array([256, 128]), tensor, topology.size, capacity)) == [fits] * 2
         candidate = evaluate_placement(make_context(topology, model, training), np.arange(6).reshape(2, 3), 1, "gpipe")
         assert (candidate is not None) == fits
+
+
+def test_least_latency_is_the_least_entry_between_two_devices():
+    """By levels (host value, region table, pair entries), the least latency equals the least
+    off-diagonal entry of the full matrix, on random clustered topologies."""
+    from planner.search.round_trip import least_latency_s
+
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        topology = _clustered_topology(rng)
+        latency, n = topology.network.latency_s, topology.size
+        dense = np.array([[latency[a, b] for b in range(n)] for a in range(n)], dtype=float)
+        np.fill_diagonal(dense, np.inf)
+        assert least_latency_s(topology.network) == dense.min()
