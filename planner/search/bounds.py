@@ -12,7 +12,8 @@ from planner.plan.sync import syncs_for
 from planner.plan.tensor import TENSOR_DEGREES
 from planner.prediction.stage_model import iteration_flops, layer_costs, least_gradient_bytes_per_param
 from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
-from planner.search.round_trip import gpipe_fits, gpipe_phases_s, least_latency_s, round_trip_s, schedule_windows
+from planner.search.round_trip import (gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s, round_trip_s,
+                                      schedule_windows)
 
 __all__ = ["lower_bound_s", "work_bound_s", "work_flops"]
 
@@ -61,7 +62,8 @@ def lower_bound_s(topology, model, training) -> float:
       and backward on cells no faster than the fastest; the first stage chains ``ceil(M / S)``
       of them under 1F1B and ZB-H1 (one per accumulation round; at least one under GPipe, which
       counts only where its kept activations fit, and under interleaving), then syncs its block
-      and embeddings (at least) as above; under GPipe, every activation of a round crosses the first
+      and embeddings (at least) as above, and the deepest stage (``ceil(L / S)`` blocks) syncs
+      after the chain's last trip reached the last stage; under GPipe, every activation of a round crosses the first
       boundary before any gradient of it crosses back;
     - the clusters that slow links join (``planner.search.cluster_bound``, for each threshold of
       ``planner.search.link_clusters``): a plan inside one cluster that holds it runs on that
@@ -158,7 +160,9 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
             terms.append(_round_trips_s(model, training, stages, busiest, tensor, n, float(memory.max()),
                                         sequence_s=sequence_s, boundary_s=boundary_s, latency_s=latency_s,
                                         most_sequences=np.minimum(most_sequences, busiest),
-                                        first_sync_s=first_params * gradient_bytes * ring))
+                                        micro_batch=training.micro_batch_size or math.inf,
+                                        first_sync_s=first_params * gradient_bytes * ring,
+                                        deepest_sync_s=deepest * layer_params * gradient_bytes * ring))
         every_block = busiest * model.layers * sequence_layer_flops / cell_flops  # K of cluster_bound
         terms += [cluster_bound(level, crossing, stages, replicas, used, speedup, cells_flops, work, block_work,
                                 every_block, state / stages) for level in levels]
@@ -167,7 +171,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
 
 
 def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_bytes, *, sequence_s, boundary_s,
-                   latency_s, most_sequences, first_sync_s) -> np.ndarray:
+                   latency_s, most_sequences, micro_batch, first_sync_s, deepest_sync_s) -> np.ndarray:
     """(D,) ``round_trip_s`` under the schedule that allows the fewest round trips: the least over
     the schedules ``training`` allows (``schedule_windows``; GPipe only where its activations fit,
     ``gpipe_fits``; and never below ``gpipe_phases_s``). ZB-H1's chain runs only the input gradients' share of the backwards, so it
@@ -178,6 +182,9 @@ def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_b
         seconds = round_trip_s(stages=stages, busiest=busiest, window=window, max_micro_batch=most_sequences,
                                sequence_s=compute_s, boundary_s=boundary_s, latency_s=latency_s,
                                first_sync_s=first_sync_s)
+        seconds = np.maximum(seconds, last_sync_s(stages=stages, busiest=busiest, window=window, micro_batch=micro_batch,
+                                                  sequence_s=compute_s, boundary_s=boundary_s, latency_s=latency_s,
+                                                  deepest_sync_s=deepest_sync_s))
         if schedule == Schedule.GPIPE:
             rounds = np.ceil(np.ceil(busiest / most_sequences) / window)  # the fewest: 1 in one round
             seconds = np.maximum(seconds, gpipe_phases_s(busiest=busiest, rounds=np.maximum(rounds, 1.0),

@@ -22,6 +22,10 @@ GPipe runs a round's forwards before its backwards on every stage, so the second
 first gradient back only after the first stage's last activation of the round reached it: every
 activation of the round crossed the first boundary's link before any of its gradients crosses
 back over the reverse link (``gpipe_phases_s``).
+
+Every stage syncs after its last backward, which follows the chain's last trip's forward to the
+last stage and backward to it, so the chain's other trips and ``S - 1`` messages come before the
+deepest stage's sync too (``last_sync_s``).
 """
 
 import math
@@ -32,7 +36,7 @@ from cost_models.links import LevelMatrix
 from cost_models.schedule import AUTO_SCHEDULES, Schedule
 from planner.prediction.stage_model import layer_costs, stage_memory_bytes
 
-__all__ = ["schedule_windows", "gpipe_fits", "least_latency_s", "round_trip_s", "gpipe_phases_s"]
+__all__ = ["schedule_windows", "gpipe_fits", "least_latency_s", "round_trip_s", "gpipe_phases_s", "last_sync_s"]
 
 
 def schedule_windows(training, stages: int) -> dict:
@@ -122,3 +126,27 @@ def gpipe_phases_s(*, busiest: np.ndarray, rounds: float, boundary_s: float, lat
     follows its last backward, which waits for the last gradient."""
     busiest = np.asarray(busiest, dtype=float)
     return 2.0 * busiest * boundary_s + 2.0 * rounds * latency_s + first_sync_s
+
+
+def last_sync_s(*, stages: int, busiest: np.ndarray, window: float, micro_batch: float, sequence_s: float,
+                boundary_s: float, latency_s: float, deepest_sync_s: np.ndarray) -> np.ndarray:
+    """(D,) seconds at least of any plan of ``stages`` (S >= 2) stages whose busiest replica runs
+    ``busiest`` sequences in micro-batches of exactly ``micro_batch`` (m) sequences, the first stage
+    chaining round trips ``window`` micro-batches apart, whose deepest stage's sync takes at least
+    ``deepest_sync_s`` (``y``):
+
+        (ceil(ceil(busiest / m) / w) - 1) (m (c + 2 (S - 1) b) + 2 (S - 1) lambda) + (S - 1)(m b + lambda) + y
+
+    (``c``, ``b``, ``lambda`` as in ``round_trip_s``). The chain's last trip starts after the
+    others (``ceil(M / w) - 1`` trips of ``m`` sequences each, ``M = ceil(busiest / m)``); its
+    micro-batch's forward crosses ``S - 1`` boundaries before its backward reaches any stage, so
+    every stage's last backward, and then its sync (``cost_models.simulator``: after every
+    replica's last backward of the stage), come after that. Where ``m`` is searched (``inf``),
+    only the ``S - 1`` messages of one sequence count."""
+    busiest = np.asarray(busiest, dtype=float)
+    hops = stages - 1
+    if not math.isfinite(micro_batch):
+        return hops * (boundary_s + latency_s) + deepest_sync_s
+    before = np.maximum(0.0, np.ceil(np.ceil(busiest / micro_batch) / window) - 1.0)
+    trip = micro_batch * (sequence_s + 2.0 * hops * boundary_s) + 2.0 * hops * latency_s
+    return before * trip + hops * (micro_batch * boundary_s + latency_s) + deepest_sync_s
