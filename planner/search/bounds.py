@@ -12,6 +12,8 @@ from planner.plan.sync import syncs_for
 from planner.plan.tensor import TENSOR_DEGREES
 from planner.prediction.stage_model import iteration_flops, layer_costs, least_gradient_bytes_per_param
 from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
+from planner.search.round_trip import (gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s, round_trip_s,
+                                      schedule_windows)
 
 __all__ = ["lower_bound_s", "work_bound_s", "work_flops"]
 
@@ -54,6 +56,15 @@ def lower_bound_s(topology, model, training) -> float:
       head on the last stage), on its own cell: the busiest replica's on one cell as above, and all
       D of them on the fastest devices the other stages' cells leave (``N - (S - 1) D`` at most,
       ``D t`` at most, ``sigma`` times the D fastest at most);
+    - with two stages or more, the busiest replica's round trips (``planner.search.round_trip``): each
+      micro-batch's forward crosses ``S - 1`` boundaries to the last stage and its backward as many
+      back (bytes over the fastest link, the least latency each), running every stage's forward
+      and backward on cells no faster than the fastest; the first stage chains ``ceil(M / S)``
+      of them under 1F1B and ZB-H1 (one per accumulation round; at least one under GPipe, which
+      counts only where its kept activations fit, and under interleaving), then syncs its block
+      and embeddings (at least) as above, and the deepest stage (``ceil(L / S)`` blocks) syncs
+      after the chain's last trip reached the last stage; under GPipe, every activation of a round crosses the first
+      boundary before any gradient of it crosses back;
     - the clusters that slow links join (``planner.search.cluster_bound``, for each threshold of
       ``planner.search.link_clusters``): a plan inside one cluster that holds it runs on that
       cluster's devices; one that spans clusters has a stage group or a replica crossing a link of
@@ -73,9 +84,10 @@ def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
     return best if np.isfinite(best) else work_bound_s(topology, model, training)
 
 
-def _pair_bounds_s(topology, model, training, *, clusters: bool = True) -> dict:
+def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_trips: bool = True) -> dict:
     """``{S: bounds}``: the bound on every plan of S stages and ``D = 1 .. len(bounds)`` replicas,
-    for every S whose largest stage's state fits (``lower_bound_s``: their least)."""
+    for every S whose largest stage's state fits (``lower_bound_s``: their least); without the
+    clusters' or the round trips' term where ``clusters`` or ``round_trips`` is False."""
     work = work_flops(topology, model, training)
     flops = topology.effective_flops(training.precision)
     speed = np.sort(flops)[::-1]
@@ -110,6 +122,11 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True) -> dict:
                         end_sync_bytes=end_params * gradient_bytes, layers=model.layers,
                         batch_bytes=batch * boundary_bytes, batch=batch, sharded=Sync.SHARDED in syncs,
                         ring_only=set(syncs) == {Sync.RING}, sync_every=training.sync_every)
+    sequence_s = work / batch / (speedup * speed[0])  # one sequence's forward and backward, every stage
+    boundary_s = boundary_bytes / best_out[0] if best_out[0] > 0 else math.inf  # a lone device has no boundary
+    latency_s = least_latency_s(topology.network)
+    first_params = layer_params + two_stages.first_params  # a first stage's block and embeddings
+    most_sequences = training.micro_batch_size or math.inf
     pairs = {}
     for stages in range(fewest_stages, min(model.layers, n) + 1):
         replicas = np.arange(1, min(n // stages, batch) + 1)
@@ -139,11 +156,44 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True) -> dict:
         busiest_cell = busiest * heaviest / cell_flops
         heaviest_cells = batch * heaviest / np.minimum(fastest[group - 1], speedup * fastest[replicas - 1])
         terms = [compute, sync, np.broadcast_to(pipe, compute.shape), widest_stage, busiest_cell, heaviest_cells]
+        if stages > 1 and round_trips:
+            terms.append(_round_trips_s(model, training, stages, busiest, tensor, n, float(memory.max()),
+                                        sequence_s=sequence_s, boundary_s=boundary_s, latency_s=latency_s,
+                                        most_sequences=np.minimum(most_sequences, busiest),
+                                        micro_batch=training.micro_batch_size or math.inf,
+                                        first_sync_s=first_params * gradient_bytes * ring,
+                                        deepest_sync_s=deepest * layer_params * gradient_bytes * ring))
         every_block = busiest * model.layers * sequence_layer_flops / cell_flops  # K of cluster_bound
         terms += [cluster_bound(level, crossing, stages, replicas, used, speedup, cells_flops, work, block_work,
                                 every_block, state / stages) for level in levels]
         pairs[stages] = np.maximum.reduce(terms)
     return pairs
+
+
+def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_bytes, *, sequence_s, boundary_s,
+                   latency_s, most_sequences, micro_batch, first_sync_s, deepest_sync_s) -> np.ndarray:
+    """(D,) ``round_trip_s`` under the schedule that allows the fewest round trips: the least over
+    the schedules ``training`` allows (``schedule_windows``; GPipe only where its activations fit,
+    ``gpipe_fits``; and never below ``gpipe_phases_s``). ZB-H1's chain runs only the input gradients' share of the backwards, so it
+    counts no compute."""
+    least = np.full(np.shape(busiest), np.inf)
+    for schedule, window in schedule_windows(training, stages).items():
+        compute_s = 0.0 if schedule == Schedule.ZERO_BUBBLE else sequence_s
+        seconds = round_trip_s(stages=stages, busiest=busiest, window=window, max_micro_batch=most_sequences,
+                               sequence_s=compute_s, boundary_s=boundary_s, latency_s=latency_s,
+                               first_sync_s=first_sync_s)
+        seconds = np.maximum(seconds, last_sync_s(stages=stages, busiest=busiest, window=window, micro_batch=micro_batch,
+                                                  sequence_s=compute_s, boundary_s=boundary_s, latency_s=latency_s,
+                                                  deepest_sync_s=deepest_sync_s))
+        if schedule == Schedule.GPIPE:
+            rounds = np.ceil(np.ceil(busiest / most_sequences) / window)  # the fewest: 1 in one round
+            seconds = np.maximum(seconds, gpipe_phases_s(busiest=busiest, rounds=np.maximum(rounds, 1.0),
+                                                         boundary_s=boundary_s, latency_s=latency_s,
+                                                         first_sync_s=first_sync_s))
+            seconds = np.where(gpipe_fits(model, training, stages, busiest, tensor, devices, capacity_bytes),
+                               seconds, np.inf)
+        least = np.minimum(least, seconds)
+    return least
 
 
 def work_flops(topology, model, training) -> float:
