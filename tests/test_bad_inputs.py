@@ -311,7 +311,10 @@ CASES = [
     # device pairs and NICs
     Case("pairs unknown device", _set("network", "pairs", value=[{"from": "fast-0", "to": "gpu9", "latency": "1ms",
                                                                   "bandwidth": "1Gbps"}]), "network.pairs[0]",
-         "unknown device 'gpu9'"),
+         "unknown device 'gpu9': use one of fast-0, fast-1, slow-0"),
+    Case("pairs misspelled device", _set("network", "pairs", value=[{"from": "fast-0", "to": "slow_0",
+                                                                     "latency": "1ms", "bandwidth": "1Gbps"}]),
+         "network.pairs[0]", "unknown device 'slow_0' (did you mean 'slow-0'?)"),
     Case("pairs symmetric maybe", _set("network", "pairs", value=[{"from": "fast-0", "to": "slow-0",
                                                                    "symmetric": "maybe", "latency": "1ms",
                                                                    "bandwidth": "1Gbps"}]),

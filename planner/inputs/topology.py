@@ -5,6 +5,7 @@ frozen ``Topology`` holding N x N matrices of latency (s) and bandwidth (B/s); e
 the link from device i to device j, so asymmetric networks are first-class.
 """
 
+import difflib
 import functools
 import hashlib
 import json
@@ -368,7 +369,9 @@ def _parse_network(document, devices: list, calibration) -> tuple:
         e.finish()
         for name in (a, b):
             if name not in index:
-                raise InputError(f"unknown device {name!r}", field=where)
+                close = difflib.get_close_matches(name, list(index), n=1, cutoff=0.75)
+                raise InputError(f"unknown device {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                                 + f": use one of {some_names(index)}", field=where)
         for i, j in ([(index[a], index[b]), (index[b], index[a])] if symmetric else [(index[a], index[b])]):
             pairs[(i, j)] = (lat, bw)
     if isinstance(latency, LevelMatrix):
