@@ -9,6 +9,7 @@ from cost_models.compression import BLOCK_VALUES, SCALE_BYTES, MessageCompressio
 from cost_models.network import Sync
 from cost_models.schedule import Schedule
 from planner.plan.sync import syncs_for
+from planner.plan.sync_groups import REPLICA
 from planner.plan.tensor import TENSOR_DEGREES
 from planner.prediction.stage_model import iteration_flops, layer_costs, least_gradient_bytes_per_param
 from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
@@ -98,7 +99,9 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     memory = topology.memory_bytes()
     # The least state a device can hold: the model's sharded over every device if sharding is allowed,
     # split over a tensor group's members.
-    state = params * layer_costs(model, training, 1, 1, topology.size).state_bytes_per_param / tensor
+    # With one replica there is no outer (local steps) or PowerSGD state: the least of one and of all.
+    state = params * min(layer_costs(model, training, 1, 1, r).state_bytes_per_param
+                         for r in (1, topology.size)) / tensor
     fewest_stages = max(1, math.ceil(state / float(memory.max())))
     layer_params = per_sequence.layer_params
     # a block's FLOPs as the fastest-counting device counts them (Device.block_slowdown)
@@ -110,6 +113,10 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     n = topology.size
     syncs = syncs_for(training, 2)
     whole_message_syncs = any(s in (Sync.HIERARCHICAL, Sync.PARAMETER_SERVER) for s in syncs)
+    # Local steps in sync groups (``planner.plan.sync_groups``): the slowest member is a lead, whose
+    # leads' ring of h >= 2 groups sends 2 (h - 1) / h >= 1 of n every H iterations, or in a group of
+    # g >= 2, whose ring sends 2 (g - 1) / g >= 1 of n every iteration: n per H iterations at least.
+    grouped = training.sync_every > 1 and training.sync_groups != REPLICA
     levels = cluster_levels(topology, training) if clusters else []
     batch = training.global_batch
     block_work = batch * model.layers * sequence_layer_flops  # every block, every sequence
@@ -121,7 +128,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     crossing = Crossing(model_sync_bytes=model.layers * layer_params * gradient_bytes,
                         end_sync_bytes=end_params * gradient_bytes, layers=model.layers,
                         batch_bytes=batch * boundary_bytes, batch=batch, sharded=Sync.SHARDED in syncs,
-                        ring_only=set(syncs) == {Sync.RING}, sync_every=training.sync_every)
+                        ring_only=set(syncs) == {Sync.RING} and not grouped, sync_every=training.sync_every)
     sequence_s = work / batch / (speedup * speed[0])  # one sequence's forward and backward, every stage
     boundary_s = boundary_bytes / best_out[0] if best_out[0] > 0 else math.inf  # a lone device has no boundary
     latency_s = least_latency_s(topology.network)
@@ -136,7 +143,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
         cells_flops = np.minimum(fastest[used - 1], speedup * fastest[stages * replicas - 1])
         compute = work / cells_flops
         share = 2.0 * (replicas - 1) / replicas
-        if whole_message_syncs:
+        if whole_message_syncs or grouped:
             share = np.minimum(share, 1.0)
         ring = share / np.where(replicas > 1, best_out[replicas - 1], 1.0)  # s/byte
         sync = params / stages * gradient_bytes * ring

@@ -60,16 +60,22 @@ def gpipe_fits(model, training, stages: int, busiest: np.ndarray, tensor: int, d
     ``min(K, busiest)`` sequences' (``M m >= busiest``, ``K m >= K``), and both the last stage (one
     block at least and the head's kept logits, per sequence) and the deepest (``ceil(L / S)``
     blocks, at its cheapest position) must fit on one member of a tensor group of at most
-    ``tensor`` devices, with the optimizer state sharded over every device (``devices``) and one
+    ``tensor`` devices, with the least state of one replica and of ``devices`` (the optimizer's
+    sharded over every device; one replica keeps no local steps' or PowerSGD state) and one
     sequence's transient working set (``stage_memory_bytes`` at micro-batch size 1: every part is
     linear in the micro-batch size)."""
     rounds = training.micro_batches_per_round if training.micro_batches_per_round > 0 else math.inf
     kept = np.minimum(np.asarray(busiest, dtype=float), rounds)
-    costs = layer_costs(model, training, 1, stages, devices)
-    last = stage_memory_bytes(costs, 1, stages - 1, kept, tensor)
     deepest = math.ceil(model.layers / stages)
-    deep = stage_memory_bytes(costs, deepest, np.arange(stages)[:, None], kept[None, :], tensor).min(axis=0)
-    return np.maximum(last, deep) <= capacity_bytes
+
+    def need(replicas: int) -> np.ndarray:
+        costs = layer_costs(model, training, 1, stages, replicas)
+        last = stage_memory_bytes(costs, 1, stages - 1, kept, tensor)
+        deep = stage_memory_bytes(costs, deepest, np.arange(stages)[:, None], kept[None, :], tensor).min(axis=0)
+        return np.maximum(last, deep)
+
+    # one replica holds no outer (local steps) or PowerSGD state; every device shards the optimizer's most
+    return np.minimum(need(1), need(devices)) <= capacity_bytes
 
 
 def least_latency_s(network) -> float:
