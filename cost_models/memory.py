@@ -179,9 +179,9 @@ def _rounds_peak(schedule: str, stage, stages: int, micro_batches, per_round: in
     piece's gradient) and the last round's up to its peak."""
     i = np.asarray(stage, dtype=np.int64)
     M = np.asarray(micro_batches, dtype=np.int64)
+    shape = np.broadcast_shapes(i.shape, M.shape)  # GPipe's in-flight count, say, does not depend on the stage
     if per_round <= 0:  # one round
-        f, outputs, gradients = _round_peak(schedule, i, stages, M, chunks)
-        return np.asarray(f, dtype=float), np.asarray(outputs, dtype=float), np.asarray(gradients, dtype=float)
+        return tuple(np.broadcast_to(n, shape).astype(float) for n in _round_peak(schedule, i, stages, M, chunks))
     size = np.where((per_round > 0) & (per_round < M), per_round, M)
     rest = M % size
     last = np.where(rest > 0, rest, size)
@@ -191,7 +191,7 @@ def _rounds_peak(schedule: str, stage, stages: int, micro_batches, per_round: in
     before = M - last
     outputs = before * (chunks - (i == stages - 1)) + outputs
     gradients = before * (chunks - (i == 0)) + gradients
-    return np.maximum(f_full, f_rest).astype(float), outputs.astype(float), gradients.astype(float)
+    return tuple(np.broadcast_to(n, shape).astype(float) for n in (np.maximum(f_full, f_rest), outputs, gradients))
 
 
 def _round_peak(schedule: str, i, S: int, m, v: int) -> tuple:

@@ -308,3 +308,14 @@ def test_repredict_refuses_in_one_line_and_checks_the_calibration_of_launched_pl
     assert exit_.value.code == 2 and len(err) == 1 and "field 'calibration.sha256'" in err[0], err
     recorded = ROOT / "benchmarks" / "results" / "compression_gpu_h100x2" / "repredict.json"
     assert (folder / "repredict.json").read_text() == recorded.read_text()  # nothing written on a refusal
+
+
+def test_the_working_set_counts_the_receive_buffer_only():
+    """A stage's transient working set holds one message, the one it receives: the one it sends is
+    held until the sync and counted there (``held_messages``), not a second time."""
+    from planner.inputs.model import ModelSpec, TrainingSpec
+    from planner.prediction.stage_model import layer_costs
+
+    model = ModelSpec(name="m", layers=6, hidden=512, heads=8, sequence=256, vocabulary=1000)
+    costs = layer_costs(model, TrainingSpec(global_batch=8, precision="bf16"), 2, 3)
+    assert costs.transient_bytes == 2 * 256 * 512 * 2  # b * s * h at 2 bytes
