@@ -197,7 +197,7 @@ def _rounds_peak(schedule: str, stage, stages: int, micro_batches, per_round: in
 def _round_peak(schedule: str, i, S: int, m, v: int) -> tuple:
     """(in flight, outputs sent, gradients sent) at the last op of one round of ``m`` micro-batches
     where its in-flight activations peak (``held_messages`` gives each schedule's count)."""
-    sends_down, sends_up = (i < S - 1), (i > 0)
+    sends_down = i < S - 1
     if v > 1:  # interleaved 1F1B
         total = m * v
         w = interleaved_warmup(i, S, m, v)

@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Schedule", "Op", "stage_ops", "round_sizes", "piece_of", "peer_stage", "interleaving_problem", "interleaved_warmup",
-           "OP_KINDS",
+__all__ = ["Schedule", "Op", "stage_ops", "round_sizes", "piece_of", "peer_stage", "interleaving_problem",
+           "interleaved_warmup", "OP_KINDS",
            "COMPUTE_KINDS", "AUTO_SCHEDULES"]
 
 

@@ -343,7 +343,8 @@ def stage_memory_bytes(costs: LayerCosts, n_layers, stage, in_flight, tensor=1, 
     raw = costs.raw_boundary_bytes or costs.boundary_bytes
     if lead:
         down, up = _compressed_sides(costs.stages, stage, compressed)
-        held = (outputs * np.where(down, costs.boundary_bytes, raw) + gradients * np.where(up, costs.boundary_bytes, raw)
+        held = (outputs * np.where(down, costs.boundary_bytes, raw)
+                + gradients * np.where(up, costs.boundary_bytes, raw)
                 + in_flight * np.where(down, costs.output_kept_bytes, 0.0))
         return parameters * costs.state_bytes_per_param + kept + held + transient + costs.stage_unsharded_bytes[stage]
     sends = np.asarray(stage) < costs.stages - 1

@@ -18,7 +18,8 @@ from planner.plan.sync import syncs_for
 from planner.plan.sync_groups import CLUSTER, ONE, grouped_sync, grouping
 from planner.plan.tensor import group_devices
 from planner.plan.plan import chunk_sizes
-from planner.prediction.stage_model import (layer_costs, message_codec_s, optimizer_time_s, peak_table, powersgd_pass_s, stage_compress_s, stage_gradient_bytes, stage_memory_bytes,
+from planner.prediction.stage_model import (layer_costs, message_codec_s, optimizer_time_s, peak_table, powersgd_pass_s,
+                                            stage_compress_s, stage_gradient_bytes, stage_memory_bytes,
                                             stage_parameters, stage_step_bytes, tensor_layer_s)
 from planner.search.balance import split_batch, split_layers
 from planner.search.locality import best_ring
