@@ -223,13 +223,19 @@ def _walk(schedule: str, stage: int, stages: int, micro_batches: int, per_round:
           chunk_layers: tuple) -> tuple:
     """(in-flight micro-batches, outputs held, gradients held, last chunk's in-flight micro-batches)
     on the op list: the in-flight peak of any op, weighted by ``chunk_layers`` (equal without), and
-    the rest at the last op of the last round where that round's in-flight activations peak."""
+    the rest at the first op of the last round where the kept blocks plus the messages sent are the
+    most. A block keeps at least a message's bytes (``held_messages``), so for any op x of that
+    round, with ``a >= r`` the bytes of a block and of a message, ``a kept_x + r sent_x <= r (kept +
+    sent) + (a - r) peak <= a peak + r sent`` (an earlier round's op sent fewer): the in-flight peak
+    plus that op's messages bound every op, also where unequal chunks under recomputation (a block
+    keeps one message's bytes) make an op after the in-flight peak the heaviest. With equal chunks
+    that op is the last round's in-flight peak (the closed forms)."""
     weights = chunk_layers or (1,) * virtual_stages
     frees = "bwd_weight" if schedule == Schedule.ZERO_BUBBLE and stage > 0 else "bwd"
     last_round = micro_batches - round_sizes(micro_batches, per_round)[-1]  # its first micro-batch
-    in_flight, peak, round_peak = [0] * virtual_stages, -1, -1
+    in_flight, peak, most = [0] * virtual_stages, -1, -1
     outputs = gradients = 0
-    at_peak = (0, 0, 0)
+    at_most = (0, 0, 0)
     for kind, mb, chunk in stage_ops(Schedule(schedule), stage, stages, micro_batches, per_round, virtual_stages):
         if kind == "fwd":
             in_flight[chunk] += 1
@@ -239,6 +245,6 @@ def _walk(schedule: str, stage: int, stages: int, micro_batches: int, per_round:
         gradients += kind == "send_bwd"
         kept = sum(n * f for n, f in zip(weights, in_flight))
         peak = max(peak, kept)
-        if mb >= last_round and kept >= round_peak:
-            round_peak, at_peak = kept, (outputs, gradients, in_flight[-1])
-    return float(peak / sum(weights)), float(at_peak[0]), float(at_peak[1]), float(at_peak[2])
+        if mb >= last_round and kept + outputs + gradients > most:
+            most, at_most = kept + outputs + gradients, (outputs, gradients, in_flight[-1])
+    return float(peak / sum(weights)), float(at_most[0]), float(at_most[1]), float(at_most[2])

@@ -105,15 +105,16 @@ def test_held_messages_zero_bubble_and_rounds_by_hand():
     assert float(memory.peak_in_flight("gpipe", 2, 4, 127, 64)) == 64
 
 
-def _brute_peak(schedule, stage, stages, micro_batches, per_round, chunks, per_block, per_message):
+def _brute_peak(schedule, stage, stages, micro_batches, per_round, chunks, per_block, per_message, blocks=()):
     """The most any op of the stage's op list keeps: in-flight blocks' activations (``per_block``
-    each) plus every message sent so far (``per_message`` each)."""
+    each, ``blocks`` in each chunk, one without) plus every message sent so far (``per_message`` each)."""
     frees = "bwd_weight" if schedule == "zb-h1" and stage > 0 else "bwd"
+    blocks = blocks or (1,) * chunks
     in_flight, sent, best = [0] * chunks, 0, 0
     for kind, _, chunk in stage_ops(schedule, stage, stages, micro_batches, per_round, chunks):
         in_flight[chunk] += {"fwd": 1, frees: -1}.get(kind, 0)
         sent += kind in ("send_fwd", "send_bwd")
-        best = max(best, per_block * sum(in_flight) + per_message * sent)
+        best = max(best, per_block * sum(n * f for n, f in zip(blocks, in_flight)) + per_message * sent)
     return best
 
 
@@ -135,6 +136,16 @@ def test_activations_and_held_messages_bound_every_op():
                 assert counted >= most, (schedule, s, stages, m, p, v, per_block)
                 if equal:
                     assert counted == most, (schedule, s, stages, m, p, v, per_block)
+    # unequal chunks, walked: under recomputation (a block keeps one message's bytes) an op after the
+    # in-flight peak keeps more (S = 4, M = 8, chunks of 3 and 2, stage 2: 5 messages more)
+    for stages, m, p in ((2, 4, 0), (3, 6, 3), (4, 8, 0), (4, 16, 8)):
+        for blocks in ((3, 2), (2, 1), (5, 4)):
+            for s in range(stages):
+                for per_block in (1.0, 16.0):
+                    in_flight = float(memory.peak_in_flight("1f1b", s, stages, m, p, 2, blocks))
+                    counted = per_block * in_flight * sum(blocks) + sum(memory.held_messages("1f1b", s, stages, m, p,
+                                                                                           2, blocks))
+                    assert counted >= _brute_peak("1f1b", s, stages, m, p, 2, per_block, 1.0, blocks), (s, m, blocks)
     # GPipe, S = 4, M = 127 in rounds of 64, stage 2, one block a stage: the op with the most is the
     # last round's last forward, not the first round's (64 * 16 + 64 messages)
     assert _brute_peak("gpipe", 2, 4, 127, 64, 1, 16.0, 1.0) == 63 * 16 + 127 + 64
