@@ -14,6 +14,7 @@ __all__ = [
     "held_messages",
     "peak_in_flight",
     "head_in_flight",
+    "stage_peak",
     "one_f_one_b_held",
     "logits_bytes",
     "final_norm_bytes",
@@ -136,6 +137,13 @@ def held_messages(schedule: str, stage, stages: int, micro_batches, per_round: i
     1F1B's last steady forward follows all ``m v`` chunk forwards and ``m v - w - 1`` chunk backwards.
     The last piece sends no output, the first no gradient. Vectorised like ``peak_in_flight``."""
     return _peak(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers)[1:3]
+
+
+def stage_peak(schedule: str, stage, stages: int, micro_batches, per_round: int = 0, virtual_stages: int = 1,
+               chunk_layers: tuple = ()) -> tuple:
+    """(``peak_in_flight``, *``held_messages``) in one pass: in-flight micro-batches, outputs and
+    gradients held, for the search's tables."""
+    return _peak(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers)
 
 
 def head_in_flight(schedule: str, stage, stages: int, micro_batches, per_round: int = 0,

@@ -447,8 +447,8 @@ def peak_table(schedule: str, stages: int, micro_batches, per_round: int = 0, vi
     of every worker at its peak (``in_flight_table``, ``held_table``, and the last stage's
     ``cost_models.memory.head_in_flight`` under interleaved 1F1B): what the prediction counts per
     device, for the search's memory checks."""
-    in_flight = in_flight_table(schedule, stages, micro_batches, per_round, virtual_stages, chunk_layers)
-    outputs, gradients = held_table(schedule, stages, micro_batches, per_round, virtual_stages, chunk_layers)
+    in_flight, outputs, gradients = _table(memory.stage_peak, schedule, stages, micro_batches, per_round,
+                                           virtual_stages, chunk_layers)
     heads = in_flight.copy()
     if virtual_stages > 1:
         heads[:, -1] = memory.head_in_flight(schedule, stages - 1, stages, np.asarray(micro_batches, dtype=np.int64),
