@@ -4,17 +4,18 @@ import functools
 
 import numpy as np
 
-from cost_models.schedule import Schedule, round_sizes, stage_ops
+from cost_models.schedule import Schedule, interleaved_warmup, round_sizes, stage_ops
 
 __all__ = [
     "state_bytes_per_parameter",
     "optimizer_state_bytes_per_parameter",
     "weight_bytes_per_parameter",
     "layer_activation_bytes",
-    "in_flight_micro_batches",
     "held_messages",
     "peak_in_flight",
     "head_in_flight",
+    "stage_peak",
+    "one_f_one_b_held",
     "logits_bytes",
     "final_norm_bytes",
 ]
@@ -75,38 +76,6 @@ def layer_activation_bytes(s: int, b: int, h: int, a: int, *, dtype_bytes: int =
     return s * b * h * per_token * scale
 
 
-def in_flight_micro_batches(schedule: str, stage: int, stages: int, micro_batches: int, per_round: int = 0,
-                            virtual_stages: int = 1):
-    """Micro-batches whose activations stage ``stage`` (0-based) of ``stages`` holds at its peak.
-
-    GPipe keeps all ``M`` (Huang et al. 2019); 1F1B at most ``min(S - i, M)`` (Narayanan et al. 2021,
-    PipeDream-Flush, sec. 2.2); ZB-H1 keeps a micro-batch until its weight gradient, so stage i,
-    which holds i of them back, keeps at most ``min(S, M)`` (Qi et al. 2024, sec. 3.1: the peak of
-    1F1B's first stage, now on every stage); in accumulation rounds of ``per_round`` micro-batches,
-    ``M`` is at most a round's. Vectorised over numpy arrays of stages and micro-batch counts.
-    Interleaved 1F1B (1F1B with ``virtual_stages`` v > 1, ``cost_models.schedule.stage_ops``): stage i
-    runs ``2 (S - i - 1) + (v - 1) S`` warm-up chunk forwards, so it holds at most one more, each
-    chunk 1/v of its layers (chunks taken as even): ``min(2 (S - i - 1) + (v - 1) S + 1, M v) / v``
-    micro-batches (all M when M = S, every forward then being warm-up): ``S + (S - 1) / v`` on stage 0,
-    ``1 + (S - 1) / (S v)`` times 1F1B's S (Narayanan et al. 2021, sec. 2.2.2).
-    """
-    if per_round > 0:
-        micro_batches = np.minimum(micro_batches, per_round)
-    if virtual_stages > 1 and schedule == Schedule.ONE_F_ONE_B:
-        v = virtual_stages
-        chunk_forwards = np.multiply(micro_batches, v)  # M = S: every forward is warm-up (Megatron-LM's rule)
-        warm = np.where(np.equal(micro_batches, stages), chunk_forwards,
-                        2 * (stages - stage - 1) + (v - 1) * stages + 1)
-        return np.minimum(warm, chunk_forwards) / v
-    if schedule == Schedule.GPIPE:
-        return micro_batches
-    if schedule == Schedule.ONE_F_ONE_B:
-        return np.minimum(stages - stage, micro_batches)
-    if schedule == Schedule.ZERO_BUBBLE:
-        return np.minimum(np.full(np.shape(stage), stages), micro_batches)
-    raise ValueError(f"unknown schedule {schedule!r}")
-
-
 def logits_bytes(s: int, b: int, v: int, dtype_bytes: int = 4) -> float:
     """The logits the loss keeps for backward, and their gradient, on the last stage: ``s*b*V``
     values of ``dtype_bytes`` each. ``4*s*b*V`` (fp32, formulas.md) where the loss casts the logits
@@ -127,112 +96,163 @@ def final_norm_bytes(s: int, b: int, h: int, positions: int, dtype_bytes: int = 
     return float(dtype_bytes) * b * h * (s + positions)
 
 
-def held_messages(schedule: str, stage: int, stages: int, micro_batches: int, per_round: int = 0,
-                  virtual_stages: int = 1, chunk_layers: tuple = ()):
-    """Pipeline messages that stage ``stage`` (0-based) of ``stages`` has sent and still holds at
-    its activation peak: the runtime keeps every tensor it hands to a send until the iteration's
-    ``sync`` op waits on them (``planner.runtime.engine.StageExecutor.iteration``'s pending sends),
-    so a stage holds the output of every forward it sent downstream (from the forward on, the
-    output the micro-batch's backward needs too) and every input gradient it sent upstream, whether
-    or not their micro-batches are still in flight. Counted on the stage's op list
-    (``cost_models.schedule.stage_ops``, the one the runtime executes) at the last op at which its
-    in-flight activations are at their peak (a micro-batch's activations are kept from its forward
-    to its backward, under ZB-H1 to its weight gradient): the messages sent by then, walked op by
-    op or, for GPipe and 1F1B (interleaved too), in closed form.
-    1F1B in one round: the last steady forward of stage i (Narayanan et al. 2021, sec. 2.2) has
-    ``M`` forwards and ``M - min(S - i, M)`` backwards behind it, so ``M`` outputs (none on the last
-    stage) and ``M - min(S - i, M)`` gradients (none on the first); GPipe: the ``M`` outputs (its
-    peak, the last forward, precedes every backward). ``chunk_layers``: as ``peak_in_flight``'s.
-    Vectorised over numpy arrays of stages and micro-batch counts."""
-    chunks = tuple(int(n) for n in chunk_layers)
-    held = np.vectorize(lambda i, m: _peak(str(schedule), int(i), int(stages), int(m), int(per_round),
-                                           int(virtual_stages), chunks)[1], otypes=[float])
-    return held(stage, micro_batches)
+def peak_in_flight(schedule: str, stage, stages: int, micro_batches, per_round: int = 0, virtual_stages: int = 1,
+                   chunk_layers: tuple = ()):
+    """Micro-batches' activations that stage ``stage`` (0-based) of ``stages`` keeps at its peak, the
+    most of any accumulation round (``cost_models.schedule.round_sizes``): a micro-batch's are kept
+    from its forward to its backward, under ZB-H1 to its weight gradient.
+
+    GPipe keeps a round's ``m`` (Huang et al. 2019); 1F1B ``min(S - i, m)`` (Narayanan et al. 2021,
+    PipeDream-Flush, sec. 2.2); ZB-H1 ``min(S, m)`` on every stage (Qi et al. 2024, sec. 3.1: the
+    peak of 1F1B's first stage; stage i defers i weight gradients); interleaved 1F1B (``virtual_stages``
+    v > 1) ``w + 1`` chunk forwards of a round of ``m v`` with ``w`` warm-up ones
+    (``cost_models.schedule.interleaved_warmup``; all ``m v`` when every forward is warm-up), each
+    chunk 1/v of the stage's layers: ``S + (S - 1) / v`` micro-batches on stage 0, ``1 + (S - 1) /
+    (S v)`` times 1F1B's S (Narayanan et al. 2021, sec. 2.2.2). With ``chunk_layers`` (each chunk's
+    blocks, chunk 0 first) of unequal sizes the op list is walked and the peak is where the in-flight
+    chunks hold the most blocks, counted as ``sum_c n_c f_c / sum_c n_c`` micro-batches (the warm-up
+    runs chunk 0 first: the larger first chunk is in flight more often). Vectorised over numpy
+    arrays of stages and micro-batch counts."""
+    return _peak(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers)[0]
 
 
-def peak_in_flight(schedule: str, stage: int, stages: int, micro_batches: int, per_round: int = 0,
-                   virtual_stages: int = 1, chunk_layers: tuple = ()) -> float:
-    """Micro-batches' activations that stage ``stage`` keeps at its peak, from its op list (the walk
-    of ``held_messages``): ``in_flight_micro_batches`` where the stage's chunks hold equal layers;
-    under interleaved 1F1B with ``chunk_layers`` (each chunk's blocks, chunk 0 first) the peak is
-    the op where the in-flight chunks hold the most blocks, counted as ``sum_c n_c f_c / sum_c n_c``
-    micro-batches (``f_c`` chunk c's micro-batches in flight), so that times the stage's blocks is
-    the blocks' activations kept (the warm-up runs chunk 0 first: with uneven chunks, the larger
-    first chunk is in flight more often; Narayanan et al. 2021, sec. 2.2.2)."""
-    return _peak(str(schedule), int(stage), int(stages), int(micro_batches), int(per_round), int(virtual_stages),
-                 tuple(int(n) for n in chunk_layers))[0]
+def held_messages(schedule: str, stage, stages: int, micro_batches, per_round: int = 0, virtual_stages: int = 1,
+                  chunk_layers: tuple = ()) -> tuple:
+    """(outputs, gradients): the pipeline messages stage ``stage`` has sent and still holds at its
+    peak. The runtime keeps every tensor it hands to a send until the iteration's ``sync`` op waits
+    on them (``planner.runtime.engine.StageExecutor.iteration``'s pending sends), so a stage holds
+    the output of every forward it sent downstream and every input gradient it sent upstream.
+
+    Counted on the stage's op list (``cost_models.schedule.stage_ops``, the one the runtime runs) at
+    the last op of the last accumulation round where that round's in-flight activations peak: by
+    then every earlier round sent all its messages, and later ops of the round free a micro-batch's
+    (or a chunk's) activations for each message they send, at least its bytes (a block keeps at
+    least its input, the message's size; ``layer_activation_bytes``). With ``peak_in_flight`` (the
+    most of any round) this bounds activations plus held messages over every op from above, exactly
+    where the rounds are equal (or one). In one round of ``m``: 1F1B's last steady forward
+    (Narayanan et al. 2021, sec. 2.2) follows ``m`` forwards and ``m - min(S - i, m)`` backwards;
+    GPipe's last forward precedes every backward; ZB-H1's stage i > 0 holds its peak ``min(S, m)``
+    until the input gradient of its last steady step, ``k = m - min(S - i - 1, m)`` of them (``k +
+    1``, at most ``m``, where the peak is reached only when the drain begins, ``k <= i``); interleaved
+    1F1B's last steady forward follows all ``m v`` chunk forwards and ``m v - w - 1`` chunk backwards.
+    The last piece sends no output, the first no gradient. Vectorised like ``peak_in_flight``."""
+    return _peak(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers)[1:3]
 
 
-def head_in_flight(schedule: str, stage: int, stages: int, micro_batches: int, per_round: int = 0,
-                   virtual_stages: int = 1, chunk_layers: tuple = ()) -> float:
-    """Micro-batches whose last-chunk activations stage ``stage`` keeps at its peak (the walk of
-    ``peak_in_flight``): on the last stage, those whose logits and final norm (``logits_bytes``,
+def stage_peak(schedule: str, stage, stages: int, micro_batches, per_round: int = 0, virtual_stages: int = 1,
+               chunk_layers: tuple = ()) -> tuple:
+    """(``peak_in_flight``, *``held_messages``) in one pass: in-flight micro-batches, outputs and
+    gradients held, for the search's tables."""
+    return _peak(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers)
+
+
+def head_in_flight(schedule: str, stage, stages: int, micro_batches, per_round: int = 0,
+                   virtual_stages: int = 1, chunk_layers: tuple = ()):
+    """Micro-batches whose last-chunk activations stage ``stage`` keeps at the op of
+    ``held_messages``: on the last stage, those whose logits and final norm (``logits_bytes``,
     ``final_norm_bytes``) are kept, which under interleaved 1F1B are only its last chunk's (the
     model's last piece, whose forward its backward soon follows), not ``peak_in_flight``'s."""
     if virtual_stages == 1:  # one chunk: all its in-flight micro-batches
         return peak_in_flight(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers)
-    return _walk(str(schedule), int(stage), int(stages), int(micro_batches), int(per_round), int(virtual_stages),
-                 tuple(int(n) for n in chunk_layers))[2]
+    walk = np.vectorize(lambda i, m: _walk(str(schedule), int(i), int(stages), int(m), int(per_round),
+                                           int(virtual_stages), tuple(int(n) for n in chunk_layers))[3],
+                        otypes=[float])
+    return walk(stage, micro_batches)
 
 
-def _peak(schedule: str, stage: int, stages: int, micro_batches: int, per_round: int, virtual_stages: int,
-          chunk_layers: tuple) -> tuple:
-    """``_walk``'s (in-flight, held), in closed form for GPipe, 1F1B and interleaved 1F1B with equal
-    chunks (the search asks for them at thousands of micro-batches), walked otherwise."""
-    one_f_one_b = schedule == Schedule.ONE_F_ONE_B or (schedule == Schedule.ZERO_BUBBLE and stage == 0)
-    if virtual_stages > 1 and schedule == Schedule.ONE_F_ONE_B and len(set(chunk_layers)) <= 1:
-        return _interleaved_peak(stage, stages, micro_batches, per_round, virtual_stages)
-    if virtual_stages > 1 or not (one_f_one_b or schedule == Schedule.GPIPE):
-        return _walk(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers)[:2]
-    sizes = round_sizes(micro_batches, per_round)
-    in_flight = [size if schedule == Schedule.GPIPE else min(stages - stage, size) for size in sizes]
-    peak = max(in_flight)
-    k = len(sizes) - 1 - in_flight[::-1].index(peak)  # the last round that reaches it
-    before, size = sum(sizes[:k]), sizes[k]
-    # at round k's last forward (GPipe) or last steady forward (1F1B): every forward of the rounds up
-    # to k sent downstream, the backwards of the rounds before k (and, 1F1B, round k's size - peak) upstream
-    backwards = before if schedule == Schedule.GPIPE else before + size - peak
-    held = (before + size) * (stage < stages - 1) + backwards * (stage > 0)
-    return float(peak), float(held)
+def one_f_one_b_held(stage, stages: int, micro_batches, in_flight) -> tuple:
+    """(outputs, gradients) that 1F1B's stage ``stage`` holds at its last steady forward in a round
+    of ``micro_batches`` with ``in_flight`` of them in flight (``min(S - i, m)``; Narayanan et al.
+    2021, sec. 2.2): every forward's output but on the last stage, and ``m - f`` gradients but on the
+    first. Plain arithmetic, so numpy arrays and CP-SAT's linear expressions both go through."""
+    return micro_batches * (stage < stages - 1), (micro_batches - in_flight) * (stage > 0)
 
 
-def _interleaved_peak(stage: int, stages: int, micro_batches: int, per_round: int, chunks: int) -> tuple:
-    """``_walk``'s (in-flight, held) for interleaved 1F1B with equal chunks, in closed form: each
-    round of ``m`` micro-batches runs ``T = m v`` chunk forwards, ``w`` of them warm-up
-    (``cost_models.schedule``), so the peak, ``w + 1`` chunks (``T`` when all are warm-up), is
-    reached last at the round's last forward, after ``T - w - 1`` backwards (none)."""
-    S, v, i = stages, chunks, stage
-    sizes = round_sizes(micro_batches, per_round)
-    peaks = []
-    for m in sizes:
+def _peak(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers) -> tuple:
+    """(in flight, outputs held, gradients held): in closed form (``_rounds_peak``) unless the chunks
+    hold unequal layers, which are walked."""
+    chunks = tuple(int(n) for n in chunk_layers)
+    if virtual_stages > 1 and len(set(chunks)) > 1:
+        walk = np.vectorize(lambda i, m: _walk(str(schedule), int(i), int(stages), int(m), int(per_round),
+                                               int(virtual_stages), chunks)[:3], otypes=[float, float, float])
+        return walk(stage, micro_batches)
+    return _rounds_peak(str(schedule), stage, int(stages), micro_batches, int(per_round), int(virtual_stages))
+
+
+def _rounds_peak(schedule: str, stage, stages: int, micro_batches, per_round: int, chunks: int) -> tuple:
+    """``_walk``'s (in flight, outputs, gradients) in closed form: the rounds are ``full`` of
+    ``per_round`` and a ``rest`` (``round_sizes``); the in-flight peak is the larger of the two kinds'
+    (``_round_peak``), and the messages are all of the rounds before the last (each micro-batch's
+    ``v`` chunks send one output and one gradient each, but the last piece's output and the first
+    piece's gradient) and the last round's up to its peak."""
+    i = np.asarray(stage, dtype=np.int64)
+    M = np.asarray(micro_batches, dtype=np.int64)
+    shape = np.broadcast_shapes(i.shape, M.shape)  # GPipe's in-flight count, say, does not depend on the stage
+    if per_round <= 0:  # one round
+        return tuple(np.broadcast_to(n, shape).astype(float) for n in _round_peak(schedule, i, stages, M, chunks))
+    size = np.where((per_round > 0) & (per_round < M), per_round, M)
+    rest = M % size
+    last = np.where(rest > 0, rest, size)
+    f_full = _round_peak(schedule, i, stages, size, chunks)[0]
+    f_rest = np.where(rest > 0, _round_peak(schedule, i, stages, np.maximum(rest, 1), chunks)[0], 0.0)
+    _, outputs, gradients = _round_peak(schedule, i, stages, last, chunks)
+    before = M - last
+    outputs = before * (chunks - (i == stages - 1)) + outputs
+    gradients = before * (chunks - (i == 0)) + gradients
+    return tuple(np.broadcast_to(n, shape).astype(float) for n in (np.maximum(f_full, f_rest), outputs, gradients))
+
+
+def _round_peak(schedule: str, i, S: int, m, v: int) -> tuple:
+    """(in flight, outputs sent, gradients sent) at the last op of one round of ``m`` micro-batches
+    where its in-flight activations peak (``held_messages`` gives each schedule's count)."""
+    sends_down = i < S - 1
+    if v > 1:  # interleaved 1F1B
         total = m * v
-        warmup = total if m == S else min(2 * (S - i - 1) + (v - 1) * S, total)
-        peaks.append((warmup + 1, total - warmup - 1) if total > warmup else (total, 0))
-    peak = max(p for p, _ in peaks)
-    k = len(sizes) - 1 - [p for p, _ in peaks][::-1].index(peak)
-    before, size, backwards = sum(sizes[:k]), sizes[k], peaks[k][1]
-    first_chunk = (backwards // (S * v)) * S + max(0, min(backwards % (S * v), v * S) - (v - 1) * S)
-    outputs = v * (before + size) - (before + size) * (i == S - 1)  # the last stage's last chunk sends none
-    gradients = v * before - before * (i == 0) + backwards - first_chunk * (i == 0)  # nor the first's first
-    return float(peak / v), float(outputs + gradients)
+        w = interleaved_warmup(i, S, m, v)
+        steady = total > w
+        peak = np.where(steady, w + 1, total)
+        back = np.where(steady, total - w - 1, 0)
+        first_chunk = (back // (S * v)) * S + np.maximum(0, back % (S * v) - (v - 1) * S)  # chunk 0's backwards
+        return peak / v, total - m * (i == S - 1), back - first_chunk * (i == 0)
+    if schedule == Schedule.GPIPE:
+        return m, m * sends_down, 0 * m
+    if schedule == Schedule.ONE_F_ONE_B:
+        f = np.minimum(S - i, m)
+        return (f, *one_f_one_b_held(i, S, m, f))
+    if schedule == Schedule.ZERO_BUBBLE:
+        k = m - np.minimum(S - i - 1, m)  # steady steps: forward, input gradient, a weight gradient after the i-th
+        later = np.where(k >= i + 1, k, np.minimum(k + 1, m))
+        return np.minimum(S, m), m * sends_down, np.where(i == 0, 0 * m, later)
+    raise ValueError(f"unknown schedule {schedule!r}")
 
 
 @functools.lru_cache(maxsize=4096)
 def _walk(schedule: str, stage: int, stages: int, micro_batches: int, per_round: int, virtual_stages: int,
           chunk_layers: tuple) -> tuple:
-    """(in-flight micro-batches, messages held, last chunk's in-flight micro-batches) at the last op
-    where the stage's in-flight activations, weighted by ``chunk_layers`` (equal without), peak."""
+    """(in-flight micro-batches, outputs held, gradients held, last chunk's in-flight micro-batches)
+    on the op list: the in-flight peak of any op, weighted by ``chunk_layers`` (equal without), and
+    the rest at the first op of the last round where the kept blocks plus the messages sent are the
+    most. A block keeps at least a message's bytes (``held_messages``), so for any op x of that
+    round, with ``a >= r`` the bytes of a block and of a message, ``a kept_x + r sent_x <= r (kept +
+    sent) + (a - r) peak <= a peak + r sent`` (an earlier round's op sent fewer): the in-flight peak
+    plus that op's messages bound every op, also where unequal chunks under recomputation (a block
+    keeps one message's bytes) make an op after the in-flight peak the heaviest. With equal chunks
+    that op is the last round's in-flight peak (the closed forms)."""
     weights = chunk_layers or (1,) * virtual_stages
     frees = "bwd_weight" if schedule == Schedule.ZERO_BUBBLE and stage > 0 else "bwd"
-    in_flight, peak, sent, at_peak = [0] * virtual_stages, -1, 0, (0.0, 0, 0)
-    for kind, _, chunk in stage_ops(Schedule(schedule), stage, stages, micro_batches, per_round, virtual_stages):
+    last_round = micro_batches - round_sizes(micro_batches, per_round)[-1]  # its first micro-batch
+    in_flight, peak, most = [0] * virtual_stages, -1, -1
+    outputs = gradients = 0
+    at_most = (0, 0, 0)
+    for kind, mb, chunk in stage_ops(Schedule(schedule), stage, stages, micro_batches, per_round, virtual_stages):
         if kind == "fwd":
             in_flight[chunk] += 1
         elif kind == frees:
             in_flight[chunk] -= 1
-        elif kind in ("send_fwd", "send_bwd"):
-            sent += 1
+        outputs += kind == "send_fwd"
+        gradients += kind == "send_bwd"
         kept = sum(n * f for n, f in zip(weights, in_flight))
-        if kept >= peak:
-            peak, at_peak = kept, (kept / sum(weights), sent, in_flight[-1])
-    return float(at_peak[0]), float(at_peak[1]), float(at_peak[2])
+        peak = max(peak, kept)
+        if mb >= last_round and kept + outputs + gradients > most:
+            most, at_most = kept + outputs + gradients, (outputs, gradients, in_flight[-1])
+    return float(peak / sum(weights)), float(at_most[0]), float(at_most[1]), float(at_most[2])

@@ -15,7 +15,10 @@ the model's piece ``c * S + s`` of ``S * v``, and its messages go to piece ``p +
 from enum import StrEnum
 from typing import NamedTuple
 
-__all__ = ["Schedule", "Op", "stage_ops", "round_sizes", "piece_of", "peer_stage", "interleaving_problem", "OP_KINDS",
+import numpy as np
+
+__all__ = ["Schedule", "Op", "stage_ops", "round_sizes", "piece_of", "peer_stage", "interleaving_problem",
+           "interleaved_warmup", "OP_KINDS",
            "COMPUTE_KINDS", "AUTO_SCHEDULES"]
 
 
@@ -78,6 +81,16 @@ def interleaving_problem(schedule: str, stages: int, micro_batches, per_round: i
             return (f"interleaved 1F1B runs micro-batches in groups of the {stages} stages, but a replica runs "
                     f"rounds of {sizes}: make every replica's micro-batches (and rounds) a multiple of {stages}")
     return ""
+
+
+def interleaved_warmup(stage, stages: int, micro_batches, chunks: int):
+    """Warm-up chunk forwards of ``stage`` in one round of ``micro_batches`` under interleaved 1F1B
+    with ``chunks`` chunks per device: ``min(2 (S - s - 1) + (v - 1) S, M v)``, all ``M v`` when
+    M = S (Megatron-LM's ``forward_backward_pipelining_with_interleaving``; Narayanan et al. 2021,
+    sec. 2.2.2). Vectorised over numpy arrays of stages and micro-batch counts."""
+    total = np.multiply(micro_batches, chunks)
+    return np.where(np.equal(micro_batches, stages), total,
+                    np.minimum(2 * (stages - np.asarray(stage) - 1) + (chunks - 1) * stages, total))
 
 
 def _forward(stage: int, stages: int, mb: int) -> list:
@@ -215,7 +228,7 @@ def _interleaved_round(stage: int, stages: int, micro_batches: int, chunks: int)
         c = chunk_of(k, False)
         return [Op(kind, mb, c) for kind, mb, _ in _backward(piece_of(stage, S, c), S * chunks, micro_batch(k))]
 
-    warmup = total if micro_batches == S else min(2 * (S - stage - 1) + (chunks - 1) * S, total)
+    warmup = int(interleaved_warmup(stage, S, micro_batches, chunks))
     ops = []
     for k in range(warmup):
         ops += forward(k)

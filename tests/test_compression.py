@@ -372,7 +372,7 @@ def test_int8_messages_shrink_as_the_formula_says_and_charge_their_codec(job):
     plan = _pipeline_plan(job)
     for s, name in enumerate(plan.assignment[0]):
         order = (plan.schedule, s, plan.stages, plan.micro_batches[0])
-        held, in_flight = float(memory.held_messages(*order)), float(memory.in_flight_micro_batches(*order))
+        held, in_flight = float(sum(memory.held_messages(*order))), float(memory.peak_in_flight(*order))
         kept_outputs = in_flight * c_off.boundary_bytes if s < plan.stages - 1 else 0.0
         saved = held * (c_off.boundary_bytes - c_int8.boundary_bytes) - kept_outputs
         assert p_off.memory_bytes[name] - p_int8.memory_bytes[name] == pytest.approx(saved), name

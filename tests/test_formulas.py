@@ -57,10 +57,10 @@ def test_activation_memory_korthikanti():
     assert memory.layer_activation_bytes(2, 1, 4, 2, recompute=True) == 16
 
 
-def test_in_flight_micro_batches():
-    assert memory.in_flight_micro_batches("gpipe", 0, 4, 16) == 16
-    assert [memory.in_flight_micro_batches("1f1b", s, 4, 16) for s in range(4)] == [4, 3, 2, 1]
-    assert memory.in_flight_micro_batches("1f1b", 0, 4, 2) == 2
+def test_peak_in_flight():
+    assert memory.peak_in_flight("gpipe", 0, 4, 16) == 16
+    assert [memory.peak_in_flight("1f1b", s, 4, 16) for s in range(4)] == [4, 3, 2, 1]
+    assert memory.peak_in_flight("1f1b", 0, 4, 2) == 2
 
 
 def test_mixed_precision_adam_is_16_bytes_per_parameter():

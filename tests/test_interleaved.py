@@ -4,7 +4,7 @@ simulator's bubble (one case worked by hand) and the schedule's refusals."""
 import numpy as np
 import pytest
 
-from cost_models.memory import in_flight_micro_batches
+from cost_models.memory import peak_in_flight
 from cost_models.network import Network
 from cost_models.schedule import Op, interleaving_problem, peer_stage, piece_of, stage_ops
 from cost_models.simulator import PipelineJob, simulate
@@ -145,7 +145,7 @@ def test_rounds_of_a_multiple_of_s_interleave_each_round():
 def test_memory_model_counts_what_the_op_lists_keep(stages, micro_batches, chunks):
     for s in range(stages):
         held = held_peak(stage_ops("1f1b", s, stages, micro_batches, 0, chunks))
-        assert in_flight_micro_batches("1f1b", s, stages, micro_batches, 0, chunks) == pytest.approx(held / chunks)
+        assert peak_in_flight("1f1b", s, stages, micro_batches, 0, chunks) == pytest.approx(held / chunks)
 
 
 INTERLEAVED_RUNS = {

@@ -125,7 +125,7 @@ def test_estimate_and_simulator_agree_on_one_device_including_the_optimizer_step
 def test_greedy_layer_split_matches_cpsat(seed):
     from dataclasses import replace as dc_replace
     from planner.inputs.model import TrainingSpec, model_preset
-    from planner.prediction.stage_model import held_table, in_flight_table
+    from planner.prediction.stage_model import peak_table
     from planner.search.cpsat import exact_layer_split
     rng = np.random.default_rng(100 + seed)
     model = dc_replace(model_preset("tiny"), layers=int(rng.integers(4, 13)))
@@ -136,8 +136,7 @@ def test_greedy_layer_split_matches_cpsat(seed):
     capacity = rng.uniform(1.0, 2.5, (R, S)) * stage_memory_bytes(costs, 2, 0, S)
     micro_batches = np.full(R, 4)
     greedy = split_layers(costs, "1f1b", speed, capacity, micro_batches)
-    exact = exact_layer_split(costs, speed, capacity, in_flight_table("1f1b", S, micro_batches),
-                              held_table("1f1b", S, micro_batches))
+    exact = exact_layer_split(costs, speed, capacity, peak_table("1f1b", S, micro_batches))
     if exact is None:
         assert greedy is None
     else:

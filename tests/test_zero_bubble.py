@@ -5,7 +5,7 @@ model, the plan file, the split backward and the blocks compiled between their l
 import numpy as np
 import pytest
 
-from cost_models.memory import in_flight_micro_batches
+from cost_models.memory import peak_in_flight
 from cost_models.network import Network
 from cost_models.schedule import Op, stage_ops
 from cost_models.simulator import PipelineJob, simulate
@@ -37,7 +37,7 @@ def test_ops_split_every_backward_after_the_first_stage_and_keep_at_most_s(stage
                 assert ops.index(Op("send_bwd", mb)) == ops.index(Op("bwd_input", mb)) + 1
         peak = held_peak(ops, released=("bwd", "bwd_weight"))
         assert peak <= min(stages, per_round or micro_batches)
-        assert peak <= int(in_flight_micro_batches("zb-h1", stage, stages, micro_batches, per_round))
+        assert peak <= int(peak_in_flight("zb-h1", stage, stages, micro_batches, per_round))
         assert ops[-2:] == [Op("sync", -1), Op("step", -1)]
 
 

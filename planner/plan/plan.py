@@ -14,7 +14,7 @@ from planner.plan.sync import sync_problem
 from planner.plan.sync_groups import sync_groups_problem
 from planner.plan.tensor import tensor_degree_problem
 
-__all__ = ["Plan", "Prediction", "CostModel", "validate_plan", "interleave_plan"]
+__all__ = ["Plan", "Prediction", "CostModel", "validate_plan", "interleave_plan", "chunk_sizes"]
 
 
 class CostModel(StrEnum):
@@ -152,6 +152,13 @@ class Plan:
         return replace(self, prediction=prediction)
 
 
+def chunk_sizes(layers: int, chunks: int) -> tuple:
+    """A stage's ``layers`` blocks in ``chunks`` near-even chunks, the larger first (chunk 0 first):
+    how ``interleave_plan`` splits a stage, and what the search's memory check counts."""
+    whole, rest = divmod(int(layers), chunks)
+    return tuple(whole + (c < rest) for c in range(chunks))
+
+
 def interleave_plan(plan: Plan, virtual_stages: int) -> Plan:
     """``plan`` (one chunk per device) with each stage's layers split into ``virtual_stages`` chunks of
     near-even size (the larger first), chunk c of stage s the model's piece ``c * S + s``; each
@@ -159,10 +166,7 @@ def interleave_plan(plan: Plan, virtual_stages: int) -> Plan:
     S, v = plan.stages, virtual_stages
     if plan.virtual_stages != 1:
         raise ValueError("the plan is interleaved already")
-    sizes = []
-    for s in range(S):
-        whole, rest = divmod(plan.layer_bounds[s + 1] - plan.layer_bounds[s], v)
-        sizes.append([whole + (c < rest) for c in range(v)])
+    sizes = [chunk_sizes(plan.layer_bounds[s + 1] - plan.layer_bounds[s], v) for s in range(S)]
     bounds = [plan.layer_bounds[0]]
     for piece in range(S * v):
         c, s = divmod(piece, S)

@@ -19,7 +19,7 @@ from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_
                                             stage_parameters, stage_profile, stage_step_bytes, tensor_layer_s)
 
 __all__ = ["sync_time_s", "sync_members", "build_pipeline_job", "predict", "estimated_prediction",
-           "model_flops_per_iteration", "communication_bytes", "chunk_shares"]
+           "model_flops_per_iteration", "communication_bytes", "chunk_shares", "memory_compressed"]
 
 
 def sync_time_s(topology, plan: Plan, profile: StageProfile, stage: int) -> float:
@@ -182,22 +182,33 @@ def estimated_prediction(plan: Plan, topology, model, training, iteration_s: flo
     return _prediction(plan, topology, model, training, costs, float(iteration_s), {}, cost_model=CostModel.ESTIMATE)
 
 
+def memory_compressed(plan: Plan) -> list:
+    """(S - 1,) booleans: the boundaries whose messages the runtime sends int8 (the plan's
+    ``compression.message_mask``; none under interleaved 1F1B, whose messages wrap from the last
+    stage to the first, ``planner.runtime.engine``)."""
+    if plan.virtual_stages > 1:
+        return [False] * (plan.stages - 1)
+    return plan.compression.message_mask(plan.stages)
+
+
 def _prediction(plan, topology, model, training, costs, seconds: float, breakdown_s: dict,
                 cost_model: CostModel = CostModel.SIMULATOR) -> Prediction:
     counts = np.diff(plan.stage_bounds)
     used, capacity = {}, {}
+    compressed = memory_compressed(plan)
     for r, row in enumerate(plan.assignment):
         for s, name in enumerate(row):
             order = (plan.schedule, s, plan.stages, plan.micro_batches[r], plan.micro_batches_per_round,
                      plan.virtual_stages)
             chunks = tuple(end - first for first, end in plan.chunk_layers(s))
             in_flight = memory.peak_in_flight(*order, chunk_layers=chunks)
-            held = memory.held_messages(*order, chunk_layers=chunks)
+            outputs, gradients = memory.held_messages(*order, chunk_layers=chunks)
             heads = memory.head_in_flight(*order, chunk_layers=chunks) if s == plan.stages - 1 else in_flight
             members = plan.members(name)
             for k, member in enumerate(members):  # the lead also steps the whole parameters
                 need = float(stage_memory_bytes(costs, counts[s], s, in_flight, len(members), lead=k == 0,
-                                                held=held, heads=heads))
+                                                outputs=outputs, gradients=gradients, heads=heads,
+                                                compressed=compressed))
                 dev = topology.devices[topology.index(member)]
                 used[member] = need + dev.memory_reserved_bytes
                 capacity[member] = dev.memory_bytes

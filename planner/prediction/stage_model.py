@@ -20,7 +20,7 @@ from planner.plan.tensor import TENSOR_DEGREES
 
 __all__ = ["OPTIMIZER_BYTES_PER_PARAMETER", "OUTER_STATE_BYTES_PER_PARAMETER", "OUTER_STEP_BYTES_PER_PARAMETER",
            "LayerCosts", "layer_costs", "StageProfile", "stage_profile",
-           "stage_parameters", "stage_memory_bytes", "stage_step_bytes", "in_flight_table", "held_table",
+           "stage_parameters", "stage_memory_bytes", "stage_step_bytes", "in_flight_table", "held_table", "peak_table",
            "optimizer_time_s",
            "iteration_flops", "optimizer_shards", "tensor_layer_s", "head_outputs", "message_codec_s",
            "stage_gradient_bytes", "stage_compress_flops", "stage_compress_s", "least_gradient_bytes_per_param",
@@ -44,7 +44,8 @@ class LayerCosts:
     (embeddings on the first, head and logits on the last) are derived once into arrays of length
     ``stages``: ``stage_extra_params``, ``stage_extra_kept_bytes``, ``stage_transient_bytes``.
     A stage also holds the messages it sent until the iteration's sync, outputs downstream and
-    gradients upstream (``cost_models.memory.held_messages``), ``boundary_bytes`` each.
+    gradients upstream (``cost_models.memory.held_messages``), each at its boundary's size:
+    ``boundary_bytes`` where the plan compresses it, ``raw_boundary_bytes`` elsewhere.
 
     With the optimizer state sharded over ``shards`` replicas (ZeRO stage 1), the per-parameter
     state and step bytes are the sharded ones; a tied embedding's two copies are summed over their
@@ -61,7 +62,7 @@ class LayerCosts:
     first_params: float  # embeddings (and, with one stage, the head)
     last_params: float  # final norm + head (+ the tied embedding's copy)
     layer_kept_bytes: float
-    output_kept_bytes: float  # a stage's output beside the message it sent (compressed messages), but the last stage's
+    output_kept_bytes: float  # a stage's output beside the int8 message it sent (its boundary compressed)
     last_kept_bytes: float  # the head's: logits and the final norm's input and output
     transient_bytes: float
     last_transient_bytes: float
@@ -113,8 +114,7 @@ class LayerCosts:
         first = (np.arange(self.stages) == 0).astype(float)
         last = (np.arange(self.stages) == self.stages - 1).astype(float)
         object.__setattr__(self, "stage_extra_params", first * self.first_params + last * self.last_params)
-        object.__setattr__(self, "stage_extra_kept_bytes",
-                           (1.0 - last) * self.output_kept_bytes + last * self.last_kept_bytes)
+        object.__setattr__(self, "stage_extra_kept_bytes", last * self.last_kept_bytes)
         object.__setattr__(self, "stage_transient_bytes", self.transient_bytes + last * self.last_transient_bytes)
         unsharded = first * self.first_unsharded_params + last * self.last_unsharded_params
         object.__setattr__(self, "stage_unsharded_bytes", unsharded * self.unsharded_state_bytes_per_param)
@@ -183,7 +183,8 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         first_params += last_params
         last_params = 0.0
     # Recomputation re-runs a block's forward in backward and keeps one block's full set meanwhile.
-    transient = 2.0 * boundary + (full if training.recompute else 0.0)  # send and receive buffers
+    # The receive buffer (the sent message is held until the sync: ``held_messages``).
+    transient = boundary + (full if training.recompute else 0.0)
     shards = optimizer_shards(training, replicas)
     state = memory.state_bytes_per_parameter(training.precision, training.optimizer)
     sharded_state = memory.optimizer_state_bytes_per_parameter(training.precision, training.optimizer)
@@ -312,12 +313,19 @@ def stage_parameters(costs: LayerCosts, n_layers, stage, tensor=1):
     return n_layers * _per_member(costs.layer_params, costs.layer_split_params, tensor) + costs.stage_extra_params[stage]
 
 
-def stage_memory_bytes(costs: LayerCosts, n_layers, stage, in_flight, tensor=1, lead=True, held=0.0, heads=None):
+def stage_memory_bytes(costs: LayerCosts, n_layers, stage, in_flight, tensor=1, lead=True, outputs=0.0,
+                       gradients=0.0, heads=None, compressed=None):
     """Peak bytes of stage ``stage`` with ``n_layers`` blocks and ``in_flight`` micro-batches'
     activations kept, on each member of a tensor group of ``tensor`` devices: weights, gradients
-    and optimizer state, the kept activations, the ``held`` messages the stage has sent and keeps
-    until the sync (``cost_models.memory.held_messages``; their bytes as sent, ``boundary_bytes``),
-    one micro-batch's transient working set (recomputation, logits gradient, message buffers).
+    and optimizer state, the kept activations, the ``outputs`` and ``gradients`` messages the stage
+    has sent and keeps until the sync (``cost_models.memory.held_messages``), one micro-batch's
+    transient working set (recomputation, logits gradient, the receive buffer).
+    A stage's outputs cross boundary ``stage``, its gradients boundary ``stage - 1``; each is held
+    as sent, ``boundary_bytes`` across a compressed boundary, ``raw_boundary_bytes`` across another
+    (``compressed``: (S - 1,) booleans, the boundaries the plan compresses, None: every one where
+    ``costs`` compress; ``planner.runtime.engine`` sends raw tensors elsewhere), and where its
+    output's boundary is compressed a stage also keeps each in-flight output whole beside the int8
+    message (``output_kept_bytes``).
     ``heads``: the micro-batches whose stage extras (the last stage's head) are kept, where they are
     fewer than ``in_flight`` (interleaved 1F1B, ``cost_models.memory.head_in_flight``).
     ``lead=False``: a member other than the group's lead, which steps only its share of the split
@@ -332,18 +340,28 @@ def stage_memory_bytes(costs: LayerCosts, n_layers, stage, in_flight, tensor=1, 
     kept = in_flight * blocks + (in_flight if heads is None else heads) * costs.stage_extra_kept_bytes[stage]
     transient = _per_member(costs.stage_transient_bytes[stage], costs.split_transient_bytes, tensor)
     parameters = stage_parameters(costs, n_layers, stage, tensor)
+    raw = costs.raw_boundary_bytes or costs.boundary_bytes
     if lead:
-        activations = kept + held * costs.boundary_bytes + transient
-        return parameters * costs.state_bytes_per_param + activations + costs.stage_unsharded_bytes[stage]
+        down, up = _compressed_sides(costs.stages, stage, compressed)
+        held = (outputs * np.where(down, costs.boundary_bytes, raw)
+                + gradients * np.where(up, costs.boundary_bytes, raw)
+                + in_flight * np.where(down, costs.output_kept_bytes, 0.0))
+        return parameters * costs.state_bytes_per_param + kept + held + transient + costs.stage_unsharded_bytes[stage]
     sends = np.asarray(stage) < costs.stages - 1
-    outputs = np.where(sends, costs.raw_boundary_bytes - costs.output_kept_bytes, 0.0)  # uncompressed: not yet counted
-    activations = kept + in_flight * outputs + transient
+    activations = kept + in_flight * np.where(sends, raw, 0.0) + transient
     whole = n_layers * (costs.layer_params - costs.layer_split_params) + costs.stage_extra_params[stage]
     first = np.asarray(stage) == 0
     # the embeddings' gradients: the weight's bytes again (a 16-bit gradient of a 16-bit weight)
     gradients = np.where(first, costs.embedding_params, 0.0) * costs.weight_bytes_per_param
     return ((parameters - whole) * costs.state_bytes_per_param + whole * costs.weight_bytes_per_param + gradients
             + activations)
+
+
+def _compressed_sides(stages: int, stage, compressed=None) -> tuple:
+    """(boundary ``stage`` compressed, boundary ``stage - 1`` compressed) of ``compressed`` ((S - 1,)
+    booleans, None: every one), False past the pipeline's ends; vectorised over stages."""
+    mask = np.ones(stages - 1, dtype=bool) if compressed is None else np.asarray(compressed, dtype=bool)
+    return np.append(mask, False)[stage], np.insert(mask, 0, False)[stage]
 
 
 def tensor_layer_s(costs: LayerCosts, allreduce_per_byte_s, allreduce_latency_s, block_compute_s, degree,
@@ -395,22 +413,51 @@ def stage_step_bytes(costs: LayerCosts, parameters, stage):
     return parameters * costs.optimizer_bytes_per_param + costs.stage_unsharded_step_bytes[stage]
 
 
-def in_flight_table(schedule: str, stages: int, micro_batches, per_round: int = 0,
-                    virtual_stages: int = 1) -> np.ndarray:
-    """(R, S) in-flight micro-batches of every worker (``cost_models.memory.in_flight_micro_batches``;
+def in_flight_table(schedule: str, stages: int, micro_batches, per_round: int = 0, virtual_stages: int = 1,
+                    chunk_layers=None) -> np.ndarray:
+    """(R, S) in-flight micro-batches of every worker at its peak (``cost_models.memory.peak_in_flight``;
     ``per_round``: micro-batches per accumulation round, 0 for one round; ``virtual_stages``: chunks
-    per device of interleaved 1F1B)."""
-    m = np.asarray(micro_batches, dtype=np.int64)[:, None]
-    table = memory.in_flight_micro_batches(schedule, np.arange(stages)[None, :], stages, m, per_round,
-                                           virtual_stages)
-    return table if table.shape[1] == stages else np.repeat(table, stages, axis=1)
+    per device of interleaved 1F1B; ``chunk_layers``: each stage's chunks' blocks, None for equal)."""
+    return _table(memory.peak_in_flight, schedule, stages, micro_batches, per_round, virtual_stages, chunk_layers)
 
 
-def held_table(schedule: str, stages: int, micro_batches, per_round: int = 0, virtual_stages: int = 1) -> np.ndarray:
-    """(R, S) messages every worker has sent and holds at its peak (``cost_models.memory.held_messages``),
-    for ``stage_memory_bytes``'s ``held`` beside ``in_flight_table``."""
-    m = np.asarray(micro_batches, dtype=np.int64)[:, None]
-    return memory.held_messages(schedule, np.arange(stages)[None, :], stages, m, per_round, virtual_stages)
+def held_table(schedule: str, stages: int, micro_batches, per_round: int = 0, virtual_stages: int = 1,
+               chunk_layers=None) -> tuple:
+    """(outputs, gradients), each (R, S): the messages every worker has sent and holds at its peak
+    (``cost_models.memory.held_messages``), for ``stage_memory_bytes`` beside ``in_flight_table``."""
+    return _table(memory.held_messages, schedule, stages, micro_batches, per_round, virtual_stages, chunk_layers)
+
+
+def _table(count, schedule, stages, micro_batches, per_round, virtual_stages, chunk_layers):
+    """``count`` over every (replica, stage): one vectorised call where every stage's chunks are
+    equal (closed forms), a call per stage where some are not (walked)."""
+    m = np.asarray(micro_batches, dtype=np.int64)
+    if chunk_layers is None or all(len(set(c)) <= 1 for c in chunk_layers):
+        return count(schedule, np.arange(stages)[None, :], stages, m[:, None], per_round, virtual_stages)
+    per_stage = [count(schedule, s, stages, m, per_round, virtual_stages, tuple(chunk_layers[s]))
+                 for s in range(stages)]
+    if isinstance(per_stage[0], tuple):
+        return tuple(np.stack([p[k] for p in per_stage], axis=1) for k in range(len(per_stage[0])))
+    return np.stack(per_stage, axis=1)
+
+
+def peak_table(schedule: str, stages: int, micro_batches, per_round: int = 0, virtual_stages: int = 1,
+               chunk_layers=None) -> dict:
+    """``stage_memory_bytes``'s ``in_flight``, ``outputs``, ``gradients`` and ``heads``, each (R, S),
+    of every worker at its peak (``in_flight_table``, ``held_table``, and the last stage's
+    ``cost_models.memory.head_in_flight`` under interleaved 1F1B): what the prediction counts per
+    device, for the search's memory checks."""
+    in_flight, outputs, gradients = _table(memory.stage_peak, schedule, stages, micro_batches, per_round,
+                                           virtual_stages, chunk_layers)
+    heads = in_flight.copy()
+    if virtual_stages > 1:
+        heads[:, -1] = memory.head_in_flight(schedule, stages - 1, stages, np.asarray(micro_batches, dtype=np.int64),
+                                             per_round, virtual_stages, _chunks(chunk_layers, stages - 1))
+    return {"in_flight": in_flight, "outputs": outputs, "gradients": gradients, "heads": heads}
+
+
+def _chunks(chunk_layers, stage: int) -> tuple:
+    return () if chunk_layers is None else tuple(chunk_layers[stage])
 
 
 def optimizer_time_s(step_bytes, memory_bandwidth_bytes_per_s):

@@ -17,18 +17,20 @@ from dataclasses import replace
 
 import numpy as np
 
-from planner.prediction.stage_model import LayerCosts, held_table, in_flight_table, stage_memory_bytes
+from planner.prediction.stage_model import LayerCosts, peak_table, stage_memory_bytes
 
 __all__ = ["split_layers", "split_batch"]
 
 
-def _stage_limits(costs, stages, speed, capacity, in_flight, tensor, held):
-    """Per stage: the slowest replica's speed and the most layers memory allows on every replica."""
+def _stage_limits(costs, stages, speed, capacity, peak, tensor):
+    """Per stage: the slowest replica's speed and the most layers memory allows on every replica
+    (``peak``: ``stage_model.peak_table``)."""
     slowest = speed.min(axis=0)
     by_memory = np.empty(stages, dtype=np.int64)
     for s in range(stages):
-        mem_zero = stage_memory_bytes(costs, 0, s, in_flight[:, s], tensor[:, s], held=held[:, s])
-        per_layer = stage_memory_bytes(costs, 1, s, in_flight[:, s], tensor[:, s], held=held[:, s]) - mem_zero
+        at = {k: v[:, s] for k, v in peak.items()}
+        mem_zero = stage_memory_bytes(costs, 0, s, tensor=tensor[:, s], **at)
+        per_layer = stage_memory_bytes(costs, 1, s, tensor=tensor[:, s], **at) - mem_zero
         by_memory[s] = int(max(np.floor((capacity[:, s] - mem_zero) / per_layer + 1e-9).min(), -1))
     return slowest.tolist(), np.minimum(by_memory, costs.layers).tolist()
 
@@ -74,8 +76,7 @@ def split_layers(costs: LayerCosts, schedule: str, speed: np.ndarray, capacity_b
         costs = replace(costs, head_flops=costs.head_flops * head_slowdown)
     tensor = np.ones((R, S)) if tensor is None else tensor
     limits = _stage_limits(costs, S, speed, capacity_bytes,
-                           in_flight_table(schedule, S, micro_batches, costs.micro_batches_per_round), tensor,
-                           held_table(schedule, S, micro_batches, costs.micro_batches_per_round))
+                           peak_table(schedule, S, micro_batches, costs.micro_batches_per_round), tensor)
     slowest, by_memory = limits
     if even:  # the most even split memory allows, whatever the compute balance
         return _fill(costs, S, slowest, by_memory, np.inf)

@@ -28,11 +28,10 @@ def make_solver(time_limit_s: float, *, workers: int = 1, work_limit: float | No
     return solver
 
 
-def exact_layer_split(costs: LayerCosts, speed: np.ndarray, capacity_bytes: np.ndarray, in_flight: np.ndarray,
-                      held: np.ndarray | None = None, *, time_limit_s: float = 10.0):
-    """Optimal (counts, max stage seconds), or None if no split fits. ``in_flight`` and ``held``
-    (the messages each worker holds until the sync, ``stage_model.held_table``; None: none) are (R, S)."""
-    held = np.zeros_like(in_flight, dtype=float) if held is None else held
+def exact_layer_split(costs: LayerCosts, speed: np.ndarray, capacity_bytes: np.ndarray, peak: dict, *,
+                      time_limit_s: float = 10.0):
+    """Optimal (counts, max stage seconds), or None if no split fits. ``peak``: each worker's
+    in-flight micro-batches and held messages at its peak, (R, S) each (``stage_model.peak_table``)."""
     R, S = speed.shape
     L = costs.layers
     model = cp_model.CpModel()
@@ -45,8 +44,9 @@ def exact_layer_split(costs: LayerCosts, speed: np.ndarray, capacity_bytes: np.n
             per_layer_ns = int(round(costs.layer_flops / speed[r, s] / RESOLUTION_S))
             head_ns = int(round(head / speed[r, s] / RESOLUTION_S))
             model.Add(worst >= per_layer_ns * counts[s] + head_ns)
-            base = stage_memory_bytes(costs, 0, s, in_flight[r, s], held=held[r, s])
-            per_layer = stage_memory_bytes(costs, 1, s, in_flight[r, s], held=held[r, s]) - base
+            at = {k: v[r, s] for k, v in peak.items()}
+            base = stage_memory_bytes(costs, 0, s, **at)
+            per_layer = stage_memory_bytes(costs, 1, s, **at) - base
             most = int(np.floor((capacity_bytes[r, s] - base) / per_layer + 1e-9))
             if most < 1:
                 return None

@@ -34,6 +34,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from cost_models import memory
 from cost_models.schedule import Schedule
 from ortools.sat.python import cp_model
 
@@ -241,20 +242,25 @@ class _PlacementModel:
         """``stage_memory_bytes`` is bilinear in (layers n, in-flight micro-batches f):
         ``a + b n + c f + d n f``; its four coefficients come from the function itself, rounded down
         (every split that fits in floats fits here, so the heuristic's hint is always feasible;
-        ``decode`` re-checks the answer in floats). The messages a stage holds until the sync
-        (``cost_models.memory.held_messages``) are linear in the micro-batches M and the in-flight f:
-        every stage but the last holds its M outputs, every stage but the first the ``M - f``
-        gradients it sent (1F1B's count at its peak; GPipe's peak precedes every backward)."""
+        ``decode`` re-checks the answer in floats). The in-flight count is the largest round's
+        (``cost_models.memory.peak_in_flight``: GPipe ``min(M, p)``, 1F1B ``min(M, p, S - s)``, ZB-H1
+        ``min(M, p, S)``, ``p`` the round's micro-batches); the messages a stage holds until the sync
+        (``cost_models.memory.held_messages``) are linear in M and f, 1F1B's count
+        (``memory.one_f_one_b_held``; exact for equal rounds, and at most ZB-H1's and a last smaller
+        round's, whose rounds before it sent every gradient); under GPipe the M outputs, the
+        gradients of earlier rounds left out (fewer than counted in floats)."""
         m, S = self.model, self.S
         message = math.floor(self.costs.boundary_bytes)
+        per_round = self.costs.micro_batches_per_round
         for r, s in itertools.product(range(self.R), range(S)):
+            bound = {Schedule.GPIPE: self.total, Schedule.ZERO_BUBBLE: S}.get(self.schedule, S - s)
+            bound = min(bound, per_round) if per_round > 0 else bound
+            in_flight = m.new_int_var(1, bound, f"in_flight_r{r}_s{s}")
+            m.add_min_equality(in_flight, [self.micro[r], bound])
             if self.schedule == Schedule.GPIPE:
-                in_flight = self.micro[r]
                 held = self.micro[r] * int(s < S - 1)
             else:
-                in_flight = m.new_int_var(1, S - s, f"in_flight_r{r}_s{s}")
-                m.add_min_equality(in_flight, [self.micro[r], S - s])
-                held = self.micro[r] * int(s < S - 1) + (self.micro[r] - in_flight) * int(s > 0)
+                held = sum(memory.one_f_one_b_held(s, S, self.micro[r], in_flight))
             kept_layers = m.new_int_var(0, self.L * self.total, f"kept_layer_activations_r{r}_s{s}")
             m.add_multiplication_equality(kept_layers, [self.layers[s], in_flight])
             need = self._memory_coefficients(s)
