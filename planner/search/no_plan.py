@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from cost_models.memory import in_flight_micro_batches
+from cost_models.memory import peak_in_flight
 from cost_models.schedule import Schedule
 from planner.errors import InputError
 from planner.inputs.catalog import AUTO
@@ -60,13 +60,12 @@ def stage_memory_floor(model, training, micro_batch_size: int, stages: int, repl
 def _even_split_worst(model, training, micro_batch_size: int, stages: int, replicas: int) -> tuple:
     """(stage, bytes) of the stage that needs the most under an even layer split (``ceil(layers /
     stages)`` each) with the micro-batches its schedule keeps in flight (1F1B and ZB-H1: ``S - s`` at
-    most; GPipe: a round's; ``cost_models.memory.in_flight_micro_batches``)."""
+    most; GPipe: a round's; ``cost_models.memory.peak_in_flight``)."""
     costs = layer_costs(model, training, micro_batch_size, stages, replicas)
     per_replica = max(1, training.global_batch // (micro_batch_size * replicas))
     schedule = Schedule.ONE_F_ONE_B if training.schedule == AUTO else training.schedule
     needs = [stage_memory_bytes(costs, math.ceil(model.layers / stages), s,
-                                in_flight_micro_batches(schedule, s, stages, per_replica,
-                                                        training.micro_batches_per_round))
+                                peak_in_flight(schedule, s, stages, per_replica, training.micro_batches_per_round))
              for s in range(stages)]
     worst = int(np.argmax(needs))
     return worst, float(needs[worst])
