@@ -372,24 +372,16 @@ def timed(fn, repeats: int, device) -> float:
     ``_QUEUED_CALLS`` calls before one synchronisation, as a stage's blocks run back to back: timing
     a single synchronised call adds the host's launch latency to a ~1 ms kernel sequence (on an
     H100 a GPT-3 XL block timed alone took 3.13 ms, 2.58 ms inside the runtime)."""
-    import torch
-
-    cuda = device.type == "cuda"
-    calls = _QUEUED_CALLS if cuda else 1
-
-    def sync():
-        if cuda:
-            torch.cuda.synchronize(device)
-
+    calls = _QUEUED_CALLS if device.type == "cuda" else 1
     for _ in range(2):
         fn()
-    sync()
+    _drain(device)
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(calls):
             fn()
-        sync()
+        _drain(device)
         samples.append((time.perf_counter() - start) / calls)
     return statistics.median(samples)
 
@@ -481,9 +473,10 @@ def _compute_probe(job, options, device, threads) -> dict:
 
     def chain_s(recompute: bool) -> tuple:
         """Per block of a chain of ``PROBE_BLOCKS``: (forward, forward + backward) seconds as a stage
-        queues them (``timed``), the host's seconds issuing forward + backward (``issued``) and the
-        device's alone (``device_timed``). The chain is freed on return, so one is alive at a time (a
-        device that holds a few blocks can be probed)."""
+        queues them (``timed``), the host's seconds issuing forward + backward (``issued``) and,
+        without recomputation (the split block's reference), the device's alone (``device_timed``;
+        else 0). The chain is freed on return, so one is alive at a time (a device that holds a few
+        blocks can be probed)."""
         blocks = [Block(model).to(device=device, dtype=dtype) for _ in range(PROBE_BLOCKS)]
         for block in blocks:
             block.recompute = recompute  # as planner.runtime.gpt.build_stage sets it for training.recompute
@@ -502,7 +495,8 @@ def _compute_probe(job, options, device, threads) -> dict:
         issue = issued(both, options.repeats, device)
         return (timed(forward, options.repeats, device) / PROBE_BLOCKS,
                 timed(both, options.repeats, device) / PROBE_BLOCKS, issue / PROBE_BLOCKS,
-                device_timed(both, options.repeats, device, 2.0 * issue + _AHEAD_S) / PROBE_BLOCKS)
+                0.0 if recompute
+                else device_timed(both, options.repeats, device, 2.0 * issue + _AHEAD_S) / PROBE_BLOCKS)
 
     forward, both, both_issue, both_device = chain_s(False)
     recomputed_both, recomputed_issue = chain_s(True)[1:3]
