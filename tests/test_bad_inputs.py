@@ -501,3 +501,19 @@ def test_a_plan_file_given_as_a_topology_says_which_file_it_is(capsys):
     assert main([str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is a plan file, not a topology: run it with 'plan launch FILE'" in err
+
+
+def test_libyamls_own_nesting_limit_reads_as_the_depth_check(tmp_path, monkeypatch):
+    """PyYAML 6.0.4's libyaml stops deep nesting while scanning ahead of the reader's depth check
+    ("exceeded maximum nesting depth"): the line is the depth check's, whatever PyYAML is installed."""
+    import planner.io
+
+    def scanner_stops(text):
+        raise yaml.scanner.ScannerError("while increasing flow level", None, "exceeded maximum nesting depth", None)
+
+    monkeypatch.setattr(planner.io, "_parse", scanner_stops)
+    path = tmp_path / "deep.yaml"
+    path.write_text("[[[]]]\n")
+    with pytest.raises(InputError) as error:
+        planner.io.read_yaml(path)
+    assert f"nests deeper than {planner.io.MAX_DEPTH} levels: flatten it" in str(error.value)
