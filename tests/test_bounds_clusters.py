@@ -165,7 +165,7 @@ def test_clusters_split_only_slow_links():
     """At every threshold, two devices in different clusters are joined by links of at most the
     threshold both ways (NIC caps included) and at least the level's least latency between
     clusters, on the levels' path checked against the dense matrices (the latency: the least one)."""
-    from planner.search.cluster_bound import _least_latency_between
+    from planner.search.link_clusters import least_latency_between
     from planner.search.link_clusters import clusters_at, link_thresholds
 
     rng = np.random.default_rng(11)
@@ -182,7 +182,7 @@ def test_clusters_split_only_slow_links():
             assert (dense[apart] <= tau).all() and (dense.T[apart] <= tau).all()
             if apart.any():
                 split += 1
-                least = _least_latency_between(network, labels)
+                least = least_latency_between(network, labels)
                 assert least <= latency[apart].min()
                 exact += least == latency[apart].min()
     assert split >= 30 and exact >= 0.8 * split

@@ -32,8 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models.links import LevelMatrix
-from planner.search.link_clusters import clusters_at, link_thresholds
+from planner.search.link_clusters import clusters_at, least_latency_between, link_thresholds
 
 __all__ = ["MAX_CLUSTERS", "ClusterLevel", "Crossing", "cluster_levels", "cluster_bound"]
 
@@ -96,32 +95,9 @@ def cluster_levels(topology, training) -> list:
             sizes = np.append(sizes[kept], sizes[merged].max())
             most = np.append(most[kept], most[merged].max())
             speed = np.vstack([speed[kept], speed[merged].max(axis=0)])
-        levels.append(ClusterLevel(tau_bytes_per_s=float(tau), latency_s=_least_latency_between(network, labels),
+        levels.append(ClusterLevel(tau_bytes_per_s=float(tau), latency_s=least_latency_between(network, labels),
                                    sizes=sizes, memory_bytes=most, speed=speed))
     return levels
-
-
-def _least_latency_between(network, labels: np.ndarray) -> float:
-    """The least latency of a link between two devices of different clusters (``labels``), the
-    per-message overhead included; by levels from the (region, region) table where two regions hold
-    devices of different clusters, and the pair entries, never N x N."""
-    latency = network.latency_s
-    if not isinstance(latency, LevelMatrix):
-        dense = np.array(latency, dtype=float)
-        return float(np.min(np.where(labels[:, None] != labels[None, :], dense, np.inf)))
-    regions = latency.table.shape[0]
-    first = np.full(regions, -1)
-    first[latency.region[::-1]] = labels[::-1]  # a label of each region (its first device's)
-    mixed = np.zeros(regions, dtype=bool)
-    mixed[latency.region[labels != first[latency.region]]] = True  # regions holding two clusters or more
-    across = mixed[:, None] | mixed[None, :] | (first[:, None] != first[None, :])
-    present = np.bincount(latency.region, minlength=regions) > 0
-    across &= present[:, None] & present[None, :]
-    candidates = [latency.table[across]] + [np.array([v for (a, b), v in latency.overrides.items()
-                                                      if labels[a] != labels[b]])]
-    values = np.concatenate(candidates)
-    values = values[np.isfinite(values)]
-    return float(values.min()) if values.size else 0.0
 
 
 def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas: np.ndarray, used: np.ndarray,

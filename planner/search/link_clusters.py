@@ -22,7 +22,7 @@ from scipy.sparse.csgraph import connected_components
 
 from cost_models.links import LevelMatrix
 
-__all__ = ["MAX_THRESHOLDS", "link_thresholds", "clusters_at"]
+__all__ = ["least_latency_between", "MAX_THRESHOLDS", "link_thresholds", "clusters_at"]
 
 MAX_THRESHOLDS = 8  # thresholds tried per topology (each gives a valid bound; more only tighten)
 
@@ -83,3 +83,26 @@ def _components(nodes: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Connected-component labels of ``nodes`` nodes joined by the edges ``a[k] -- b[k]``."""
     graph = coo_matrix((np.ones(a.size), (a, b)), shape=(nodes, nodes))
     return connected_components(graph, directed=False)[1]
+
+
+def least_latency_between(network, labels: np.ndarray) -> float:
+    """The least latency of a link between two devices of different clusters (``labels``), the
+    per-message overhead included; by levels from the (region, region) table where two regions hold
+    devices of different clusters, and the pair entries, never N x N."""
+    latency = network.latency_s
+    if not isinstance(latency, LevelMatrix):
+        dense = np.array(latency, dtype=float)
+        return float(np.min(np.where(labels[:, None] != labels[None, :], dense, np.inf)))
+    regions = latency.table.shape[0]
+    first = np.full(regions, -1)
+    first[latency.region[::-1]] = labels[::-1]  # a label of each region (its first device's)
+    mixed = np.zeros(regions, dtype=bool)
+    mixed[latency.region[labels != first[latency.region]]] = True  # regions holding two clusters or more
+    across = mixed[:, None] | mixed[None, :] | (first[:, None] != first[None, :])
+    present = np.bincount(latency.region, minlength=regions) > 0
+    across &= present[:, None] & present[None, :]
+    candidates = [latency.table[across]] + [np.array([v for (a, b), v in latency.overrides.items()
+                                                      if labels[a] != labels[b]])]
+    values = np.concatenate(candidates)
+    values = values[np.isfinite(values)]
+    return float(values.min()) if values.size else 0.0

@@ -35,6 +35,7 @@ import numpy as np
 from cost_models.links import LevelMatrix
 from cost_models.schedule import AUTO_SCHEDULES, Schedule
 from planner.prediction.stage_model import layer_costs, stage_memory_bytes
+from planner.search.link_clusters import least_latency_between
 
 __all__ = ["schedule_windows", "gpipe_fits", "least_latency_s", "round_trip_s", "gpipe_phases_s", "last_sync_s"]
 
@@ -80,19 +81,14 @@ def gpipe_fits(model, training, stages: int, busiest: np.ndarray, tensor: int, d
 
 def least_latency_s(network) -> float:
     """The least latency of a message between two different devices, the per-message overhead
-    included: the least off-diagonal entry, by levels from the host value (where a host holds two
-    devices), the region table and the pair entries, never N x N."""
+    included: between any two devices (``link_clusters.least_latency_between`` of one label a
+    device), and inside a host where a host holds two devices; by levels, never N x N."""
     latency = network.latency_s
-    if not isinstance(latency, LevelMatrix):
-        dense = np.array(latency, dtype=float)
-        np.fill_diagonal(dense, np.inf)
-        return float(dense.min()) if dense.size > 1 else 0.0
-    candidates = [np.ravel(latency.table), np.array(list(latency.overrides.values()), dtype=float)]
-    if np.bincount(latency.host).max(initial=0) >= 2:
-        candidates.append(np.array([latency.host_value]))
-    values = np.concatenate(candidates)
-    values = values[np.isfinite(values)]
-    return float(values.min()) if values.size else 0.0
+    n = np.shape(network.host)[0]
+    between = least_latency_between(network, np.arange(n)) if n > 1 else 0.0
+    if isinstance(latency, LevelMatrix) and np.bincount(latency.host).max(initial=0) >= 2:
+        between = min(between, float(latency.host_value))
+    return between
 
 
 def round_trip_s(*, stages: int, busiest: np.ndarray, window: float, max_micro_batch: np.ndarray,
