@@ -8,7 +8,7 @@ import yaml
 
 from cost_models.compression import MAX_POWERSGD_RANK, GradientCompression, MessageCompression
 from cost_models.network import Sync
-from cost_models.schedule import Schedule
+from cost_models.schedule import AUTO_SCHEDULES, Schedule
 from planner.errors import InputError
 from planner.fields import Fields
 from planner.plan.sync import SYNC_CHOICES
@@ -202,6 +202,12 @@ class TrainingSpec:
     def fixed_virtual_stages(self) -> int:
         """``virtual_stages`` when it is a number, 1 when the search chooses it (auto)."""
         return 1 if self.virtual_stages == "auto" else self.virtual_stages
+
+    @property
+    def schedules(self) -> tuple:
+        """The schedules a plan may run: the one asked, or GPipe and 1F1B under ``auto``
+        (``AUTO_SCHEDULES``, 1F1B first)."""
+        return AUTO_SCHEDULES if self.schedule == "auto" else (Schedule(self.schedule),)
 
     @property
     def activation_bytes(self) -> int:

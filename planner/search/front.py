@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from cost_models.network import Sync
-from cost_models.schedule import AUTO_SCHEDULES, Schedule
+from cost_models.schedule import Schedule
 
 from cost_models.simulator import SimulationCut
 from planner.prediction.predict import estimated_prediction, predict
@@ -113,7 +113,7 @@ def _micro_batch_sizes(training, options) -> list:
 def _schedules(training) -> list:
     if training.fixed_virtual_stages > 1:  # interleaving is a 1F1B schedule
         return [Schedule.ONE_F_ONE_B]
-    return list(AUTO_SCHEDULES) if training.schedule == "auto" else [Schedule(training.schedule)]
+    return list(training.schedules)
 
 
 DENSE_DEVICES = 256  # up to this many devices every replica count is tried; above, a geometric grid

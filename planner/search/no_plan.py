@@ -6,9 +6,7 @@ import math
 import numpy as np
 
 from cost_models.memory import peak_in_flight
-from cost_models.schedule import Schedule
 from planner.errors import InputError
-from planner.inputs.catalog import AUTO
 from planner.inputs.units import format_bytes
 from planner.prediction.stage_model import layer_costs, stage_memory_bytes
 from planner.search.construct import choose_devices
@@ -63,7 +61,7 @@ def _even_split_worst(model, training, micro_batch_size: int, stages: int, repli
     most; GPipe: a round's; ``cost_models.memory.peak_in_flight``)."""
     costs = layer_costs(model, training, micro_batch_size, stages, replicas)
     per_replica = max(1, training.global_batch // (micro_batch_size * replicas))
-    schedule = Schedule.ONE_F_ONE_B if training.schedule == AUTO else training.schedule
+    schedule = training.schedules[0]  # under auto 1F1B, which keeps fewer in flight than GPipe
     needs = [stage_memory_bytes(costs, math.ceil(model.layers / stages), s,
                                 peak_in_flight(schedule, s, stages, per_replica, training.micro_batches_per_round))
              for s in range(stages)]

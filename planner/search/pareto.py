@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models.schedule import AUTO_SCHEDULES, Schedule
 from planner.prediction.predict import predict
 from planner.search.construct import layouts
 from planner.search.dollars import Dollars, egress_bytes, plan_dollars, price_per_hour_usd, usd_per_iteration
@@ -113,7 +112,7 @@ def plan_pool(topology, model, training, options, seeds=(), *, charge_idle: bool
     prices = np.array([price_per_hour_usd(topology, [name]) for name in topology.names])
     sizes = ([training.micro_batch_size] if training.micro_batch_size else
              [b for b in options.micro_batch_sizes if training.global_batch % b == 0] or [1])
-    schedules = list(AUTO_SCHEDULES) if training.schedule == "auto" else [Schedule(training.schedule)]
+    schedules = list(training.schedules)
     selections = [ctx.speed, _value(ctx.speed, prices)]
     best = {}  # key -> candidate with the best estimate
     spent = 0

@@ -33,7 +33,7 @@ import math
 import numpy as np
 
 from cost_models.links import LevelMatrix
-from cost_models.schedule import AUTO_SCHEDULES, Schedule
+from cost_models.schedule import Schedule
 from planner.prediction.stage_model import layer_costs, stage_memory_bytes
 from planner.search.link_clusters import least_latency_between
 
@@ -43,7 +43,7 @@ __all__ = ["schedule_windows", "gpipe_fits", "least_latency_s", "round_trip_s", 
 def schedule_windows(training, stages: int) -> dict:
     """``{schedule: window}`` for each schedule a plan of ``stages`` stages may run under
     ``training`` (module description; ``math.inf``: one round trip)."""
-    schedules = AUTO_SCHEDULES if training.schedule == "auto" else (Schedule(training.schedule),)
+    schedules = training.schedules
     interleaves = training.virtual_stages == "auto" or training.fixed_virtual_stages > 1
     rounds = training.micro_batches_per_round if training.micro_batches_per_round > 0 else math.inf
     windows = {}
