@@ -11,7 +11,7 @@ from planner.cli import main
 from planner.errors import InputError
 from planner.inputs.job import load_job
 from planner.plan.document import read_plan
-from planner.plan.plan import validate_plan
+from planner.plan.plan import CostModel, validate_plan
 from planner.prediction.predict import predict
 from planner.search.deadline import (CONSTRUCT_END, CONSTRUCT_UNITS_PER_S, CONSTRUCT_UNPLANNED_END, FINALISTS_END,
                                      FINALISTS_MIN, Budget)
@@ -259,13 +259,18 @@ def test_auto_sync_out_of_time_keeps_the_estimates_choice_and_simulates_once(wri
 @pytest.mark.slow
 def test_the_command_with_auto_sync_ends_within_its_limit_at_256_devices(write_yaml, tmp_path, capsys):
     """``--sync auto`` on 256 generated devices (a sharded sync's simulation there takes ~0.7 s):
-    within the limit plus max(2 s, 5%), as without it."""
+    within the limit plus max(2 s, 5%), as without it. How far it gets depends on the machine: the
+    plan is simulated, or its simulation was cut and it keeps the estimate, and says so."""
     path, out, limit = _generated(write_yaml, 256), tmp_path / "plan.json", 3.0
     started = time.perf_counter()
     assert main([str(path), "--time-limit", str(limit), "--sync", "auto", "-o", str(out)]) == 0
     assert time.perf_counter() - started <= limit + max(2.0, 0.05 * limit)
-    plan = read_plan(out)[0]
-    assert plan.search["simulated"] >= 1 and str(plan.sync) in plan.search["sync_tried"]
+    plan, timed_by = read_plan(out)[0], json.loads(out.read_text())["prediction"]["cost_model"]
+    assert str(plan.sync) in plan.search["sync_tried"]
+    if plan.search["simulated"] == 0:
+        assert timed_by == CostModel.ESTIMATE and plan.search["clock_cut"]
+    else:
+        assert timed_by == CostModel.SIMULATOR
 
 
 def test_the_grouped_search_gets_the_budget_the_search_without_groups_left(write_yaml, monkeypatch):
