@@ -122,13 +122,16 @@ def _accuracy(parser, mode: str, results: Path, calibration: str | None) -> int:
                 row = {**row, "calibration": "what-if"}
             topology = yaml.safe_load(plan.read_text())["topology"]["path"]  # relative to the project
             inputs = load_run_inputs(plan, ROOT / topology)
-            prediction = predict(inputs.plan, inputs.topology, inputs.model, inputs.training)[0]
+            # as the run computed its loss: runs recorded before ``compiled`` was, ran eager
+            compiled = json.loads((runs / row["label"] / "results.json").read_text())["run"].get("compiled", False)
+            prediction = predict(inputs.plan, inputs.topology, inputs.model, inputs.training, compiled=compiled)[0]
             now = prediction.iteration_s
             for name, used in sorted(prediction.memory_bytes.items()):
                 if (row["label"], name) in measured_memory:
                     m = measured_memory[(row["label"], name)]
                     allocated = used - inputs.topology.devices[inputs.topology.index(name)].memory_reserved_bytes
-                    memory.append({"run": row["label"], "device": name, "measured_bytes": m["measured_bytes"],
+                    memory.append({"run": row["label"], "device": name, "compiled": compiled,
+                                   "measured_bytes": m["measured_bytes"],
                                    "recorded_predicted_bytes": m["predicted_bytes"], "predicted_bytes": allocated,
                                    "recorded_error": m["error"], "error": allocated / m["measured_bytes"] - 1})
             scale = row.get("time_scale", 1.0)
@@ -143,9 +146,10 @@ def _accuracy(parser, mode: str, results: Path, calibration: str | None) -> int:
     mape = mean_absolute_percentage_error([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
     print(f"{len(rows)} runs: MAPE now {100 * mape:.2f}% (recorded {100 * report['summary']['mape']:.2f}%)")
     if memory:
-        print(f"\n{'run':34} {'device':8} {'measured GB':>11} {'recorded GB':>19} {'now GB':>17}")
+        print(f"\n{'run':34} {'device':8} {'loss':8} {'measured GB':>11} {'recorded GB':>19} {'now GB':>17}")
         for m in memory:
-            print(f"{m['run']:34} {m['device']:8} {m['measured_bytes'] / 1e9:11.2f} "
+            print(f"{m['run']:34} {m['device']:8} {'compiled' if m['compiled'] else 'eager':8} "
+                  f"{m['measured_bytes'] / 1e9:11.2f} "
                   f"{m['recorded_predicted_bytes'] / 1e9:10.2f} ({100 * m['recorded_error']:+5.1f}%) "
                   f"{m['predicted_bytes'] / 1e9:8.2f} ({100 * m['error']:+5.1f}%)")
     out = results / f"repredict_{mode}{'_' + Path(calibration).stem if calibration else ''}.json"

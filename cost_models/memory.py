@@ -17,6 +17,7 @@ __all__ = [
     "stage_peak",
     "one_f_one_b_held",
     "logits_bytes",
+    "loss_bytes",
     "final_norm_bytes",
 ]
 
@@ -83,8 +84,28 @@ def logits_bytes(s: int, b: int, v: int, dtype_bytes: int = 4) -> float:
     launch`` compiles on GPUs, ``planner.runtime.gpt.compile_stage``) fuses the cast into the softmax
     kernel, so it keeps the 16-bit logits the head wrote and writes their gradient in 16 bits: the
     training precision's bytes (Megatron-LM's fused cross-entropy keeps its input logits the same
-    way). Eager 16-bit training (``--compile off``) keeps fp32 log-probabilities, twice this."""
+    way). Eager training (``--compile off``) keeps more: ``loss_bytes``."""
     return float(dtype_bytes) * s * b * v
+
+
+EAGER_LOSS_KEPT_BYTES = 4  # per logit: the fp32 log-probabilities log_softmax keeps for its backward
+EAGER_LOSS_BACKWARD_BYTES = 8  # per logit: the fp32 gradients of the log-probabilities and of the logits, at once
+
+
+def loss_bytes(s: int, b: int, v: int, dtype_bytes: int, *, compiled: bool = True) -> tuple:
+    """(kept, transient) bytes of the loss on the last stage per micro-batch of ``b`` sequences of
+    ``s`` positions over ``v`` outputs. Compiled (``plan launch`` on GPUs): the fused loss keeps the
+    logits the head wrote and writes their gradient, ``dtype_bytes`` each (``logits_bytes``). Eager
+    (``plan launch --compile off``, and every CPU run): ``planner.runtime.gpt.lm_loss`` casts the
+    logits to fp32 and ``F.cross_entropy`` runs ``log_softmax``, whose backward reads its own fp32
+    output (PyTorch ``tools/autograd/derivatives.yaml``: ``_log_softmax_backward_data(grad, result,
+    ...)``), so ``4`` bytes per logit stay until the backward, which holds the fp32 gradient it
+    receives and the fp32 gradient it returns at once: ``8`` more. Measured on 2x H100 (eager
+    runs of ``benchmarks/results/accuracy_gpu/``): the last stage's peak allocation lies 8.1-8.3
+    bytes per logit above the compiled loss's ``2 + 2`` under bf16 1F1B, as ``4 + 8`` predicts."""
+    if compiled:
+        return logits_bytes(s, b, v, dtype_bytes), logits_bytes(s, b, v, dtype_bytes)
+    return logits_bytes(s, b, v, EAGER_LOSS_KEPT_BYTES), logits_bytes(s, b, v, EAGER_LOSS_BACKWARD_BYTES)
 
 
 def final_norm_bytes(s: int, b: int, h: int, positions: int, dtype_bytes: int = 2) -> float:

@@ -108,6 +108,15 @@ def test_logits_bytes_by_hand():
     assert memory.logits_bytes(2048, 2, 50304, 2) == 2 * 2048 * 2 * 50304
 
 
+def test_loss_bytes_by_hand():
+    """Compiled: the bf16 logits kept and their bf16 gradient; eager: the fp32 log-probabilities
+    kept, and two fp32 gradients at once in the backward; whatever the training's precision."""
+    logits = 2048 * 2 * 50304
+    assert memory.loss_bytes(2048, 2, 50304, 2) == (2 * logits, 2 * logits)
+    assert memory.loss_bytes(2048, 2, 50304, 2, compiled=False) == (4 * logits, 8 * logits)
+    assert memory.loss_bytes(2048, 2, 50304, 4, compiled=False) == (4 * logits, 8 * logits)
+
+
 @pytest.mark.runtime
 @pytest.mark.slow
 def test_the_compiled_loss_keeps_16_bit_logits_and_the_eager_one_fp32():
@@ -121,5 +130,7 @@ def test_the_compiled_loss_keeps_16_bit_logits_and_the_eager_one_fp32():
     logits = torch.randn(b, s, v, dtype=torch.bfloat16, requires_grad=True)
     targets = torch.randint(0, v, (b, s))
     assert _saved_bytes(lm_loss(logits, targets)) == pytest.approx(memory.logits_bytes(s, b, v), rel=0.02)
+    assert _saved_bytes(lm_loss(logits, targets)) == pytest.approx(
+        memory.loss_bytes(s, b, v, 2, compiled=False)[0], rel=0.02)
     compiled = _saved_bytes(torch.compile(lm_loss)(logits, targets))
     assert compiled == pytest.approx(memory.logits_bytes(s, b, v, dtype_bytes=2), rel=0.02)

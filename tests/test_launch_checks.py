@@ -281,3 +281,25 @@ def test_a_plan_that_does_not_fit_is_refused_on_devices_and_only_warned_about_in
     with pytest.raises(InputError, match="memory"):
         check_memory(inputs)
     assert "does not fit in memory" in check_memory(inputs, refuse=False)
+
+
+def test_a_plan_that_fits_only_with_the_compiled_loss_is_refused_eager_naming_compile(tmp_path, plan_file, capsys,
+                                                                                       monkeypatch):
+    """The eager loss (``--compile off``) keeps fp32 log-probabilities (``memory.loss_bytes``): a plan
+    that fits with the compiled loss but not with the eager one is refused with ``--compile off``,
+    in one line that names the way out; launched compiled, the check passes."""
+    pytest.importorskip("torch")
+    from cost_models import memory
+    from planner.runtime.inputs import load_run_inputs
+    from planner.runtime.preflight import check_memory
+
+    inputs = load_run_inputs(plan_file)
+    check_memory(inputs, compiled=False)  # fits either way as planned
+    monkeypatch.setattr(memory, "EAGER_LOSS_BACKWARD_BYTES", 10**7)  # an eager loss far past any device
+    check_memory(inputs)
+    with pytest.raises(InputError, match="--compile off"):
+        check_memory(inputs, compiled=False)
+    assert check_memory(inputs, refuse=False, compiled=False).endswith("does not fit in memory with an eager loss")
+    code, out, err = _launch([plan_file, "--backend", "gloo", "--compile", "off", "--out", tmp_path / "run"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--compile auto" in err, out + err
+    assert not (tmp_path / "run").exists()

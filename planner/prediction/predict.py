@@ -163,10 +163,12 @@ def model_flops_per_iteration(model, global_batch: int) -> float:
 
 
 def predict(plan: Plan, topology, model, training, *, keep_records: bool = False,
-            deadline: float = math.inf) -> tuple:
+            deadline: float = math.inf, compiled: bool = True) -> tuple:
     """Simulate ``plan``: returns (Prediction, Timeline); ``cost_models.simulator.SimulationCut``
-    when ``time.perf_counter()`` passes ``deadline`` before the simulation ends."""
-    costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
+    when ``time.perf_counter()`` passes ``deadline`` before the simulation ends. ``compiled``: the
+    runtime compiles the loss (memory: ``cost_models.memory.loss_bytes``), as ``plan launch`` does
+    on GPUs; False for an eager run (``--compile off``)."""
+    costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas, compiled=compiled)
     job = build_pipeline_job(plan, topology, model, training, costs)
     timeline: Timeline = simulate(job, keep_records=keep_records, deadline=deadline)
     prediction = _prediction(plan, topology, model, training, costs, float(timeline.iteration_s),

@@ -152,9 +152,12 @@ def head_outputs(model, *, padded: bool = True) -> tuple:
     return (flops.padded_vocabulary(model.vocabulary) if padded else model.vocabulary), model.sequence
 
 
-def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: int = 1) -> LayerCosts:
+def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: int = 1, *,
+                compiled: bool = True) -> LayerCosts:
     """The costs of ``model`` under ``training`` (formulas in ``cost_models``, sources cited there),
-    for ``stages`` stages of ``replicas`` replicas each (the optimizer state's shards)."""
+    for ``stages`` stages of ``replicas`` replicas each (the optimizer state's shards); ``compiled``:
+    whether the runtime compiles the loss (``plan launch`` does on GPUs), which changes what the
+    loss keeps (``cost_models.memory.loss_bytes``)."""
     if not isinstance(training.recompute, bool):
         raise ValueError("recompute 'auto' is a search decision: resolve it before costing a plan")
     b, s, h, a = micro_batch_size, model.sequence, model.hidden, model.heads
@@ -199,6 +202,7 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
     int8 = training.compress_messages == MessageCompression.INT8
     values = b * s * h  # one boundary message's values
     powersgd = _powersgd_costs(model, training, stages, first_params, last_params, v, dtype)
+    loss_kept, loss_transient = memory.loss_bytes(positions, b, outputs, dtype, compiled=compiled)
     passes = 0.0
     if powersgd and replicas > 1:  # the error feedback kept, its passes over every gradient (powersgd_pass_s)
         state += POWERSGD_STATE_BYTES_PER_PARAMETER
@@ -211,10 +215,9 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
                                                   biases=model.biases)),
         first_params=float(first_params), last_params=float(last_params), layer_kept_bytes=kept,
         output_kept_bytes=boundary if int8 else 0.0,  # uncompressed, the message sent is the output itself
-        last_kept_bytes=memory.logits_bytes(positions, b, outputs, dtype) + memory.final_norm_bytes(s, b, h, positions,
-                                                                                                   dtype),
+        last_kept_bytes=loss_kept + memory.final_norm_bytes(s, b, h, positions, dtype),
         transient_bytes=transient,
-        last_transient_bytes=memory.logits_bytes(positions, b, outputs, dtype),  # the logits' gradient
+        last_transient_bytes=loss_transient,  # the logits' gradient
         state_bytes_per_param=state - sharded_state * (1.0 - 1.0 / shards),
         gradient_bytes_per_param=float(dtype) / H, sync_every=H,
         micro_batches_per_round=training.micro_batches_per_round,

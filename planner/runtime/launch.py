@@ -151,7 +151,8 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
     if slowdown and not any(slowdown.device in inputs.plan.members(d) for d in inputs.plan.used_devices):
         raise InputError(f"{slowdown.device} is not a device the plan uses: name one of "
                          f"{', '.join(inputs.plan.used_devices)}", field="--slow")
-    problem = check_memory(inputs, refuse=not options.emulate)
+    # GPUs compile the loss unless told not to (``compiles``); CPU runs are eager but hold no device's memory
+    problem = check_memory(inputs, refuse=not options.emulate, compiled=options.compile != "off")
     if problem:
         log(f"warning: {problem}; emulated anyway (emulation does not hold the real memory)")
     with _stopped_by_sigterm():

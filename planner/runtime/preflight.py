@@ -24,19 +24,25 @@ def is_cpu_type(type_name: str) -> bool:
     return type_name.upper().startswith("CPU")
 
 
-def check_memory(inputs, *, refuse: bool = True) -> str | None:
-    """Re-check memory with the plan's own model and training (an edited ``model.hidden`` shows here).
-    A plan that does not fit is refused on real devices; for emulation (``refuse=False``, where
-    what-if plans are measured too) the problem is returned instead."""
+def check_memory(inputs, *, refuse: bool = True, compiled: bool = True) -> str | None:
+    """Re-check memory with the plan's own model and training (an edited ``model.hidden`` shows here)
+    and the way the run computes its loss (``compiled``: an eager loss keeps more,
+    ``cost_models.memory.loss_bytes``). A plan that does not fit is refused on real devices; for
+    emulation (``refuse=False``, where what-if plans are measured too) the problem is returned instead."""
     from planner.plan.plan import validate_plan
     from planner.prediction.predict import predict
 
-    prediction = predict(inputs.plan, inputs.topology, inputs.model, inputs.training)[0]
+    prediction = predict(inputs.plan, inputs.topology, inputs.model, inputs.training, compiled=compiled)[0]
     try:
         validate_plan(inputs.plan.with_prediction(prediction), inputs.topology, inputs.model, inputs.training)
     except InputError as error:
+        eager = not compiled and error.field == "memory" and check_memory(inputs, refuse=False) is None
         if not refuse and error.field == "memory":
-            return f"{error.detail}: the plan does not fit in memory"
+            return f"{error.detail}: the plan does not fit in memory" + (" with an eager loss" if eager else "")
+        if eager:  # fits as planned, with the compiled loss
+            raise InputError(f"{error.detail} with the eager loss of --compile off (fp32 log-probabilities): "
+                             "launch with --compile auto (the plan counts the compiled loss's)", source=inputs.plan_path,
+                             field=error.field) from None
         raise InputError(f"{error.detail} with this model and training: plan again (was model or training edited?)",
                          source=inputs.plan_path, field=error.field) from None
     return None

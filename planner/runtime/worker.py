@@ -283,7 +283,7 @@ def _checkpoint(config: WorkerConfig, inputs: RunInputs, executed, module, optim
 def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, reports, device, dtype,
            scaling: dict) -> None:
     plan, model, training, topology = inputs.plan, inputs.model, inputs.training, inputs.topology
-    prediction, timeline = predict(plan, topology, model, training, keep_records=True)
+    prediction, timeline = predict(plan, topology, model, training, keep_records=True, compiled=config.compile)
     plan = plan.with_prediction(prediction)
     measured = summarise_iterations(times)
     median_index = min(range(len(times)), key=lambda i: abs(times[i] - measured["median_s"]))
