@@ -185,3 +185,18 @@ def test_a_model_larger_than_every_device_together_says_so(write_yaml, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "field 'model'" in err, err
     assert "take 192 GiB, more than all 9 devices hold together (135 GiB usable)" in err, err
+
+
+def test_a_model_larger_than_every_device_together_is_refused_before_any_search(write_yaml, capsys, monkeypatch):
+    """Arithmetic, not search: the line comes before any degree pair is tried, whatever the time
+    limit (a search cut by its limit would otherwise say to raise the limit or the budget)."""
+    from planner.search import front
+
+    path = write_yaml({"name": "t4s", "devices": [{"name": "t", "count": 9, "type": "T4"}],
+                       "network": {"region": {"latency": "0.1ms", "bandwidth": "10Gbps"}},
+                       "model": "gpt3-13b", "training": {"global_batch": 32, "micro_batch_size": 1,
+                                                          "recompute": "auto", "precision": "auto"}})
+    monkeypatch.setattr(front, "_placement_search", lambda *a, **k: pytest.fail("searched"))
+    assert main([str(path), "--time-limit", "0.01"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "field 'model'" in err and "more than all 9 devices hold together" in err, err

@@ -51,7 +51,7 @@ from planner.search.plans import candidate_to_plan
 from planner.search.sync_choice import choose_sync, estimated_sync, plan_with_sync, sync_training
 from planner.search.group_choice import GROUP_CHOICE_SHARE, choose_sync_groups, chooses_groups, with_asked_groups
 from planner.search.no_plan import (OutOfBudget, network_error, no_degrees_error, no_fit_error, out_of_budget_error,
-                                    stage_memory_floor, too_few_micro_batches_error)
+                                    stage_memory_floor, too_few_micro_batches_error, too_large_error)
 from planner.search.refine import REFINE_EVALUATIONS, refine_split
 
 __all__ = ["SearchOptions", "SearchResult", "search"]
@@ -170,6 +170,9 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     if "auto" in (training.compress_messages, training.compress_gradients):
         return _best_compression(topology, model, training, options, objective=objective, x0=x0, rng=rng,
                                  callback=callback)
+    too_large = too_large_error(topology, model, training)  # before any work: no budget would find a plan
+    if too_large is not None:
+        raise too_large
     started = time.perf_counter()
     objective = objective or IterationTime()
     if x0 is not None and objective.engine != "placement":

@@ -12,7 +12,7 @@ from planner.prediction.stage_model import layer_costs, stage_memory_bytes
 from planner.search.construct import choose_devices
 
 __all__ = ["OutOfBudget", "no_degrees_error", "too_few_micro_batches_error", "no_fit_error", "network_error",
-           "out_of_budget_error", "stage_memory_floor"]
+           "out_of_budget_error", "stage_memory_floor", "too_large_error"]
 
 
 class OutOfBudget(InputError):
@@ -80,6 +80,19 @@ def _gib(value_bytes: float) -> str:
     return format_bytes(value_bytes)
 
 
+def too_large_error(topology, model, training) -> InputError | None:
+    """The model's state alone is more than every device holds together (``capacity``: usable bytes
+    per device), so no plan can fit: known before any search, whatever its budget. Pipeline stages,
+    tensor groups and sharding split the state but never shrink it below one copy."""
+    whole, capacity = _state_bytes(model, training), topology.memory_bytes()
+    if whole <= capacity.sum():
+        return None
+    return InputError(f"no plan fits in memory: the model's weights, gradients and optimizer state alone take "
+                      f"{_gib(whole)}, more than all {topology.size} devices hold together "
+                      f"({_gib(capacity.sum())} usable): add devices with more memory or plan a smaller model",
+                      field="model")
+
+
 def no_fit_error(topology, model, training, pairs: list, micro_batch_sizes: list, *, stages_pinned: bool,
                  speed: np.ndarray, capacity: np.ndarray) -> InputError:
     """No placement of any allowed (stages, replicas) pair fits in memory: name the device that cannot
@@ -87,13 +100,9 @@ def no_fit_error(topology, model, training, pairs: list, micro_batch_sizes: list
 
     ``pairs``: the (stages, replicas) pairs the search tried; ``capacity``: usable bytes per device.
     """
-    whole = _state_bytes(model, training)
-    if whole > capacity.sum():
-        # Pipeline stages split the state but never shrink it: one copy must fit the devices together.
-        return InputError(f"no plan fits in memory: the model's weights, gradients and optimizer state alone take "
-                          f"{_gib(whole)}, more than all {topology.size} devices hold together "
-                          f"({_gib(capacity.sum())} usable): add devices with more memory or plan a smaller model",
-                          field="model")
+    too_large = too_large_error(topology, model, training)
+    if too_large is not None:
+        return too_large
     b = min(micro_batch_sizes)
     most = max(s for s, _ in pairs)
     most_replicas = max(d for _, d in pairs)  # the most shards any tried plan could spread its state over
