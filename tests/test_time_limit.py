@@ -101,6 +101,20 @@ def test_the_work_budget_ends_construction_without_a_plan_in_one_refusal_line(wr
     assert "(1 degree pair(s) constructed, 147 not reached)" in str(error.value)
 
 
+def test_a_budget_the_time_limit_set_names_the_time_limit(write_yaml):
+    """Without --budget the time limit sets the work budget: the refusal names --time-limit, also
+    from a share of the options (the search's phases work on shares of the budget)."""
+    from dataclasses import replace
+
+    job = _only_16gb(write_yaml, recompute=False)
+    shared = replace(SearchOptions(seed=0, time_limit_s=0.05, tensor_degrees=(1,), exact=False).share(1.0),
+                     time_limit_s=60.0)  # the budget (0.05 s of work) ends construction, not the clock
+    assert shared.budget_s == pytest.approx(0.05)
+    with pytest.raises(OutOfBudget) as error:
+        search(job.topology, job.model, job.training, shared)
+    assert error.value.field == "--time-limit" and "raise --time-limit (or set --budget)" in str(error.value)
+
+
 def test_the_command_refuses_in_one_line_when_the_budget_ends_before_a_plan_fits(write_yaml, capsys):
     document = yaml.safe_load(SMALL_MEMORY.read_text())
     document["devices"][0]["type"] = "V100-16GB"

@@ -71,6 +71,11 @@ class SearchOptions:
     exact_work_per_shape: float = 5.0  # CP-SAT deterministic time per shape (about seconds)
     tensor_degrees: tuple = TENSOR_DEGREES  # tensor degrees tried inside a host; (1,): none
     structural: bool = True  # cluster layouts and structural local moves; False: fastest-first and swaps only
+    budget_knob: str = ""  # the option the user sets the work budget with: "--budget" or "--time-limit" (from budget_s)
+
+    def __post_init__(self):
+        if not self.budget_knob:  # named once, so that shares of the budget (``share``) still name the user's knob
+            object.__setattr__(self, "budget_knob", "--time-limit" if self.budget_s is None else "--budget")
 
     @property
     def work_s(self) -> float:
@@ -541,7 +546,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     if x0_candidate is not None:
         candidates.append(x0_candidate)
     if not candidates and cut:
-        raise out_of_budget_error(tried, left, clock=cut == "clock")
+        raise out_of_budget_error(tried, left, clock=cut == "clock", knob=options.budget_knob)
     if not candidates:
         raise no_fit_error(topology, model, training, allowed, sizes, stages_pinned=bool(options.stages),
                            speed=ctx.speed, capacity=ctx.capacity)

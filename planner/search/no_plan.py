@@ -161,12 +161,16 @@ def network_error(times_s: list) -> InputError:
                       field="network")
 
 
-def out_of_budget_error(tried: int, left: int, *, clock: bool) -> OutOfBudget:
+def out_of_budget_error(tried: int, left: int, *, clock: bool, knob: str = "--budget") -> OutOfBudget:
     """Construction ended on the work budget (``clock`` False) or on the time limit before any
-    placement of the ``tried`` degree pairs it constructed fit in memory, ``left`` pairs not reached."""
+    placement of the ``tried`` degree pairs it constructed fit in memory, ``left`` pairs not reached.
+    ``knob``: the option that set the work budget (``--time-limit`` where ``--budget`` was not given)."""
     reached = f"{tried} degree pair(s) constructed, {left} not reached"
     if clock:
         return OutOfBudget(f"no plan that fits in memory was found before the time limit ended the search ({reached}): "
                            "raise --time-limit", field="--time-limit")
+    if knob == "--time-limit":
+        return OutOfBudget(f"no plan that fits in memory was found within the search's work budget, which the time "
+                           f"limit sets ({reached}): raise --time-limit (or set --budget)", field="--time-limit")
     return OutOfBudget(f"no plan that fits in memory was found within the search's work budget ({reached}): raise "
-                       "--budget (or --time-limit, which sets the budget when --budget is not given)", field="--budget")
+                       "--budget", field="--budget")
