@@ -24,22 +24,29 @@ class Fields:
         if not isinstance(mapping, dict):
             raise InputError(f"expected a mapping of keys to values, got {type(mapping).__name__}", field=where)
         self._mapping = dict(mapping)
-        self._seen: set = set()
+        self._seen: set = set()  # keys read
+        self._asked: set = set()  # keys read or asked about (``has``): every key this mapping may hold
         self.where = where
 
     def path(self, key: str) -> str:
         return f"{self.where}.{key}" if self.where else key
 
     def has(self, key: str) -> bool:
+        self._asked.add(key)
         return key in self._mapping
+
+    def missing(self, key: str, fix: str = "add it") -> InputError:
+        """``key`` is missing: the error, with the file's key it looks misspelled as, if any."""
+        typo = difflib.get_close_matches(key, [str(k) for k in self._mapping if k != key], n=1, cutoff=0.8)
+        return InputError(f"is missing: {fix}" + (f" (the file has '{typo[0]}': a misspelling of it?)" if typo else ""),
+                          field=self.path(key))
 
     def raw(self, key: str, default=_MISSING):
         self._seen.add(key)
+        self._asked.add(key)
         if key not in self._mapping or self._mapping[key] is None:
             if default is _MISSING:
-                typo = difflib.get_close_matches(key, [str(k) for k in self._mapping if k != key], n=1, cutoff=0.8)
-                raise InputError("is missing: add it" + (f" (the file has '{typo[0]}': a misspelling of it?)"
-                                                          if typo else ""), field=self.path(key))
+                raise self.missing(key)
             return default
         return self._mapping[key]
 
@@ -100,8 +107,10 @@ class Fields:
             raise InputError(f"key '{renamed[0]}' is now called '{RENAMED[renamed[0]]}': rename it",
                              field=self.path(renamed[0]))
         if unknown:
-            known = ", ".join(sorted(str(k) for k in self._seen))
+            known = sorted(str(k) for k in self._asked)
+            close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
             raise InputError(
-                f"unknown key '{unknown[0]}': remove it or check its spelling (known here: {known})",
+                f"unknown key '{unknown[0]}': " + (f"did you mean '{close[0]}'? " if close else "")
+                + f"remove it or check its spelling (known here: {', '.join(known)})",
                 field=self.where or None,
             )

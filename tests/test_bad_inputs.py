@@ -86,6 +86,17 @@ def _drop(*keys):
     return mutate
 
 
+def _rename(*keys):
+    """The key at ``keys[:-1]`` renamed to ``keys[-1]`` (a misspelling), its value kept."""
+    @_mutation
+    def mutate(document):
+        node = document
+        for key in keys[:-2]:
+            node = node[key]
+        node[keys[-1]] = node.pop(keys[-2])
+    return mutate
+
+
 def _network(network):
     return _set("network", value=network)
 
@@ -148,7 +159,8 @@ CASES = [
     Case("/dev/zero", lambda tmp: "/dev/zero", None, "not a regular file"),
     Case("over the size limit", _too_large, None, f"{MAX_FILE_BYTES // 2**20} MiB limit"),
     Case("not UTF-8", _text(b"devices: \xff\xfe\n"), None, "UTF-8"),
-    Case("empty file", _text(""), None, "expected a mapping"),
+    Case("empty file", _text(""), None, "the file is empty"),
+    Case("comments only", _text("# a topology, later\n"), None, "the file is empty"),
     Case("a list at the top", _text("- 1\n- 2\n"), None, "expected a mapping"),
     Case("a scalar at the top", _text("hello\n"), None, "expected a mapping"),
     # YAML below the level of fields
@@ -182,6 +194,7 @@ CASES = [
          "training.global_batch", "appears twice"),
     # top level
     Case("unknown top-level key", _set("extra", value=1), "extra", "unknown top-level key"),
+    Case("top-level key misspelled", _rename("network", "netwrok"), "netwrok", "did you mean 'network'?"),
     Case("topology name a list", _set("name", value=["a"]), "name", "non-empty string"),
     Case("devices missing", _drop("devices"), "devices", "is missing"),
     Case("network missing", _drop("network"), "network", "is missing"),
@@ -190,6 +203,10 @@ CASES = [
     Case("devices empty", _set("devices", value=[]), "devices", "non-empty list"),
     Case("device a number", _set("devices", 0, value=1), "devices[0]", "expected a mapping"),
     Case("unknown device key", _set("devices", 0, "colour", value="red"), "devices[0]", "unknown key 'colour'"),
+    Case("device key misspelled", _device(price_per_hour=1.2), "devices[0]",
+         "did you mean 'price_per_hour_usd'?"),  # a key read only where present is known too
+    Case("peak_flops misspelled", _set("devices", 0, value={"name": "c", "peak_flop": "80TFLOPS", "memory": "24GB"}),
+         "devices[0].peak_flops", "(the file has 'peak_flop': a misspelling of it?)"),
     Case("unknown device type", _set("devices", 0, "type", value="A100-90GB"), "devices[0].type",
          "unknown device type 'A100-90GB' (did you mean 'A100-80GB'?)"),
     Case("device type in lower case", _set("devices", 0, "type", value="a40"), "devices[0].type",
@@ -240,6 +257,7 @@ CASES = [
     # network levels
     Case("network a list", _network([1]), "network", "expected a mapping"),
     Case("unknown network key", _set("network", "mesh", value=1), "network", "unknown key 'mesh'"),
+    Case("network key misspelled", _rename("network", "region", "regoin"), "network", "did you mean 'region'?"),
     Case("region level missing", _drop("network", "region"), "network.region", "no link"),
     Case("global level missing", _drop("network", "global"), "network.global", "no link"),
     Case("link a string", _set("network", "region", value="10Gbps"), "network.region", "expected a mapping"),

@@ -1,5 +1,6 @@
 """Load a topology file (plus optional model/training sections or overrides) into its three slices."""
 
+import difflib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -31,15 +32,15 @@ def load_job(path, *, model: str | ModelSpec | None = None, model_file=None, tra
     source = str(path)
     document = read_yaml(path)
     try:
-        if not isinstance(document, dict):
-            raise InputError("expected a mapping with 'devices' and 'network' at the top")
+        _check_top(document)
         unknown = [k for k in document if k not in _TOP_KEYS]
         if "format_version" in unknown and "devices" not in document:
             raise InputError("is a plan file, not a topology: run it with 'plan launch FILE', or plan a topology "
                              "file", field="format_version")
         if unknown:
-            raise InputError(f"unknown top-level key '{unknown[0]}': use only {', '.join(_TOP_KEYS)}",
-                             field=str(unknown[0]))
+            close = difflib.get_close_matches(str(unknown[0]), _TOP_KEYS, n=1, cutoff=0.6)
+            raise InputError(f"unknown top-level key '{unknown[0]}': " + (f"did you mean '{close[0]}'? " if close else "")
+                             + f"use only {', '.join(_TOP_KEYS)}", field=str(unknown[0]))
         topology = _topology(document, path)
         spec = _model(document, model, model_file)
         training = _training(document.get("training"), training_overrides or {})
@@ -73,12 +74,19 @@ def _training(section, overrides: dict) -> TrainingSpec:
     return replace(training, **clean) if clean else training
 
 
+def _check_top(document) -> None:
+    """A topology file holds a mapping at the top (an empty file reads as None)."""
+    if document is None:
+        raise InputError("the file is empty: describe its devices and network (topologies/ holds examples)")
+    if not isinstance(document, dict):
+        raise InputError("expected a mapping with 'devices' and 'network' at the top")
+
+
 def load_topology(path) -> Topology:
     """The topology of a file (its ``devices`` and ``network``; other sections are not read)."""
     document = read_yaml(path)
     try:
-        if not isinstance(document, dict):
-            raise InputError("expected a mapping with 'devices' and 'network' at the top")
+        _check_top(document)
         return _topology(document, path)
     except InputError as error:
         raise error.located(source=str(path)) from None

@@ -216,10 +216,10 @@ def _parse_devices(entries) -> list:
         if f.has("peak_flops"):
             peak = _parse_peak(f.raw("peak_flops"), f.path("peak_flops"))
         if peak is None:
-            raise InputError("is missing: give a catalog 'type' or 'peak_flops'", field=f.path("peak_flops"))
+            raise f.missing("peak_flops", "give a catalog 'type' or 'peak_flops'")
         memory = f.quantity("memory", parse_bytes, memory)
         if memory is None:
-            raise InputError("is missing: give a catalog 'type' or 'memory'", field=f.path("memory"))
+            raise f.missing("memory", "give a catalog 'type' or 'memory'")
         eff = f.float("efficiency", eff, high=1.0)
         mem_bw = f.quantity("memory_bandwidth", parse_bandwidth_bytes_per_s, mem_bw)
         reserved = f.quantity("memory_reserved", parse_bytes, reserved)
