@@ -209,7 +209,18 @@ def test_the_command_ends_within_its_limit_at_a_thousand_devices(write_yaml, tmp
     started = time.perf_counter()
     assert main([str(path), "--time-limit", str(limit), "-o", str(out)]) == 0
     assert time.perf_counter() - started <= limit + max(2.0, 0.05 * limit)
-    assert "What binds" in capsys.readouterr().out and read_plan(out)[0].search["simulated"] >= 1
+    assert "What binds" in capsys.readouterr().out
+    _simulated_or_said_cut(out)
+
+
+def _simulated_or_said_cut(out) -> None:
+    """The plan in ``out`` was simulated, or (a loaded machine) its simulation was cut by the limit and
+    the plan says it keeps the search's estimate."""
+    plan, timed_by = read_plan(out)[0], json.loads(out.read_text())["prediction"]["cost_model"]
+    if plan.search["simulated"] == 0:
+        assert timed_by == CostModel.ESTIMATE and "simulation" in plan.search["clock_cut"]
+    else:
+        assert timed_by == CostModel.SIMULATOR
 
 
 def test_cli_budget_must_be_a_positive_number(write_yaml, capsys):
@@ -279,12 +290,8 @@ def test_the_command_with_auto_sync_ends_within_its_limit_at_256_devices(write_y
     started = time.perf_counter()
     assert main([str(path), "--time-limit", str(limit), "--sync", "auto", "-o", str(out)]) == 0
     assert time.perf_counter() - started <= limit + max(2.0, 0.05 * limit)
-    plan, timed_by = read_plan(out)[0], json.loads(out.read_text())["prediction"]["cost_model"]
-    assert str(plan.sync) in plan.search["sync_tried"]
-    if plan.search["simulated"] == 0:
-        assert timed_by == CostModel.ESTIMATE and plan.search["clock_cut"]
-    else:
-        assert timed_by == CostModel.SIMULATOR
+    assert str(read_plan(out)[0].sync) in read_plan(out)[0].search["sync_tried"]
+    _simulated_or_said_cut(out)
 
 
 def test_the_grouped_search_gets_the_budget_the_search_without_groups_left(write_yaml, monkeypatch):
