@@ -462,7 +462,8 @@ def _print_choices(args, result, job, objective, pareto_files) -> None:
             price = lambda plan: plan_dollars(plan, job.topology, job.model, job.training,
                                               charge_idle=charge_idle).usd_per_iteration
         print("\n" + render_why(result.plan, job.topology, job.model, job.training, dollars=price,
-                                 budget_s=max(args.report_deadline - time.perf_counter(), 0.0)))
+                                 budget_s=max(args.report_deadline - time.perf_counter(), 0.0),
+                                 pinned=(args.stages, args.replicas)))
     priced = all(d.price_per_hour_usd is not None for d in job.topology.devices)
     if text and priced and args.objective != "dtfm":
         dollars = plan_dollars(result.plan, job.topology, job.model, job.training, charge_idle=charge_idle)

@@ -142,3 +142,13 @@ def test_a_plan_left_at_the_estimate_is_not_compared_with_simulations(write_yaml
     assert np.isnan(binding["link"].change) and "search's estimate" in binding["link"].text
     reasons = idle_reasons(plan, job.topology, job.model, job.training)
     assert reasons and all(np.isnan(r.delta_s) for r in reasons)
+
+
+def test_a_shape_the_pins_leave_out_is_blamed_on_the_pin_not_the_budget(capsys):
+    """Pinned to 4 stages x 2 replicas, each idle group would help as a third replica: the report
+    names the pin that left that shape out (and writes stages x replicas, as the Degrees line does)."""
+    path = ROOT / "topologies" / "hetero" / "two-datacenters-a100-v100-t4.yaml"
+    assert main([str(path), "--stages", "4", "--replicas", "2", "--budget", "2"]) == 0
+    helps = [line for line in capsys.readouterr().out.splitlines() if "would help" in line]
+    assert helps and all("(4 stages x 3 replicas)" in line and "--replicas 2 left this shape out" in line
+                         and "budget missed it" not in line for line in helps), helps

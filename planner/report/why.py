@@ -135,11 +135,13 @@ def _time_for_simulation(plan, deadline: float) -> bool:
     return time.perf_counter() + max(plan.search.get("simulation_wall_s", 0.0), plan_simulation_s(plan)) <= deadline
 
 
-def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: float = math.inf) -> list:
+def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: float = math.inf,
+                 pinned: tuple = (None, None)) -> list:
     """Why each idle device is idle (``IdleReason`` per group of one type and region).
 
     ``dollars``: for a plan chosen by price, a function of a predicted plan to its US dollars per
-    iteration; a device that would make the plan faster but dearer is idle for its price."""
+    iteration; a device that would make the plan faster but dearer is idle for its price.
+    ``pinned``: the (stages, replicas) the user pinned (None: free), which leave other shapes out."""
     if not plan.idle:
         return []
     training = _comparable(topology, training)
@@ -197,7 +199,10 @@ def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: flo
         with_it = used.iteration_s
         R, S = best.assign.shape
         how = (f"added as a {S}-stage pipeline" if S > plan.stages else
-               f"added with a replica more ({R} x {S})" if R > plan.replicas else "used in place of a device")
+               f"added with a replica more ({S} stages x {R} replicas)" if R > plan.replicas else
+               "used in place of a device")
+        pins = [f"--{name} {value}" for name, value, now in (("stages", pinned[0], S), ("replicas", pinned[1], R))
+                if value is not None and value != now]
         delta, link_cost = with_it - base, with_it - free
         price = dollars(used_plan.with_prediction(used)) if dollars else 0
         if dollars and with_it < base and price > dollars(plan):
@@ -206,8 +211,9 @@ def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: flo
                     f"instead of ${dollars(plan):.4g}")
         elif with_it < base:
             kind = "would help"
-            text = (f"would help: {how}, the iteration takes {with_it:.3f} s ({delta:+.3f} s): the search's "
-                    "budget missed it; plan again with a longer --time-limit")
+            text = (f"would help: {how}, the iteration takes {with_it:.3f} s ({delta:+.3f} s): "
+                    + (f"{' and '.join(pins)} left this shape out; drop the pin to let the search try it" if pins else
+                       "the search's budget missed it; plan again with a larger --budget (or --time-limit)"))
         elif free < base_free:
             kind = "slow link"
             text = (f"slow link: {how}, the iteration takes {with_it:.3f} s ({delta:+.3f} s), of which "
@@ -328,12 +334,14 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
     return out
 
 
-def render_why(plan, topology, model, training, *, dollars=None, budget_s: float = math.inf) -> str:
-    """The report's 'why idle' and 'what binds' lines (``dollars``: as ``idle_reasons``), in about
-    ``budget_s`` seconds (the binding constraints get a third of it)."""
+def render_why(plan, topology, model, training, *, dollars=None, budget_s: float = math.inf,
+               pinned: tuple = (None, None)) -> str:
+    """The report's 'why idle' and 'what binds' lines (``dollars``, ``pinned``: as ``idle_reasons``),
+    in about ``budget_s`` seconds (the binding constraints get a third of it)."""
     started = time.perf_counter()
     lines = []
-    reasons = idle_reasons(plan, topology, model, training, dollars=dollars, deadline=started + budget_s * 2 / 3)
+    reasons = idle_reasons(plan, topology, model, training, dollars=dollars, deadline=started + budget_s * 2 / 3,
+                           pinned=pinned)
     if reasons:
         lines.append("Why idle (each group's first device put to use and simulated):")
         for reason in reasons:
