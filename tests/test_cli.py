@@ -327,3 +327,31 @@ def test_a_closed_stdout_pipe_ends_quietly(write_yaml, tmp_path):
     err = process.stderr.read().decode()
     assert process.wait() in (0, 141) and "Traceback" not in err and "Exception ignored" not in err, err
     assert out.exists()
+
+
+def test_launch_of_a_plan_whose_topology_was_deleted_names_topology_path(write_yaml, tmp_path, capsys):
+    """A plan made from an absolute topology path that no longer exists: one line naming
+    topology.path and --topology (it said only 'file not found')."""
+    topo = write_yaml(small_topology())
+    plan = tmp_path / "p.yaml"
+    assert main([str(topo.resolve()), "-o", str(plan), "--time-limit", "5"]) == 0
+    capsys.readouterr()
+    topo.unlink()
+    assert main(["launch", str(plan), "--emulate"]) == 2
+    err = _one_line(capsys)
+    assert "'topology.path'" in err and "--topology" in err, err
+
+
+def test_plot_of_a_plan_file_says_what_it_reads(write_yaml, tmp_path, capsys):
+    plan = tmp_path / "p.yaml"
+    assert main([str(write_yaml(small_topology())), "-o", str(plan), "--time-limit", "5"]) == 0
+    capsys.readouterr()
+    assert main(["plot", str(plan)]) == 2
+    err = _one_line(capsys)
+    assert "not a results file" in err and "plan launch --out" in err, err
+
+
+def test_time_under_budget_without_a_budget_says_it_is_missing(write_yaml, capsys):
+    assert main([str(write_yaml(small_topology())), "--objective", "time-under-budget"]) == 2
+    err = _one_line(capsys)
+    assert "'--budget-usd-per-iteration'" in err and "is missing" in err and "None" not in err, err

@@ -55,6 +55,7 @@ EDITS = {
     "idle forgets an unused device": ([(("idle",), ["a2"])], "idle", "b2"),
     "idle count edited": ([(("degrees", "idle_devices"), 0)], "degrees.idle_devices", "leaves 2"),
     "stage index edited": ([(("stages", 1, "index"), 5)], "stages[1].index", "entry 1"),
+    "a gap between stages": ([(("stages", 1, "layers"), [3, 4])], "stages[1].layers", "start it at 2"),
 }
 
 

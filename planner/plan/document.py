@@ -97,7 +97,9 @@ def _piece_bounds(stage_ranges: list, virtual_stages: int) -> list:
         first, end = stage_ranges[s][c]
         if bounds and bounds[-1] != first:
             if virtual_stages == 1:
-                raise InputError("stages must be contiguous", field=f"stages[{s}].layers")
+                raise InputError(f"starts at layer {first}, but the stage before it ends at {bounds[-1]}: stages "
+                                 f"must be contiguous, so start it at {bounds[-1]} (or plan again)",
+                                 field=f"stages[{s}].layers")
             before_c, before_s = divmod(piece - 1, S)
             raise InputError(f"starts at {first}, but the piece before it (chunk {before_c} of stage {before_s}) ends "
                              f"at {bounds[-1]}: chunk c of stage s follows chunk c of stage s - 1, and the first "

@@ -32,7 +32,7 @@ def _topology_path(plan_path: Path, document: dict, override) -> Path:
     if not recorded:
         raise InputError("names no topology file: pass --topology FILE", source=str(plan_path), field="topology.path")
     candidate = Path(recorded)
-    if candidate.is_absolute() or candidate.exists():
+    if candidate.exists():
         return candidate
     beside = plan_path.parent / candidate
     if beside.exists():

@@ -92,7 +92,8 @@ def read_results(path) -> dict:
         raise InputError(f"no {RESULTS_FILE} here: pass a folder written by 'plan launch --out'",
                          source=str(path)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise InputError(f"not a results file ({error.__class__.__name__})", source=str(path)) from None
+        raise InputError(f"not a results file ({error.__class__.__name__}): pass the results.json, or its folder, that "
+                         "'plan launch --out' writes", source=str(path)) from None
     if not isinstance(document, dict) or document.get("format") != RESULTS_FORMAT:
         raise InputError(f"format is not {RESULTS_FORMAT}: rerun 'plan launch' with this version",
                          source=str(path), field="format")

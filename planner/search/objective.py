@@ -183,8 +183,10 @@ def make_objective(name: str, *, budget_usd_per_iteration: float | None = None, 
                    pooled: bool = False):
     """The objective called ``name``; ``pooled``: keep the pool of distinct plans (time objective)."""
     if name == "time-under-budget":
-        if budget_usd_per_iteration is None or not math.isfinite(budget_usd_per_iteration) \
-                or budget_usd_per_iteration <= 0:
+        if budget_usd_per_iteration is None:
+            raise InputError("is missing: --objective time-under-budget needs the most one iteration may cost: pass "
+                             "--budget-usd-per-iteration X (US dollars per iteration)", field="--budget-usd-per-iteration")
+        if not math.isfinite(budget_usd_per_iteration) or budget_usd_per_iteration <= 0:
             raise InputError(f"needs a budget above 0, got {budget_usd_per_iteration}: pass "
                              "--budget-usd-per-iteration X (US dollars per iteration)", field="--budget-usd-per-iteration")
         return TimeUnderBudget(budget_usd_per_iteration, charge_idle=charge_idle)
