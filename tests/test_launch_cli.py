@@ -110,3 +110,12 @@ def test_profile_writes_each_ranks_operator_table_and_the_dry_run_passes_it_on(t
     code, out, err = _run(["launch", str(two_stage_plan), "--hostfile", str(hosts), "--dry-run", "--profile"], capsys)
     assert code == 0, err
     assert all(line.endswith("--profile") for line in out.splitlines() if line.startswith("torchrun"))
+
+
+def test_an_emulation_on_a_busy_host_is_warned_about():
+    """Emulated ranks on a host busier than its cores wait for the CPU: the launch says so."""
+    from planner.runtime.launch import load_warning
+
+    assert load_warning(1.9, 2) is None and load_warning(2.0, 2) is None
+    warning = load_warning(8.3, 2)
+    assert warning.startswith("warning:") and "8.3" in warning and "2 core(s)" in warning and "idle host" in warning

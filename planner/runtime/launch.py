@@ -30,7 +30,7 @@ from planner.runtime.hostfile import parse_hostfile, shell_line, torchrun_argume
 from planner.runtime.inputs import RunInputs, load_run_inputs
 from planner.runtime.supervise import LaunchFailure, local_rank, stop_processes, watch
 
-__all__ = ["LaunchOptions", "LaunchFailure", "launch", "auto_time_scale", "EMULATION_TARGET_S"]
+__all__ = ["LaunchOptions", "LaunchFailure", "launch", "auto_time_scale", "load_warning", "EMULATION_TARGET_S"]
 
 EMULATION_TARGET_S = 2.0  # an emulated iteration is scaled to last about this long (seconds of this host)
 _SLOW_FIRST_ITERATION_S = 60.0  # a CPU run whose first iteration is estimated longer gets the estimate said
@@ -333,6 +333,15 @@ def _backend(options: LaunchOptions, world: int, gpus: int) -> tuple:
     return "gloo", ()
 
 
+def load_warning(load: float, cores: int) -> str | None:
+    """A warning where this host is busier than its cores (``load``: the 1-minute load average):
+    emulated ranks then wait for the CPU, and the measured times run long of the plan's."""
+    if load <= cores:
+        return None
+    return (f"warning: this host's load ({load:.1f} over the last minute) exceeds its {cores} core(s): the emulated "
+            "ranks will wait for the CPU and measure long; emulate on an idle host to compare with the prediction")
+
+
 def _say_what_it_costs(inputs: RunInputs, backend: str, log) -> None:
     """Before a CPU run of a full-size model: the first iteration's estimated time on this host."""
     from planner.runtime.preflight import cpu_flops, first_iteration_estimate, format_duration
@@ -385,6 +394,10 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
         log(f"resuming from {options.resume}")
     if not options.emulate:
         _say_what_it_costs(inputs, backend, log)
+    elif hasattr(os, "getloadavg"):
+        busy = load_warning(os.getloadavg()[0], os.cpu_count() or 1)
+        if busy:
+            log(busy)
     store = dist.TCPStore("127.0.0.1", 0, world + 1, True, timeout=datetime.timedelta(seconds=options.timeout_s),
                           wait_for_workers=False)
     context = multiprocessing.get_context("spawn")
