@@ -156,6 +156,10 @@ def test_cpsat_estimate_below_the_chosen_plan_says_the_simulator_picked_it(write
     below = dataclasses.replace(result, exact_shapes=[{**shape, "estimate_s": 0.9 * chosen}])
     text = render_plan(result.plan, job.topology, job.model, job.training, result=below)
     assert "CP-SAT minimises the search's estimate" in text and "the event simulator picked the plan above" in text
+    # a shape CP-SAT found no placement for in its time is not said to fit nothing
+    unknown = dataclasses.replace(result, exact_shapes=[{**shape, "status": "unknown", "estimate_s": None}])
+    text = render_plan(result.plan, job.topology, job.model, job.training, result=unknown)
+    assert "1f1b: unknown, no placement found in its time (0.10 s)" in text and "none fits" not in text
 
 
 def test_a_network_too_slow_for_any_plan_is_named(write_yaml, capsys, monkeypatch):

@@ -205,9 +205,10 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
                 out.append("Cut by the time limit: " + ", ".join(cut) + " (a longer --time-limit gives them their "
                            "work budget)")
             for shape in result.exact_shapes:
-                estimate = "none fits" if shape["estimate_s"] is None else format_seconds(shape["estimate_s"])
+                found = ("no placement found in its time" if shape["status"].startswith("unknown") else "none fits"
+                         if shape["estimate_s"] is None else f"estimate {format_seconds(shape['estimate_s'])}")
                 out.append(f"CP-SAT, {shape['stages']} stages x {shape['replicas']} replicas, micro-batch "
-                           f"{shape['micro_batch_size']}, {shape['schedule']}: {shape['status']}, estimate {estimate} "
+                           f"{shape['micro_batch_size']}, {shape['schedule']}: {shape['status']}, {found} "
                            f"({shape['wall_s']:.2f} s)")
             # CP-SAT minimises time: only beside a plan chosen for time is its estimate comparable
             timed = result.objective == "time"
