@@ -56,8 +56,9 @@ EQUIVALENCE_CASES = {
 }
 
 
-@pytest.mark.parametrize("shard, recompute", [(True, False), (False, False), (True, True)],
-                         ids=["zero1", "all-reduce", "zero1-recompute"])
+@pytest.mark.parametrize("shard, recompute", [  # each case once in the fast part, all three in the slow
+    pytest.param(True, False, id="zero1"), pytest.param(False, False, id="all-reduce", marks=pytest.mark.slow),
+    pytest.param(True, True, id="zero1-recompute", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("case", sorted(EQUIVALENCE_CASES))
 def test_pipeline_and_data_parallel_training_equals_single_process(tmp_path, case, shard, recompute):
     kwargs = EQUIVALENCE_CASES[case]

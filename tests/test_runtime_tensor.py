@@ -241,7 +241,7 @@ def test_hostfile_launch_of_a_group_trains_like_single_process(tmp_path):
     assert results["run"]["world"] == 3
 
 
-@pytest.mark.parametrize("case", ["two-stages", "two-replicas"])
+@pytest.mark.parametrize("case", ["two-stages", pytest.param("two-replicas", marks=pytest.mark.slow)])
 def test_emulated_tensor_groups_follow_the_simulator(tmp_path, case):
     """Emulated (the reduced model with a head per member, sleeping the plan's times): the groups'
     members run with their lead, the stage's sync is reserved once, and the iteration lasts what the

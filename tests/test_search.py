@@ -186,6 +186,7 @@ def test_aligned_crossover_children_use_each_device_once():
         assert set(child.ravel().tolist()) <= set(range(10))
 
 
+@pytest.mark.slow
 def test_genetic_search_alone_reaches_the_brute_force_optimum_on_tiny_instances():
     from planner.search.construct import layouts
     from planner.search.evaluate import evaluate_placement

@@ -310,6 +310,7 @@ def test_tensor_groups_put_idle_t4s_to_work_and_the_iteration_gets_faster(write_
     assert plan.prediction.fits and max(plan.prediction.memory_bytes[f"t4-{i}"] for i in range(8)) < 16e9
 
 
+@pytest.mark.slow
 def test_cli_prints_groups_and_launch_emulates_them(write_yaml, tmp_path, capsys):
     path = write_yaml(WIDE)
     out = tmp_path / "plan.yaml"

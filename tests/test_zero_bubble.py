@@ -158,6 +158,7 @@ def test_deferred_weight_gradients_equal_the_whole_backward(recompute):
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
+@pytest.mark.slow
 def test_blocks_compiled_between_their_linear_layers_train_like_eager_ones():
     """``compile_between_linears`` compiles norms, attention and activations, not the linear layers
     (their backward stays splittable), and gives the eager block's outputs and gradients."""
