@@ -194,3 +194,41 @@ def test_structural_search_is_deterministic_with_the_seed():
     runs = [iterated_local_search(ctx, start, np.random.default_rng(5), 200, np.inf, hood) for _ in range(2)]
     (a, used_a), (b, used_b) = runs
     assert a.key() == b.key() and a.score_s == b.score_s and used_a == used_b
+
+
+def _regions_topology(hosts_per_region: int, pairs: list | None = None):
+    """Three regions of hosts of 4 GPUs each; asymmetric region links, a capped NIC on one host."""
+    document = {
+        "name": "regions",
+        "devices": [{"name": f"{r}", "count": 4 * hosts_per_region, "type": "A100-80GB", "gpus_per_host": 4,
+                     "region": r} for r in ("east", "west", "south")],
+        "network": {"host": {"latency": "0.01ms", "bandwidth": "2400Gbps"},
+                    "region": {"latency": "0.1ms", "bandwidth": "100Gbps"},
+                    "global": {"latency": "20ms", "bandwidth": "5Gbps"},
+                    "region_pairs": [{"from": "east", "to": "west", "latency": "5ms", "bandwidth": "40Gbps"},
+                                     {"from": "west", "to": "east", "latency": "5ms", "bandwidth": "20Gbps"}],
+                    "nics": [{"host": "east-h0", "egress": "10Gbps", "ingress": "100Gbps"}],
+                    **({"pairs": pairs} if pairs else {})},
+    }
+    return parse_topology(document, name="regions")
+
+
+def test_clusters_over_hosts_are_the_clusters_over_every_pair(monkeypatch):
+    """Above MAX_CLUSTER_DEVICES, a network of levels is clustered over one device per host: the same
+    levels as over every pair (hosts, the east-west pair, the regions, a slow-NIC host alone)."""
+    import planner.search.locality as locality
+
+    topology = _regions_topology(hosts_per_region=4)  # 48 devices in 12 hosts
+    every_pair = bandwidth_clusters(topology)
+    assert len(every_pair) >= 2
+    monkeypatch.setattr(locality, "MAX_CLUSTER_DEVICES", 8)  # past it: the hosts' path
+    by_hosts = bandwidth_clusters(topology)
+    assert len(by_hosts) == len(every_pair)
+    for a, b in zip(every_pair, by_hosts):
+        assert np.array_equal(a, b)
+    # a per-pair override makes a link depend on more than the hosts: no clusters over hosts
+    overridden = _regions_topology(4, pairs=[{"from": "east-0", "to": "west-0", "latency": "1ms",
+                                              "bandwidth": "1Gbps"}])
+    assert bandwidth_clusters(overridden) == []
+    monkeypatch.setattr(locality, "MAX_HOST_CLUSTER_DEVICES", 40)  # and none past both limits
+    assert bandwidth_clusters(topology) == []

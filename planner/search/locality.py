@@ -7,13 +7,17 @@ import numpy as np
 from scipy.sparse.csgraph import connected_components
 
 from cost_models.comm import ring_allreduce_time_s
+from cost_models.links import LevelMatrix
 
 __all__ = ["locality_order", "bandwidth_clusters", "cluster_order", "chained_ring", "best_ring", "MAX_LEVELS",
-           "MAX_THRESHOLDS", "MAX_CLUSTER_DEVICES", "MAX_RING_REGIONS", "MAX_TWO_OPT"]
+           "MAX_THRESHOLDS", "MAX_CLUSTER_DEVICES", "MAX_HOST_CLUSTER_DEVICES", "MAX_RING_REGIONS", "MAX_TWO_OPT"]
 
 MAX_LEVELS = 3  # cluster levels kept: the finest, and coarser ones evenly spread
 MAX_THRESHOLDS = 48  # distinct bandwidths tried as cut levels, at most (quantiles beyond)
-MAX_CLUSTER_DEVICES = 256  # clusters are sought up to this many devices (each cut is O(N^2): 60 s at 4,096)
+MAX_CLUSTER_DEVICES = 256  # clusters are sought over every device pair up to this many devices (each cut O(N^2))
+# Above, on a network described by levels (no per-pair overrides), over one device per host up to this many
+# devices (``cluster_order`` and the layouts still hold N x N arrays of the devices: 8 MB at 1,024)
+MAX_HOST_CLUSTER_DEVICES = 1024
 MAX_RING_REGIONS = 16  # regions a chained ring orders by 2-opt (Network.ring_order's own limit)
 MAX_TWO_OPT = 32  # members up to which ``best_ring`` improves its ring by the vectorised 2-opt
 
@@ -52,11 +56,50 @@ def bandwidth_clusters(topology, devices=None) -> list:
     clustering on the bandwidth graph (Gower and Ross 1969: the clusters at a cut are the connected
     components of the links at least that fast). Each level is an array of cluster labels, one per
     device of ``devices``, clusters numbered in order of their first device. Only levels with more than
-    one cluster and fewer clusters than devices are kept; at most ``MAX_LEVELS`` of them. None above
-    ``MAX_CLUSTER_DEVICES`` devices."""
+    one cluster and fewer clusters than devices are kept; at most ``MAX_LEVELS`` of them. Over every
+    device pair up to ``MAX_CLUSTER_DEVICES`` devices; above, up to ``MAX_HOST_CLUSTER_DEVICES``, on
+    one device per host where that is the same (``_host_levels``); otherwise none."""
     devices = np.arange(topology.size) if devices is None else np.asarray(devices)
-    if not 3 <= len(devices) <= MAX_CLUSTER_DEVICES:
+    if len(devices) < 3:
         return []
+    if len(devices) <= MAX_CLUSTER_DEVICES:
+        levels = _levels(topology, devices)
+    elif len(devices) <= MAX_HOST_CLUSTER_DEVICES:
+        levels = _host_levels(topology, devices)
+    else:
+        levels = []
+    if len(levels) > MAX_LEVELS:
+        keep = np.unique(np.round(np.linspace(0, len(levels) - 1, MAX_LEVELS)).astype(int))
+        levels = [levels[i] for i in keep]
+    return levels
+
+
+def _host_levels(topology, devices: np.ndarray) -> list:
+    """``_levels`` of ``devices`` from one device per host, each host's label given to its devices,
+    the hosts themselves the finest level: the same clusters as over every pair (up to the
+    thresholds' quantiles) where a link between two hosts' devices depends on the hosts alone (a
+    network of levels: no per-pair overrides) and no two hosts are joined faster than a host joins
+    its own devices; [] where that does not hold."""
+    bandwidth = topology.network.bandwidth_bytes_per_s
+    if not isinstance(bandwidth, LevelMatrix) or bandwidth.overrides:
+        return []
+    hosts = topology.host_ids[devices]
+    _, first, host_of = np.unique(hosts, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # hosts in order of their first device
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    host_of, representatives = rank[host_of], devices[np.sort(first)]
+    between = _symmetric_bandwidth(topology, representatives)
+    np.fill_diagonal(between, -np.inf)
+    if len(representatives) > 1 and between.max() > bandwidth.host_value:
+        return []  # a host's devices would split at some cut: only every pair tells
+    levels = [host_of] if 1 < len(representatives) < len(devices) else []
+    return levels + [labels[host_of] for labels in _levels(topology, representatives)]
+
+
+def _levels(topology, devices: np.ndarray) -> list:
+    """Every distinct level of clusters of ``devices`` over all their pairs (``bandwidth_clusters``),
+    finest first, before the ``MAX_LEVELS`` selection."""
     bw = _symmetric_bandwidth(topology, devices)
     values = np.unique(bw[np.isfinite(bw)])[::-1]
     if len(values) > MAX_THRESHOLDS:
@@ -75,9 +118,6 @@ def bandwidth_clusters(topology, devices=None) -> list:
         if key not in seen:
             seen.add(key)
             levels.append(labels)
-    if len(levels) > MAX_LEVELS:
-        keep = np.unique(np.round(np.linspace(0, len(levels) - 1, MAX_LEVELS)).astype(int))
-        levels = [levels[i] for i in keep]
     return levels
 
 
