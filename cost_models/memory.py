@@ -88,8 +88,8 @@ def logits_bytes(s: int, b: int, v: int, dtype_bytes: int = 4) -> float:
     return float(dtype_bytes) * s * b * v
 
 
-EAGER_LOSS_KEPT_BYTES = 4  # per logit: the fp32 log-probabilities log_softmax keeps for its backward
-EAGER_LOSS_BACKWARD_BYTES = 8  # per logit: the fp32 gradients of the log-probabilities and of the logits, at once
+EAGER_LOSS_KEPT_BYTES_PER_LOGIT = 4  # per logit: the fp32 log-probabilities log_softmax keeps for its backward
+EAGER_LOSS_BACKWARD_BYTES_PER_LOGIT = 8  # per logit: the fp32 gradients of the log-probabilities and of the logits, at once
 
 
 def loss_bytes(s: int, b: int, v: int, dtype_bytes: int, *, compiled: bool = True) -> tuple:
@@ -102,10 +102,12 @@ def loss_bytes(s: int, b: int, v: int, dtype_bytes: int, *, compiled: bool = Tru
     ...)``), so ``4`` bytes per logit stay until the backward, which holds the fp32 gradient it
     receives and the fp32 gradient it returns at once: ``8`` more. Measured on 2x H100 (eager
     runs of ``benchmarks/results/accuracy_gpu/``): the last stage's peak allocation lies 8.1-8.3
-    bytes per logit above the compiled loss's ``2 + 2`` under bf16 1F1B, as ``4 + 8`` predicts."""
+    bytes per logit above the compiled loss's ``2 + 2`` under bf16 1F1B, as ``4 + 8`` predicts; 6.95
+    with full recomputation, whose recomputed block's working set and this backward's do not peak
+    together, though the stage model adds them (those runs predicted 1.3-2.0% high)."""
     if compiled:
         return logits_bytes(s, b, v, dtype_bytes), logits_bytes(s, b, v, dtype_bytes)
-    return logits_bytes(s, b, v, EAGER_LOSS_KEPT_BYTES), logits_bytes(s, b, v, EAGER_LOSS_BACKWARD_BYTES)
+    return logits_bytes(s, b, v, EAGER_LOSS_KEPT_BYTES_PER_LOGIT), logits_bytes(s, b, v, EAGER_LOSS_BACKWARD_BYTES_PER_LOGIT)
 
 
 def final_norm_bytes(s: int, b: int, h: int, positions: int, dtype_bytes: int = 2) -> float:

@@ -350,6 +350,7 @@ def _make(args) -> int:
     from planner.plan.document import plan_to_document
     from planner.report.text import render_plan
     from planner.search.front import SearchOptions, search
+    from planner.search.no_plan import BudgetKnob
 
     overrides = {"global_batch": _positive("--global-batch", args.global_batch),
                  "micro_batch_size": _positive("--micro-batch-size", args.micro_batch_size), "schedule": args.schedule,
@@ -382,6 +383,7 @@ def _make(args) -> int:
                          "drop --budget or use another --objective", field="--budget")
     search_s = args.time_limit * (1.0 - WHY_SHARE - OUTPUT_SHARE)  # the report and the output get the rest
     options = SearchOptions(seed=args.seed, budget_s=_finite_positive("--budget", args.budget) or search_s,
+                            budget_knob=BudgetKnob.TIME_LIMIT if args.budget is None else BudgetKnob.BUDGET,
                             time_limit_s=max(search_s - (time.perf_counter() - started), 0.0),
                             stages=_positive("--stages", args.stages), replicas=_positive("--replicas", args.replicas),
                             exact=not args.no_exact, tensor_degrees=tuple(args.tensor_degrees))

@@ -4,9 +4,15 @@ import difflib
 
 from planner.errors import InputError
 
-__all__ = ["Fields"]
+__all__ = ["Fields", "closest"]
 
 _MISSING = object()
+CLOSE = 0.75  # difflib's similarity from which a name is taken for a misspelling of another
+
+
+def closest(word, choices) -> str | None:
+    """The one of ``choices`` that ``word`` looks misspelled from, if any (difflib's ratio >= ``CLOSE``)."""
+    return next(iter(difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=CLOSE)), None)
 
 
 # Keys of earlier file versions and their names now, so an old file gets a fix instead of a guess.
@@ -35,10 +41,12 @@ class Fields:
         self._asked.add(key)
         return key in self._mapping
 
-    def missing(self, key: str, fix: str = "add it") -> InputError:
-        """``key`` is missing: the error, with the file's key it looks misspelled as, if any."""
-        typo = difflib.get_close_matches(key, [str(k) for k in self._mapping if k != key], n=1, cutoff=0.8)
-        return InputError(f"is missing: {fix}" + (f" (the file has '{typo[0]}': a misspelling of it?)" if typo else ""),
+    def missing(self, key: str, fix: str = "add it", *, instead: tuple = ()) -> InputError:
+        """``key`` is missing: the error, with the file's key it (or a key ``instead`` of it) looks
+        misspelled as, if any."""
+        others = [k for k in self._mapping if k != key and k not in instead]
+        typo = next((found for wanted in (key, *instead) if (found := closest(wanted, others))), None)
+        return InputError(f"is missing: {fix}" + (f" (the file has '{typo}': a misspelling of it?)" if typo else ""),
                           field=self.path(key))
 
     def raw(self, key: str, default=_MISSING):
@@ -108,9 +116,9 @@ class Fields:
                              field=self.path(renamed[0]))
         if unknown:
             known = sorted(str(k) for k in self._asked)
-            close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
+            close = closest(unknown[0], known)
             raise InputError(
-                f"unknown key '{unknown[0]}': " + (f"did you mean '{close[0]}'? " if close else "")
+                f"unknown key '{unknown[0]}': " + (f"did you mean '{close}'? " if close else "")
                 + f"remove it or check its spelling (known here: {', '.join(known)})",
                 field=self.where or None,
             )

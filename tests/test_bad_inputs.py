@@ -207,6 +207,8 @@ CASES = [
          "did you mean 'price_per_hour_usd'?"),  # a key read only where present is known too
     Case("peak_flops misspelled", _set("devices", 0, value={"name": "c", "peak_flop": "80TFLOPS", "memory": "24GB"}),
          "devices[0].peak_flops", "(the file has 'peak_flop': a misspelling of it?)"),
+    Case("type misspelled", _set("devices", 0, value={"name": "c", "typ": "A100-80GB"}),
+         "devices[0].peak_flops", "(the file has 'typ': a misspelling of it?)"),
     Case("unknown device type", _set("devices", 0, "type", value="A100-90GB"), "devices[0].type",
          "unknown device type 'A100-90GB' (did you mean 'A100-80GB'?)"),
     Case("device type in lower case", _set("devices", 0, "type", value="a40"), "devices[0].type",

@@ -339,7 +339,7 @@ def test_launch_of_a_plan_whose_topology_was_deleted_names_topology_path(write_y
     topo.unlink()
     assert main(["launch", str(plan), "--emulate"]) == 2
     err = _one_line(capsys)
-    assert "'topology.path'" in err and "--topology" in err, err
+    assert "'topology.path'" in err and "no longer exists" in err and "--topology" in err, err
 
 
 def test_plot_of_a_plan_file_says_what_it_reads(write_yaml, tmp_path, capsys):

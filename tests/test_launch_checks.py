@@ -296,11 +296,18 @@ def test_a_plan_that_fits_only_with_the_compiled_loss_is_refused_eager_naming_co
 
     inputs = load_run_inputs(plan_file)
     check_memory(inputs, compiled=False)  # fits either way as planned
-    monkeypatch.setattr(memory, "EAGER_LOSS_BACKWARD_BYTES", 10**7)  # an eager loss far past any device
+    monkeypatch.setattr(memory, "EAGER_LOSS_BACKWARD_BYTES_PER_LOGIT", 10**7)  # an eager loss far past any device
     check_memory(inputs)
     with pytest.raises(InputError, match="--compile off"):
         check_memory(inputs, compiled=False)
     assert check_memory(inputs, refuse=False, compiled=False).endswith("does not fit in memory with an eager loss")
-    code, out, err = _launch([plan_file, "--backend", "gloo", "--compile", "off", "--out", tmp_path / "run"], capsys)
+    # on GPUs (NCCL) the run is refused before anything starts; on the CPU (gloo) the loss's memory is
+    # the host's, and the run goes on to the next check (this test's plan lacks nothing else)
+    code, out, err = _launch([plan_file, "--backend", "nccl", "--compile", "off", "--out", tmp_path / "run"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--compile auto" in err, out + err
-    assert not (tmp_path / "run").exists()
+    assert "field '--compile'" in err and not (tmp_path / "run").exists()
+    from planner.runtime.launch import LaunchOptions, _compiled_on_devices
+
+    assert _compiled_on_devices(LaunchOptions(backend="gloo", compile="off"))
+    assert not _compiled_on_devices(LaunchOptions(backend="nccl", compile="off"))
+    assert _compiled_on_devices(LaunchOptions(backend="nccl", compile="auto"))

@@ -324,7 +324,7 @@ def test_compute_overrun_measures_ops_past_the_plans_scaled_durations():
 def test_emulated_run_past_the_plans_compute_times_warns_and_records_it(tmp_path, monkeypatch):
     import os
 
-    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))  # and a host busier than its cores
+    monkeypatch.setattr(os, "getloadavg", lambda: (1e6, 1e6, 1e6))  # and a host busier than its cores
     topology = cpu_topology(tmp_path / "topology.yaml")
     plan = write_test_plan(tmp_path, topology, assignment=[["a0", "b0"]], layer_bounds=[0, 2, 4],
                            micro_batches=[2], micro_batch_size=1, schedule="1f1b")
@@ -337,7 +337,7 @@ def test_emulated_run_past_the_plans_compute_times_warns_and_records_it(tmp_path
     assert overrun["suggested_time_scale"] > 1e-4
     warnings = [line for line in lines if line.startswith("warning: this host overran the plan's compute times")]
     assert len(warnings) == 1 and overrun["warning"] in warnings[0]
-    assert sum(line.startswith("warning: this host's load (64.0 over the last minute)") for line in lines) == 1
+    assert sum(line.startswith("warning: this host's load (1000000.0 over the last minute)") for line in lines) == 1
 
 
 def test_a_ranks_phase_is_the_innermost_known_function_on_its_stack():

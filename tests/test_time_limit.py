@@ -115,6 +115,18 @@ def test_a_budget_the_time_limit_set_names_the_time_limit(write_yaml):
     assert error.value.field == "--time-limit" and "raise --time-limit (or set --budget)" in str(error.value)
 
 
+def test_the_command_without_budget_refuses_naming_the_time_limit(write_yaml, capsys):
+    """The command always hands the search a budget (the limit's share where --budget is not given):
+    the refusal still names the option the user set."""
+    document = yaml.safe_load(SMALL_MEMORY.read_text())
+    document["devices"][0]["type"] = "V100-16GB"
+    document["training"]["recompute"] = False
+    path = write_yaml(document)
+    assert main([str(path), "--time-limit", "0.3", "--tensor-degrees", "1", "--no-exact"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "field '--time-limit'" in err and "raise --time-limit" in err, err
+
+
 def test_the_command_refuses_in_one_line_when_the_budget_ends_before_a_plan_fits(write_yaml, capsys):
     document = yaml.safe_load(SMALL_MEMORY.read_text())
     document["devices"][0]["type"] = "V100-16GB"

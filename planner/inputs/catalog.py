@@ -7,7 +7,7 @@ from importlib import resources
 import yaml
 
 from planner.errors import InputError
-from planner.fields import Fields
+from planner.fields import Fields, closest
 from planner.inputs.units import parse_bandwidth_bytes_per_s, parse_bytes, parse_flops, parse_seconds
 
 __all__ = ["DeviceType", "PRECISIONS", "PRICE_PER_HOUR_USD", "EGRESS_USD_PER_GB", "load_catalog", "device_type",
@@ -134,13 +134,11 @@ def load_catalog() -> dict:
 def device_type(type_name: str) -> DeviceType:
     catalog = load_catalog()
     if type_name not in catalog:
-        import difflib
-
         def fold(name) -> str:  # case and separators, as a user may type a type name
             return str(name).lower().replace("-", "").replace("_", "").replace(" ", "")
 
         spelled = {fold(name): name for name in catalog}.get(fold(type_name))
-        close = next(iter(difflib.get_close_matches(str(type_name), list(catalog), n=1, cutoff=0.75)), None)
+        close = closest(type_name, catalog)
         hint = (f" (did you mean {spelled!r}? type names are case-sensitive)" if spelled else
                 f" (did you mean {close!r}?)" if close else "")
         raise InputError(f"unknown device type {type_name!r}{hint}: use one of {', '.join(catalog)} "

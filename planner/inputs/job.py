@@ -1,10 +1,10 @@
 """Load a topology file (plus optional model/training sections or overrides) into its three slices."""
 
-import difflib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.errors import InputError
+from planner.fields import closest
 from planner.inputs.calibration import read_calibration
 from planner.io import read_yaml
 from planner.inputs.model import ModelSpec, TrainingSpec, model_preset, parse_model, parse_training
@@ -38,8 +38,8 @@ def load_job(path, *, model: str | ModelSpec | None = None, model_file=None, tra
             raise InputError("is a plan file, not a topology: run it with 'plan launch FILE', or plan a topology "
                              "file", field="format_version")
         if unknown:
-            close = difflib.get_close_matches(str(unknown[0]), _TOP_KEYS, n=1, cutoff=0.6)
-            raise InputError(f"unknown top-level key '{unknown[0]}': " + (f"did you mean '{close[0]}'? " if close else "")
+            close = closest(unknown[0], _TOP_KEYS)
+            raise InputError(f"unknown top-level key '{unknown[0]}': " + (f"did you mean '{close}'? " if close else "")
                              + f"use only {', '.join(_TOP_KEYS)}", field=str(unknown[0]))
         topology = _topology(document, path)
         spec = _model(document, model, model_file)

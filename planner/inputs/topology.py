@@ -5,7 +5,6 @@ frozen ``Topology`` holding N x N matrices of latency (s) and bandwidth (B/s); e
 the link from device i to device j, so asymmetric networks are first-class.
 """
 
-import difflib
 import functools
 import hashlib
 import json
@@ -20,7 +19,7 @@ from planner.errors import InputError
 from planner.inputs.calibration import measured_links
 from planner.inputs.prices import parse_egress, parse_price
 from planner.inputs.regions import pair_directions, some_names
-from planner.fields import Fields
+from planner.fields import Fields, closest
 from planner.inputs.units import check_range, parse_bandwidth_bytes_per_s, parse_bytes, parse_flops, parse_seconds
 
 __all__ = ["Device", "Topology", "parse_topology", "MAX_DEVICES"]
@@ -216,10 +215,10 @@ def _parse_devices(entries) -> list:
         if f.has("peak_flops"):
             peak = _parse_peak(f.raw("peak_flops"), f.path("peak_flops"))
         if peak is None:
-            raise f.missing("peak_flops", "give a catalog 'type' or 'peak_flops'")
+            raise f.missing("peak_flops", "give a catalog 'type' or 'peak_flops'", instead=("type",))
         memory = f.quantity("memory", parse_bytes, memory)
         if memory is None:
-            raise f.missing("memory", "give a catalog 'type' or 'memory'")
+            raise f.missing("memory", "give a catalog 'type' or 'memory'", instead=("type",))
         eff = f.float("efficiency", eff, high=1.0)
         mem_bw = f.quantity("memory_bandwidth", parse_bandwidth_bytes_per_s, mem_bw)
         reserved = f.quantity("memory_reserved", parse_bytes, reserved)
@@ -369,8 +368,8 @@ def _parse_network(document, devices: list, calibration) -> tuple:
         e.finish()
         for name in (a, b):
             if name not in index:
-                close = difflib.get_close_matches(name, list(index), n=1, cutoff=0.75)
-                raise InputError(f"unknown device {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                close = closest(name, index)
+                raise InputError(f"unknown device {name!r}" + (f" (did you mean {close!r}?)" if close else "")
                                  + f": use one of {some_names(index)}", field=where)
         for i, j in ([(index[a], index[b]), (index[b], index[a])] if symmetric else [(index[a], index[b])]):
             pairs[(i, j)] = (lat, bw)

@@ -34,6 +34,9 @@ def _topology_path(plan_path: Path, document: dict, override) -> Path:
     candidate = Path(recorded)
     if candidate.exists():
         return candidate
+    if candidate.is_absolute():
+        raise InputError(f"names {recorded}, which no longer exists: restore it or pass --topology FILE",
+                         source=str(plan_path), field="topology.path")
     beside = plan_path.parent / candidate
     if beside.exists():
         return beside

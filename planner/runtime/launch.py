@@ -73,6 +73,15 @@ def compiles(choice: str, backend: str) -> bool:
     return choice == "on" or (choice == "auto" and backend == "nccl")
 
 
+def _compiled_on_devices(options: LaunchOptions) -> bool:
+    """How the memory check counts the loss: as the ranks will run it on GPUs (NCCL: ``compiles``);
+    compiled elsewhere (emulation, CPU runs with gloo), where no device's memory is at stake and a plan
+    is checked as planned."""
+    nccl = not options.emulate and (options.backend == "nccl" or (options.backend == "auto" and
+                                                                  (bool(options.hostfile) or _gpus() > 0)))
+    return compiles(options.compile, "nccl") if nccl else True
+
+
 def auto_time_scale(inputs: RunInputs) -> float:
     """Scale so the emulated iteration lasts about ``EMULATION_TARGET_S`` seconds of this host."""
     from planner.prediction.predict import predict
@@ -151,8 +160,7 @@ def launch(plan_path, options: LaunchOptions, *, log=print) -> dict | None:
     if slowdown and not any(slowdown.device in inputs.plan.members(d) for d in inputs.plan.used_devices):
         raise InputError(f"{slowdown.device} is not a device the plan uses: name one of "
                          f"{', '.join(inputs.plan.used_devices)}", field="--slow")
-    # GPUs compile the loss unless told not to (``compiles``); CPU runs are eager but hold no device's memory
-    problem = check_memory(inputs, refuse=not options.emulate, compiled=options.compile != "off")
+    problem = check_memory(inputs, refuse=not options.emulate, compiled=_compiled_on_devices(options))
     if problem:
         log(f"warning: {problem}; emulated anyway (emulation does not hold the real memory)")
     with _stopped_by_sigterm():

@@ -42,7 +42,7 @@ def check_memory(inputs, *, refuse: bool = True, compiled: bool = True) -> str |
         if eager:  # fits as planned, with the compiled loss
             raise InputError(f"{error.detail} with the eager loss of --compile off (fp32 log-probabilities): "
                              "launch with --compile auto (the plan counts the compiled loss's)", source=inputs.plan_path,
-                             field=error.field) from None
+                             field="--compile") from None
         raise InputError(f"{error.detail} with this model and training: plan again (was model or training edited?)",
                          source=inputs.plan_path, field=error.field) from None
     return None

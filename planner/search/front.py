@@ -50,7 +50,7 @@ from planner.search.objective import IterationTime, Objective
 from planner.search.plans import candidate_to_plan
 from planner.search.sync_choice import choose_sync, estimated_sync, plan_with_sync, sync_training
 from planner.search.group_choice import GROUP_CHOICE_SHARE, choose_sync_groups, chooses_groups, with_asked_groups
-from planner.search.no_plan import (OutOfBudget, network_error, no_degrees_error, no_fit_error, out_of_budget_error,
+from planner.search.no_plan import (BudgetKnob, OutOfBudget, network_error, no_degrees_error, no_fit_error, out_of_budget_error,
                                     stage_memory_floor, too_few_micro_batches_error, too_large_error)
 from planner.search.refine import REFINE_EVALUATIONS, refine_split
 
@@ -71,11 +71,13 @@ class SearchOptions:
     exact_work_per_shape: float = 5.0  # CP-SAT deterministic time per shape (about seconds)
     tensor_degrees: tuple = TENSOR_DEGREES  # tensor degrees tried inside a host; (1,): none
     structural: bool = True  # cluster layouts and structural local moves; False: fastest-first and swaps only
-    budget_knob: str = ""  # the option the user sets the work budget with: "--budget" or "--time-limit" (from budget_s)
+    # the option the user set the work budget with (None: from budget_s), kept through the phases' shares
+    budget_knob: BudgetKnob | None = None
 
     def __post_init__(self):
-        if not self.budget_knob:  # named once, so that shares of the budget (``share``) still name the user's knob
-            object.__setattr__(self, "budget_knob", "--time-limit" if self.budget_s is None else "--budget")
+        if self.budget_knob is None:
+            object.__setattr__(self, "budget_knob",
+                               BudgetKnob.TIME_LIMIT if self.budget_s is None else BudgetKnob.BUDGET)
 
     @property
     def work_s(self) -> float:

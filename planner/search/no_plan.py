@@ -2,6 +2,7 @@
 memory, the network) and the fix, instead of one message for every cause."""
 
 import math
+from enum import StrEnum
 
 import numpy as np
 
@@ -11,8 +12,16 @@ from planner.inputs.units import format_bytes
 from planner.prediction.stage_model import layer_costs, stage_memory_bytes
 from planner.search.construct import choose_devices
 
-__all__ = ["OutOfBudget", "no_degrees_error", "too_few_micro_batches_error", "no_fit_error", "network_error",
+__all__ = ["BudgetKnob", "OutOfBudget", "no_degrees_error", "too_few_micro_batches_error", "no_fit_error", "network_error",
            "out_of_budget_error", "stage_memory_floor", "too_large_error"]
+
+
+class BudgetKnob(StrEnum):
+    """The option a user sets the search's work budget with: ``--budget``, or ``--time-limit``, whose
+    share for the search is the budget where ``--budget`` is not given."""
+
+    BUDGET = "--budget"
+    TIME_LIMIT = "--time-limit"
 
 
 class OutOfBudget(InputError):
@@ -100,9 +109,6 @@ def no_fit_error(topology, model, training, pairs: list, micro_batch_sizes: list
 
     ``pairs``: the (stages, replicas) pairs the search tried; ``capacity``: usable bytes per device.
     """
-    too_large = too_large_error(topology, model, training)
-    if too_large is not None:
-        return too_large
     b = min(micro_batch_sizes)
     most = max(s for s, _ in pairs)
     most_replicas = max(d for _, d in pairs)  # the most shards any tried plan could spread its state over
@@ -161,7 +167,7 @@ def network_error(times_s: list) -> InputError:
                       field="network")
 
 
-def out_of_budget_error(tried: int, left: int, *, clock: bool, knob: str = "--budget") -> OutOfBudget:
+def out_of_budget_error(tried: int, left: int, *, clock: bool, knob: BudgetKnob = BudgetKnob.BUDGET) -> OutOfBudget:
     """Construction ended on the work budget (``clock`` False) or on the time limit before any
     placement of the ``tried`` degree pairs it constructed fit in memory, ``left`` pairs not reached.
     ``knob``: the option that set the work budget (``--time-limit`` where ``--budget`` was not given)."""
@@ -169,7 +175,7 @@ def out_of_budget_error(tried: int, left: int, *, clock: bool, knob: str = "--bu
     if clock:
         return OutOfBudget(f"no plan that fits in memory was found before the time limit ended the search ({reached}): "
                            "raise --time-limit", field="--time-limit")
-    if knob == "--time-limit":
+    if knob == BudgetKnob.TIME_LIMIT:
         return OutOfBudget(f"no plan that fits in memory was found within the search's work budget, which the time "
                            f"limit sets ({reached}): raise --time-limit (or set --budget)", field="--time-limit")
     return OutOfBudget(f"no plan that fits in memory was found within the search's work budget ({reached}): raise "
