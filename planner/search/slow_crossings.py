@@ -1,0 +1,167 @@
+"""The lower bound's term for pipelines and stage groups that must cross slow links (``planner.search.bounds``).
+
+At a threshold ``tau`` of ``planner.search.link_clusters``, any two devices of different clusters are
+joined by links of at most ``tau`` bytes/s and at least ``lambda_tau`` seconds of latency
+(``cluster_bound.ClusterLevel``), and every cell of a plan (a device, or a tensor group on one host)
+sits inside one cluster. A plan of S stages x D replicas has S *stage groups* of D cells each; a
+group is *pure* where its D cells sit in one cluster, *crossing* otherwise. A cluster of ``n_c``
+devices holds at most ``floor(n_c / D)`` pure groups (a cell holds one device at least). Either:
+
+(A) every group is pure. The groups then fill at least ``k`` clusters, the fewest whose
+    ``floor(n_c / D)`` add up to S (``fewest_clusters``), and each replica's cell of stage s lies in
+    stage s's cluster, so every replica's pipeline changes cluster at least ``k - 1`` times: its
+    forward crosses ``k - 1`` boundaries over links of at most ``tau`` and at least ``lambda_tau``,
+    and its backward as many back. The round trips of ``planner.search.round_trip`` then price
+    ``k - 1`` of their ``S - 1`` boundaries each way at ``tau`` and ``lambda_tau``
+    (``round_trip_s`` and ``last_sync_s`` are sums over the boundaries each trip crosses, so an
+    average boundary of ``b + (k - 1) / (S - 1) (b_tau - b)`` prices them). GPipe's phases
+    (``round_trip.gpipe_phases_s``) hold at any boundary, the crossing one too: its stage downstream
+    receives every forward of a round before it sends a gradient back, and the first stage's last
+    backward waits for the last gradient over it.
+(B) ``x >= 1`` groups cross (``fewest_crossing_groups``: the pure ones must fit in what the crossing
+    ones leave; the crossing ones take a device from two clusters at least, and a cluster whose size
+    D divides loses a pure group to that). A crossing group's ring has a hop between clusters, so
+    its sync takes ``2 (D - 1) / D n / tau + 2 (D - 1) lambda_tau`` at least
+    (``cost_models.comm.ring_allreduce_time_s``: every step as slow as the slowest hop, as long as the
+    longest latency); a pure one ``2 (D - 1) / D n / beta_D + 2 (D - 1) lambda`` as ``bounds``'
+    ``sync`` term prices it. Every stage syncs after the busiest replica's chain of round trips has
+    reached the last stage (``round_trip.last_sync_s``), so the plan takes at least that chain plus
+    the slowest stage's sync: at least the least, over the layer splits (every stage one block at
+    least), of the largest sync (``split_sync_s``). And a stage syncs after its own last backward,
+    so after the busiest replica's sequences ran through its blocks on one cell (at least
+    ``ceil(B / D)`` sequences, at the fastest cell's speed, as ``bounds``' widest stage): the same
+    split's least of the largest compute plus sync. Only the blocks' parameters count.
+
+The plan is in (A) or (B), so it takes at least the smaller of the two. With another sync than the
+ring alone, or local steps, the latencies count for nothing and a crossing group's ring share is
+``cluster_bound``'s (1 for a parameter server or a two-level all-reduce, ``2 / D`` for DTFM's
+sharded exchange over one crossing link).
+"""
+
+import math
+
+import numpy as np
+
+__all__ = ["GroupCounts", "group_counts", "fewest_clusters", "fewest_crossing_groups", "split_sync_s",
+           "slow_crossing_s"]
+
+
+class GroupCounts:
+    """Per replica count D = 1 .. ``most``, what the clusters of sizes ``sizes`` hold of stage groups
+    of D cells: ``total[D - 1]`` pure groups at most, ``kept[D - 1]`` the most they hold once crossing
+    groups took a device from two of them, and ``cumulative[D - 1, i]`` the most the ``i + 1``
+    largest clusters hold (``i`` < ``deepest``)."""
+
+    def __init__(self, total: np.ndarray, kept: np.ndarray, cumulative: np.ndarray):
+        self.total, self.kept, self.cumulative = total, kept, cumulative
+
+
+def group_counts(sizes: np.ndarray, most: int, deepest: int) -> GroupCounts:
+    """``GroupCounts`` of clusters of ``sizes`` devices for D = 1 .. ``most`` (``deepest``: the most
+    stages asked, so the largest clusters kept for ``fewest_clusters``)."""
+    sizes = np.sort(np.asarray(sizes, dtype=np.int64))[::-1]
+    values, counts = np.unique(sizes, return_counts=True)
+    replicas = np.arange(1, most + 1)[:, None]
+    held = values[None, :] // replicas  # (D, distinct sizes) pure groups one cluster holds
+    total = (held * counts).sum(axis=1)
+    # Clusters whose size D divides lose a pure group to a device taken; the crossing groups touch
+    # two clusters at least, and the plan touches the others first.
+    divisible = ((values[None, :] % replicas == 0) * counts).sum(axis=1)
+    loss = np.maximum(0, 2 - (sizes.size - divisible))
+    loss = np.minimum(loss, divisible)
+    kept = total - loss
+    largest = sizes[:max(1, min(deepest, sizes.size))]
+    cumulative = np.cumsum(largest[None, :] // replicas, axis=1)
+    return GroupCounts(total, kept, cumulative)
+
+
+def fewest_clusters(cumulative: np.ndarray, stages: int) -> np.ndarray:
+    """(D,) the fewest clusters whose pure groups add up to ``stages`` (from ``GroupCounts.cumulative``
+    rows; 0 where the largest kept do not: no plan of pure groups there)."""
+    reached = cumulative >= stages
+    return np.where(reached.any(axis=1), reached.argmax(axis=1) + 1, 0)
+
+
+def fewest_crossing_groups(stages: int, kept: np.ndarray) -> np.ndarray:
+    """(D,) the fewest crossing groups of a plan of ``stages`` groups with one crossing at least:
+    the ``S - x`` pure ones fit in the ``kept`` the crossing ones leave."""
+    return np.clip(stages - kept, 1, stages)
+
+
+def split_sync_s(layers: int, stages: int, crossing: np.ndarray, slow_s: np.ndarray, fast_s: np.ndarray,
+                 slow_latency_s: np.ndarray, fast_latency_s: np.ndarray) -> np.ndarray:
+    """(D,) the least, over the splits of ``layers`` blocks over ``stages`` stages of one block at
+    least, ``crossing`` (x) of them crossing, of the slowest stage's sync:
+
+        min over X in [x, L - S + x] of max(ceil(X / x) s + l, ceil((L - X) / (S - x)) f + l')
+
+    (``s``, ``f``: one block's sync over a crossing and a pure group; ``l``, ``l'``: their
+    latencies; the second part absent where x = S, and then X = L). The most blocks one of x stages
+    holds is at least ``ceil(X / x)``. The first part grows with X and the second shrinks, so the
+    least is at the first X where the first reaches the second, or just before it (bisection)."""
+    x = np.asarray(crossing)
+    pure = x < stages
+    rest = np.maximum(stages - x, 1)
+
+    def slow(X):
+        return np.ceil(X / x) * slow_s + slow_latency_s
+
+    def fast(X):
+        return np.where(pure, np.ceil((layers - X) / rest) * fast_s + fast_latency_s, 0.0)
+
+    lo = np.where(pure, x, layers).astype(float)  # the first X where slow >= fast, in [lo, hi]
+    hi = np.where(pure, layers - stages + x, layers).astype(float)
+    first, last = lo.copy(), hi.copy()
+    for _ in range(max(1, math.ceil(math.log2(layers + 1)))):
+        mid = np.floor((lo + hi) / 2.0)
+        reached = slow(mid) >= fast(mid)
+        hi = np.where(reached, mid, hi)
+        lo = np.where(reached, lo, mid + 1.0)
+    at = np.minimum(hi, last)
+    best = np.maximum(slow(at), fast(at))
+    before = np.maximum(at - 1.0, first)
+    return np.minimum(best, np.maximum(slow(before), fast(before)))
+
+
+def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, replicas: np.ndarray,
+                    round_trips, boundary_s: float, latency_s: float, sequence_bytes: float, block_s: np.ndarray,
+                    block_sync_bytes: float, fast_rate: np.ndarray, ring_only: bool, sharded: bool,
+                    sync_every: int) -> np.ndarray:
+    """(D,) the bound of the module description for plans of ``stages`` (S >= 2) stages and
+    ``replicas`` (D = 1 .. len) replicas at ``level`` (a ``cluster_bound.ClusterLevel``).
+
+    ``round_trips(boundary_s, latency_s, phases_boundary_s, phases_latency_s, deepest_sync_s)``: the
+    round trips' bound (``bounds._round_trips_s``) with those per-boundary costs, GPipe's phases
+    over one boundary at those, and the deepest stage's sync (None: the usual); ``block_s``: (D,)
+    the busiest replica's sequences through one block on one cell at its fastest; ``boundary_s``, ``latency_s``: one
+    sequence's message over the fastest link and the least latency; ``sequence_bytes``: one
+    sequence's message; ``block_sync_bytes``: one block's least sync bytes; ``fast_rate``: (D,)
+    seconds per sync byte of a pure group (``bounds``' ``ring``)."""
+    tau, slow_latency = level.tau_bytes_per_s, level.latency_s
+    D = np.asarray(replicas)
+    rows = D - 1
+    # (A) every group pure: k - 1 boundaries each way over links of at most tau
+    k = fewest_clusters(counts.cumulative[rows], stages)
+    share_slow = np.clip((k - 1) / (stages - 1), 0.0, 1.0)
+    extra_b = max(0.0, sequence_bytes / tau - boundary_s)
+    extra_l = max(0.0, slow_latency - latency_s)
+    crossed = k > 1  # a boundary between clusters: GPipe's phases there
+    # in one cluster (k = 1) nothing crosses: the round trips' own term, no more (0 here)
+    pure = np.where(k > 0, 0.0, np.inf)
+    if crossed.any():
+        pure = np.where(crossed, round_trips(boundary_s + share_slow * extra_b, latency_s + share_slow * extra_l,
+                                             boundary_s + extra_b, latency_s + extra_l, None), pure)
+    # (B) x >= 1 groups cross
+    x = fewest_crossing_groups(stages, counts.kept[rows])
+    share = 2.0 * (D - 1) / D if ring_only else np.ones(D.shape)
+    if sharded:
+        share = np.minimum(share, 2.0 / D)
+    slow_s = block_sync_bytes * share / tau
+    fast_s = block_sync_bytes * fast_rate
+    steps = 2.0 * (D - 1) if ring_only and sync_every == 1 else np.zeros(D.shape)
+    deepest = split_sync_s(layers, stages, x, slow_s, fast_s, steps * slow_latency, steps * latency_s)
+    crossing = round_trips(boundary_s, latency_s, boundary_s, latency_s, deepest)
+    widest = split_sync_s(layers, stages, x, block_s + slow_s, block_s + fast_s, steps * slow_latency,
+                          steps * latency_s)
+    crossing = np.where(D > 1, np.maximum(crossing, widest), np.inf)
+    return np.minimum(pure, crossing)

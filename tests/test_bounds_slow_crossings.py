@@ -1,0 +1,98 @@
+"""The lower bound's slow-crossings term (``planner.search.slow_crossings``): its counts and layer
+split by hand, and on DTFM's regional case (4 regions of 16 devices) above the round trips alone and
+below the simulated time of the plans it bounds."""
+
+import numpy as np
+
+from planner.search.slow_crossings import fewest_clusters, fewest_crossing_groups, group_counts, split_sync_s
+
+
+def test_group_counts_by_hand():
+    """Clusters of 16, 16, 8 and 3 devices: groups of 8 cells fit 2 + 2 + 1 + 0 = 5 pure; once a
+    crossing group took a device from two clusters, the plan keeps 4 (the cluster of 3, which 8 does
+    not divide, loses nothing; one of the others does). Groups of 16: 2 pure, none kept with a
+    crossing one (both clusters of 16 touched... or one and the cluster of 8 or 3)."""
+    counts = group_counts(np.array([3, 16, 8, 16]), 16, 4)
+    assert counts.total[8 - 1] == 5 and counts.kept[8 - 1] == 4
+    assert counts.total[16 - 1] == 2 and counts.kept[16 - 1] == 2  # touch the clusters of 8 and 3
+    assert counts.total[4 - 1] == 4 + 4 + 2 + 0 and counts.kept[4 - 1] == 9
+    assert list(counts.cumulative[8 - 1]) == [2, 4, 5, 5]
+    # Four clusters of 16: a crossing group of 16 spoils two of them.
+    regional = group_counts(np.full(4, 16), 16, 24)
+    assert regional.total[15] == 4 and regional.kept[15] == 2
+
+
+def test_fewest_clusters_and_crossing_groups_by_hand():
+    counts = group_counts(np.array([3, 16, 8, 16]), 16, 4)
+    # 3 groups of 8 need two clusters (2 + 2); 5 need three; 6 never fit as pure groups
+    rows = counts.cumulative[[7, 7, 7]]
+    assert list(fewest_clusters(rows, 3)) == [2, 2, 2]
+    assert list(fewest_clusters(counts.cumulative[[7]], 5)) == [3]
+    assert list(fewest_clusters(counts.cumulative[[7]], 6)) == [0]
+    # With 6 stage groups of 8 and 4 kept pure at most, 2 cross at least; with 3, one at least.
+    assert list(fewest_crossing_groups(6, counts.kept[[7]])) == [2]
+    assert list(fewest_crossing_groups(3, counts.kept[[7]])) == [1]
+    assert list(fewest_crossing_groups(2, np.array([0]))) == [2]
+
+
+def test_split_sync_by_hand():
+    """24 blocks over 4 stages, 2 of them crossing at 1.2 s a block + 0.3 s, the pure ones at 0.75 s
+    + 0.15 s: X = 8 gives max(4 * 1.2 + 0.3, 8 * 0.75 + 0.15) = 6.15, X = 10 max(6.3, 5.4) = 6.3,
+    X = 9 (ceil 5) 6.3, X = 6 max(3.9, 6.9): 6.15 is the least. All four crossing: 6 * 1.2 + 0.3."""
+    one = np.array([1.0])
+    seconds = split_sync_s(24, 4, np.array([2]), 1.2 * one, 0.75 * one, 0.3 * one, 0.15 * one)
+    assert np.isclose(seconds[0], 6.15)
+    every = split_sync_s(24, 4, np.array([4]), 1.2 * one, 0.75 * one, 0.3 * one, 0.15 * one)
+    assert np.isclose(every[0], 6 * 1.2 + 0.3)
+    # one crossing stage may hold a single block: the other three share 23, 8 the most
+    single = split_sync_s(24, 4, np.array([1]), 5.0 * one, 0.5 * one, 0.0 * one, 0.0 * one)
+    assert np.isclose(single[0], min(max(5.0 * X, np.ceil((24 - X) / 3) * 0.5) for X in range(1, 22)))
+
+
+def _regional_case():
+    from planner.inputs.job import load_job
+
+    return load_job("topologies/dtfm/case4-regional.yaml")
+
+
+def test_regional_case_is_raised_above_the_round_trips_and_stays_below_its_plans():
+    """DTFM's case 4 at 4 stages x 16 replicas: every stage group fills a region, so every replica
+    crosses three regions' boundaries, or two groups at least cross, and their rings sync over links
+    of at most 1.25 Gbit/s: the bound rises from the round trips' 15.42 s to above 17 s, and the plans
+    of both kinds (stage groups in regions; replicas in regions) simulate above it."""
+    from cost_models.schedule import Schedule
+    from planner.plan.plan import Plan
+    from planner.prediction.predict import predict
+    from planner.search.bounds import _pair_bounds_s
+
+    job = _regional_case()
+    topology, model, training = job.topology, job.model, job.training
+    bound = _pair_bounds_s(topology, model, training)[4][15]
+    without = _pair_bounds_s(topology, model, training, clusters=False)[4][15]
+    assert bound > 17.0 and without < 15.5
+    names = topology.names
+    stage_major = [[names[16 * s + r] for s in range(4)] for r in range(16)]
+    replica_major = [[names[16 * (r // 4) + 4 * (r % 4) + s] for s in range(4)] for r in range(16)]
+    for assignment in (stage_major, replica_major):
+        plan = Plan(layer_bounds=(0, 5, 12, 19, 24), assignment=tuple(map(tuple, assignment)),
+                    micro_batches=(64,) * 16, micro_batch_size=1, schedule=Schedule.ONE_F_ONE_B)
+        prediction, _ = predict(plan, topology, model, training)
+        assert prediction.iteration_s >= bound, (prediction.iteration_s, bound)
+
+
+def test_split_sync_agrees_with_every_split():
+    """The bisection against the least over every split, on random sizes and costs."""
+    import math
+
+    rng = np.random.default_rng(5)
+    for _ in range(500):
+        layers = int(rng.integers(1, 40))
+        stages = int(rng.integers(1, layers + 1))
+        x = int(rng.integers(1, stages + 1))
+        s, f, l1, l2 = rng.random(4) * [2.0, 2.0, 0.3, 0.3]
+        got = split_sync_s(layers, stages, np.array([x]), np.array([s]), np.array([f]), np.array([l1]),
+                           np.array([l2]))[0]
+        splits = range(x, layers - stages + x + 1) if x < stages else [layers]
+        want = min(max(math.ceil(X / x) * s + l1, math.ceil((layers - X) / (stages - x)) * f + l2 if x < stages else 0.0)
+                   for X in splits)
+        assert np.isclose(got, want), (layers, stages, x)
