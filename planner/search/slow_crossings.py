@@ -31,6 +31,11 @@ devices holds at most ``floor(n_c / D)`` pure groups (a cell holds one device at
     so after the busiest replica's sequences ran through its blocks on one cell (at least
     ``ceil(B / D)`` sequences, at the fastest cell's speed, as ``bounds``' widest stage): the same
     split's least of the largest compute plus sync. Only the blocks' parameters count.
+    The ``S - x`` pure groups still fill ``k'`` clusters at least (``fewest_clusters`` of them), and
+    every replica crosses between those ``k' - 1`` times, as in (A): the chain's boundaries are
+    priced so too. More crossing groups leave fewer pure ones (fewer crossings) but sync more
+    blocks slowly, so the bound is the least over the number of crossings ``v``, each with the
+    fewest crossing groups that leave at most ``v`` (``MAX_CLUSTERS_CROSSED`` at most counted).
 
 The plan is in (A) or (B), so it takes at least the smaller of the two. With another sync than the
 ring alone, or local steps, the latencies count for nothing and a crossing group's ring share is
@@ -42,7 +47,10 @@ import math
 
 import numpy as np
 
-__all__ = ["GroupCounts", "group_counts", "fewest_clusters", "fewest_crossing_groups", "split_sync_s",
+_EXACT_STEPS = 3  # blocks per crossing stage tried exactly past the crossing without ceilings
+MAX_CLUSTERS_CROSSED = 8  # clusters counted along a replica at most (fewer counted: a weaker, valid bound; faster)
+
+__all__ = ["MAX_CLUSTERS_CROSSED", "GroupCounts", "group_counts", "fewest_clusters", "fewest_crossing_groups", "split_sync_s",
            "slow_crossing_s"]
 
 
@@ -58,7 +66,8 @@ class GroupCounts:
 
 def group_counts(sizes: np.ndarray, most: int, deepest: int) -> GroupCounts:
     """``GroupCounts`` of clusters of ``sizes`` devices for D = 1 .. ``most`` (``deepest``: the most
-    stages asked, so the largest clusters kept for ``fewest_clusters``)."""
+    stages asked; the ``min(deepest, MAX_CLUSTERS_CROSSED)`` largest clusters kept for
+    ``fewest_clusters``, which then says 0 (no plan of pure groups) or counts no more of them)."""
     sizes = np.sort(np.asarray(sizes, dtype=np.int64))[::-1]
     values, counts = np.unique(sizes, return_counts=True)
     replicas = np.arange(1, most + 1)[:, None]
@@ -70,14 +79,14 @@ def group_counts(sizes: np.ndarray, most: int, deepest: int) -> GroupCounts:
     loss = np.maximum(0, 2 - (sizes.size - divisible))
     loss = np.minimum(loss, divisible)
     kept = total - loss
-    largest = sizes[:max(1, min(deepest, sizes.size))]
+    largest = sizes[:max(1, min(deepest, MAX_CLUSTERS_CROSSED, sizes.size))]
     cumulative = np.cumsum(largest[None, :] // replicas, axis=1)
     return GroupCounts(total, kept, cumulative)
 
 
 def fewest_clusters(cumulative: np.ndarray, stages: int) -> np.ndarray:
     """(D,) the fewest clusters whose pure groups add up to ``stages`` (from ``GroupCounts.cumulative``
-    rows; 0 where the largest kept do not: no plan of pure groups there)."""
+    rows; 0 where the largest kept do not: more than they, or no plan of pure groups at all)."""
     reached = cumulative >= stages
     return np.where(reached.any(axis=1), reached.argmax(axis=1) + 1, 0)
 
@@ -90,37 +99,43 @@ def fewest_crossing_groups(stages: int, kept: np.ndarray) -> np.ndarray:
 
 def split_sync_s(layers: int, stages: int, crossing: np.ndarray, slow_s: np.ndarray, fast_s: np.ndarray,
                  slow_latency_s: np.ndarray, fast_latency_s: np.ndarray) -> np.ndarray:
-    """(D,) the least, over the splits of ``layers`` blocks over ``stages`` stages of one block at
-    least, ``crossing`` (x) of them crossing, of the slowest stage's sync:
+    """(D,) at most the least, over the splits of ``layers`` (L) blocks over ``stages`` (S) stages of
+    one block at least, ``crossing`` (x) of them crossing, of the slowest stage's sync:
 
-        min over X in [x, L - S + x] of max(ceil(X / x) s + l, ceil((L - X) / (S - x)) f + l')
+        min over a in [1, A] of max(G(a), F(a)),  G(a) = a s + l,
+        F(a) = ceil((L - min(a x, L - r)) / r) f + l'
 
-    (``s``, ``f``: one block's sync over a crossing and a pure group; ``l``, ``l'``: their
-    latencies; the second part absent where x = S, and then X = L). The most blocks one of x stages
-    holds is at least ``ceil(X / x)``. The first part grows with X and the second shrinks, so the
-    least is at the first X where the first reaches the second, or just before it (bisection)."""
-    x = np.asarray(crossing)
+    with ``a`` the most blocks of a crossing stage (``ceil(X / x)`` of the crossing stages' X blocks;
+    for that ``a`` the pure ones hold the fewest with X = min(a x, L - r)), ``r = S - x`` pure stages,
+    ``A = ceil((L - r) / x)``, ``s``, ``f`` one block's sync over a crossing and a pure group, ``l``,
+    ``l'`` their latencies. Where x = S every block is on a crossing stage: ``ceil(L / S) s + l``.
+    G grows and F shrinks with ``a``, and F is at least its value without the ceiling, which
+    crosses G at ``a_c``: every ``a <= floor(a_c)`` gives at least ``F(floor(a_c))``, every
+    ``a >= ceil(a_c) + k`` at least ``G(ceil(a_c) + k)``; the ``k = _EXACT_STEPS`` values between are
+    taken exactly, and the least of all that is returned (the least itself where F's ceiling moves
+    the crossing by fewer than ``k`` steps, else below it)."""
+    x = np.asarray(crossing, dtype=float)
     pure = x < stages
-    rest = np.maximum(stages - x, 1)
+    r = np.maximum(stages - x, 1.0)
+    most = np.ceil((layers - r) / x)  # A
 
-    def slow(X):
-        return np.ceil(X / x) * slow_s + slow_latency_s
+    def G(a):
+        return a * slow_s + slow_latency_s
 
-    def fast(X):
-        return np.where(pure, np.ceil((layers - X) / rest) * fast_s + fast_latency_s, 0.0)
+    def F(a):
+        return np.ceil((layers - np.minimum(a * x, layers - r)) / r) * fast_s + fast_latency_s
 
-    lo = np.where(pure, x, layers).astype(float)  # the first X where slow >= fast, in [lo, hi]
-    hi = np.where(pure, layers - stages + x, layers).astype(float)
-    first, last = lo.copy(), hi.copy()
-    for _ in range(max(1, math.ceil(math.log2(layers + 1)))):
-        mid = np.floor((lo + hi) / 2.0)
-        reached = slow(mid) >= fast(mid)
-        hi = np.where(reached, mid, hi)
-        lo = np.where(reached, lo, mid + 1.0)
-    at = np.minimum(hi, last)
-    best = np.maximum(slow(at), fast(at))
-    before = np.maximum(at - 1.0, first)
-    return np.minimum(best, np.maximum(slow(before), fast(before)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a_c = (layers * fast_s / r + fast_latency_s - slow_latency_s) / (slow_s + x * fast_s / r)
+    a_c = np.nan_to_num(a_c, nan=1.0, posinf=layers, neginf=1.0)
+    below, above = np.floor(a_c), np.maximum(np.ceil(a_c), 1.0)
+    split = np.where(below >= 1.0, F(np.clip(below, 1.0, most)), np.inf)  # every a <= floor(a_c)
+    for step in range(_EXACT_STEPS):  # each of the next few exactly
+        a = above + step
+        split = np.minimum(split, np.where(a <= most, np.maximum(G(a), F(np.minimum(a, most))), np.inf))
+    a = above + _EXACT_STEPS  # and every a past them
+    split = np.minimum(split, np.where(a <= most, G(a), np.inf))
+    return np.where(pure, split, np.ceil(layers / np.maximum(x, 1.0)) * slow_s + slow_latency_s)
 
 
 def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, replicas: np.ndarray,
@@ -142,6 +157,7 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
     rows = D - 1
     # (A) every group pure: k - 1 boundaries each way over links of at most tau
     k = fewest_clusters(counts.cumulative[rows], stages)
+    k = np.where((k == 0) & (counts.total[rows] >= stages), counts.cumulative.shape[1], k)  # past the kept: more
     share_slow = np.clip((k - 1) / (stages - 1), 0.0, 1.0)
     extra_b = max(0.0, sequence_bytes / tau - boundary_s)
     extra_l = max(0.0, slow_latency - latency_s)
@@ -151,8 +167,16 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
     if crossed.any():
         pure = np.where(crossed, round_trips(boundary_s + share_slow * extra_b, latency_s + share_slow * extra_l,
                                              boundary_s + extra_b, latency_s + extra_l, None), pure)
-    # (B) x >= 1 groups cross
-    x = fewest_crossing_groups(stages, counts.kept[rows])
+    # (B) x >= 1 groups cross; the S - x pure ones fill clusters that every replica crosses between
+    fewest = fewest_crossing_groups(stages, counts.kept[rows])
+    cumulative = counts.cumulative[rows]  # (D, C)
+    # past the first v whose clusters hold every pure group the fewest crossing ones leave, x stays the fewest
+    settled = cumulative >= (stages - fewest)[:, None]
+    last = np.where(settled.any(axis=1), settled.argmax(axis=1), cumulative.shape[1] - 1).max(initial=0)
+    hops = np.arange(min(stages, cumulative.shape[1], last + 1))[:, None]  # (V, 1): v = 0 .. V - 1
+    x = np.clip(stages - cumulative.T[:hops.size], fewest, stages)  # (V, D) the fewest crossing with <= v hops
+    x[-1] = fewest  # the last row stands for every plan of V - 1 hops or more
+    v = np.minimum(_pure_hops(cumulative, stages - x), hops.size - 1)  # (V, D) the hops those x leave, at least
     share = 2.0 * (D - 1) / D if ring_only else np.ones(D.shape)
     if sharded:
         share = np.minimum(share, 2.0 / D)
@@ -160,8 +184,20 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
     fast_s = block_sync_bytes * fast_rate
     steps = 2.0 * (D - 1) if ring_only and sync_every == 1 else np.zeros(D.shape)
     deepest = split_sync_s(layers, stages, x, slow_s, fast_s, steps * slow_latency, steps * latency_s)
-    crossing = round_trips(boundary_s, latency_s, boundary_s, latency_s, deepest)
+    slow_share = v / (stages - 1)
+    crossed = v > 0
+    crossing = round_trips(boundary_s + slow_share * extra_b, latency_s + slow_share * extra_l,
+                           np.where(crossed, boundary_s + extra_b, boundary_s),
+                           np.where(crossed, latency_s + extra_l, latency_s), deepest)
     widest = split_sync_s(layers, stages, x, block_s + slow_s, block_s + fast_s, steps * slow_latency,
                           steps * latency_s)
-    crossing = np.where(D > 1, np.maximum(crossing, widest), np.inf)
+    crossing = np.where(D > 1, np.maximum(crossing, widest).min(axis=0), np.inf)
     return np.minimum(pure, crossing)
+
+
+def _pure_hops(cumulative: np.ndarray, pure: np.ndarray) -> np.ndarray:
+    """(V, D) the fewest cluster changes along a replica whose ``pure`` (V, D) pure stage groups
+    fill clusters of the ``cumulative`` (D, C) counts: the fewest clusters that hold them, less one
+    (C where the C largest do not; 0 where no group is pure)."""
+    reached = cumulative[None, :, :] >= pure[:, :, None]
+    return np.where(reached.any(axis=2), reached.argmax(axis=2), cumulative.shape[1])
