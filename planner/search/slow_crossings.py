@@ -147,7 +147,7 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
 
     ``round_trips(boundary_s, latency_s, phases_boundary_s, phases_latency_s, deepest_sync_s)``: the
     round trips' bound (``bounds._round_trips_s``) with those per-boundary costs, GPipe's phases
-    over one boundary at those, and the deepest stage's sync (None: the usual); ``block_s``: (D,)
+    over one boundary at those, and the deepest stage's sync (NaN: the usual), each (rows, D); ``block_s``: (D,)
     the busiest replica's sequences through one block on one cell at its fastest; ``boundary_s``, ``latency_s``: one
     sequence's message over the fastest link and the least latency; ``sequence_bytes``: one
     sequence's message; ``block_sync_bytes``: one block's least sync bytes; ``fast_rate``: (D,)
@@ -155,18 +155,8 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
     tau, slow_latency = level.tau_bytes_per_s, level.latency_s
     D = np.asarray(replicas)
     rows = D - 1
-    # (A) every group pure: k - 1 boundaries each way over links of at most tau
-    k = fewest_clusters(counts.cumulative[rows], stages)
-    k = np.where((k == 0) & (counts.total[rows] >= stages), counts.cumulative.shape[1], k)  # past the kept: more
-    share_slow = np.clip((k - 1) / (stages - 1), 0.0, 1.0)
-    extra_b = max(0.0, sequence_bytes / tau - boundary_s)
+    extra_b = max(0.0, sequence_bytes / tau - boundary_s)  # a boundary between clusters, over a fast one
     extra_l = max(0.0, slow_latency - latency_s)
-    crossed = k > 1  # a boundary between clusters: GPipe's phases there
-    # in one cluster (k = 1) nothing crosses: the round trips' own term, no more (0 here)
-    pure = np.where(k > 0, 0.0, np.inf)
-    if crossed.any():
-        pure = np.where(crossed, round_trips(boundary_s + share_slow * extra_b, latency_s + share_slow * extra_l,
-                                             boundary_s + extra_b, latency_s + extra_l, None), pure)
     # (B) x >= 1 groups cross; the S - x pure ones fill clusters that every replica crosses between
     fewest = fewest_crossing_groups(stages, counts.kept[rows])
     cumulative = counts.cumulative[rows]  # (D, C)
@@ -183,15 +173,22 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
     slow_s = block_sync_bytes * share / tau
     fast_s = block_sync_bytes * fast_rate
     steps = 2.0 * (D - 1) if ring_only and sync_every == 1 else np.zeros(D.shape)
-    deepest = split_sync_s(layers, stages, x, slow_s, fast_s, steps * slow_latency, steps * latency_s)
-    slow_share = v / (stages - 1)
-    crossed = v > 0
-    crossing = round_trips(boundary_s + slow_share * extra_b, latency_s + slow_share * extra_l,
-                           np.where(crossed, boundary_s + extra_b, boundary_s),
-                           np.where(crossed, latency_s + extra_l, latency_s), deepest)
-    widest = split_sync_s(layers, stages, x, block_s + slow_s, block_s + fast_s, steps * slow_latency,
-                          steps * latency_s)
-    crossing = np.where(D > 1, np.maximum(crossing, widest).min(axis=0), np.inf)
+    # the sync alone (after the chain) and with the stage's compute, in one call
+    deepest, widest = split_sync_s(layers, stages, x, np.stack([slow_s, block_s + slow_s])[:, None],
+                                   np.stack([fast_s, block_s + fast_s])[:, None], steps * slow_latency,
+                                   steps * latency_s)
+    # (A) every group pure: k - 1 boundaries each way; as row 0 of (B)'s chain, with the usual deepest sync
+    k = fewest_clusters(cumulative, stages)
+    k = np.where((k == 0) & (counts.total[rows] >= stages), cumulative.shape[1], k)  # past the kept: more
+    crossings = np.vstack([np.maximum(k - 1, 0)[None, :], v])  # (1 + V, D)
+    slow_share = crossings / (stages - 1)
+    crossed = crossings > 0  # a boundary between clusters: GPipe's phases there
+    trips = round_trips(boundary_s + slow_share * extra_b, latency_s + slow_share * extra_l,
+                        np.where(crossed, boundary_s + extra_b, boundary_s),
+                        np.where(crossed, latency_s + extra_l, latency_s),
+                        np.vstack([np.full((1, D.size), np.nan), deepest]))
+    pure = np.where(k > 0, trips[0], np.inf)  # no plan of pure groups where k = 0
+    crossing = np.where(D > 1, np.maximum(trips[1:], widest).min(axis=0), np.inf)
     return np.minimum(pure, crossing)
 
 
