@@ -180,9 +180,9 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
             deepest_sync_s = deepest * layer_params * gradient_bytes * ring
             terms.append(trips(boundary_s=boundary_s, latency_s=latency_s, deepest_sync_s=deepest_sync_s))
 
-            def crossed(b, lam, phases_b, phases_lam, deepest_s):  # NaN: the deepest stage's usual sync
+            def crossed(b, lam, phases_b, phases_lam, deepest_s):
                 return trips(boundary_s=b, latency_s=lam, phases_boundary_s=phases_b, phases_latency_s=phases_lam,
-                             deepest_sync_s=np.where(np.isnan(deepest_s), deepest_sync_s, deepest_s))
+                             deepest_sync_s=deepest_s)
             terms += [slow_crossing_s(level, count, stages=stages, layers=model.layers, replicas=replicas,
                                       round_trips=crossed, boundary_s=boundary_s, latency_s=latency_s,
                                       sequence_bytes=boundary_bytes, block_s=busiest * sequence_layer_flops / cell_flops,

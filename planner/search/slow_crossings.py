@@ -147,7 +147,7 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
 
     ``round_trips(boundary_s, latency_s, phases_boundary_s, phases_latency_s, deepest_sync_s)``: the
     round trips' bound (``bounds._round_trips_s``) with those per-boundary costs, GPipe's phases
-    over one boundary at those, and the deepest stage's sync (NaN: the usual), each (rows, D); ``block_s``: (D,)
+    over one boundary at those, and the deepest stage's sync, each (rows, D); ``block_s``: (D,)
     the busiest replica's sequences through one block on one cell at its fastest; ``boundary_s``, ``latency_s``: one
     sequence's message over the fastest link and the least latency; ``sequence_bytes``: one
     sequence's message; ``block_sync_bytes``: one block's least sync bytes; ``fast_rate``: (D,)
@@ -170,14 +170,15 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
     share = 2.0 * (D - 1) / D if ring_only else np.ones(D.shape)
     if sharded:
         share = np.minimum(share, 2.0 / D)
-    slow_s = block_sync_bytes * share / tau
     fast_s = block_sync_bytes * fast_rate
+    slow_s = np.maximum(block_sync_bytes * share / tau, fast_s)  # a crossing ring is a ring of D too
     steps = 2.0 * (D - 1) if ring_only and sync_every == 1 else np.zeros(D.shape)
     # the sync alone (after the chain) and with the stage's compute, in one call
     deepest, widest = split_sync_s(layers, stages, x, np.stack([slow_s, block_s + slow_s])[:, None],
                                    np.stack([fast_s, block_s + fast_s])[:, None], steps * slow_latency,
                                    steps * latency_s)
-    # (A) every group pure: k - 1 boundaries each way; as row 0 of (B)'s chain, with the usual deepest sync
+    # (A) every group pure: k - 1 boundaries each way; as row 0 of (B)'s chain, the deepest stage's ring
+    # (``ceil(L / S)`` blocks) paying its latencies too
     k = fewest_clusters(cumulative, stages)
     k = np.where((k == 0) & (counts.total[rows] >= stages), cumulative.shape[1], k)  # past the kept: more
     crossings = np.vstack([np.maximum(k - 1, 0)[None, :], v])  # (1 + V, D)
@@ -186,7 +187,7 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
     trips = round_trips(boundary_s + slow_share * extra_b, latency_s + slow_share * extra_l,
                         np.where(crossed, boundary_s + extra_b, boundary_s),
                         np.where(crossed, latency_s + extra_l, latency_s),
-                        np.vstack([np.full((1, D.size), np.nan), deepest]))
+                        np.vstack([(math.ceil(layers / stages) * fast_s + steps * latency_s)[None, :], deepest]))
     pure = np.where(k > 0, trips[0], np.inf)  # no plan of pure groups where k = 0
     crossing = np.where(D > 1, np.maximum(trips[1:], widest).min(axis=0), np.inf)
     return np.minimum(pure, crossing)
