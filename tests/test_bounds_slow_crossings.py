@@ -163,3 +163,24 @@ def test_below_every_placement_of_three_regions_of_two():
                     if prediction.fits:
                         best = min(best, prediction.iteration_s)
             assert bound <= best, (schedule, stages, replicas, bound, best)
+
+
+def test_the_least_pair_is_found_without_every_pair_crossings_term():
+    """``lower_bound_s`` computes the term only for the stage counts that can still give the least
+    pair: the same least as over every pair's whole bound (DTFM's regional and world-wide cases,
+    where the term binds, and random clustered jobs)."""
+    from planner.inputs.job import load_job
+    from planner.search.bounds import _pair_bounds_s, lower_bound_s
+    from tests.test_bounds_clusters import _clustered_topology, _random_training
+    from planner.inputs.model import model_preset
+
+    jobs = [load_job(f"topologies/dtfm/{name}.yaml") for name in ("case4-regional", "case5-worldwide")]
+    cases = [(job.topology, job.model, job.training) for job in jobs]
+    rng = np.random.default_rng(3)
+    for _ in range(12):
+        cases.append((_clustered_topology(rng), model_preset(str(rng.choice(["small", "gpt3-xl"]))),
+                      _random_training(rng)))
+    for topology, model, training in cases:
+        pairs = _pair_bounds_s(topology, model, training)
+        least = min(float(values.min()) for values in pairs.values())
+        assert lower_bound_s(topology, model, training) == least

@@ -85,16 +85,29 @@ def lower_bound_s(topology, model, training) -> float:
 
 
 def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
-    """``lower_bound_s``, with or without the clusters' term."""
-    pairs = _pair_bounds_s(topology, model, training, clusters=clusters)
-    best = min((float(values.min()) for values in pairs.values()), default=np.inf)
+    """``lower_bound_s``, with or without the clusters' term. The slow crossings' term only raises a
+    pair's bound, so it is computed for the stage counts whose other terms' least is below the
+    least found so far, those with the lowest first (the least over every pair all the same)."""
+    deferred = {}
+    pairs = _pair_bounds_s(topology, model, training, clusters=clusters, deferred=deferred)
+    best = np.inf
+    for stages in sorted(pairs, key=lambda s: float(pairs[s].min())):
+        if float(pairs[stages].min()) >= best:
+            break
+        values = pairs[stages]
+        for term in deferred.get(stages, ()):
+            values = np.maximum(values, term())
+        best = min(best, float(values.min()))
     return best if np.isfinite(best) else work_bound_s(topology, model, training)
 
 
-def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_trips: bool = True) -> dict:
+def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_trips: bool = True,
+                   deferred: dict | None = None) -> dict:
     """``{S: bounds}``: the bound on every plan of S stages and ``D = 1 .. len(bounds)`` replicas,
     for every S whose largest stage's state fits (``lower_bound_s``: their least); without the
-    clusters' or the round trips' term where ``clusters`` or ``round_trips`` is False."""
+    clusters' or the round trips' term where ``clusters`` or ``round_trips`` is False. Given a dict
+    ``deferred``, the slow crossings' terms are left out of the bounds and put there instead, as
+    ``{S: [callables giving (D,) seconds]}``."""
     work = work_flops(topology, model, training)
     flops = topology.effective_flops(training.precision)
     speed = np.sort(flops)[::-1]
@@ -180,16 +193,19 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
             deepest_sync_s = deepest * layer_params * gradient_bytes * ring
             terms.append(trips(boundary_s=boundary_s, latency_s=latency_s, deepest_sync_s=deepest_sync_s))
 
-            def crossed(b, lam, phases_b, phases_lam, deepest_s):
+            def crossed(b, lam, phases_b, phases_lam, deepest_s, trips=trips):  # this S's, called later
                 return trips(boundary_s=b, latency_s=lam, phases_boundary_s=phases_b, phases_latency_s=phases_lam,
                              deepest_sync_s=deepest_s)
-            terms += [slow_crossing_s(level, count, stages=stages, layers=model.layers, replicas=replicas,
-                                      round_trips=crossed, boundary_s=boundary_s, latency_s=latency_s,
-                                      sequence_bytes=boundary_bytes, block_s=busiest * sequence_layer_flops / cell_flops,
-                                      block_sync_bytes=layer_params * gradient_bytes,
-                                      fast_rate=ring, ring_only=crossing.ring_only, sharded=crossing.sharded,
-                                      sync_every=training.sync_every)
-                      for level, count in zip(levels, counts)]
+            crossings = [partial(slow_crossing_s, level, count, stages=stages, layers=model.layers,
+                                 replicas=replicas, round_trips=crossed, boundary_s=boundary_s, latency_s=latency_s,
+                                 sequence_bytes=boundary_bytes, block_s=busiest * sequence_layer_flops / cell_flops,
+                                 block_sync_bytes=layer_params * gradient_bytes, fast_rate=ring,
+                                 ring_only=crossing.ring_only, sharded=crossing.sharded, sync_every=training.sync_every)
+                         for level, count in zip(levels, counts)]
+            if deferred is None:
+                terms += [term() for term in crossings]
+            else:
+                deferred[stages] = crossings
         every_block = busiest * model.layers * sequence_layer_flops / cell_flops  # K of cluster_bound
         terms += [cluster_bound(level, crossing, stages, replicas, used, speedup, cells_flops, work, block_work,
                                 every_block, state / stages) for level in levels]
