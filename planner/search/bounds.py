@@ -75,7 +75,8 @@ def lower_bound_s(topology, model, training) -> float:
     - the same clusters' stage groups (``planner.search.slow_crossings``): either every stage group
       sits in one cluster, and every replica's round trips cross between the clusters they fill, or
       some cross, and the round trips' chain ends with a crossing group's sync (over the layer
-      splits, the least of the slowest stage's);
+      splits, the least of the slowest stage's); its cells as fast as a tensor group of at most
+      ``1 + N - S D`` devices (every other cell holds one at least);
     minimised over the pairs whose largest stage's state fits: at least ``params / S`` parameters at
     the least state per parameter (sharded over every device where sharding is allowed), over ``t``
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning
@@ -129,6 +130,9 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     boundary_bytes = _least_boundary_bytes(per_sequence, training)
     best_out = np.sort(topology.network.fastest_out_bytes_per_s())[::-1]  # each device's fastest outgoing link, best first
     speedup = _tensor_speedup(per_sequence, tensor, sequence_layer_flops, float(flops.min()), float(best_out[0]))
+    # a cell of a plan of S D cells holds at most 1 + N - S D devices: its speedup with that many at most
+    speedups = np.array([_tensor_speedup(per_sequence, most, sequence_layer_flops, float(flops.min()),
+                                         float(best_out[0])) for most in range(1, tensor + 1)])
     n = topology.size
     syncs = syncs_for(training, 2)
     whole_message_syncs = any(s in (Sync.HIERARCHICAL, Sync.PARAMETER_SERVER) for s in syncs)
@@ -192,13 +196,16 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                             first_sync_s=first_params * gradient_bytes * ring, fits=fits)
             deepest_sync_s = deepest * layer_params * gradient_bytes * ring
             terms.append(trips(boundary_s=boundary_s, latency_s=latency_s, deepest_sync_s=deepest_sync_s))
+            cell_speedup = speedups[np.minimum(tensor, 1 + np.maximum(0, n - stages * replicas)) - 1]
+            spared = partial(trips, sequence_s=work / batch / (cell_speedup * speed[0]))
 
-            def crossed(b, lam, phases_b, phases_lam, deepest_s, trips=trips):  # this S's, called later
+            def crossed(b, lam, phases_b, phases_lam, deepest_s, trips=spared):  # this S's, called later
                 return trips(boundary_s=b, latency_s=lam, phases_boundary_s=phases_b, phases_latency_s=phases_lam,
                              deepest_sync_s=deepest_s)
             crossings = [partial(slow_crossing_s, level, count, stages=stages, layers=model.layers,
                                  replicas=replicas, round_trips=crossed, boundary_s=boundary_s, latency_s=latency_s,
-                                 sequence_bytes=boundary_bytes, block_s=busiest * sequence_layer_flops / cell_flops,
+                                 sequence_bytes=boundary_bytes,
+                                 block_s=busiest * sequence_layer_flops / (cell_speedup * speed[0]),
                                  block_sync_bytes=layer_params * gradient_bytes, fast_rate=ring,
                                  ring_only=crossing.ring_only, sharded=crossing.sharded, sync_every=training.sync_every)
                          for level, count in zip(levels, counts)]
