@@ -94,8 +94,8 @@ def test_split_sync_agrees_with_every_split():
         got = split_sync_s(layers, stages, np.array([x]), np.array([s]), np.array([f]), np.array([l1]),
                            np.array([l2]))[0]
         splits = range(x, layers - stages + x + 1) if x < stages else [layers]
-        want = min(max(math.ceil(X / x) * s + l1, math.ceil((layers - X) / (stages - x)) * f + l2 if x < stages else 0.0)
-                   for X in splits)
+        want = min(max(math.ceil(X / x) * s + l1,
+                       math.ceil((layers - X) / (stages - x)) * f + l2 if x < stages else 0.0) for X in splits)
         assert np.isclose(got, want), (layers, stages, x)
 
 
@@ -144,7 +144,8 @@ def test_below_every_placement_of_three_regions_of_two():
                                "network": {"region": {"latency": "5ms", "bandwidth": "2Gbps"},
                                            "global": {"latency": "30ms", "bandwidth": "0.5Gbps"}}}, name="tiny")
     model = model_preset("gpt3-xl")
-    for schedule, pairs, raised_above in (("1f1b", [(3, 1), (2, 2), (3, 2)], [3.5, 6.5, 4.6]), ("gpipe", [(3, 1)], [3.2])):
+    for schedule, pairs, raised_above in (("1f1b", [(3, 1), (2, 2), (3, 2)], [3.5, 6.5, 4.6]),
+                                          ("gpipe", [(3, 1)], [3.2])):
         training = parse_training({"global_batch": 12, "micro_batch_size": 1, "schedule": schedule,
                                    "precision": "fp16", "recompute": True, "sync": "ring"})
         ctx = make_context(topology, model, training)

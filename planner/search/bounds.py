@@ -227,8 +227,8 @@ def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_b
     the schedules ``training`` allows (``schedule_windows``; GPipe only where its activations fit,
     ``gpipe_fits``; and never below ``gpipe_phases_s``, its first boundary's message and latency
     ``phases_boundary_s`` and ``phases_latency_s``, ``boundary_s`` and ``latency_s`` unless given;
-    ``fits``: ``gpipe_fits``'s answer where the caller has it). ZB-H1's chain runs only the input gradients' share of the backwards, so it
-    counts no compute."""
+    ``fits``: ``gpipe_fits``'s answer where the caller has it). ZB-H1's chain runs only the input
+    gradients' share of the backwards, so it counts no compute."""
     phases_boundary_s = boundary_s if phases_boundary_s is None else phases_boundary_s
     phases_latency_s = latency_s if phases_latency_s is None else phases_latency_s
     least = np.full(np.shape(busiest), np.inf)

@@ -44,24 +44,26 @@ sharded exchange over one crossing link).
 """
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 _EXACT_STEPS = 3  # blocks per crossing stage tried exactly past the crossing without ceilings
 MAX_CLUSTERS_CROSSED = 8  # clusters counted along a replica at most (fewer counted: a weaker, valid bound; faster)
 
-__all__ = ["MAX_CLUSTERS_CROSSED", "GroupCounts", "group_counts", "fewest_clusters", "fewest_crossing_groups", "split_sync_s",
+__all__ = ["MAX_CLUSTERS_CROSSED", "GroupCounts", "group_counts", "fewest_clusters", "fewest_crossing_groups",
+           "split_sync_s",
            "slow_crossing_s"]
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
 class GroupCounts:
     """Per replica count D = 1 .. ``most``, what the clusters of sizes ``sizes`` hold of stage groups
-    of D cells: ``total[D - 1]`` pure groups at most, ``kept[D - 1]`` the most they hold once crossing
-    groups took a device from two of them, and ``cumulative[D - 1, i]`` the most the ``i + 1``
-    largest clusters hold (``i`` < ``deepest``)."""
+    of D cells (``group_counts``)."""
 
-    def __init__(self, total: np.ndarray, kept: np.ndarray, cumulative: np.ndarray):
-        self.total, self.kept, self.cumulative = total, kept, cumulative
+    total: np.ndarray  # (D,) pure groups at most
+    kept: np.ndarray  # (D,) the most once crossing groups took a device from two clusters
+    cumulative: np.ndarray  # (D, C) the most the i + 1 largest clusters hold
 
 
 def group_counts(sizes: np.ndarray, most: int, deepest: int) -> GroupCounts:
@@ -81,7 +83,7 @@ def group_counts(sizes: np.ndarray, most: int, deepest: int) -> GroupCounts:
     kept = total - loss
     largest = sizes[:max(1, min(deepest, MAX_CLUSTERS_CROSSED, sizes.size))]
     cumulative = np.cumsum(largest[None, :] // replicas, axis=1)
-    return GroupCounts(total, kept, cumulative)
+    return GroupCounts(total=total, kept=kept, cumulative=cumulative)
 
 
 def fewest_clusters(cumulative: np.ndarray, stages: int) -> np.ndarray:
