@@ -2,6 +2,7 @@
 
 import math
 from collections import Counter
+from functools import partial
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from planner.prediction.stage_model import iteration_flops, layer_costs, least_g
 from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
 from planner.search.round_trip import (gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s, round_trip_s,
                                       schedule_windows)
+from planner.search.slow_crossings import group_counts, slow_crossing_s
 
 __all__ = ["lower_bound_s", "work_bound_s", "work_flops"]
 
@@ -70,6 +72,11 @@ def lower_bound_s(topology, model, training) -> float:
       ``planner.search.link_clusters``): a plan inside one cluster that holds it runs on that
       cluster's devices; one that spans clusters has a stage group or a replica crossing a link of
       at most the threshold, whose sync or activations (and latencies) it pays;
+    - the same clusters' stage groups (``planner.search.slow_crossings``): either every stage group
+      sits in one cluster, and every replica's round trips cross between the clusters they fill, or
+      some cross, and the round trips' chain ends with a crossing group's sync (over the layer
+      splits, the least of the slowest stage's); its cells as fast as a tensor group of at most
+      ``1 + N - S D`` devices (every other cell holds one at least);
     minimised over the pairs whose largest stage's state fits: at least ``params / S`` parameters at
     the least state per parameter (sharded over every device where sharding is allowed), over ``t``
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning
@@ -79,16 +86,29 @@ def lower_bound_s(topology, model, training) -> float:
 
 
 def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
-    """``lower_bound_s``, with or without the clusters' term."""
-    pairs = _pair_bounds_s(topology, model, training, clusters=clusters)
-    best = min((float(values.min()) for values in pairs.values()), default=np.inf)
+    """``lower_bound_s``, with or without the clusters' term. The slow crossings' term only raises a
+    pair's bound, so it is computed for the stage counts whose other terms' least is below the
+    least found so far, those with the lowest first (the least over every pair all the same)."""
+    deferred = {}
+    pairs = _pair_bounds_s(topology, model, training, clusters=clusters, deferred=deferred)
+    best = np.inf
+    for stages in sorted(pairs, key=lambda s: float(pairs[s].min())):
+        if float(pairs[stages].min()) >= best:
+            break
+        values = pairs[stages]
+        for term in deferred.get(stages, ()):
+            values = np.maximum(values, term())
+        best = min(best, float(values.min()))
     return best if np.isfinite(best) else work_bound_s(topology, model, training)
 
 
-def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_trips: bool = True) -> dict:
+def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_trips: bool = True,
+                   deferred: dict | None = None) -> dict:
     """``{S: bounds}``: the bound on every plan of S stages and ``D = 1 .. len(bounds)`` replicas,
     for every S whose largest stage's state fits (``lower_bound_s``: their least); without the
-    clusters' or the round trips' term where ``clusters`` or ``round_trips`` is False."""
+    clusters' or the round trips' term where ``clusters`` or ``round_trips`` is False. Given a dict
+    ``deferred``, the slow crossings' terms are left out of the bounds and put there instead, as
+    ``{S: [callables giving (D,) seconds]}``."""
     work = work_flops(topology, model, training)
     flops = topology.effective_flops(training.precision)
     speed = np.sort(flops)[::-1]
@@ -110,6 +130,9 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     boundary_bytes = _least_boundary_bytes(per_sequence, training)
     best_out = np.sort(topology.network.fastest_out_bytes_per_s())[::-1]  # each device's fastest outgoing link, best first
     speedup = _tensor_speedup(per_sequence, tensor, sequence_layer_flops, float(flops.min()), float(best_out[0]))
+    # a cell of a plan of S D cells holds at most 1 + N - S D devices: its speedup with that many at most
+    speedups = np.array([_tensor_speedup(per_sequence, most, sequence_layer_flops, float(flops.min()),
+                                         float(best_out[0])) for most in range(1, tensor + 1)])
     n = topology.size
     syncs = syncs_for(training, 2)
     whole_message_syncs = any(s in (Sync.HIERARCHICAL, Sync.PARAMETER_SERVER) for s in syncs)
@@ -118,6 +141,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     # g >= 2, whose ring sends 2 (g - 1) / g >= 1 of n every iteration: n per H iterations at least.
     grouped = training.sync_every > 1 and training.sync_groups != REPLICA
     levels = cluster_levels(topology, training) if clusters else []
+    counts = [group_counts(level.cluster_sizes, n, model.layers) for level in levels] if round_trips else []
     batch = training.global_batch
     block_work = batch * model.layers * sequence_layer_flops  # every block, every sequence
     head_flops = (work - block_work) / batch  # one sequence's head, as work_flops counts it
@@ -164,12 +188,31 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
         heaviest_cells = batch * heaviest / np.minimum(fastest[group - 1], speedup * fastest[replicas - 1])
         terms = [compute, sync, np.broadcast_to(pipe, compute.shape), widest_stage, busiest_cell, heaviest_cells]
         if stages > 1 and round_trips:
-            terms.append(_round_trips_s(model, training, stages, busiest, tensor, n, float(memory.max()),
-                                        sequence_s=sequence_s, boundary_s=boundary_s, latency_s=latency_s,
-                                        most_sequences=np.minimum(most_sequences, busiest),
-                                        micro_batch=training.micro_batch_size or math.inf,
-                                        first_sync_s=first_params * gradient_bytes * ring,
-                                        deepest_sync_s=deepest * layer_params * gradient_bytes * ring))
+            fits = (gpipe_fits(model, training, stages, busiest, tensor, n, float(memory.max()))
+                    if Schedule.GPIPE in training.schedules else None)
+            trips = partial(_round_trips_s, model, training, stages, busiest, tensor, n, float(memory.max()),
+                            sequence_s=sequence_s, most_sequences=np.minimum(most_sequences, busiest),
+                            micro_batch=training.micro_batch_size or math.inf,
+                            first_sync_s=first_params * gradient_bytes * ring, fits=fits)
+            deepest_sync_s = deepest * layer_params * gradient_bytes * ring
+            terms.append(trips(boundary_s=boundary_s, latency_s=latency_s, deepest_sync_s=deepest_sync_s))
+            cell_speedup = speedups[np.minimum(tensor, 1 + np.maximum(0, n - stages * replicas)) - 1]
+            spared = partial(trips, sequence_s=work / batch / (cell_speedup * speed[0]))
+
+            def crossed(b, lam, phases_b, phases_lam, deepest_s, trips=spared):  # this S's, called later
+                return trips(boundary_s=b, latency_s=lam, phases_boundary_s=phases_b, phases_latency_s=phases_lam,
+                             deepest_sync_s=deepest_s)
+            crossings = [partial(slow_crossing_s, level, count, stages=stages, layers=model.layers,
+                                 replicas=replicas, round_trips=crossed, boundary_s=boundary_s, latency_s=latency_s,
+                                 sequence_bytes=boundary_bytes,
+                                 block_s=busiest * sequence_layer_flops / (cell_speedup * speed[0]),
+                                 block_sync_bytes=layer_params * gradient_bytes, fast_rate=ring,
+                                 ring_only=crossing.ring_only, sharded=crossing.sharded, sync_every=training.sync_every)
+                         for level, count in zip(levels, counts)]
+            if deferred is None:
+                terms += [term() for term in crossings]
+            else:
+                deferred[stages] = crossings
         every_block = busiest * model.layers * sequence_layer_flops / cell_flops  # K of cluster_bound
         terms += [cluster_bound(level, crossing, stages, replicas, used, speedup, cells_flops, work, block_work,
                                 every_block, state / stages) for level in levels]
@@ -178,11 +221,16 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
 
 
 def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_bytes, *, sequence_s, boundary_s,
-                   latency_s, most_sequences, micro_batch, first_sync_s, deepest_sync_s) -> np.ndarray:
+                   latency_s, most_sequences, micro_batch, first_sync_s, deepest_sync_s,
+                   phases_boundary_s=None, phases_latency_s=None, fits=None) -> np.ndarray:
     """(D,) ``round_trip_s`` under the schedule that allows the fewest round trips: the least over
     the schedules ``training`` allows (``schedule_windows``; GPipe only where its activations fit,
-    ``gpipe_fits``; and never below ``gpipe_phases_s``). ZB-H1's chain runs only the input gradients' share of the backwards, so it
-    counts no compute."""
+    ``gpipe_fits``; and never below ``gpipe_phases_s``, its first boundary's message and latency
+    ``phases_boundary_s`` and ``phases_latency_s``, ``boundary_s`` and ``latency_s`` unless given;
+    ``fits``: ``gpipe_fits``'s answer where the caller has it). ZB-H1's chain runs only the input
+    gradients' share of the backwards, so it counts no compute."""
+    phases_boundary_s = boundary_s if phases_boundary_s is None else phases_boundary_s
+    phases_latency_s = latency_s if phases_latency_s is None else phases_latency_s
     least = np.full(np.shape(busiest), np.inf)
     for schedule, window in schedule_windows(training, stages).items():
         compute_s = 0.0 if schedule == Schedule.ZERO_BUBBLE else sequence_s
@@ -195,10 +243,11 @@ def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_b
         if schedule == Schedule.GPIPE:
             rounds = np.ceil(np.ceil(busiest / most_sequences) / window)  # the fewest: 1 in one round
             seconds = np.maximum(seconds, gpipe_phases_s(busiest=busiest, rounds=np.maximum(rounds, 1.0),
-                                                         boundary_s=boundary_s, latency_s=latency_s,
+                                                         boundary_s=phases_boundary_s, latency_s=phases_latency_s,
                                                          first_sync_s=first_sync_s))
-            seconds = np.where(gpipe_fits(model, training, stages, busiest, tensor, devices, capacity_bytes),
-                               seconds, np.inf)
+            if fits is None:
+                fits = gpipe_fits(model, training, stages, busiest, tensor, devices, capacity_bytes)
+            seconds = np.where(fits, seconds, np.inf)
         least = np.minimum(least, seconds)
     return least
 

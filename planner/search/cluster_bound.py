@@ -49,6 +49,7 @@ class ClusterLevel:
     sizes: np.ndarray  # (K,) devices per cluster
     memory_bytes: np.ndarray  # (K,) each cluster's largest device memory
     speed: np.ndarray  # (K, M) FLOP/s of each cluster's k + 1 fastest devices (its total past its size)
+    cluster_sizes: np.ndarray  # devices per cluster, every cluster (none merged)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +88,7 @@ def cluster_levels(topology, training) -> list:
         speed = np.zeros((k, int(sizes.max())))
         speed[labels[order], rank] = flops[order]
         speed = np.cumsum(speed, axis=1)  # saturates at the cluster's total past its size
+        every_size = sizes
         most = np.full(k, -np.inf)
         np.maximum.at(most, labels, memory)
         if k > MAX_CLUSTERS:
@@ -96,7 +98,7 @@ def cluster_levels(topology, training) -> list:
             most = np.append(most[kept], most[merged].max())
             speed = np.vstack([speed[kept], speed[merged].max(axis=0)])
         levels.append(ClusterLevel(tau_bytes_per_s=float(tau), latency_s=least_latency_between(network, labels),
-                                   sizes=sizes, memory_bytes=most, speed=speed))
+                                   sizes=sizes, memory_bytes=most, speed=speed, cluster_sizes=every_size))
     return levels
 
 

@@ -29,7 +29,8 @@ MAX_THRESHOLDS = 8  # thresholds tried per topology (each gives a valid bound; m
 
 def link_thresholds(network) -> np.ndarray:
     """The bandwidths at which the clusters can change (the distinct link and NIC values), at most
-    ``MAX_THRESHOLDS`` of them spread over their sorted list (the fastest kept), ascending."""
+    ``MAX_THRESHOLDS`` of them spread over their sorted list (the fastest kept), ascending; by levels,
+    the fastest link between two regions too (where regions are clusters, if any threshold makes them)."""
     bandwidth = network.bandwidth_bytes_per_s
     if isinstance(bandwidth, LevelMatrix):
         values = [bandwidth.host_value, *np.ravel(bandwidth.table), *bandwidth.overrides.values(),
@@ -41,6 +42,12 @@ def link_thresholds(network) -> np.ndarray:
     values = values[np.isfinite(values) & (values > 0)]  # at the fastest, every host is a cluster
     if values.size > MAX_THRESHOLDS:
         values = values[np.unique(np.linspace(0, values.size - 1, MAX_THRESHOLDS).round().astype(int))]
+        if isinstance(bandwidth, LevelMatrix):  # and the fastest link between two regions: each region a cluster
+            table = np.asarray(bandwidth.table, dtype=float)
+            between = table[~np.eye(table.shape[0], dtype=bool)]
+            between = between[np.isfinite(between) & (between > 0)]
+            if between.size:
+                values = np.unique(np.append(values, between.max()))
     return values
 
 
