@@ -13,6 +13,7 @@ from planner.plan.sync_groups import REPLICA
 from planner.plan.tensor import TENSOR_DEGREES
 from planner.prediction.stage_model import iteration_flops, layer_costs, least_gradient_bytes_per_param
 from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
+from planner.search.stage_split import stage_split_s
 from planner.search.round_trip import (gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s, round_trip_s,
                                       schedule_windows)
 
@@ -162,7 +163,8 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
         group = np.minimum(replicas * tensor, n - (stages - 1) * replicas)
         busiest_cell = busiest * heaviest / cell_flops
         heaviest_cells = batch * heaviest / np.minimum(fastest[group - 1], speedup * fastest[replicas - 1])
-        terms = [compute, sync, np.broadcast_to(pipe, compute.shape), widest_stage, busiest_cell, heaviest_cells]
+        terms = [compute, sync, np.broadcast_to(pipe, compute.shape), widest_stage, busiest_cell, heaviest_cells,
+                 stage_split_s(block_work, cells_flops, crossing.model_sync_bytes * ring, stages)]
         if stages > 1 and round_trips:
             terms.append(_round_trips_s(model, training, stages, busiest, tensor, n, float(memory.max()),
                                         sequence_s=sequence_s, boundary_s=boundary_s, latency_s=latency_s,
@@ -172,7 +174,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                         deepest_sync_s=deepest * layer_params * gradient_bytes * ring))
         every_block = busiest * model.layers * sequence_layer_flops / cell_flops  # K of cluster_bound
         terms += [cluster_bound(level, crossing, stages, replicas, used, speedup, cells_flops, work, block_work,
-                                every_block, state / stages) for level in levels]
+                                every_block, state / stages, crossing.model_sync_bytes * ring) for level in levels]
         pairs[stages] = np.maximum.reduce(terms)
     return pairs
 

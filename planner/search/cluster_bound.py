@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.search.link_clusters import clusters_at, least_latency_between, link_thresholds
+from planner.search.stage_split import stage_split_s
+from planner.search.link_clusters import clusters_at, fastest_both_ways_between, least_latency_between, link_thresholds
 
 __all__ = ["MAX_CLUSTERS", "ClusterLevel", "Crossing", "cluster_levels", "cluster_bound"]
 
@@ -46,6 +47,8 @@ class ClusterLevel:
 
     tau_bytes_per_s: float
     latency_s: float
+    # the most bytes/s a pair of devices of different clusters passes both ways (at most tau)
+    both_ways_bytes_per_s: float
     sizes: np.ndarray  # (K,) devices per cluster
     memory_bytes: np.ndarray  # (K,) each cluster's largest device memory
     speed: np.ndarray  # (K, M) FLOP/s of each cluster's k + 1 fastest devices (its total past its size)
@@ -95,14 +98,16 @@ def cluster_levels(topology, training) -> list:
             sizes = np.append(sizes[kept], sizes[merged].max())
             most = np.append(most[kept], most[merged].max())
             speed = np.vstack([speed[kept], speed[merged].max(axis=0)])
+        both_ways = min(float(tau), fastest_both_ways_between(network, labels))
         levels.append(ClusterLevel(tau_bytes_per_s=float(tau), latency_s=least_latency_between(network, labels),
+                                   both_ways_bytes_per_s=both_ways,
                                    sizes=sizes, memory_bytes=most, speed=speed))
     return levels
 
 
 def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas: np.ndarray, used: np.ndarray,
                   speedup: float, cells_flops: np.ndarray, work_flops: float, block_flops: float,
-                  busiest_s: np.ndarray, state_bytes: float) -> np.ndarray:
+                  busiest_s: np.ndarray, state_bytes: float, inside_sync_s: np.ndarray = None) -> np.ndarray:
     """A bound, per replica count ``replicas`` (D), on plans of ``stages`` (S) stages from the
     clusters of ``level`` (module description; ``used``: U; ``cells_flops``: the most FLOP/s the
     plan's cells reach together, the U fastest devices' at most and ``speedup`` (a tensor group's
@@ -142,13 +147,18 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
     fits = (level.memory_bytes >= state_bytes)[:, None] & (level.sizes[:, None] >= cells[None, :])
     with np.errstate(divide="ignore"):
         inside = work_flops / np.where(fits, best_cluster, 0.0).max(axis=0)  # inf where no cluster holds it
+        if inside_sync_s is not None:  # and its stages compute, then sync (``stage_split``)
+            staged = stage_split_s(block_flops, np.where(fits, best_cluster, 0.0), inside_sync_s, stages).min(axis=0)
+            inside = np.maximum(inside, staged)
     share = 2.0 * (replicas - 1) / replicas if crossing.ring_only else np.ones(replicas.shape)
     if crossing.sharded:
         share = np.minimum(share, 2.0 / replicas)
-    A = busiest_s + crossing.model_sync_bytes * share / tau
+    # two members sync over both directions of one pair (``fastest_both_ways_between``)
+    sync_tau = np.where(replicas == 2, level.both_ways_bytes_per_s, tau)
+    A = busiest_s + crossing.model_sync_bytes * share / sync_tau
     steps = 2.0 * (replicas - 1) if crossing.ring_only and crossing.sync_every == 1 else 2.0
     lam = steps * latency / crossing.sync_every
-    P = crossing.batch_bytes / tau
+    P = crossing.batch_bytes / level.both_ways_bytes_per_s  # a boundary's messages go both ways
     C = block_flops / cells_flops
     L, B = crossing.layers, crossing.batch
     never = np.full(replicas.shape, np.inf)
@@ -169,10 +179,35 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
     all_cross = np.maximum(one, two)
     if level.sizes.max() == 1 and stages > 1:  # every cell alone: every boundary and stage crosses
         all_cross = np.maximum(all_cross, np.ceil(B / replicas) * P / B
-                               + crossing.end_sync_bytes * share / tau + lam)
+                               + crossing.end_sync_bytes * share / sync_tau + lam)
+    # Some but not all stages and replicas crossing leaves every cell but those of the crossing
+    # stages and replicas (at most (S - 1)(D - 1)) in one cluster: none holds S + D - 1 cells.
+    both = np.where(stages + replicas - 1 > level.sizes.max(), np.inf, both)
+    if stages > 1 and inside_sync_s is not None:
+        both = np.maximum(both, _split_stages_s(stages, replicas, cells, level.sizes.max(), A,
+                                                busiest_s + inside_sync_s))
     crossing_s = np.where(every_stage, all_cross if every_replica else two,
                           one if every_replica else np.minimum.reduce([one, two, both]))
     return np.minimum(inside, crossing_s)
+
+
+def _split_stages_s(stages: int, replicas: np.ndarray, cells: np.ndarray, largest: int, crossing_s: np.ndarray,
+                    inside_s: np.ndarray) -> np.ndarray:
+    """The least ``T`` of case (iii) of ``cluster_bound`` from the stages' shares of the blocks:
+    each stage of a share ``f`` of the blocks takes at least ``f X`` (its sync starts after the
+    busiest replica's backwards of those blocks, ``K``, and sends ``f`` of every block's sync bytes),
+    with ``X = A`` (``crossing_s``) for a crossing stage and ``X = K + Y`` (``inside_s``, ``Y`` every
+    block's sync over the fastest ring, ``bounds.lower_bound_s``'s sync term) for the others; the
+    shares adding up to 1, ``T >= 1 / sum_s (1 / X_s)``. Case (iii) leaves at most ``c`` crossing
+    stages times crossing replicas' cells outside one cluster of at most ``largest`` devices, so
+    ``c`` crossing stages and at most ``D - 1`` crossing replicas need ``c (D - 1) >= S D - largest``:
+    ``c >= max(1, ceil((S D - largest) / (D - 1)))``, up to ``S - 1``; the least over the two ends
+    (the bound is monotone in ``c``)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fewest = np.maximum(1.0, np.ceil((cells - largest) / np.maximum(replicas - 1, 1)))
+        ends = [np.minimum(fewest, stages - 1), np.full(np.shape(replicas), stages - 1.0)]
+        bounds = [1.0 / (c / crossing_s + (stages - c) / inside_s) for c in ends]
+    return np.minimum(*bounds)
 
 
 def _crowded_s(C, a, b):

@@ -22,7 +22,7 @@ from scipy.sparse.csgraph import connected_components
 
 from cost_models.links import LevelMatrix
 
-__all__ = ["least_latency_between", "MAX_THRESHOLDS", "link_thresholds", "clusters_at"]
+__all__ = ["least_latency_between", "fastest_both_ways_between", "MAX_THRESHOLDS", "link_thresholds", "clusters_at"]
 
 MAX_THRESHOLDS = 8  # thresholds tried per topology (each gives a valid bound; more only tighten)
 
@@ -106,3 +106,35 @@ def least_latency_between(network, labels: np.ndarray) -> float:
     values = np.concatenate(candidates)
     values = values[np.isfinite(values)]
     return float(values.min()) if values.size else 0.0
+
+
+def fastest_both_ways_between(network, labels: np.ndarray) -> float:
+    """The most bytes/s a pair of devices of different clusters (``labels``) passes both ways:
+    the largest ``min(bandwidth[a, b], bandwidth[b, a])`` over such pairs, at most.
+
+    A stage boundary between two cells sends the activations one way and the gradients back over
+    the reverse link of the same pair (``cost_models.simulator``: ``send_bwd`` goes to the upstream
+    stage's device), and a gradient sync of two members sends ``n`` each way
+    (``cost_models.network.Network.sync_flows``), so such traffic across clusters runs no faster
+    than this. By levels from the (region, region) table where two regions hold devices of
+    different clusters (the NIC caps only lower an entry) and the pair entries (each counted at its
+    own value, at least the pair's least of its two directions), never N x N."""
+    bandwidth = network.bandwidth_bytes_per_s
+    if not isinstance(bandwidth, LevelMatrix):
+        dense = np.array(bandwidth, dtype=float)
+        both = np.minimum(dense, dense.T)
+        return float(np.max(np.where(labels[:, None] != labels[None, :], both, -np.inf), initial=0.0))
+    regions = bandwidth.table.shape[0]
+    first = np.full(regions, -1)
+    first[bandwidth.region[::-1]] = labels[::-1]
+    mixed = np.zeros(regions, dtype=bool)
+    mixed[bandwidth.region[labels != first[bandwidth.region]]] = True
+    across = mixed[:, None] | mixed[None, :] | (first[:, None] != first[None, :])
+    present = np.bincount(bandwidth.region, minlength=regions) > 0
+    across &= present[:, None] & present[None, :]
+    table = np.asarray(bandwidth.table, dtype=float)
+    candidates = [np.minimum(table, table.T)[across],
+                  np.array([v for (a, b), v in bandwidth.overrides.items() if labels[a] != labels[b]])]
+    values = np.concatenate(candidates)
+    values = values[~np.isnan(values)]
+    return float(values.max()) if values.size else 0.0
