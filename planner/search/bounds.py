@@ -67,10 +67,13 @@ def lower_bound_s(topology, model, training) -> float:
       and embeddings (at least) as above, and the deepest stage (``ceil(L / S)`` blocks) syncs
       after the chain's last trip reached the last stage; under GPipe, every activation of a round crosses the first
       boundary before any gradient of it crosses back;
+    - the blocks' work over the cells' speed plus every block's sync (as above) over ``S``: each
+      stage syncs after every replica's last backward on it (``planner.search.stage_split``);
     - the clusters that slow links join (``planner.search.cluster_bound``, for each threshold of
       ``planner.search.link_clusters``): a plan inside one cluster that holds it runs on that
       cluster's devices; one that spans clusters has a stage group or a replica crossing a link of
-      at most the threshold, whose sync or activations (and latencies) it pays;
+      at most the threshold, whose sync or activations (and latencies) it pays, both ways where a
+      boundary's or a two-member sync's pair, or any sync across exactly two clusters, must;
     minimised over the pairs whose largest stage's state fits: at least ``params / S`` parameters at
     the least state per parameter (sharded over every device where sharding is allowed), over ``t``
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning

@@ -22,7 +22,7 @@ from scipy.sparse.csgraph import connected_components
 
 from cost_models.links import LevelMatrix
 
-__all__ = ["least_latency_between", "fastest_both_ways_between", "MAX_THRESHOLDS", "link_thresholds", "clusters_at"]
+__all__ = ["least_latency_between", "fastest_both_ways_between", "slower_way_between", "MAX_THRESHOLDS", "link_thresholds", "clusters_at"]
 
 MAX_THRESHOLDS = 8  # thresholds tried per topology (each gives a valid bound; more only tighten)
 
@@ -138,3 +138,33 @@ def fastest_both_ways_between(network, labels: np.ndarray) -> float:
     values = np.concatenate(candidates)
     values = values[~np.isnan(values)]
     return float(values.max()) if values.size else 0.0
+
+
+def slower_way_between(network, labels: np.ndarray) -> float:
+    """Between exactly two clusters (``labels`` 0 and 1): the slower of the two directions' fastest
+    links, ``min(max bandwidth[0 -> 1], max bandwidth[1 -> 0])``, at most (inf for any other count).
+
+    Any exchange among members of both clusters that goes round a cycle (a ring, the leads' ring of
+    a hierarchical all-reduce) or both ways between pairs (a parameter server, DTFM's sharded
+    exchange, a stage boundary: ``cost_models.network.Network.sync_flows``) crosses from 0 to 1 and
+    from 1 to 0, so some crossing message runs no faster than this. By levels from the table
+    between the regions each cluster holds devices in (the NIC caps only lower an entry) and the
+    pair entries, never N x N."""
+    if labels.size == 0 or int(labels.max()) != 1:
+        return np.inf
+    bandwidth = network.bandwidth_bytes_per_s
+    if not isinstance(bandwidth, LevelMatrix):
+        dense = np.array(bandwidth, dtype=float)
+        zero, one = labels == 0, labels == 1
+        return float(min(dense[np.ix_(zero, one)].max(), dense[np.ix_(one, zero)].max()))
+    regions = bandwidth.table.shape[0]
+    table = np.asarray(bandwidth.table, dtype=float)
+    held = [np.bincount(bandwidth.region[labels == k], minlength=regions) > 0 for k in (0, 1)]
+    ways = []
+    for a, b in ((0, 1), (1, 0)):
+        values = [table[np.ix_(held[a], held[b])].ravel(),
+                  np.array([v for (x, y), v in bandwidth.overrides.items() if labels[x] == a and labels[y] == b])]
+        values = np.concatenate(values)
+        values = values[~np.isnan(values)]
+        ways.append(float(values.max()) if values.size else 0.0)
+    return min(ways)

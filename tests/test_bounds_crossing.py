@@ -1,0 +1,160 @@
+"""The lower bound's crossing arguments: traffic that crosses between clusters goes both ways
+(``planner.search.link_clusters.fastest_both_ways_between``, ``slower_way_between``), a plan whose
+some-but-not-all stages and replicas cross needs a cluster of ``S + D - 1`` cells, and stages compute
+then sync (``planner.search.stage_split``): hand-computed cases on the shipped home topologies, where
+each binds, and the link values against the dense matrices."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.inputs.job import load_job
+from tests.test_bounds_clusters import _clustered_topology
+
+_TOPOLOGIES = Path(__file__).resolve().parent.parent / "topologies"
+
+
+def _job(name: str):
+    return load_job(_TOPOLOGIES / f"{name}.yaml")
+
+
+def test_both_ways_values_bound_the_dense_matrices():
+    """At every threshold: no pair of devices in different clusters passes more than
+    ``fastest_both_ways_between`` both ways (the least of its two directions), equal to the dense
+    matrices' largest such least on most levels (the levels' path ignores NIC caps, which only lower
+    an entry); between exactly two clusters, ``slower_way_between`` is at least the slower of the
+    two directions' fastest links, and equal on most."""
+    from planner.search.link_clusters import (clusters_at, fastest_both_ways_between, link_thresholds,
+                                              slower_way_between)
+
+    rng = np.random.default_rng(21)
+    split = exact = two = two_exact = 0
+    for _ in range(60):
+        network = _clustered_topology(rng).network
+        dense = np.array(network.bandwidth_bytes_per_s, dtype=float)
+        for tau in link_thresholds(network):
+            labels = clusters_at(network, tau)
+            apart = labels[:, None] != labels[None, :]
+            if not apart.any():
+                continue
+            split += 1
+            truth = np.minimum(dense, dense.T)[apart].max()
+            value = fastest_both_ways_between(network, labels)
+            assert value >= truth * (1 - 1e-12)
+            exact += value == pytest.approx(truth)
+            if labels.max() == 1:
+                two += 1
+                zero, one = labels == 0, labels == 1
+                slower = min(dense[np.ix_(zero, one)].max(), dense[np.ix_(one, zero)].max())
+                value = slower_way_between(network, labels)
+                assert value >= slower * (1 - 1e-12)
+                two_exact += value == pytest.approx(slower)
+            else:
+                assert slower_way_between(network, labels) == np.inf
+    assert split >= 30 and exact >= 0.6 * split
+    assert two >= 10 and two_exact >= 0.6 * two
+
+
+def test_home_mini_three_by_two_pays_the_slower_line_for_half_the_batch():
+    """home-mini: three homes in Berlin, three in Paris, Berlin -> Paris 200 Mbit/s, Paris -> Berlin
+    120. A 3 x 2 plan uses all six; no cluster holds ``S + D - 1 = 4`` cells, so either every stage
+    crosses (syncing over the slow lines) or every replica does, the busiest's 64 sequences'
+    activations one way and gradients back over the same pair: ``64 * 2048 * 2048 * 2 bytes / 15 MB/s``
+    = 35.79 s at least. (Priced at the faster direction's 200 Mbit/s and with the crowded case (iii)
+    allowed, the pair's bound was 22.24 s.)"""
+    from planner.search.bounds import _pair_bounds_s
+
+    job = _job("emulated/home-mini")
+    pairs = _pair_bounds_s(job.topology, job.model, job.training)
+    expected = 64 * 2048 * 2048 * 2 / (120e6 / 8)
+    assert pairs[3][1] == pytest.approx(expected, rel=1e-9)
+
+
+def test_home_mini_four_stages_in_one_replica_cross_the_slow_lines():
+    """home-mini: four stages do not fit in one city's three homes, so the one replica's 128
+    sequences cross between the cities both ways: at least ``128 * 8 MiB / 15 MB/s`` = 71.58 s (the
+    search's 4 x 1 plan simulates 76.75 s)."""
+    from planner.search.bounds import _pair_bounds_s
+
+    job = _job("emulated/home-mini")
+    pairs = _pair_bounds_s(job.topology, job.model, job.training)
+    expected = 128 * 2048 * 2048 * 2 / (120e6 / 8)
+    for stages in (4, 5, 6):
+        assert pairs[stages][0] == pytest.approx(expected, rel=1e-9)
+
+
+def test_stage_split_is_the_work_plus_an_average_stage_sync():
+    """home-consumer-gpus, 2 stages x 6 replicas on all twelve homes: the blocks' work over the
+    twelve devices' speed plus half of every block's ring all-reduce over a 500 Mbit/s hop
+    (``2 (D - 1) / D`` of its bf16 gradients), 42.28 s, above every other term (39.82 s before)."""
+    from planner.prediction.stage_model import layer_costs
+    from planner.search.bounds import _least_block_slowdown, _pair_bounds_s
+
+    job = _job("hetero/home-consumer-gpus")
+    topology, model, training = job.topology, job.model, job.training
+    costs = layer_costs(model, training, 1, 1)
+    block_flops = training.global_batch * model.layers * costs.layer_flops * _least_block_slowdown(topology, training)
+    speed = float(topology.effective_flops(training.precision).sum())
+    sync_s = model.layers * costs.layer_params * 2 * (2 * 5 / 6) / (500e6 / 8)
+    expected = block_flops / speed + sync_s / 2
+    assert _pair_bounds_s(topology, model, training)[2][5] == pytest.approx(expected, rel=1e-9)
+
+
+def test_split_stages_takes_the_fewest_crossing_stages_room_allows():
+    """``_split_stages_s``: with ``c`` of ``S`` stages crossing (``X = A``) and the rest inside
+    (``X = K + Y``), ``1 / (c / A + (S - c) / (K + Y))``, the least over the ``c`` room allows:
+    twelve cells (3 x 4) in clusters of at most six leave six cells to at most three crossing
+    replicas, so two crossing stages of three; in a cluster of eleven, one crossing stage may do,
+    and where crossing is the cheaper (``A < K + Y``), every stage but one crosses; where no cluster
+    holds ``S + D - 1`` cells, the case cannot happen."""
+    from planner.search.cluster_bound import _split_stages_s
+
+    A, inside = 300.0, 60.0
+    four = _split_stages_s(3, np.array([4]), np.array([12]), 6, np.array([A]), np.array([inside]))
+    assert four[0] == pytest.approx(1.0 / (2 / A + 1 / inside))
+    roomy = _split_stages_s(3, np.array([4]), np.array([12]), 11, np.array([A]), np.array([inside]))
+    assert roomy[0] == pytest.approx(1.0 / (1 / A + 2 / inside))
+    # a crossing stage cheaper than an inside one: the plan would cross every stage it may
+    cheap = _split_stages_s(3, np.array([4]), np.array([12]), 11, np.array([30.0]), np.array([inside]))
+    assert cheap[0] == pytest.approx(1.0 / (2 / 30.0 + 1 / inside))
+    # 3 x 2 in clusters of three: a stage and a replica inside need 3 + 2 - 1 = 4 cells in one
+    no_room = _split_stages_s(3, np.array([2]), np.array([6]), 3, np.array([A]), np.array([inside]))
+    assert no_room[0] == np.inf
+
+
+@pytest.mark.parametrize("stages, replicas", [(2, 2), (3, 2), (2, 3), (4, 1)])
+def test_home_mini_searched_plans_stay_above_their_pair_bounds(stages, replicas):
+    """The search pinned to each degree pair the crossing arguments tightened on home-mini: its
+    plan's simulated time is at least the bound on plans of those degrees."""
+    from planner.search.bounds import _pair_bounds_s
+    from planner.search.front import SearchOptions, search
+
+    job = _job("emulated/home-mini")
+    result = search(job.topology, job.model, job.training,
+                    SearchOptions(seed=0, budget_s=1.0, time_limit_s=60.0, stages=stages, replicas=replicas))
+    bound = _pair_bounds_s(job.topology, job.model, job.training)[stages][replicas - 1]
+    assert bound <= result.objective_s
+
+
+def test_home_consumer_four_by_three_splits_stages_over_the_slower_line():
+    """home-consumer-gpus, 4 x 3 on all twelve homes: where some but not all stages and replicas
+    cross, one city's six homes hold every cell but six, which sit in crossing stages and replicas
+    (two crossing replicas at most), so three stages of four cross. Each stage of a share ``f`` of the
+    blocks takes ``f X``: ``X = K + Y / 15 MB/s`` crossing (the ring across the two cities goes both
+    ways, so over the 120 Mbit/s Paris -> Berlin line), ``K + Y / 62.5 MB/s`` inside, with ``K`` the
+    busiest replica's 86 sequences through every block on one RTX 4090 and ``Y`` every block's bf16
+    gradients times ``2 (D - 1) / D``: ``1 / (3 / A + 1 / X_in)`` = 40.81 s, which binds (32.13 s with
+    the crossing ring priced at the faster direction's 200 Mbit/s)."""
+    from planner.prediction.stage_model import layer_costs
+    from planner.search.bounds import _least_block_slowdown, _pair_bounds_s
+
+    job = _job("hetero/home-consumer-gpus")
+    topology, model, training = job.topology, job.model, job.training
+    costs = layer_costs(model, training, 1, 1)
+    busiest_s = 86 * model.layers * costs.layer_flops * _least_block_slowdown(topology, training) / float(
+        topology.effective_flops(training.precision).max())
+    sync_bytes = model.layers * costs.layer_params * 2 * (4 / 3)
+    crossing, inside = busiest_s + sync_bytes / (120e6 / 8), busiest_s + sync_bytes / (500e6 / 8)
+    expected = 1.0 / (3 / crossing + 1 / inside)
+    assert _pair_bounds_s(topology, model, training)[4][2] == pytest.approx(expected, rel=1e-9)
