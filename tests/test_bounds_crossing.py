@@ -158,3 +158,36 @@ def test_home_consumer_four_by_three_splits_stages_over_the_slower_line():
     crossing, inside = busiest_s + sync_bytes / (120e6 / 8), busiest_s + sync_bytes / (500e6 / 8)
     expected = 1.0 / (3 / crossing + 1 / inside)
     assert _pair_bounds_s(topology, model, training)[4][2] == pytest.approx(expected, rel=1e-9)
+
+
+def test_crossing_extra_counts_the_fewest_crossings_both_ways():
+    """``crossing_extra_s``: eight stages in clusters of at most two cross at least three
+    boundaries, each trip sending a sequence's 16 bytes over each forward and back (at 4 bytes/s the
+    slower way, 8 the other) and paying two latencies there, less what the fast links already
+    counted; stages that fit in one cluster cross none."""
+    from planner.search.round_trip import crossing_extra_s
+
+    per_sequence, per_trip = crossing_extra_s(stages=8, largest=2, tau_bytes_per_s=8.0, both_ways_bytes_per_s=4.0,
+                                              between_latency_s=0.1, sequence_bytes=16.0, boundary_s=0.5,
+                                              latency_s=0.01)
+    assert per_sequence == pytest.approx(3 * (16 / 4 + 16 / 8 - 2 * 0.5))
+    assert per_trip == pytest.approx(3 * 2 * (0.1 - 0.01))
+    assert crossing_extra_s(stages=2, largest=2, tau_bytes_per_s=8.0, both_ways_bytes_per_s=4.0,
+                            between_latency_s=0.1, sequence_bytes=16.0, boundary_s=0.5, latency_s=0.01) == (0.0, 0.0)
+
+
+def test_dtfm_mini_eight_stages_cross_three_region_links_each_trip():
+    """dtfm-case5-mini, 8 x 1: two V100s a region, so the replica's eight stages cross between
+    regions three times at least; each of its 4 trips of 4 micro-batches (the chain of ``32 / 8``
+    trips carries 16 sequences) sends each sequence's 8 MiB activation and gradient across at 1.02
+    Gbit/s at best, where the fast links priced them at 2 Gbit/s, and pays 67 ms a crossing where
+    the least latency is 5 ms: 20.17 s, above the plan's bound without the crossings (15.59 s; the
+    search's 8 x 1 plan simulates 28.98 s)."""
+    from planner.search.bounds import _pair_bounds_s
+
+    job = _job("emulated/dtfm-case5-mini")
+    topology, model, training = job.topology, job.model, job.training
+    without = _pair_bounds_s(topology, model, training, clusters=False)[8][0]
+    message = 2048 * 2048 * 2
+    extra = 16 * 3 * (2 * message / (1.02e9 / 8) - 2 * message / (2e9 / 8)) + 4 * 3 * 2 * (0.067 - 0.005)
+    assert _pair_bounds_s(topology, model, training)[8][0] == pytest.approx(without + extra, rel=1e-9)

@@ -14,7 +14,7 @@ from planner.plan.tensor import TENSOR_DEGREES
 from planner.prediction.stage_model import iteration_flops, layer_costs, least_gradient_bytes_per_param
 from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
 from planner.search.stage_split import stage_split_s
-from planner.search.round_trip import (gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s, round_trip_s,
+from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s, round_trip_s,
                                       schedule_windows)
 
 __all__ = ["lower_bound_s", "work_bound_s", "work_flops"]
@@ -66,7 +66,9 @@ def lower_bound_s(topology, model, training) -> float:
       counts only where its kept activations fit, and under interleaving), then syncs its block
       and embeddings (at least) as above, and the deepest stage (``ceil(L / S)`` blocks) syncs
       after the chain's last trip reached the last stage; under GPipe, every activation of a round crosses the first
-      boundary before any gradient of it crosses back;
+      boundary before any gradient of it crosses back; where the stages outnumber a cluster's
+      devices, each trip crosses between clusters ``ceil(S / c) - 1`` times at least, both ways
+      (``round_trip.crossing_extra_s``);
     - the blocks' work over the cells' speed plus every block's sync (as above) over ``S``: each
       stage syncs after every replica's last backward on it (``planner.search.stage_split``);
     - the clusters that slow links join (``planner.search.cluster_bound``, for each threshold of
@@ -174,7 +176,13 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                         most_sequences=np.minimum(most_sequences, busiest),
                                         micro_batch=training.micro_batch_size or math.inf,
                                         first_sync_s=first_params * gradient_bytes * ring,
-                                        deepest_sync_s=deepest * layer_params * gradient_bytes * ring))
+                                        deepest_sync_s=deepest * layer_params * gradient_bytes * ring,
+                                        crossings=tuple(crossing_extra_s(
+                                            stages=stages, largest=int(level.sizes.max()),
+                                            tau_bytes_per_s=min(level.tau_bytes_per_s, float(best_out[0])),
+                                            both_ways_bytes_per_s=min(level.both_ways_bytes_per_s, float(best_out[0])),
+                                            between_latency_s=level.latency_s, sequence_bytes=boundary_bytes,
+                                            boundary_s=boundary_s, latency_s=latency_s) for level in levels)))
         every_block = busiest * model.layers * sequence_layer_flops / cell_flops  # K of cluster_bound
         terms += [cluster_bound(level, crossing, stages, replicas, used, speedup, cells_flops, work, block_work,
                                 every_block, state / stages, crossing.model_sync_bytes * ring) for level in levels]
@@ -183,17 +191,17 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
 
 
 def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_bytes, *, sequence_s, boundary_s,
-                   latency_s, most_sequences, micro_batch, first_sync_s, deepest_sync_s) -> np.ndarray:
+                   latency_s, most_sequences, micro_batch, first_sync_s, deepest_sync_s, crossings=()) -> np.ndarray:
     """(D,) ``round_trip_s`` under the schedule that allows the fewest round trips: the least over
     the schedules ``training`` allows (``schedule_windows``; GPipe only where its activations fit,
     ``gpipe_fits``; and never below ``gpipe_phases_s``). ZB-H1's chain runs only the input gradients' share of the backwards, so it
-    counts no compute."""
+    counts no compute. ``crossings``: what each clustering adds to a trip (``round_trip.crossing_extra_s``)."""
     least = np.full(np.shape(busiest), np.inf)
     for schedule, window in schedule_windows(training, stages).items():
         compute_s = 0.0 if schedule == Schedule.ZERO_BUBBLE else sequence_s
         seconds = round_trip_s(stages=stages, busiest=busiest, window=window, max_micro_batch=most_sequences,
                                sequence_s=compute_s, boundary_s=boundary_s, latency_s=latency_s,
-                               first_sync_s=first_sync_s)
+                               first_sync_s=first_sync_s, crossings=crossings)
         seconds = np.maximum(seconds, last_sync_s(stages=stages, busiest=busiest, window=window, micro_batch=micro_batch,
                                                   sequence_s=compute_s, boundary_s=boundary_s, latency_s=latency_s,
                                                   deepest_sync_s=deepest_sync_s))
