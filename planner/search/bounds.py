@@ -201,7 +201,7 @@ def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_b
         compute_s = 0.0 if schedule == Schedule.ZERO_BUBBLE else sequence_s
         seconds = round_trip_s(stages=stages, busiest=busiest, window=window, max_micro_batch=most_sequences,
                                sequence_s=compute_s, boundary_s=boundary_s, latency_s=latency_s,
-                               first_sync_s=first_sync_s, crossings=crossings)
+                               first_sync_s=first_sync_s, crossings=crossings, micro_batch=micro_batch)
         seconds = np.maximum(seconds, last_sync_s(stages=stages, busiest=busiest, window=window, micro_batch=micro_batch,
                                                   sequence_s=compute_s, boundary_s=boundary_s, latency_s=latency_s,
                                                   deepest_sync_s=deepest_sync_s))

@@ -98,7 +98,7 @@ def least_latency_s(network) -> float:
 
 def round_trip_s(*, stages: int, busiest: np.ndarray, window: float, max_micro_batch: np.ndarray,
                  sequence_s: float, boundary_s: float, latency_s: float, first_sync_s: np.ndarray,
-                 crossings: tuple = ()) -> np.ndarray:
+                 crossings: tuple = (), micro_batch: float = math.inf) -> np.ndarray:
     """(D,) seconds at least of any plan of ``stages`` (S >= 2) stages whose busiest replica runs
     ``busiest`` sequences in micro-batches of at most ``max_micro_batch``, the first stage chaining
     round trips ``window`` micro-batches apart (module description):
@@ -114,11 +114,15 @@ def round_trip_s(*, stages: int, busiest: np.ndarray, window: float, max_micro_b
     ``M >= ceil(busiest / m)``.
 
     ``crossings``: ``(per sequence, per trip)`` seconds each trip adds at least where its boundaries
-    cross between clusters (``crossing_extra_s``, one pair per clustering); the largest counts."""
+    cross between clusters (``crossing_extra_s``, one pair per clustering); the largest counts.
+    ``micro_batch``: where the job fixes it (``m``, finite), every micro-batch holds exactly ``m``
+    sequences, so the trips carry ``m`` each: ``ceil(ceil(busiest / m) / w) m`` at least."""
     busiest = np.asarray(busiest, dtype=float)
     hops = 2.0 * (stages - 1)
     carried = np.maximum(1.0, busiest / window)
     trips = np.maximum(1.0, np.ceil(np.ceil(busiest / max_micro_batch) / window))
+    if math.isfinite(micro_batch):
+        carried = np.maximum(carried, np.ceil(np.ceil(busiest / micro_batch) / window) * micro_batch)
     extra = np.maximum.reduce([carried * per_sequence + trips * per_trip for per_sequence, per_trip in crossings],
                               initial=0.0) if crossings else 0.0
     return carried * (sequence_s + hops * boundary_s) + trips * hops * latency_s + first_sync_s + extra
