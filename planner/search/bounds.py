@@ -68,14 +68,15 @@ def lower_bound_s(topology, model, training) -> float:
       after the chain's last trip reached the last stage; under GPipe, every activation of a round crosses the first
       boundary before any gradient of it crosses back; where the stages outnumber a cluster's
       devices, each trip crosses between clusters ``ceil(S / c) - 1`` times at least, both ways
-      (``round_trip.crossing_extra_s``);
+      (``round_trip.crossing_extra_s``), and a GPipe round's phases cross such a boundary;
     - the blocks' work over the cells' speed plus every block's sync (as above) over ``S``: each
       stage syncs after every replica's last backward on it (``planner.search.stage_split``);
     - the clusters that slow links join (``planner.search.cluster_bound``, for each threshold of
       ``planner.search.link_clusters``): a plan inside one cluster that holds it runs on that
       cluster's devices; one that spans clusters has a stage group or a replica crossing a link of
       at most the threshold, whose sync or activations (and latencies) it pays, both ways where a
-      boundary's or a two-member sync's pair, or any sync across exactly two clusters, must;
+      boundary's or a two-member sync's pair, or any sync across exactly two clusters, must; where
+      every replica crosses, the busiest's round trips cross too;
     minimised over the pairs whose largest stage's state fits: at least ``params / S`` parameters at
     the least state per parameter (sharded over every device where sharding is allowed), over ``t``
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning
@@ -170,49 +171,59 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
         heaviest_cells = batch * heaviest / np.minimum(fastest[group - 1], speedup * fastest[replicas - 1])
         terms = [compute, sync, np.broadcast_to(pipe, compute.shape), widest_stage, busiest_cell, heaviest_cells,
                  stage_split_s(block_work, cells_flops, crossing.model_sync_bytes * ring, stages)]
+        crossing_trips = [None] * len(levels)  # each level's round trips where the busiest replica crosses it
         if stages > 1 and round_trips:
-            terms.append(_round_trips_s(model, training, stages, busiest, tensor, n, float(memory.max()),
-                                        sequence_s=sequence_s, boundary_s=boundary_s, latency_s=latency_s,
-                                        most_sequences=np.minimum(most_sequences, busiest),
-                                        micro_batch=training.micro_batch_size or math.inf,
-                                        first_sync_s=first_params * gradient_bytes * ring,
-                                        deepest_sync_s=deepest * layer_params * gradient_bytes * ring,
-                                        crossings=tuple(crossing_extra_s(
-                                            stages=stages, largest=int(level.sizes.max()),
-                                            tau_bytes_per_s=min(level.tau_bytes_per_s, float(best_out[0])),
-                                            both_ways_bytes_per_s=min(level.both_ways_bytes_per_s, float(best_out[0])),
-                                            between_latency_s=level.latency_s, sequence_bytes=boundary_bytes,
-                                            boundary_s=boundary_s, latency_s=latency_s) for level in levels)))
+            def level_crossings(fewest):
+                return [crossing_extra_s(stages=stages, largest=int(level.sizes.max()),
+                                         tau_bytes_per_s=min(level.tau_bytes_per_s, float(best_out[0])),
+                                         both_ways_bytes_per_s=min(level.both_ways_bytes_per_s, float(best_out[0])),
+                                         between_latency_s=level.latency_s, sequence_bytes=boundary_bytes,
+                                         boundary_s=boundary_s, latency_s=latency_s, fewest=fewest) for level in levels]
+            every = tuple(level_crossings(0))
+            trips = _round_trips_s(model, training, stages, busiest, tensor, n, float(memory.max()),
+                                   sequence_s=sequence_s, boundary_s=boundary_s, latency_s=latency_s,
+                                   most_sequences=np.minimum(most_sequences, busiest),
+                                   micro_batch=training.micro_batch_size or math.inf,
+                                   first_sync_s=first_params * gradient_bytes * ring,
+                                   deepest_sync_s=deepest * layer_params * gradient_bytes * ring,
+                                   crossing_sets=[every] + [every + (one,) for one in level_crossings(1)])
+            terms.append(trips[0])
+            crossing_trips = trips[1:]
         every_block = busiest * model.layers * sequence_layer_flops / cell_flops  # K of cluster_bound
         terms += [cluster_bound(level, crossing, stages, replicas, used, speedup, cells_flops, work, block_work,
-                                every_block, state / stages, crossing.model_sync_bytes * ring) for level in levels]
+                                every_block, state / stages, crossing.model_sync_bytes * ring, trip)
+                  for level, trip in zip(levels, crossing_trips)]
         pairs[stages] = np.maximum.reduce(terms)
     return pairs
 
 
 def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_bytes, *, sequence_s, boundary_s,
-                   latency_s, most_sequences, micro_batch, first_sync_s, deepest_sync_s, crossings=()) -> np.ndarray:
+                   latency_s, most_sequences, micro_batch, first_sync_s, deepest_sync_s, crossing_sets=((),)) -> list:
     """(D,) ``round_trip_s`` under the schedule that allows the fewest round trips: the least over
     the schedules ``training`` allows (``schedule_windows``; GPipe only where its activations fit,
     ``gpipe_fits``; and never below ``gpipe_phases_s``). ZB-H1's chain runs only the input gradients' share of the backwards, so it
-    counts no compute. ``crossings``: what each clustering adds to a trip (``round_trip.crossing_extra_s``)."""
-    least = np.full(np.shape(busiest), np.inf)
+    counts no compute. One array for each of ``crossing_sets``, what the clusterings add to a trip
+    (``round_trip.crossing_extra_s``)."""
+    least = [np.full(np.shape(busiest), np.inf) for _ in crossing_sets]
     for schedule, window in schedule_windows(training, stages).items():
         compute_s = 0.0 if schedule == Schedule.ZERO_BUBBLE else sequence_s
-        seconds = round_trip_s(stages=stages, busiest=busiest, window=window, max_micro_batch=most_sequences,
-                               sequence_s=compute_s, boundary_s=boundary_s, latency_s=latency_s,
-                               first_sync_s=first_sync_s, crossings=crossings, micro_batch=micro_batch)
-        seconds = np.maximum(seconds, last_sync_s(stages=stages, busiest=busiest, window=window, micro_batch=micro_batch,
-                                                  sequence_s=compute_s, boundary_s=boundary_s, latency_s=latency_s,
-                                                  deepest_sync_s=deepest_sync_s))
-        if schedule == Schedule.GPIPE:
-            rounds = np.ceil(np.ceil(busiest / most_sequences) / window)  # the fewest: 1 in one round
-            seconds = np.maximum(seconds, gpipe_phases_s(busiest=busiest, rounds=np.maximum(rounds, 1.0),
-                                                         boundary_s=boundary_s, latency_s=latency_s,
-                                                         first_sync_s=first_sync_s))
-            seconds = np.where(gpipe_fits(model, training, stages, busiest, tensor, devices, capacity_bytes),
-                               seconds, np.inf)
-        least = np.minimum(least, seconds)
+        floor = last_sync_s(stages=stages, busiest=busiest, window=window, micro_batch=micro_batch,
+                            sequence_s=compute_s, boundary_s=boundary_s, latency_s=latency_s,
+                            deepest_sync_s=deepest_sync_s)
+        gpipe = schedule == Schedule.GPIPE
+        fits = gpipe_fits(model, training, stages, busiest, tensor, devices, capacity_bytes) if gpipe else True
+        rounds = np.maximum(np.ceil(np.ceil(busiest / most_sequences) / window), 1.0)  # the fewest: 1 in one round
+        for k, crossings in enumerate(crossing_sets):
+            seconds = np.maximum(floor, round_trip_s(stages=stages, busiest=busiest, window=window,
+                                                     max_micro_batch=most_sequences, sequence_s=compute_s,
+                                                     boundary_s=boundary_s, latency_s=latency_s,
+                                                     first_sync_s=first_sync_s, crossings=crossings,
+                                                     micro_batch=micro_batch))
+            if gpipe:
+                seconds = np.maximum(seconds, gpipe_phases_s(busiest=busiest, rounds=rounds, boundary_s=boundary_s,
+                                                             latency_s=latency_s, first_sync_s=first_sync_s,
+                                                             crossings=crossings))
+            least[k] = np.minimum(least[k], np.where(fits, seconds, np.inf))
     return least
 
 

@@ -121,7 +121,8 @@ def cluster_levels(topology, training) -> list:
 
 def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas: np.ndarray, used: np.ndarray,
                   speedup: float, cells_flops: np.ndarray, work_flops: float, block_flops: float,
-                  busiest_s: np.ndarray, state_bytes: float, inside_sync_s: np.ndarray = None) -> np.ndarray:
+                  busiest_s: np.ndarray, state_bytes: float, inside_sync_s: np.ndarray = None,
+                  crossing_trip_s: np.ndarray = None) -> np.ndarray:
     """A bound, per replica count ``replicas`` (D), on plans of ``stages`` (S) stages from the
     clusters of ``level`` (module description; ``used``: U; ``cells_flops``: the most FLOP/s the
     plan's cells reach together, the U fastest devices' at most and ``speedup`` (a tensor group's
@@ -138,7 +139,9 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
 
     (i) no stage crosses: the stages sit in two clusters or more, so every replica crosses, the
         busiest (``ceil(B / D)`` sequences) too: ``max(ceil(B / D) P / B, P C / (P + C), 2 latencies)``,
-        the second from ``max(phi P, (1 - phi) C)``, the rest of the batch running elsewhere;
+        the second from ``max(phi P, (1 - phi) C)``, the rest of the batch running elsewhere; and
+        the busiest replica's round trips crossing once at least (``crossing_trip_s``, from
+        ``round_trip.crossing_extra_s`` with ``fewest=1``; None: not counted);
     (ii) no replica crosses: every stage crosses, the deepest (``ceil(L / S)`` blocks) too:
         ``max(ceil(L / S) A / L + Lambda, C (A + Lambda) / (A + C))``, the second from
         ``max(f A + Lambda, (1 - f) C)``, the other stages' blocks running elsewhere;
@@ -183,6 +186,8 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
     never = np.full(replicas.shape, np.inf)
     one = (np.maximum.reduce([np.ceil(B / replicas) * P / B, P * C / (P + C), np.full(replicas.shape, 2.0 * latency)])
            if stages > 1 else never)  # a replica of one cell never crosses
+    if stages > 1 and crossing_trip_s is not None:  # the busiest crosses: its round trips do
+        one = np.maximum(one, crossing_trip_s)
     two = np.where(replicas > 1, np.maximum(math.ceil(L / stages) * A / L + lam,
                                             np.maximum(lam, C * (A + lam) / (A + C))), np.inf)
     if stages > 1:
