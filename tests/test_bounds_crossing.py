@@ -21,18 +21,19 @@ def _job(name: str):
 
 def test_both_ways_values_bound_the_dense_matrices():
     """At every threshold: no pair of devices in different clusters passes more than
-    ``fastest_both_ways_between`` both ways (the least of its two directions), equal to the dense
-    matrices' largest such least on most levels (the levels' path ignores NIC caps, which only lower
-    an entry); between exactly two clusters, ``slower_way_between`` is at least the slower of the
-    two directions' fastest links, and equal on most."""
+    ``fastest_both_ways_between`` both ways (the least of its two directions, NIC caps included),
+    and by levels it equals the dense matrices' largest such least wherever the topology has no pair
+    entry; between exactly two clusters, ``slower_way_between`` is at least the slower of the two
+    directions' fastest links, equal to it likewise."""
     from planner.search.link_clusters import (clusters_at, fastest_both_ways_between, link_thresholds,
                                               slower_way_between)
 
     rng = np.random.default_rng(21)
-    split = exact = two = two_exact = 0
-    for _ in range(60):
+    split = two = 0
+    for _ in range(80):
         network = _clustered_topology(rng).network
         dense = np.array(network.bandwidth_bytes_per_s, dtype=float)
+        plain = not network.bandwidth_bytes_per_s.overrides
         for tau in link_thresholds(network):
             labels = clusters_at(network, tau)
             apart = labels[:, None] != labels[None, :]
@@ -42,18 +43,17 @@ def test_both_ways_values_bound_the_dense_matrices():
             truth = np.minimum(dense, dense.T)[apart].max()
             value = fastest_both_ways_between(network, labels)
             assert value >= truth * (1 - 1e-12)
-            exact += value == pytest.approx(truth)
+            assert value == pytest.approx(truth) or not plain
             if labels.max() == 1:
                 two += 1
                 zero, one = labels == 0, labels == 1
                 slower = min(dense[np.ix_(zero, one)].max(), dense[np.ix_(one, zero)].max())
                 value = slower_way_between(network, labels)
                 assert value >= slower * (1 - 1e-12)
-                two_exact += value == pytest.approx(slower)
+                assert value == pytest.approx(slower) or not plain
             else:
                 assert slower_way_between(network, labels) == np.inf
-    assert split >= 30 and exact >= 0.6 * split
-    assert two >= 10 and two_exact >= 0.6 * two
+    assert split >= 30 and two >= 10
 
 
 def test_home_mini_four_stages_in_one_replica_cross_the_slow_lines():

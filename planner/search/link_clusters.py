@@ -116,28 +116,43 @@ def fastest_both_ways_between(network, labels: np.ndarray) -> float:
     the reverse link of the same pair (``cost_models.simulator``: ``send_bwd`` goes to the upstream
     stage's device), and a gradient sync of two members sends ``n`` each way
     (``cost_models.network.Network.sync_flows``), so such traffic across clusters runs no faster
-    than this. By levels from the (region, region) table where two regions hold devices of
-    different clusters (the NIC caps only lower an entry) and the pair entries (each counted at its
-    own value, at least the pair's least of its two directions), never N x N."""
+    than this. By levels, never N x N: a pair's two directions are at most the table's both ways
+    and each device's own NICs' least (``q``), so per region the devices of the largest ``q`` of two
+    different clusters are the candidates; the pair entries count at their pair's value (a pair
+    entry that slows a pair the table counts leaves the value above the exact one, still a bound)."""
     bandwidth = network.bandwidth_bytes_per_s
     if not isinstance(bandwidth, LevelMatrix):
         dense = np.array(bandwidth, dtype=float)
         both = np.minimum(dense, dense.T)
         return float(np.max(np.where(labels[:, None] != labels[None, :], both, -np.inf), initial=0.0))
+    region, host = bandwidth.region, bandwidth.host
     regions = bandwidth.table.shape[0]
-    first = np.full(regions, -1)
-    first[bandwidth.region[::-1]] = labels[::-1]
-    mixed = np.zeros(regions, dtype=bool)
-    mixed[bandwidth.region[labels != first[bandwidth.region]]] = True
-    across = mixed[:, None] | mixed[None, :] | (first[:, None] != first[None, :])
-    present = np.bincount(bandwidth.region, minlength=regions) > 0
-    across &= present[:, None] & present[None, :]
+    own = np.full(region.size, np.inf) if bandwidth.egress is None else np.minimum(bandwidth.egress[host],
+                                                                                  bandwidth.ingress[host])
+    # per region, the device of the largest q and the largest of another cluster: (q, cluster), -1 where none
+    best = np.full((regions, 2), -np.inf)
+    best_label = np.full((regions, 2), -1)
+    order = np.lexsort((-own, region))  # by region, largest q first
+    first = order[np.unique(region[order], return_index=True)[1]]
+    best[region[first], 0], best_label[region[first], 0] = own[first], labels[first]
+    other = order[labels[order] != best_label[region[order], 0]]
+    if other.size:
+        second = other[np.unique(region[other], return_index=True)[1]]
+        best[region[second], 1], best_label[region[second], 1] = own[second], labels[second]
     table = np.asarray(bandwidth.table, dtype=float)
-    candidates = [np.minimum(table, table.T)[across],
-                  np.array([v for (a, b), v in bandwidth.overrides.items() if labels[a] != labels[b]])]
-    values = np.concatenate(candidates)
-    values = values[~np.isnan(values)]
-    return float(values.max()) if values.size else 0.0
+    both = np.minimum(table, table.T)
+    value = -np.inf
+    for i in range(2):
+        for j in range(2):
+            apart = (best_label[:, i][:, None] != best_label[:, j][None, :]) & (best_label[:, i][:, None] >= 0) & (
+                best_label[:, j][None, :] >= 0)
+            pair = np.minimum(both, np.minimum(best[:, i][:, None], best[:, j][None, :]))
+            pair = np.where(apart & ~np.isnan(pair), pair, -np.inf)
+            value = max(value, float(pair.max(initial=-np.inf)))
+    for (a, b) in bandwidth.overrides:
+        if labels[a] != labels[b]:
+            value = max(value, float(min(bandwidth[a, b], bandwidth[b, a])))
+    return max(value, 0.0)
 
 
 def slower_way_between(network, labels: np.ndarray) -> float:
@@ -147,9 +162,10 @@ def slower_way_between(network, labels: np.ndarray) -> float:
     Any exchange among members of both clusters that goes round a cycle (a ring, the leads' ring of
     a hierarchical all-reduce) or both ways between pairs (a parameter server, DTFM's sharded
     exchange, a stage boundary: ``cost_models.network.Network.sync_flows``) crosses from 0 to 1 and
-    from 1 to 0, so some crossing message runs no faster than this. By levels from the table
-    between the regions each cluster holds devices in (the NIC caps only lower an entry) and the
-    pair entries, never N x N."""
+    from 1 to 0, so some crossing message runs no faster than this. By levels, never N x N: the
+    fastest link from 0 to 1 is, over region pairs, the table's entry capped by the fastest egress
+    NIC of 0's devices in the one and the fastest ingress of 1's in the other; the pair entries
+    count at their value."""
     if labels.size == 0 or int(labels.max()) != 1:
         return np.inf
     bandwidth = network.bandwidth_bytes_per_s
@@ -157,14 +173,21 @@ def slower_way_between(network, labels: np.ndarray) -> float:
         dense = np.array(bandwidth, dtype=float)
         zero, one = labels == 0, labels == 1
         return float(min(dense[np.ix_(zero, one)].max(), dense[np.ix_(one, zero)].max()))
+    region, host = bandwidth.region, bandwidth.host
     regions = bandwidth.table.shape[0]
     table = np.asarray(bandwidth.table, dtype=float)
-    held = [np.bincount(bandwidth.region[labels == k], minlength=regions) > 0 for k in (0, 1)]
+    egress = np.full(region.size, np.inf) if bandwidth.egress is None else bandwidth.egress[host]
+    ingress = np.full(region.size, np.inf) if bandwidth.ingress is None else bandwidth.ingress[host]
     ways = []
     for a, b in ((0, 1), (1, 0)):
-        values = [table[np.ix_(held[a], held[b])].ravel(),
-                  np.array([v for (x, y), v in bandwidth.overrides.items() if labels[x] == a and labels[y] == b])]
-        values = np.concatenate(values)
-        values = values[~np.isnan(values)]
-        ways.append(float(values.max()) if values.size else 0.0)
+        out = np.full(regions, -np.inf)
+        np.maximum.at(out, region[labels == a], egress[labels == a])
+        into = np.full(regions, -np.inf)
+        np.maximum.at(into, region[labels == b], ingress[labels == b])
+        values = np.minimum(table, np.minimum(out[:, None], into[None, :]))
+        value = float(np.where(np.isnan(values), -np.inf, values).max())
+        for (x, y) in bandwidth.overrides:
+            if labels[x] == a and labels[y] == b:
+                value = max(value, float(bandwidth[x, y]))
+        ways.append(max(value, 0.0))
     return min(ways)
