@@ -13,9 +13,9 @@ from planner.plan.sync_groups import REPLICA
 from planner.plan.tensor import TENSOR_DEGREES
 from planner.prediction.stage_model import iteration_flops, layer_costs, least_gradient_bytes_per_param
 from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
+from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s,
+                                      round_trip_s, schedule_windows)
 from planner.search.stage_split import stage_split_s
-from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s, round_trip_s,
-                                      schedule_windows)
 
 __all__ = ["lower_bound_s", "work_bound_s", "work_flops"]
 
@@ -173,12 +173,13 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                  stage_split_s(block_work, cells_flops, crossing.model_sync_bytes * ring, stages)]
         crossing_trips = [None] * len(levels)  # each level's round trips where the busiest replica crosses it
         if stages > 1 and round_trips:
-            def level_crossings(fewest):
+            def level_crossings(fewest):  # what each clustering adds to a trip (round_trip.crossing_extra_s)
                 return [crossing_extra_s(stages=stages, largest=int(level.sizes.max()),
                                          tau_bytes_per_s=min(level.tau_bytes_per_s, float(best_out[0])),
                                          both_ways_bytes_per_s=min(level.both_ways_bytes_per_s, float(best_out[0])),
                                          between_latency_s=level.latency_s, sequence_bytes=boundary_bytes,
-                                         boundary_s=boundary_s, latency_s=latency_s, fewest=fewest) for level in levels]
+                                         boundary_s=boundary_s, latency_s=latency_s, fewest=fewest)
+                        for level in levels]
             every = tuple(level_crossings(0))
             trips = _round_trips_s(model, training, stages, busiest, tensor, n, float(memory.max()),
                                    sequence_s=sequence_s, boundary_s=boundary_s, latency_s=latency_s,
@@ -198,7 +199,8 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
 
 
 def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_bytes, *, sequence_s, boundary_s,
-                   latency_s, most_sequences, micro_batch, first_sync_s, deepest_sync_s, crossing_sets=((),)) -> list:
+                   latency_s, most_sequences, micro_batch, first_sync_s, deepest_sync_s,
+                   crossing_sets=((),)) -> list:
     """(D,) ``round_trip_s`` under the schedule that allows the fewest round trips: the least over
     the schedules ``training`` allows (``schedule_windows``; GPipe only where its activations fit,
     ``gpipe_fits``; and never below ``gpipe_phases_s``). ZB-H1's chain runs only the input gradients' share of the backwards, so it

@@ -22,7 +22,8 @@ from scipy.sparse.csgraph import connected_components
 
 from cost_models.links import LevelMatrix
 
-__all__ = ["least_latency_between", "fastest_both_ways_between", "slower_way_between", "MAX_THRESHOLDS", "link_thresholds", "clusters_at"]
+__all__ = ["least_latency_between", "fastest_both_ways_between", "slower_way_between", "MAX_THRESHOLDS",
+           "link_thresholds", "clusters_at"]
 
 MAX_THRESHOLDS = 8  # thresholds tried per topology (each gives a valid bound; more only tighten)
 

@@ -113,8 +113,9 @@ def round_trip_s(*, stages: int, busiest: np.ndarray, window: float, max_micro_b
     trips of ``m`` sequences with ``M m >= busiest`` carry ``max(m, busiest / w)`` sequences, and
     ``M >= ceil(busiest / m)``.
 
-    ``crossings``: ``(k, per sequence, per trip)``: ``k`` boundaries cross between clusters, each adding
-    those seconds to a trip at least (``crossing_extra_s``, one per clustering); the largest counts.
+    ``crossings``: ``(k, per sequence, per trip)``: ``k`` boundaries cross between clusters, each
+    adding those seconds to a trip at least (``crossing_extra_s``, one per clustering); the largest
+    counts.
     ``micro_batch``: where the job fixes it (``m``, finite), every micro-batch holds exactly ``m``
     sequences, so the trips carry ``m`` each: ``ceil(ceil(busiest / m) / w) m`` at least."""
     busiest = np.asarray(busiest, dtype=float)
@@ -123,16 +124,17 @@ def round_trip_s(*, stages: int, busiest: np.ndarray, window: float, max_micro_b
     trips = np.maximum(1.0, np.ceil(np.ceil(busiest / max_micro_batch) / window))
     if math.isfinite(micro_batch):
         carried = np.maximum(carried, np.ceil(np.ceil(busiest / micro_batch) / window) * micro_batch)
-    extra = np.maximum.reduce([k * (carried * per_sequence + trips * per_trip) for k, per_sequence, per_trip in crossings],
-                              initial=0.0) if crossings else 0.0
+    extra = np.maximum.reduce([k * (carried * per_sequence + trips * per_trip)
+                               for k, per_sequence, per_trip in crossings], initial=0.0) if crossings else 0.0
     return carried * (sequence_s + hops * boundary_s) + trips * hops * latency_s + first_sync_s + extra
 
 
 def crossing_extra_s(*, stages: int, largest: int, tau_bytes_per_s: float, both_ways_bytes_per_s: float,
                      between_latency_s: float, sequence_bytes: float, boundary_s: float, latency_s: float,
                      fewest: int = 0) -> tuple:
-    """``(k, per sequence, per trip)``: ``k`` crossings, and the seconds each adds at least to a round trip of a plan of ``stages`` stages
-    over ``round_trip_s``'s fastest links and least latencies, at a clustering whose clusters hold at
+    """``(k, per sequence, per trip)``: ``k`` crossings, and the seconds each adds at least to a round
+    trip of a plan of ``stages`` stages over ``round_trip_s``'s fastest links and least latencies
+    (per sequence it carries, per trip), at a clustering whose clusters hold at
     most ``largest`` devices, links between them at most ``tau_bytes_per_s`` each way, a pair's two
     directions at most ``both_ways_bytes_per_s`` for the slower (``link_clusters``), latencies at
     least ``between_latency_s``.
