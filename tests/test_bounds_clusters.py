@@ -304,7 +304,7 @@ def test_four_homes_two_by_two_is_near_its_pair_bound():
 
 
 @pytest.mark.parametrize("name", ["hetero/home-consumer-gpus", "dtfm/case3-multi-datacenter",
-                                  "emulated/dtfm-case5-mini"])
+                                  "emulated/dtfm-case5-mini", "emulated/home-mini"])
 def test_pair_bounds_stay_below_random_plans_on_shipped_topologies(name):
     """Where the clusters term raised the bound most, random placements of random degrees (the
     estimate's splits) never simulate below the bound on plans of their degrees."""

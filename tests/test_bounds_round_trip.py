@@ -225,3 +225,29 @@ def test_local_steps_in_sync_groups_are_bounded_by_the_leads_ring_not_every_repl
     assert len(plan.sync_groups) == 2
     bound = _pair_bounds_s(topology, model, training)[1][3]
     assert bound <= plan.prediction.iteration_s and bound > 0.9 * plan.prediction.iteration_s
+
+
+def test_fixed_micro_batches_carry_whole_micro_batches_by_hand():
+    """Two RTX 4090s in two homes on a 0.1 Gbit/s, 40 ms line, GPT-3 XL, 6 sequences in micro-batches
+    of exactly two, one replica under 1F1B: micro-batches 0 and 2 chain on the first stage, two
+    round trips of two sequences each (4 sequences, where a searched micro-batch size could carry
+    ``6 / 2 = 3``): ``4 (c + 2 x 0.671) + 2 x 2 x 0.04``. The simulated plan takes at least that."""
+    from planner.prediction.predict import predict
+    from planner.search.bounds import _pair_bounds_s, work_bound_s
+    from planner.search.evaluate import evaluate_placement, make_context
+    from planner.search.plans import candidate_to_plan
+
+    model = model_preset("gpt3-xl")
+    training = parse_training({"global_batch": 6, "micro_batch_size": 2, "schedule": "1f1b", "precision": "fp16",
+                               "recompute": True, "sync": "ring"})
+    topology = parse_topology({"devices": [{"name": "home", "count": 2, "type": "RTX-4090", "region": "city"}],
+                               "network": {"region": {"latency": "40ms", "bandwidth": "0.1Gbps"}}}, name="homes")
+    message_s = 2048 * 2048 * 2 / (0.1e9 / 8)
+    c = 2.0 * work_bound_s(topology, model, training) / 6
+    by_hand = 4 * (c + 2 * message_s) + 2 * 2 * 0.040
+    bound = _pair_bounds_s(topology, model, training)[2][0]
+    assert bound == pytest.approx(by_hand, rel=1e-9)
+    ctx = make_context(topology, model, training)
+    candidate = evaluate_placement(ctx, np.arange(2).reshape(1, 2), 2, "1f1b")
+    predicted = predict(candidate_to_plan(ctx, candidate), topology, model, training)[0].iteration_s
+    assert bound <= predicted

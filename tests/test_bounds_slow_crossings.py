@@ -102,7 +102,7 @@ def test_split_sync_agrees_with_every_split():
 def test_stays_below_random_plans_and_raises_some(monkeypatch):
     """Random plans (tensor groups, uneven splits, every sync, 1F1B/GPipe/ZB-H1 by the random job,
     stage groups filled region by region or replicas so) on random clustered topologies never
-    simulate below their pair's bound; the slow-crossings term raises that bound on some of them
+    simulate below their pair's bound; the slow-crossings term raises that bound on one at least
     (the bound computed again with the term at zero)."""
     import planner.search.bounds as bounds
     from tests.test_bounds_clusters import _checked_plans
@@ -121,7 +121,9 @@ def test_stays_below_random_plans_and_raises_some(monkeypatch):
         s, d = plan.stages, plan.replicas - 1
         raised += pairs[s][d] > 1.02 * without[s][d]
     assert len(checked) >= 30
-    assert raised >= 10  # 22 of 67 with this seed
+    # 1 of 67 with this seed, by 24% (22 before the clusters' both-ways and crossing round trips, which
+    # now raise the others as far)
+    assert raised >= 1
 
 
 def test_below_every_placement_of_three_regions_of_two():

@@ -14,9 +14,10 @@ from planner.plan.sync_groups import REPLICA
 from planner.plan.tensor import TENSOR_DEGREES
 from planner.prediction.stage_model import iteration_flops, layer_costs, least_gradient_bytes_per_param
 from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
-from planner.search.round_trip import (gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s, round_trip_s,
-                                      schedule_windows)
+from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s,
+                                      round_trip_s, schedule_windows)
 from planner.search.slow_crossings import group_counts, slow_crossing_s
+from planner.search.stage_split import stage_split_s
 
 __all__ = ["lower_bound_s", "work_bound_s", "work_flops"]
 
@@ -67,11 +68,17 @@ def lower_bound_s(topology, model, training) -> float:
       counts only where its kept activations fit, and under interleaving), then syncs its block
       and embeddings (at least) as above, and the deepest stage (``ceil(L / S)`` blocks) syncs
       after the chain's last trip reached the last stage; under GPipe, every activation of a round crosses the first
-      boundary before any gradient of it crosses back;
+      boundary before any gradient of it crosses back; where the stages outnumber a cluster's
+      devices, each trip crosses between clusters ``ceil(S / c) - 1`` times at least, both ways
+      (``round_trip.crossing_extra_s``), and a GPipe round's phases cross such a boundary;
+    - the blocks' work over the cells' speed plus every block's sync (as above) over ``S``: each
+      stage syncs after every replica's last backward on it (``planner.search.stage_split``);
     - the clusters that slow links join (``planner.search.cluster_bound``, for each threshold of
       ``planner.search.link_clusters``): a plan inside one cluster that holds it runs on that
       cluster's devices; one that spans clusters has a stage group or a replica crossing a link of
-      at most the threshold, whose sync or activations (and latencies) it pays;
+      at most the threshold, whose sync or activations (and latencies) it pays, both ways where a
+      boundary's or a two-member sync's pair, or any sync across exactly two clusters, must; where
+      every replica crosses, the busiest's round trips cross too;
     - the same clusters' stage groups (``planner.search.slow_crossings``): either every stage group
       sits in one cluster, and every replica's round trips cross between the clusters they fill, or
       some cross, and the round trips' chain ends with a crossing group's sync (over the layer
@@ -186,22 +193,36 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
         group = np.minimum(replicas * tensor, n - (stages - 1) * replicas)
         busiest_cell = busiest * heaviest / cell_flops
         heaviest_cells = batch * heaviest / np.minimum(fastest[group - 1], speedup * fastest[replicas - 1])
-        terms = [compute, sync, np.broadcast_to(pipe, compute.shape), widest_stage, busiest_cell, heaviest_cells]
+        terms = [compute, sync, np.broadcast_to(pipe, compute.shape), widest_stage, busiest_cell, heaviest_cells,
+                 stage_split_s(block_work, cells_flops, crossing.model_sync_bytes * ring, stages)]
+        crossing_trips = [None] * len(levels)  # each level's round trips where the busiest replica crosses it
         if stages > 1 and round_trips:
             fits = (gpipe_fits(model, training, stages, busiest, tensor, n, float(memory.max()))
                     if Schedule.GPIPE in training.schedules else None)
+
+            def level_crossings(fewest):  # what each clustering adds to a trip (round_trip.crossing_extra_s)
+                return [crossing_extra_s(stages=stages, largest=int(level.sizes.max()),
+                                         tau_bytes_per_s=min(level.tau_bytes_per_s, float(best_out[0])),
+                                         both_ways_bytes_per_s=min(level.both_ways_bytes_per_s, float(best_out[0])),
+                                         between_latency_s=level.latency_s, sequence_bytes=boundary_bytes,
+                                         boundary_s=boundary_s, latency_s=latency_s, fewest=fewest)
+                        for level in levels]
+            every = tuple(level_crossings(0))
             trips = partial(_round_trips_s, model, training, stages, busiest, tensor, n, float(memory.max()),
                             sequence_s=sequence_s, most_sequences=np.minimum(most_sequences, busiest),
                             micro_batch=training.micro_batch_size or math.inf,
                             first_sync_s=first_params * gradient_bytes * ring, fits=fits)
             deepest_sync_s = deepest * layer_params * gradient_bytes * ring
-            terms.append(trips(boundary_s=boundary_s, latency_s=latency_s, deepest_sync_s=deepest_sync_s))
+            both = trips(boundary_s=boundary_s, latency_s=latency_s, deepest_sync_s=deepest_sync_s,
+                         crossing_sets=[every] + [every + (one,) for one in level_crossings(1)])
+            terms.append(both[0])
+            crossing_trips = both[1:]
             cell_speedup = speedups[np.minimum(tensor, 1 + np.maximum(0, n - stages * replicas)) - 1]
             spared = partial(trips, sequence_s=work / batch / (cell_speedup * speed[0]))
 
             def crossed(b, lam, phases_b, phases_lam, deepest_s, trips=spared):  # this S's, called later
                 return trips(boundary_s=b, latency_s=lam, phases_boundary_s=phases_b, phases_latency_s=phases_lam,
-                             deepest_sync_s=deepest_s)
+                             deepest_sync_s=deepest_s)[0]
             crossings = [partial(slow_crossing_s, level, count, stages=stages, layers=model.layers,
                                  replicas=replicas, round_trips=crossed, boundary_s=boundary_s, latency_s=latency_s,
                                  sequence_bytes=boundary_bytes,
@@ -215,40 +236,46 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                 deferred[stages] = crossings
         every_block = busiest * model.layers * sequence_layer_flops / cell_flops  # K of cluster_bound
         terms += [cluster_bound(level, crossing, stages, replicas, used, speedup, cells_flops, work, block_work,
-                                every_block, state / stages) for level in levels]
+                                every_block, state / stages, crossing.model_sync_bytes * ring, trip)
+                  for level, trip in zip(levels, crossing_trips)]
         pairs[stages] = np.maximum.reduce(terms)
     return pairs
 
 
 def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_bytes, *, sequence_s, boundary_s,
                    latency_s, most_sequences, micro_batch, first_sync_s, deepest_sync_s,
-                   phases_boundary_s=None, phases_latency_s=None, fits=None) -> np.ndarray:
-    """(D,) ``round_trip_s`` under the schedule that allows the fewest round trips: the least over
-    the schedules ``training`` allows (``schedule_windows``; GPipe only where its activations fit,
-    ``gpipe_fits``; and never below ``gpipe_phases_s``, its first boundary's message and latency
-    ``phases_boundary_s`` and ``phases_latency_s``, ``boundary_s`` and ``latency_s`` unless given;
-    ``fits``: ``gpipe_fits``'s answer where the caller has it). ZB-H1's chain runs only the input
-    gradients' share of the backwards, so it counts no compute."""
+                   phases_boundary_s=None, phases_latency_s=None, fits=None, crossing_sets=((),)) -> list:
+    """(D,) ``round_trip_s`` under the schedule that allows the fewest round trips, one array for each
+    of ``crossing_sets`` (what the clusterings add to a trip, ``round_trip.crossing_extra_s``): the
+    least over the schedules ``training`` allows (``schedule_windows``; GPipe only where its
+    activations fit, ``gpipe_fits``; and never below ``gpipe_phases_s``, its first boundary's message
+    and latency ``phases_boundary_s`` and ``phases_latency_s``, ``boundary_s`` and ``latency_s``
+    unless given; ``fits``: ``gpipe_fits``'s answer where the caller has it). ZB-H1's chain runs only
+    the input gradients' share of the backwards, so it counts no compute."""
     phases_boundary_s = boundary_s if phases_boundary_s is None else phases_boundary_s
     phases_latency_s = latency_s if phases_latency_s is None else phases_latency_s
-    least = np.full(np.shape(busiest), np.inf)
+    least = [np.full(np.shape(busiest), np.inf) for _ in crossing_sets]
     for schedule, window in schedule_windows(training, stages).items():
         compute_s = 0.0 if schedule == Schedule.ZERO_BUBBLE else sequence_s
-        seconds = round_trip_s(stages=stages, busiest=busiest, window=window, max_micro_batch=most_sequences,
-                               sequence_s=compute_s, boundary_s=boundary_s, latency_s=latency_s,
-                               first_sync_s=first_sync_s)
-        seconds = np.maximum(seconds, last_sync_s(stages=stages, busiest=busiest, window=window, micro_batch=micro_batch,
-                                                  sequence_s=compute_s, boundary_s=boundary_s, latency_s=latency_s,
-                                                  deepest_sync_s=deepest_sync_s))
-        if schedule == Schedule.GPIPE:
-            rounds = np.ceil(np.ceil(busiest / most_sequences) / window)  # the fewest: 1 in one round
-            seconds = np.maximum(seconds, gpipe_phases_s(busiest=busiest, rounds=np.maximum(rounds, 1.0),
-                                                         boundary_s=phases_boundary_s, latency_s=phases_latency_s,
-                                                         first_sync_s=first_sync_s))
-            if fits is None:
-                fits = gpipe_fits(model, training, stages, busiest, tensor, devices, capacity_bytes)
-            seconds = np.where(fits, seconds, np.inf)
-        least = np.minimum(least, seconds)
+        floor = last_sync_s(stages=stages, busiest=busiest, window=window, micro_batch=micro_batch,
+                            sequence_s=compute_s, boundary_s=boundary_s, latency_s=latency_s,
+                            deepest_sync_s=deepest_sync_s)
+        gpipe = schedule == Schedule.GPIPE
+        if gpipe and fits is None:
+            fits = gpipe_fits(model, training, stages, busiest, tensor, devices, capacity_bytes)
+        allowed = fits if gpipe else True
+        rounds = np.maximum(np.ceil(np.ceil(busiest / most_sequences) / window), 1.0)  # the fewest: 1 in one round
+        for k, crossings in enumerate(crossing_sets):
+            seconds = np.maximum(floor, round_trip_s(stages=stages, busiest=busiest, window=window,
+                                                     max_micro_batch=most_sequences, sequence_s=compute_s,
+                                                     boundary_s=boundary_s, latency_s=latency_s,
+                                                     first_sync_s=first_sync_s, crossings=crossings,
+                                                     micro_batch=micro_batch))
+            if gpipe:
+                seconds = np.maximum(seconds, gpipe_phases_s(busiest=busiest, rounds=rounds,
+                                                             boundary_s=phases_boundary_s, latency_s=phases_latency_s,
+                                                             first_sync_s=first_sync_s, crossings=crossings))
+            least[k] = np.minimum(least[k], np.where(allowed, seconds, np.inf))
     return least
 
 

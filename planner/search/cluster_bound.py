@@ -8,9 +8,19 @@ replicas either sits inside one cluster, or its grid spans two clusters or more,
 stage group or some replica crosses between clusters: if every stage group and every replica sat
 inside one cluster, the whole grid would (each stage meets each replica in a cell).
 
-Notation (``cluster_bound``): ``B`` sequences, ``L`` blocks; ``P = B m / tau``, the whole batch's
-activations (``m`` per sequence, ``bounds._least_boundary_bytes``) over a link of at most ``tau``;
-``A = K + L p g x / tau``, where ``p g`` is a block's least sync bytes
+Traffic across clusters often goes both ways between them, and then the slower direction counts:
+a stage boundary's activations go one way and its gradients come back over the same pair, and a
+sync of two members sends its bytes each way between them, so both run no faster than ``tau_2``,
+the largest least-of-both-directions of a pair in different clusters
+(``link_clusters.fastest_both_ways_between``); a sync whose members sit in exactly two clusters
+crosses from each to the other (a ring's cycle, the leads' ring, a server's messages out and back,
+the sharded exchange's pairs), so no faster than ``tau_s``, the slower direction's fastest link
+(``link_clusters.slower_way_between``; ``tau`` for three clusters or more).
+
+Notation (``cluster_bound``): ``B`` sequences, ``L`` blocks; ``P = B m / tau_2``, the whole batch's
+activations (``m`` per sequence, ``bounds._least_boundary_bytes``) over a crossing boundary;
+``A = K + L p g x / tau_sync`` (``tau_sync``: ``min(tau_2, tau_s)`` for two replicas, ``tau_s``
+otherwise), where ``p g`` is a block's least sync bytes
 (``bounds._least_sync_bytes_per_param``), ``x`` the share of a stage's sync bytes that one member
 sends over one crossing link, the least of the algorithms allowed (``2 (D - 1) / D`` for a ring,
 every hop carrying that; 1 for a parameter server's and a hierarchical all-reduce's ``n``, the
@@ -32,7 +42,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.search.link_clusters import clusters_at, least_latency_between, link_thresholds
+from planner.search.link_clusters import (clusters_at, fastest_both_ways_between, least_latency_between,
+                                          link_thresholds, slower_way_between)
+from planner.search.stage_split import stage_split_s
 
 __all__ = ["MAX_CLUSTERS", "ClusterLevel", "Crossing", "cluster_levels", "cluster_bound"]
 
@@ -46,6 +58,10 @@ class ClusterLevel:
 
     tau_bytes_per_s: float
     latency_s: float
+    # the most bytes/s a pair of devices of different clusters passes both ways (at most tau)
+    both_ways_bytes_per_s: float
+    # two clusters: the slower direction's fastest link between them (at most tau); tau otherwise
+    slower_way_bytes_per_s: float
     sizes: np.ndarray  # (K,) devices per cluster
     memory_bytes: np.ndarray  # (K,) each cluster's largest device memory
     speed: np.ndarray  # (K, M) FLOP/s of each cluster's k + 1 fastest devices (its total past its size)
@@ -97,14 +113,18 @@ def cluster_levels(topology, training) -> list:
             sizes = np.append(sizes[kept], sizes[merged].max())
             most = np.append(most[kept], most[merged].max())
             speed = np.vstack([speed[kept], speed[merged].max(axis=0)])
+        both_ways = min(float(tau), fastest_both_ways_between(network, labels))
         levels.append(ClusterLevel(tau_bytes_per_s=float(tau), latency_s=least_latency_between(network, labels),
+                                   both_ways_bytes_per_s=both_ways,
+                                   slower_way_bytes_per_s=min(float(tau), slower_way_between(network, labels)),
                                    sizes=sizes, memory_bytes=most, speed=speed, cluster_sizes=every_size))
     return levels
 
 
 def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas: np.ndarray, used: np.ndarray,
                   speedup: float, cells_flops: np.ndarray, work_flops: float, block_flops: float,
-                  busiest_s: np.ndarray, state_bytes: float) -> np.ndarray:
+                  busiest_s: np.ndarray, state_bytes: float, inside_sync_s: np.ndarray = None,
+                  crossing_trip_s: np.ndarray = None) -> np.ndarray:
     """A bound, per replica count ``replicas`` (D), on plans of ``stages`` (S) stages from the
     clusters of ``level`` (module description; ``used``: U; ``cells_flops``: the most FLOP/s the
     plan's cells reach together, the U fastest devices' at most and ``speedup`` (a tensor group's
@@ -113,20 +133,25 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
     least state).
 
     Either the plan sits inside one cluster with at least ``S D`` devices and a device of at least
-    ``state_bytes``: then its work bound over that cluster's ``U`` fastest devices. Or it spans
+    ``state_bytes``: then its work bound over that cluster's ``U`` fastest devices, and
+    ``stage_split.stage_split_s`` over them with ``inside_sync_s`` (every block's sync over the
+    fastest ring, the bound's sync term; None: not counted). Or it spans
     clusters, and then (the time ``T`` is at least each of the terms, so at least their largest
     minimised over what the plan may choose):
 
     (i) no stage crosses: the stages sit in two clusters or more, so every replica crosses, the
         busiest (``ceil(B / D)`` sequences) too: ``max(ceil(B / D) P / B, P C / (P + C), 2 latencies)``,
-        the second from ``max(phi P, (1 - phi) C)``, the rest of the batch running elsewhere;
+        the second from ``max(phi P, (1 - phi) C)``, the rest of the batch running elsewhere; and
+        the busiest replica's round trips crossing once at least (``crossing_trip_s``, from
+        ``round_trip.crossing_extra_s`` with ``fewest=1``; None: not counted);
     (ii) no replica crosses: every stage crosses, the deepest (``ceil(L / S)`` blocks) too:
         ``max(ceil(L / S) A / L + Lambda, C (A + Lambda) / (A + C))``, the second from
         ``max(f A + Lambda, (1 - f) C)``, the other stages' blocks running elsewhere;
     (iii) some stage and some replica cross: ``T`` with ``T = (1 - T / A)(1 - T / P) C`` (the cells
         outside both do ``(1 - f)(1 - phi)`` of the blocks' work), at least ``A / L + Lambda`` and
         ``P / B`` (a stage has a block, a replica a sequence); and, unless every stage or every
-        replica crosses (cases (ii), (i)), ``_crowded_s``.
+        replica crosses (cases (ii), (i)), ``_crowded_s`` and ``_split_stages_s`` (no cluster
+        holding ``S + D - 1`` cells rules it out).
 
     Where no cluster has ``D`` devices, every stage group crosses, so (ii)'s bound holds whatever
     the replicas do; where none has ``S``, every replica crosses and (i)'s holds; both where both.
@@ -144,18 +169,27 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
     fits = (level.memory_bytes >= state_bytes)[:, None] & (level.sizes[:, None] >= cells[None, :])
     with np.errstate(divide="ignore"):
         inside = work_flops / np.where(fits, best_cluster, 0.0).max(axis=0)  # inf where no cluster holds it
+        if inside_sync_s is not None:  # and its stages compute, then sync (``stage_split``)
+            staged = stage_split_s(block_flops, np.where(fits, best_cluster, 0.0), inside_sync_s, stages).min(axis=0)
+            inside = np.maximum(inside, staged)
     share = 2.0 * (replicas - 1) / replicas if crossing.ring_only else np.ones(replicas.shape)
     if crossing.sharded:
         share = np.minimum(share, 2.0 / replicas)
-    A = busiest_s + crossing.model_sync_bytes * share / tau
+    # two members sync over both directions of one pair (``fastest_both_ways_between``)
+    # and any sync across two clusters crosses both ways (``slower_way_between``)
+    sync_tau = np.where(replicas == 2, min(level.both_ways_bytes_per_s, level.slower_way_bytes_per_s),
+                        level.slower_way_bytes_per_s)
+    A = busiest_s + crossing.model_sync_bytes * share / sync_tau
     steps = 2.0 * (replicas - 1) if crossing.ring_only and crossing.sync_every == 1 else 2.0
     lam = steps * latency / crossing.sync_every
-    P = crossing.batch_bytes / tau
+    P = crossing.batch_bytes / level.both_ways_bytes_per_s  # a boundary's messages go both ways
     C = block_flops / cells_flops
     L, B = crossing.layers, crossing.batch
     never = np.full(replicas.shape, np.inf)
     one = (np.maximum.reduce([np.ceil(B / replicas) * P / B, P * C / (P + C), np.full(replicas.shape, 2.0 * latency)])
            if stages > 1 else never)  # a replica of one cell never crosses
+    if stages > 1 and crossing_trip_s is not None:  # the busiest crosses: its round trips do
+        one = np.maximum(one, crossing_trip_s)
     two = np.where(replicas > 1, np.maximum(math.ceil(L / stages) * A / L + lam,
                                             np.maximum(lam, C * (A + lam) / (A + C))), np.inf)
     if stages > 1:
@@ -171,10 +205,33 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
     all_cross = np.maximum(one, two)
     if level.sizes.max() == 1 and stages > 1:  # every cell alone: every boundary and stage crosses
         all_cross = np.maximum(all_cross, np.ceil(B / replicas) * P / B
-                               + crossing.end_sync_bytes * share / tau + lam)
+                               + crossing.end_sync_bytes * share / sync_tau + lam)
+    if stages > 1 and inside_sync_s is not None:
+        both = np.maximum(both, _split_stages_s(stages, replicas, cells, level.sizes.max(), A,
+                                                busiest_s + inside_sync_s))
     crossing_s = np.where(every_stage, all_cross if every_replica else two,
                           one if every_replica else np.minimum.reduce([one, two, both]))
     return np.minimum(inside, crossing_s)
+
+
+def _split_stages_s(stages: int, replicas: np.ndarray, cells: np.ndarray, largest: int, crossing_s: np.ndarray,
+                    inside_s: np.ndarray) -> np.ndarray:
+    """The least ``T`` of case (iii) of ``cluster_bound`` from the stages' shares of the blocks:
+    each stage of a share ``f`` of the blocks takes at least ``f X`` (its sync starts after the
+    busiest replica's backwards of those blocks, ``K``, and sends ``f`` of every block's sync bytes),
+    with ``X = A`` (``crossing_s``) for a crossing stage and ``X = K + Y`` (``inside_s``, ``Y`` every
+    block's sync over the fastest ring, ``bounds.lower_bound_s``'s sync term) for the others; the
+    shares adding up to 1, ``T >= 1 / sum_s (1 / X_s)``. Case (iii) leaves at most ``c`` crossing
+    stages times crossing replicas' cells outside one cluster of at most ``largest`` devices, so
+    ``c`` crossing stages and at most ``D - 1`` crossing replicas need ``c (D - 1) >= S D - largest``:
+    ``c >= max(1, ceil((S D - largest) / (D - 1)))``, up to ``S - 1``; the least over the two ends
+    (the bound is monotone in ``c``), and inf where even ``S - 1`` are too few (no cluster holds the
+    ``S + D - 1`` cells of a stage and a replica that stay inside: case (iii) cannot happen)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fewest = np.maximum(1.0, np.ceil((cells - largest) / np.maximum(replicas - 1, 1)))
+        ends = [np.minimum(fewest, stages - 1), np.full(np.shape(replicas), stages - 1.0)]
+        bounds = [1.0 / (c / crossing_s + (stages - c) / inside_s) for c in ends]
+    return np.where(fewest > stages - 1, np.inf, np.minimum(*bounds))
 
 
 def _crowded_s(C, a, b):

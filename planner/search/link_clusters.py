@@ -22,7 +22,8 @@ from scipy.sparse.csgraph import connected_components
 
 from cost_models.links import LevelMatrix
 
-__all__ = ["least_latency_between", "MAX_THRESHOLDS", "link_thresholds", "clusters_at"]
+__all__ = ["least_latency_between", "fastest_both_ways_between", "slower_way_between", "MAX_THRESHOLDS",
+           "link_thresholds", "clusters_at"]
 
 MAX_THRESHOLDS = 8  # thresholds tried per topology (each gives a valid bound; more only tighten)
 
@@ -113,3 +114,88 @@ def least_latency_between(network, labels: np.ndarray) -> float:
     values = np.concatenate(candidates)
     values = values[np.isfinite(values)]
     return float(values.min()) if values.size else 0.0
+
+
+def fastest_both_ways_between(network, labels: np.ndarray) -> float:
+    """The most bytes/s a pair of devices of different clusters (``labels``) passes both ways:
+    the largest ``min(bandwidth[a, b], bandwidth[b, a])`` over such pairs, at most.
+
+    A stage boundary between two cells sends the activations one way and the gradients back over
+    the reverse link of the same pair (``cost_models.simulator``: ``send_bwd`` goes to the upstream
+    stage's device), and a gradient sync of two members sends ``n`` each way
+    (``cost_models.network.Network.sync_flows``), so such traffic across clusters runs no faster
+    than this. By levels, never N x N: a pair's two directions are at most the table's both ways
+    and each device's own NICs' least (``q``), so per region the devices of the largest ``q`` of two
+    different clusters are the candidates; the pair entries count at their pair's value (a pair
+    entry that slows a pair the table counts leaves the value above the exact one, still a bound)."""
+    bandwidth = network.bandwidth_bytes_per_s
+    if not isinstance(bandwidth, LevelMatrix):
+        dense = np.array(bandwidth, dtype=float)
+        both = np.minimum(dense, dense.T)
+        return float(np.max(np.where(labels[:, None] != labels[None, :], both, -np.inf), initial=0.0))
+    region, host = bandwidth.region, bandwidth.host
+    regions = bandwidth.table.shape[0]
+    own = np.full(region.size, np.inf) if bandwidth.egress is None else np.minimum(bandwidth.egress[host],
+                                                                                  bandwidth.ingress[host])
+    # per region, the device of the largest q and the largest of another cluster: (q, cluster), -1 where none
+    best = np.full((regions, 2), -np.inf)
+    best_label = np.full((regions, 2), -1)
+    order = np.lexsort((-own, region))  # by region, largest q first
+    first = order[np.unique(region[order], return_index=True)[1]]
+    best[region[first], 0], best_label[region[first], 0] = own[first], labels[first]
+    other = order[labels[order] != best_label[region[order], 0]]
+    if other.size:
+        second = other[np.unique(region[other], return_index=True)[1]]
+        best[region[second], 1], best_label[region[second], 1] = own[second], labels[second]
+    table = np.asarray(bandwidth.table, dtype=float)
+    both = np.minimum(table, table.T)
+    value = -np.inf
+    for i in range(2):
+        for j in range(2):
+            apart = (best_label[:, i][:, None] != best_label[:, j][None, :]) & (best_label[:, i][:, None] >= 0) & (
+                best_label[:, j][None, :] >= 0)
+            pair = np.minimum(both, np.minimum(best[:, i][:, None], best[:, j][None, :]))
+            pair = np.where(apart & ~np.isnan(pair), pair, -np.inf)
+            value = max(value, float(pair.max(initial=-np.inf)))
+    for (a, b) in bandwidth.overrides:
+        if labels[a] != labels[b]:
+            value = max(value, float(min(bandwidth[a, b], bandwidth[b, a])))
+    return max(value, 0.0)
+
+
+def slower_way_between(network, labels: np.ndarray) -> float:
+    """Between exactly two clusters (``labels`` 0 and 1): the slower of the two directions' fastest
+    links, ``min(max bandwidth[0 -> 1], max bandwidth[1 -> 0])``, at most (inf for any other count).
+
+    Any exchange among members of both clusters that goes round a cycle (a ring, the leads' ring of
+    a hierarchical all-reduce) or both ways between pairs (a parameter server, DTFM's sharded
+    exchange, a stage boundary: ``cost_models.network.Network.sync_flows``) crosses from 0 to 1 and
+    from 1 to 0, so some crossing message runs no faster than this. By levels, never N x N: the
+    fastest link from 0 to 1 is, over region pairs, the table's entry capped by the fastest egress
+    NIC of 0's devices in the one and the fastest ingress of 1's in the other; the pair entries
+    count at their value."""
+    if labels.size == 0 or int(labels.max()) != 1:
+        return np.inf
+    bandwidth = network.bandwidth_bytes_per_s
+    if not isinstance(bandwidth, LevelMatrix):
+        dense = np.array(bandwidth, dtype=float)
+        zero, one = labels == 0, labels == 1
+        return float(min(dense[np.ix_(zero, one)].max(), dense[np.ix_(one, zero)].max()))
+    region, host = bandwidth.region, bandwidth.host
+    regions = bandwidth.table.shape[0]
+    table = np.asarray(bandwidth.table, dtype=float)
+    egress = np.full(region.size, np.inf) if bandwidth.egress is None else bandwidth.egress[host]
+    ingress = np.full(region.size, np.inf) if bandwidth.ingress is None else bandwidth.ingress[host]
+    ways = []
+    for a, b in ((0, 1), (1, 0)):
+        out = np.full(regions, -np.inf)
+        np.maximum.at(out, region[labels == a], egress[labels == a])
+        into = np.full(regions, -np.inf)
+        np.maximum.at(into, region[labels == b], ingress[labels == b])
+        values = np.minimum(table, np.minimum(out[:, None], into[None, :]))
+        value = float(np.where(np.isnan(values), -np.inf, values).max())
+        for (x, y) in bandwidth.overrides:
+            if labels[x] == a and labels[y] == b:
+                value = max(value, float(bandwidth[x, y]))
+        ways.append(max(value, 0.0))
+    return min(ways)

@@ -23,6 +23,10 @@ first gradient back only after the first stage's last activation of the round re
 activation of the round crossed the first boundary's link before any of its gradients crosses
 back over the reverse link (``gpipe_phases_s``).
 
+Where clusters joined by slow links (``planner.search.link_clusters``) hold fewer devices than the
+plan has stages, a replica's stages cross between clusters, and every trip pays those crossings'
+slower links and longer latencies both ways (``crossing_extra_s``).
+
 Every stage syncs after its last backward, which follows the chain's last trip's forward to the
 last stage and backward to it, so the chain's other trips and ``S - 1`` messages come before the
 deepest stage's sync too (``last_sync_s``).
@@ -37,7 +41,8 @@ from cost_models.schedule import Schedule
 from planner.prediction.stage_model import layer_costs, stage_memory_bytes
 from planner.search.link_clusters import least_latency_between
 
-__all__ = ["schedule_windows", "gpipe_fits", "least_latency_s", "round_trip_s", "gpipe_phases_s", "last_sync_s"]
+__all__ = ["schedule_windows", "gpipe_fits", "least_latency_s", "round_trip_s", "crossing_extra_s", "gpipe_phases_s",
+           "last_sync_s"]
 
 
 def schedule_windows(training, stages: int) -> dict:
@@ -92,7 +97,8 @@ def least_latency_s(network) -> float:
 
 
 def round_trip_s(*, stages: int, busiest: np.ndarray, window: float, max_micro_batch: np.ndarray,
-                 sequence_s: float, boundary_s: float, latency_s: float, first_sync_s: np.ndarray) -> np.ndarray:
+                 sequence_s: float, boundary_s: float, latency_s: float, first_sync_s: np.ndarray,
+                 crossings: tuple = (), micro_batch: float = math.inf) -> np.ndarray:
     """(D,) seconds at least of any plan of ``stages`` (S >= 2) stages whose busiest replica runs
     ``busiest`` sequences in micro-batches of at most ``max_micro_batch``, the first stage chaining
     round trips ``window`` micro-batches apart (module description):
@@ -105,16 +111,49 @@ def round_trip_s(*, stages: int, busiest: np.ndarray, window: float, max_micro_b
     gradient sync, which starts after its last backward, the chain's end. A trip of a micro-batch
     of ``m`` sequences takes ``m (c + 2 (S - 1) b) + 2 (S - 1) lambda`` at least; ``ceil(M / w)``
     trips of ``m`` sequences with ``M m >= busiest`` carry ``max(m, busiest / w)`` sequences, and
-    ``M >= ceil(busiest / m)``."""
+    ``M >= ceil(busiest / m)``.
+
+    ``crossings``: ``(k, per sequence, per trip)``: ``k`` boundaries cross between clusters, each
+    adding those seconds to a trip at least (``crossing_extra_s``, one per clustering); the largest
+    counts.
+    ``micro_batch``: where the job fixes it (``m``, finite), every micro-batch holds exactly ``m``
+    sequences, so the trips carry ``m`` each: ``ceil(ceil(busiest / m) / w) m`` at least."""
     busiest = np.asarray(busiest, dtype=float)
     hops = 2.0 * (stages - 1)
     carried = np.maximum(1.0, busiest / window)
     trips = np.maximum(1.0, np.ceil(np.ceil(busiest / max_micro_batch) / window))
-    return carried * (sequence_s + hops * boundary_s) + trips * hops * latency_s + first_sync_s
+    if math.isfinite(micro_batch):
+        carried = np.maximum(carried, np.ceil(np.ceil(busiest / micro_batch) / window) * micro_batch)
+    extra = np.maximum.reduce([k * (carried * per_sequence + trips * per_trip)
+                               for k, per_sequence, per_trip in crossings], initial=0.0) if crossings else 0.0
+    return carried * (sequence_s + hops * boundary_s) + trips * hops * latency_s + first_sync_s + extra
+
+
+def crossing_extra_s(*, stages: int, largest: int, tau_bytes_per_s: float, both_ways_bytes_per_s: float,
+                     between_latency_s: float, sequence_bytes: float, boundary_s: float, latency_s: float,
+                     fewest: int = 0) -> tuple:
+    """``(k, per sequence, per trip)``: ``k`` crossings, and the seconds each adds at least to a round
+    trip of a plan of ``stages`` stages over ``round_trip_s``'s fastest links and least latencies
+    (per sequence it carries, per trip), at a clustering whose clusters hold at
+    most ``largest`` devices, links between them at most ``tau_bytes_per_s`` each way, a pair's two
+    directions at most ``both_ways_bytes_per_s`` for the slower (``link_clusters``), latencies at
+    least ``between_latency_s``.
+
+    A replica's ``S`` cells (each inside one cluster) visit at least ``ceil(S / largest)`` clusters,
+    so at least ``k = ceil(S / largest) - 1`` of its boundaries cross; each trip sends a sequence's
+    ``sequence_bytes`` across each of them forward (``a -> b``) and back (``b -> a``), at least
+    ``bytes / min + bytes / max`` of the pair's two directions, and pays two latencies of at least
+    ``between_latency_s``, where ``round_trip_s`` counted ``2 boundary_s`` and ``2 latency_s``.
+    ``fewest``: crossings known otherwise (a replica that crosses: 1)."""
+    crossings = max(fewest, math.ceil(stages / largest) - 1)
+    if crossings == 0 or sequence_bytes <= 0:
+        return 0, 0.0, 0.0
+    both = sequence_bytes / both_ways_bytes_per_s + sequence_bytes / tau_bytes_per_s
+    return crossings, max(0.0, both - 2.0 * boundary_s), 2.0 * max(0.0, between_latency_s - latency_s)
 
 
 def gpipe_phases_s(*, busiest: np.ndarray, rounds: float, boundary_s: float, latency_s: float,
-                   first_sync_s: np.ndarray) -> np.ndarray:
+                   first_sync_s: np.ndarray, crossings: tuple = ()) -> np.ndarray:
     """(D,) seconds at least of any GPipe plan of two stages or more whose busiest replica runs
     ``busiest`` sequences: ``2 busiest b + 2 R lambda + y`` with ``R`` (``rounds``) the fewest
     accumulation rounds, ``b``, ``lambda`` and ``y`` as in ``round_trip_s``.
@@ -125,9 +164,16 @@ def gpipe_phases_s(*, busiest: np.ndarray, rounds: float, boundary_s: float, lat
     first boundary's link one after the other (``cost_models.simulator``: a send waits for its link
     to be free), and so do its gradients the reverse link, each message arriving ``lambda`` after
     its link time. The rounds run one after the other on both stages, and the first stage's sync
-    follows its last backward, which waits for the last gradient."""
+    follows its last backward, which waits for the last gradient.
+
+    Any boundary's stage downstream does the same, so where a boundary crosses between clusters
+    (``crossings``' ``k >= 1``, ``crossing_extra_s``), its phases pay that crossing both ways: the
+    busiest replica's sequences times its per-sequence seconds, and its latencies each round (the
+    largest over the clusterings)."""
     busiest = np.asarray(busiest, dtype=float)
-    return 2.0 * busiest * boundary_s + 2.0 * rounds * latency_s + first_sync_s
+    extra = np.maximum.reduce([busiest * per_sequence + rounds * per_trip
+                               for k, per_sequence, per_trip in crossings if k > 0], initial=0.0)
+    return 2.0 * busiest * boundary_s + 2.0 * rounds * latency_s + first_sync_s + extra
 
 
 def last_sync_s(*, stages: int, busiest: np.ndarray, window: float, micro_batch: float, sequence_s: float,
