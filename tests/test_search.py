@@ -341,3 +341,28 @@ def test_crossover_alignment_scores_shared_devices_as_the_pairwise_count():
         assert np.array_equal(_alignment_score(a, b), score)
         _, columns = linear_sum_assignment(-score)
         assert np.array_equal(_align(a, b), b[columns])
+
+
+def test_above_the_probes_size_pairs_are_tried_by_their_lower_bound():
+    """Above DENSE_DEVICES no probe orders the degree pairs: construction takes them by each pair's
+    lower bound (the sync over slow links counted), keeping each pair's work bound for pruning;
+    the all-device pairs whose rings cross the regions' links come late."""
+    from benchmarks.scale import generated_topology
+    from planner.inputs.model import model_preset, parse_training
+    from planner.inputs.topology import parse_topology
+    from planner.search.bounds import pair_bounds_s, work_flops
+    from planner.search.front import DENSE_DEVICES, _bound_ordered, _ordered_pairs
+
+    n = 2 * DENSE_DEVICES
+    topology = parse_topology(generated_topology(n), name="generated")
+    model = model_preset("gpt3-6.7b")
+    training = parse_training({"global_batch": 2 * n, "micro_batch_size": 1, "precision": "fp16",
+                               "recompute": True, "flash_attention": True})
+    allowed = [(s, d) for s in (2, 4, 8, 16, 32) for d in (8, 16, n // s)]
+    by_work = _ordered_pairs(allowed, work_flops(topology, model, training), topology.effective_flops("fp16"))
+    ordered = _bound_ordered(by_work, topology, model, training)
+    assert sorted(ordered) == sorted(by_work)  # the same pairs, each with its work bound
+    table = pair_bounds_s(topology, model, training)
+    keys = [max(w, table[s][d - 1]) for w, s, d in ordered]
+    assert keys == sorted(keys)
+    assert by_work[0][1:] == (2, n // 2) and ordered.index(by_work[0]) > len(ordered) // 2

@@ -19,7 +19,7 @@ from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phase
 from planner.search.slow_crossings import group_counts, slow_crossing_s
 from planner.search.stage_split import stage_split_s
 
-__all__ = ["lower_bound_s", "work_bound_s", "work_flops"]
+__all__ = ["lower_bound_s", "pair_bounds_s", "work_bound_s", "work_flops"]
 
 
 def work_bound_s(topology, model, training) -> float:
@@ -90,6 +90,12 @@ def lower_bound_s(topology, model, training) -> float:
     applied to the devices a pair uses, so at least as tight as it.
     """
     return _lower_bound_s(topology, model, training, clusters=True)
+
+
+def pair_bounds_s(topology, model, training) -> dict:
+    """``{S: bounds}``: ``lower_bound_s``'s bound on every plan of S stages and ``D = 1 ..
+    len(bounds)`` replicas, for every S whose largest stage's state fits."""
+    return _pair_bounds_s(topology, model, training)
 
 
 def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:

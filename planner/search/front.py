@@ -32,7 +32,7 @@ from planner.plan.plan import Plan, validate_plan
 from planner.plan.precision import resolve_precision
 from planner.plan.sync import AUTO, syncs_for
 from planner.plan.tensor import TENSOR_DEGREES, grouping_groups, groupings
-from planner.search.bounds import work_flops
+from planner.search.bounds import pair_bounds_s, work_flops
 from planner.search.construct import layouts, probe_layouts
 from planner.search.cpsat_placement import exact_placement, model_is_small_enough
 from planner.search.deadline import (CONSTRUCT_UNITS_PER_S, ESTIMATES_PER_S, EXACT_WORK_PER_S,
@@ -156,6 +156,20 @@ def _ordered_pairs(pairs: list, work_flops: float, speed: np.ndarray) -> list:
     """(bound, stages, replicas) by ascending bound: the work over the fastest ``S x D`` devices."""
     fastest = np.cumsum(np.sort(speed)[::-1])
     return sorted((work_flops / fastest[s * d - 1], s, d) for s, d in pairs)
+
+
+def _bound_ordered(pairs: list, topology, model, training) -> list:
+    """``_ordered_pairs``' pairs (their work bounds kept, which prune) in the order of each pair's lower
+    bound on every plan of its degrees (``bounds._pair_bounds_s``: the gradient sync, the round trips
+    and the clusters besides the work; infinite for degrees whose largest stage's state fits on no
+    device), so that where no probe orders them (above ``DENSE_DEVICES``) construction does not
+    start with pairs whose replicas' rings must cross slow links."""
+    table = pair_bounds_s(topology, model, training)
+
+    def bound(work_s: float, stages: int, replicas: int) -> float:
+        row = table.get(stages)
+        return max(work_s, float(row[replicas - 1])) if row is not None and replicas <= len(row) else math.inf
+    return sorted(pairs, key=lambda pair: (bound(*pair), pair))
 
 
 def search(topology, model, training, options: SearchOptions = SearchOptions(), *, objective: Objective = None,
@@ -489,6 +503,8 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
     if min(d for _, d in allowed) > training.global_batch // min(sizes):
         raise too_few_micro_batches_error(training.global_batch, min(sizes), min(d for _, d in allowed))
     pairs = _ordered_pairs(allowed, work_flops(topology, model, training), ctx.speed)
+    if topology.size > DENSE_DEVICES:
+        pairs = _bound_ordered(pairs, real, model, ctx.training)
     units = 0.0
     levels = bandwidth_clusters(topology) if options.structural else []
     orders = {}  # each cluster level's order, shared by the degree pairs (construct.cluster_layouts)
