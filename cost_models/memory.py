@@ -89,7 +89,8 @@ def logits_bytes(s: int, b: int, v: int, dtype_bytes: int = 4) -> float:
 
 
 EAGER_LOSS_KEPT_BYTES_PER_LOGIT = 4  # per logit: the fp32 log-probabilities log_softmax keeps for its backward
-EAGER_LOSS_BACKWARD_BYTES_PER_LOGIT = 8  # per logit: the fp32 gradients of the log-probabilities and of the logits, at once
+# per logit: the fp32 gradients of the log-probabilities and of the logits, at once
+EAGER_LOSS_BACKWARD_BYTES_PER_LOGIT = 8
 
 
 def loss_bytes(s: int, b: int, v: int, dtype_bytes: int, *, compiled: bool = True) -> tuple:
@@ -107,7 +108,8 @@ def loss_bytes(s: int, b: int, v: int, dtype_bytes: int, *, compiled: bool = Tru
     together, though the stage model adds them (those runs predicted 1.3-2.0% high)."""
     if compiled:
         return logits_bytes(s, b, v, dtype_bytes), logits_bytes(s, b, v, dtype_bytes)
-    return logits_bytes(s, b, v, EAGER_LOSS_KEPT_BYTES_PER_LOGIT), logits_bytes(s, b, v, EAGER_LOSS_BACKWARD_BYTES_PER_LOGIT)
+    return (logits_bytes(s, b, v, EAGER_LOSS_KEPT_BYTES_PER_LOGIT),
+            logits_bytes(s, b, v, EAGER_LOSS_BACKWARD_BYTES_PER_LOGIT))
 
 
 def final_norm_bytes(s: int, b: int, h: int, positions: int, dtype_bytes: int = 2) -> float:

@@ -41,8 +41,8 @@ def check_memory(inputs, *, refuse: bool = True, compiled: bool = True) -> str |
             return f"{error.detail}: the plan does not fit in memory" + (" with an eager loss" if eager else "")
         if eager:  # fits as planned, with the compiled loss
             raise InputError(f"{error.detail} with the eager loss of --compile off (fp32 log-probabilities): "
-                             "launch with --compile auto (the plan counts the compiled loss's)", source=inputs.plan_path,
-                             field="--compile") from None
+                             "launch with --compile auto (the plan counts the compiled loss's)",
+                             source=inputs.plan_path, field="--compile") from None
         raise InputError(f"{error.detail} with this model and training: plan again (was model or training edited?)",
                          source=inputs.plan_path, field=error.field) from None
     return None

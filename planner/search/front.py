@@ -50,8 +50,9 @@ from planner.search.objective import IterationTime, Objective
 from planner.search.plans import candidate_to_plan
 from planner.search.sync_choice import choose_sync, estimated_sync, plan_with_sync, sync_training
 from planner.search.group_choice import GROUP_CHOICE_SHARE, choose_sync_groups, chooses_groups, with_asked_groups
-from planner.search.no_plan import (BudgetKnob, OutOfBudget, network_error, no_degrees_error, no_fit_error, out_of_budget_error,
-                                    stage_memory_floor, too_few_micro_batches_error, too_large_error)
+from planner.search.no_plan import (BudgetKnob, OutOfBudget, network_error, no_degrees_error, no_fit_error,
+                                    out_of_budget_error, stage_memory_floor, too_few_micro_batches_error,
+                                    too_large_error)
 from planner.search.refine import REFINE_EVALUATIONS, refine_split
 
 __all__ = ["SearchOptions", "SearchResult", "search"]
@@ -160,7 +161,7 @@ def _ordered_pairs(pairs: list, work_flops: float, speed: np.ndarray) -> list:
 
 def _bound_ordered(pairs: list, topology, model, training) -> list:
     """``_ordered_pairs``' pairs (their work bounds kept, which prune) in the order of each pair's lower
-    bound on every plan of its degrees (``bounds._pair_bounds_s``: the gradient sync, the round trips
+    bound on every plan of its degrees (``bounds.pair_bounds_s``: the gradient sync, the round trips
     and the clusters besides the work; infinite for degrees whose largest stage's state fits on no
     device), so that where no probe orders them (above ``DENSE_DEVICES``) construction does not
     start with pairs whose replicas' rings must cross slow links."""
@@ -494,8 +495,9 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         if callback and callback({"evaluations": evaluations, "best_s": best, "phase": phase}):
             budget.stop()
 
-    # Degree pairs by ascending work bound; once a pair's bound reaches the best estimate, no later
-    # pair can beat it (every estimate is at least its pair's bound), so the loop stops there.
+    # Degree pairs by ascending work bound (up to DENSE_DEVICES a probe reorders them, above their whole
+    # lower bound does); a pair whose work bound reaches the best estimate is skipped (every estimate is
+    # at least its pair's work bound).
     allowed = _degree_pairs(topology.size, model.layers, options, training.fixed_virtual_stages)
     sizes = _micro_batch_sizes(training, options)
     if not allowed:

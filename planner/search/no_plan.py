@@ -12,8 +12,8 @@ from planner.inputs.units import format_bytes
 from planner.prediction.stage_model import layer_costs, stage_memory_bytes
 from planner.search.construct import choose_devices
 
-__all__ = ["BudgetKnob", "OutOfBudget", "no_degrees_error", "too_few_micro_batches_error", "no_fit_error", "network_error",
-           "out_of_budget_error", "stage_memory_floor", "too_large_error"]
+__all__ = ["BudgetKnob", "OutOfBudget", "no_degrees_error", "too_few_micro_batches_error", "no_fit_error",
+           "network_error", "out_of_budget_error", "stage_memory_floor", "too_large_error"]
 
 
 class BudgetKnob(StrEnum):
