@@ -61,6 +61,22 @@ def tensor_allreduces(recompute: bool) -> tuple:
     return 2, (4 if recompute else 2)
 
 
+def measured_tensor_block_s(table, micro_batch_size: int) -> float:
+    """Seconds one block of a tensor group takes per micro-batch of ``micro_batch_size``, forward
+    and backward, from a member's block timed at a few micro-batches (``table``: ((micro-batch,
+    seconds), ...) ascending; ``plan calibrate``'s ``tensor_block_s`` for the group's degree):
+    linear between the timed sizes; below the smallest, the smallest's time (a floor: the launches
+    and waits do not shrink with the work); above the largest, the largest's time per sequence (its
+    products already fill the device). 0 without a table."""
+    if not table:
+        return 0.0
+    sizes = np.array([b for b, _ in table], dtype=float)
+    seconds = np.array([t for _, t in table], dtype=float)
+    if micro_batch_size > sizes[-1]:
+        return float(seconds[-1] * micro_batch_size / sizes[-1])
+    return float(np.interp(micro_batch_size, sizes, seconds))
+
+
 def tensor_block_issue_s(floor_s, recompute: bool):
     """The least seconds one block of a tensor group takes per micro-batch, forward and backward
     together, on devices whose floor is ``floor_s`` (a device type's ``tensor_block_issue``: a

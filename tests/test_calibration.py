@@ -118,6 +118,11 @@ def test_topology_takes_measured_links_from_a_calibration(tmp_path, write_yaml):
     # ... and a split-backward block at 0.25 faster than a plain one
     (lambda d: d["device_types"]["T4"].update(split_backward_efficiency=0.25),
      "device_types.T4.split_backward_efficiency"),
+    # a tensor group's timed block: degree, micro-batch and seconds each checked
+    (lambda d: d["device_types"]["T4"].update(tensor_block_s={3: {1: 0.003}}), "device_types.T4.tensor_block_s"),
+    (lambda d: d["device_types"]["T4"].update(tensor_block_s={2: {0: 0.003}}), "device_types.T4.tensor_block_s.2"),
+    (lambda d: d["device_types"]["T4"].update(tensor_block_s={2: {1: -1}}), "device_types.T4.tensor_block_s.2.1"),
+    (lambda d: d["device_types"]["T4"].update(tensor_block_s={2: "fast"}), "device_types.T4.tensor_block_s.2"),
 ])
 def test_bad_calibration_file_is_one_line(tmp_path, write_yaml, capsys, change, message):
     cal = _calibration(tmp_path / "cal.yaml")
@@ -177,6 +182,15 @@ def test_plan_calibrate_measures_this_cpu_and_the_file_plans(tmp_path, capsys):
                              [network["bandwidth_bytes_per_s"][0][1], network["bandwidth_bytes_per_s"][1][0]], 0.0)[1]
     assert measured["tensor_block_model_s"] == pytest.approx(one, rel=0.05)
     assert kind["tensor_block_issue_s"] == (measured["tensor_block_s"] if excess > 0 else 0.0)
+    # The group's block, chained, timed at every probe micro-batch, reaches the devices as a table
+    # whose micro-batch 1 entry is the floor's timing.
+    from planner.runtime.calibrate import TENSOR_PROBE_MICRO_BATCHES
+
+    table = dict(kind["tensor_block_s"])
+    assert list(table) == [2] and [b for b, _ in table[2]] == list(TENSOR_PROBE_MICRO_BATCHES)
+    assert all(seconds > 0 for _, seconds in table[2]) and table[2][0][1] == measured["tensor_block_s"]
+    assert {d.tensor_block_s for d in apply_calibration(job.topology, calibration).devices
+            if d.type_name == "CPU-core"} == {kind["tensor_block_s"]}
     # The runtime's block with recomputation, timed forward and backward and counted at 4 forwards'
     # FLOPs (at most 4/3 of the plain block's efficiency: it is no faster), reaches the devices.
     from cost_models.flops import layer_forward_flops
@@ -283,6 +297,34 @@ def test_a_calibrated_block_floor_slows_a_tensor_plan_by_its_excess(tmp_path, wr
     # A floor below the block's time changes nothing.
     low = apply_calibration(job.topology, read_calibration(_floor_calibration(tmp_path / "low.yaml", block / 2)))
     assert predict(plan, low, job.model, job.training)[0].iteration_s == pytest.approx(before, rel=1e-12)
+
+
+def test_a_calibrated_timed_block_sets_a_tensor_plan_s_blocks(tmp_path, write_yaml, capsys):
+    """A calibration that timed the A100s' group of 2 at micro-batches 1 and 4: a plan of that group
+    at micro-batch 1 takes the timing per block, whatever the floor says, through the CLI too."""
+    from planner.plan.plan import Plan
+    from planner.prediction.predict import predict
+
+    job = load_job(write_yaml(PAIR))
+    plan = Plan(layer_bounds=(0, 4), assignment=(("a-0",),), micro_batches=(16,), micro_batch_size=1,
+                schedule="1f1b", topology_name=job.topology.name, topology_sha256=job.topology.sha256,
+                tensor_groups=(("a-0", "a-1"),))
+    cal = _floor_calibration(tmp_path / "cal.yaml", 0.05)
+    document = yaml.safe_load(cal.read_text())
+    times = []
+    for block_s in (0.02, 0.03):
+        document["device_types"]["A100-80GB"]["tensor_block_s"] = {2: {1: block_s, 4: 2 * block_s}}
+        cal.write_text(yaml.safe_dump(document))
+        calibration = read_calibration(cal)
+        assert calibration.device_types["A100-80GB"]["tensor_block_s"] == ((2, ((1, block_s), (4, 2 * block_s))),)
+        times.append(predict(plan, apply_calibration(job.topology, calibration), job.model, job.training)[0].iteration_s)
+    # 16 micro-batches x 4 blocks, 10 ms more each; the 50 ms floor no longer binds.
+    assert times[1] - times[0] == pytest.approx(16 * 4 * 0.01, rel=1e-6)
+    assert times[0] < 16 * 4 * 0.05
+    out = tmp_path / "plan.json"
+    assert main([str(write_yaml(PAIR)), "--stages", "1", "--replicas", "1", "--tensor-degrees", "2",
+                 "--micro-batch-size", "1", "--calibration", str(cal), "-o", str(out), "--time-limit", "5"]) == 0
+    assert json.loads(out.read_text())["prediction"]["iteration_s"] == pytest.approx(times[1], rel=1e-6)
 
 
 def test_the_plan_file_records_validates_and_reports_the_floor(tmp_path, write_yaml, capsys):

@@ -375,3 +375,62 @@ def test_the_estimate_and_the_simulator_charge_the_same_floor(floor_s):
     assert estimate == pytest.approx(simulated, rel=0.01)
     if floor_s == 5e-3:  # bound by the floor: 24 blocks x 16 micro-batches at 5 ms, the head and step on top
         assert simulated > 24 * 16 * 5e-3
+
+
+def _with_timed_blocks(topology, table):
+    """``topology`` with every device's timed tensor-group blocks set to ``table`` ((degree,
+    ((micro-batch, seconds), ...)), ...), as ``apply_calibration`` sets a calibrated type's."""
+    return replace(topology, devices=tuple(replace(d, tensor_block_s=table) for d in topology.devices))
+
+
+def test_a_timed_block_is_interpolated_between_the_timed_micro_batches():
+    table = ((1, 3.0e-3), (2, 3.2e-3), (4, 3.9e-3), (8, 4.8e-3))
+    assert comm.measured_tensor_block_s(table, 1) == 3.0e-3
+    assert comm.measured_tensor_block_s(table, 3) == pytest.approx((3.2e-3 + 3.9e-3) / 2)
+    assert comm.measured_tensor_block_s(table, 8) == 4.8e-3
+    # Above the largest timed size its time per sequence; below the smallest, the smallest's (a floor).
+    assert comm.measured_tensor_block_s(table, 16) == pytest.approx(2 * 4.8e-3)
+    assert comm.measured_tensor_block_s(((2, 3.2e-3), (4, 3.9e-3)), 1) == 3.2e-3
+    assert comm.measured_tensor_block_s((), 4) == 0.0
+
+
+def test_a_timed_block_replaces_the_share_and_all_reduces(write_yaml):
+    """Where the group's degree was timed, the block takes the timing (times the recomputation's or
+    split backward's slowdown) whatever the all-reduces or the floor say; a degree not timed keeps
+    the modelled block; a device alone takes nothing beyond its compute."""
+    job = load_job(write_yaml(HOSTS))
+    costs = layer_costs(job.model, job.training, 4, 2)
+    assert costs.micro_batch_size == 4
+    assert tensor_layer_s(costs, 1e-9, 1e-5, 1e-3, 2, 5e-3, 2.5e-3) == pytest.approx(1.5e-3)
+    assert tensor_layer_s(costs, 1e-9, 1e-5, 4e-3, 2, 0.0, 2.5e-3, 4 / 3) == pytest.approx(4 / 3 * 2.5e-3 - 4e-3)
+    assert tensor_layer_s(costs, 0.0, 0.0, 1e-3, 2, 5e-3, 0.0) == pytest.approx(4e-3)  # not timed: the floor
+    timed = _with_timed_blocks(job.topology, ((2, ((1, 1e-3), (4, 2e-3))),))
+    two = group_devices(timed, (("a-0", "a-1"),))
+    assert {int(t): float(s) for t, s in zip(two.degree, two.timed_block_s(2))} == {
+        1: 0.0, 2: pytest.approx(1e-3 + (2e-3 - 1e-3) / 3)}
+    four = group_devices(timed, (("a-0", "a-1", "a-2", "a-3"),))
+    assert not four.timed_block_s(2).any()  # only degree 2 was timed
+
+
+def test_the_estimate_and_the_simulator_charge_the_same_timed_block():
+    """GPT-3 XL on one group of 4 H100s at micro-batch 2, its block timed at 2.7 ms there: the
+    search's estimate and the simulator both take the timing, and 24 blocks x 16 micro-batches of it
+    (the head and the step on top) bound the iteration; a slower timing gives a slower iteration."""
+    import numpy as np
+
+    from planner.search.evaluate import make_context, score_split
+
+    job = load_job(ROOT / "topologies" / "local" / "h100-x4.yaml")
+    group = tuple(job.topology.names)
+    plan = Plan(layer_bounds=(0, job.model.layers), assignment=((group[0],),), micro_batches=(16,),
+                micro_batch_size=2, schedule="1f1b", tensor_groups=(group,))
+    times = []
+    for block_s in (2.7e-3, 4.0e-3):
+        topology = _with_timed_blocks(job.topology, ((4, ((1, block_s - 1e-4), (2, block_s), (4, 2 * block_s))),))
+        ctx = make_context(topology, job.model, job.training, (group,))
+        estimate = score_split(ctx, np.array([[ctx.topology.index(group[0])]]), (job.model.layers,), (16,), 2, "1f1b")
+        simulated = predict(plan, topology, job.model, job.training)[0].iteration_s
+        assert estimate == pytest.approx(simulated, rel=0.01)
+        assert 24 * 16 * block_s < simulated < 24 * 16 * block_s * 1.3
+        times.append(simulated)
+    assert times[1] - times[0] == pytest.approx(24 * 16 * 1.3e-3, rel=0.02)

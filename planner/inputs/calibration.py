@@ -5,7 +5,9 @@ A calibration replaces, for each device type it measured, the catalog's default 
 (achieved / peak FLOP/s of a transformer block's forward and backward at the plan's shapes),
 and, where it was measured (a host with two or more devices of the type), the catalog's
 ``tensor_block_issue`` (``tensor_block_issue_s``: the least time a tensor group's block takes per
-micro-batch, ``cost_models.comm.tensor_block_issue_s``); adds ``head_efficiency`` (the same for the
+micro-batch, ``cost_models.comm.tensor_block_issue_s``) and adds the group's block timed at a few
+micro-batches per degree (``tensor_block_s``, degree -> micro-batch -> seconds, which the cost model
+interpolates for groups of a timed degree, ``cost_models.comm.measured_tensor_block_s``); adds ``head_efficiency`` (the same for the
 LM head and loss, often far lower: a large, odd-sized vocabulary and a memory-bound softmax) and,
 where they were measured, ``recompute_efficiency`` (the same for a block that recomputes its
 forward in backward, counted at 4 forwards' FLOPs; a compiled block's recomputation costs less than
@@ -45,7 +47,8 @@ class Calibration:
     sha256: str
     measured_at_utc: str
     device_types: dict  # type name -> {"efficiency", "head_efficiency", "memory_bandwidth_bytes_per_s",
-    #                                    "recompute_efficiency", "split_backward_efficiency"[, "tensor_block_issue_s"]}
+    #                                    "recompute_efficiency", "split_backward_efficiency"[, "tensor_block_issue_s",
+    #                                    "tensor_block_s": ((degree, ((micro-batch, seconds), ...)), ...)]}
     network: dict | None  # {"devices": [...], "latency_s": NxN, "bandwidth_bytes_per_s": NxN} or None
     document: dict
 
@@ -103,6 +106,8 @@ def read_calibration(path) -> Calibration:
                     raise InputError(f"must be seconds in [0, 1), got {issue!r}: measure again with 'plan calibrate'",
                                      field=e.path("tensor_block_issue_s"))
                 types[str(name)]["tensor_block_issue_s"] = float(issue)
+            if e.has("tensor_block_s"):
+                types[str(name)]["tensor_block_s"] = _tensor_blocks(e.raw("tensor_block_s"), e.path("tensor_block_s"))
             e.raw("measured", {})
             e.finish()
         network = None
@@ -131,14 +136,43 @@ def read_calibration(path) -> Calibration:
                        device_types=types, network=network, document=document)
 
 
+def _tensor_blocks(value, field: str) -> tuple:
+    """``tensor_block_s`` (degree -> micro-batch -> seconds per block) as ((degree, ((micro-batch,
+    seconds), ...)), ...), both ascending, or a refusal naming the entry."""
+    from planner.plan.tensor import TENSOR_DEGREES
+
+    again = "measure again with 'plan calibrate'"
+    if not isinstance(value, dict) or not value:
+        raise InputError(f"must map tensor degrees to micro-batch sizes to seconds, e.g. {{2: {{1: 0.003}}}}: {again}",
+                         field=field)
+    table = []
+    for degree, row in value.items():
+        t = int(degree) if str(degree).isdigit() else None
+        if t not in TENSOR_DEGREES or t < 2:
+            raise InputError(f"has degree {degree!r}; a tensor group's degree is 2, 4 or 8: {again}", field=field)
+        if not isinstance(row, dict) or not row:
+            raise InputError(f"must map micro-batch sizes to seconds, e.g. {{1: 0.003}}: {again}",
+                             field=f"{field}.{degree}")
+        points = []
+        for b, seconds in row.items():
+            if not str(b).isdigit() or int(b) < 1:
+                raise InputError(f"has micro-batch size {b!r}; sizes are whole numbers from 1: {again}",
+                                 field=f"{field}.{degree}")
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < 1:
+                raise InputError(f"must be seconds in (0, 1), got {seconds!r}: {again}", field=f"{field}.{degree}.{b}")
+            points.append((int(b), float(seconds)))
+        table.append((t, tuple(sorted(points))))
+    return tuple(sorted(table))
+
+
 def write_calibration(document: dict, path) -> None:
     write_document(json.loads(json.dumps(document, default=float)), path)
 
 
 def apply_calibration(topology, calibration: Calibration):
     """``topology`` with the measured efficiencies (blocks, head, recomputed and split-backward blocks) and memory
-    bandwidth of every calibrated device type, and its tensor groups' block floor where the
-    calibration measured one."""
+    bandwidth of every calibrated device type, and its tensor groups' block floor and timed blocks where the
+    calibration measured them."""
     devices = []
     for d in topology.devices:
         measured = calibration.device_types.get(d.type_name)
@@ -148,7 +182,8 @@ def apply_calibration(topology, calibration: Calibration):
                         split_backward_efficiency=measured["split_backward_efficiency"],
                         memory_bandwidth_bytes_per_s=measured["memory_bandwidth_bytes_per_s"],
                         codec_bandwidth_bytes_per_s=d.codec_bandwidth,
-                        tensor_block_issue_s=measured.get("tensor_block_issue_s", d.tensor_block_issue_s))
+                        tensor_block_issue_s=measured.get("tensor_block_issue_s", d.tensor_block_issue_s),
+                        tensor_block_s=measured.get("tensor_block_s", d.tensor_block_s))
         devices.append(d)
     return replace(topology, devices=tuple(devices))
 

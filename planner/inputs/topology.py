@@ -44,6 +44,8 @@ class Device:
     head_efficiency: float = 0.0  # measured efficiency of the LM head and loss; 0: same as the blocks
     price_per_hour_usd: float | None = None  # what one hour of this device costs; None: unknown (custom type)
     tensor_block_issue_s: float = 0.0  # a tensor group member's least time per block (catalog, file or calibration)
+    # a tensor group member's block timed by plan calibrate: ((degree, ((micro-batch, seconds), ...)), ...)
+    tensor_block_s: tuple = ()
     recompute_efficiency: float = 0.0  # measured efficiency of a recomputed block at 4 forwards' FLOPs; 0: as the blocks
     split_backward_efficiency: float = 0.0  # measured efficiency of ZB-H1's split-backward block; 0: as the blocks
     codec_bandwidth_bytes_per_s: float = 0.0  # what the codecs' shares refer to (codec_bandwidth); 0: memory bandwidth

@@ -18,10 +18,11 @@ which ``planner.prediction.stage_model.stage_gradient_bytes`` counts by degree.
 """
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from cost_models.comm import measured_tensor_block_s
 from cost_models.links import take
 
 __all__ = ["TENSOR_DEGREES", "TensorGroups", "group_devices", "groups_of_plan", "tensor_degree_problem",
@@ -41,6 +42,19 @@ class TensorGroups:
     allreduce_per_byte_s: np.ndarray  # per virtual device: ring all-reduce seconds per byte among its members
     allreduce_latency_s: np.ndarray  # ... and its fixed seconds (0 for a group of one)
     issue_s: np.ndarray  # per virtual device: its members' block floor (their type's tensor_block_issue; 0 alone)
+    # per virtual device: its members' block timed at a few micro-batches for its degree (their
+    # type's calibrated tensor_block_s: ((micro-batch, seconds), ...); () alone or not timed)
+    timed_blocks: tuple = ()
+    _timed: dict = field(default_factory=dict, repr=False)  # micro-batch -> timed_block_s's array
+
+    def timed_block_s(self, micro_batch_size: int) -> np.ndarray:
+        """Per virtual device: seconds its group's block takes per micro-batch of
+        ``micro_batch_size`` as timed (``cost_models.comm.measured_tensor_block_s``), 0 where its
+        degree was not timed (or a group of one)."""
+        if micro_batch_size not in self._timed:
+            self._timed[micro_batch_size] = np.array([measured_tensor_block_s(table, micro_batch_size)
+                                                      for table in self.timed_blocks] or np.zeros(len(self.members)))
+        return self._timed[micro_batch_size]
 
     @property
     def grouped(self) -> tuple:
@@ -55,7 +69,7 @@ def group_devices(topology, groups) -> TensorGroups:
         n = topology.size
         return TensorGroups(topology=topology, virtual=topology, members=tuple((name,) for name in topology.names),
                             degree=np.ones(n, dtype=np.int64), allreduce_per_byte_s=np.zeros(n),
-                            allreduce_latency_s=np.zeros(n), issue_s=np.zeros(n))
+                            allreduce_latency_s=np.zeros(n), issue_s=np.zeros(n), timed_blocks=((),) * n)
     joined = {g[0]: tuple(g) for g in groups}
     inside = {name for g in groups for name in g[1:]}
     members = tuple(joined.get(name, (name,)) for name in topology.names if name not in inside)
@@ -74,14 +88,18 @@ def group_devices(topology, groups) -> TensorGroups:
                              message_overhead_s=topology.message_overhead_s, sha256=topology.sha256,
                              source=topology.source)
     per_byte, latency, issue = np.zeros(len(members)), np.zeros(len(members)), np.zeros(len(members))
+    timed = [()] * len(members)
     network = topology.network
     for k, m in enumerate(members):
         if len(m) > 1:
             order = [topology.index(name) for name in m]
             per_byte[k], latency[k] = network.ring_cost(order)
-            issue[k] = max(topology.devices[i].tensor_block_issue_s for i in order)  # one type: the same
+            lead = topology.devices[order[0]]  # one type: the same floor and timings on every member
+            issue[k] = lead.tensor_block_issue_s
+            timed[k] = dict(lead.tensor_block_s).get(len(m), ())
     return TensorGroups(topology=topology, virtual=virtual, members=members, degree=degree,
-                        allreduce_per_byte_s=per_byte, allreduce_latency_s=latency, issue_s=issue)
+                        allreduce_per_byte_s=per_byte, allreduce_latency_s=latency, issue_s=issue,
+                        timed_blocks=tuple(timed))
 
 
 def groups_of_plan(topology, plan) -> TensorGroups:

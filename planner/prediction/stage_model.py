@@ -54,6 +54,7 @@ class LayerCosts:
 
     stages: int
     layers: int
+    micro_batch_size: int  # sequences per micro-batch
     layer_forward_flops: float
     layer_flops: float  # forward + backward (+ recompute) of one block
     head_forward_flops: float
@@ -208,7 +209,7 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         state += POWERSGD_STATE_BYTES_PER_PARAMETER
         passes = POWERSGD_PASS_BYTES_PER_PARAMETER
     return LayerCosts(**powersgd,
-        stages=stages, layers=model.layers, layer_forward_flops=fwd,
+        stages=stages, layers=model.layers, micro_batch_size=b, layer_forward_flops=fwd,
         layer_flops=fwd * flops.training_flops_multiplier(training.recompute),
         head_forward_flops=head_fwd, head_flops=3.0 * head_fwd,
         layer_params=float(flops.layer_parameters(h, model.ffn_hidden, gated_mlp=model.gated_mlp,
@@ -368,18 +369,25 @@ def _compressed_sides(stages: int, stage, compressed=None) -> tuple:
 
 
 def tensor_layer_s(costs: LayerCosts, allreduce_per_byte_s, allreduce_latency_s, block_compute_s, degree,
-                   issue_s=0.0):
+                   issue_s=0.0, timed_s=0.0, slowdown=1.0):
     """Seconds one block of a tensor group takes per micro-batch beyond its members' share of the
-    compute (``block_compute_s``), forward and backward together: its all-reduces, for groups whose
-    ring all-reduce of ``n`` bytes takes ``n * per_byte + latency``
-    (``cost_models.network.Network.ring_cost``), or what the block's floor leaves when the share
-    is smaller (``cost_models.comm.tensor_block_issue_s`` of the members' ``issue_s``, their device
-    type's ``tensor_block_issue``: the block takes ``max(share + all-reduces, floor)``); 0 for a
-    group of one (``degree`` 1). The search's estimate and the simulator's input both call it."""
+    compute (``block_compute_s``), forward and backward together. Where the group's degree was
+    timed (``timed_s`` > 0: ``TensorGroups.timed_block_s``, the plain block as ``plan calibrate``
+    timed it at this micro-batch), the block takes that times ``slowdown`` (the FLOP multiple of
+    recomputation or a split backward and its efficiency, ``Device.block_slowdown``), and this is
+    the rest beyond the share (negative where the share at the blocks' efficiency is slower than
+    the group's timing). Elsewhere its all-reduces, for groups whose ring all-reduce of ``n`` bytes
+    takes ``n * per_byte + latency`` (``cost_models.network.Network.ring_cost``), or what the
+    block's floor leaves when the share is smaller (``cost_models.comm.tensor_block_issue_s`` of the
+    members' ``issue_s``, their device type's ``tensor_block_issue``: the block takes
+    ``max(share + all-reduces, floor)``); 0 for a group of one (``degree`` 1). The search's
+    estimate and the simulator's input both call it."""
     one = costs.tensor_message_bytes * np.asarray(allreduce_per_byte_s) + np.asarray(allreduce_latency_s)
     allreduces = (costs.tensor_allreduces_forward + costs.tensor_allreduces_backward) * one
     floor = comm.tensor_block_issue_s(issue_s, costs.recompute)
-    return np.maximum(allreduces, np.where(np.asarray(degree) > 1, floor - np.asarray(block_compute_s), 0.0))
+    modelled = np.maximum(allreduces, np.where(np.asarray(degree) > 1, floor - np.asarray(block_compute_s), 0.0))
+    timed_s = np.asarray(timed_s, dtype=float)
+    return np.where(timed_s > 0, timed_s * np.asarray(slowdown) - np.asarray(block_compute_s), modelled)
 
 
 def message_codec_s(costs: LayerCosts, codec_bandwidth_bytes_per_s, compressed=None) -> tuple:

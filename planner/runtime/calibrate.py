@@ -23,16 +23,19 @@
   latency ``a / 2`` (per-message overhead included) and the bandwidth ``B`` (Hockney's model).
 - Tensor groups, where the topology has two or more devices of the type on one host and two or more
   processes run: the runtime's own tensor-parallel block (``planner.runtime.tensor_parallel``, the
-  first ``t`` processes as one group of the largest degree that fits and divides the heads and the
-  MLP width) timed forward and backward at micro-batch 1 (``TENSOR_PROBE_MICRO_BATCH``), ``T``,
-  against the cost model's time for it, ``M``: the members' share of the compute at the efficiency
-  measured above plus the 4 all-reduces over the measured links (``stage_model.tensor_layer_s``
-  without a floor). The model times a group's block as ``max(M, floor)``, so the measured excess
-  ``T - M`` (clamped at 0) is what the floor adds per block: where it is positive the block is bound
-  by its issue time and the floor is ``T`` (the model then gives ``T``); where it is 0 the floor is
-  at most ``M`` of one sequence, below ``M`` at every micro-batch, so 0 times every plan the same.
-  The smallest micro-batch is probed because a floor shows there first.
-  ``device_types.<type>.tensor_block_issue_s`` holds it.
+  first ``t`` processes as one group, for every degree ``t`` that fits and divides the heads and the
+  MLP width) timed forward and backward, ``PROBE_BLOCKS`` chained as a stage runs them, per block,
+  at each micro-batch of ``TENSOR_PROBE_MICRO_BATCHES`` whose chain fits in half the device's
+  memory: ``device_types.<type>.tensor_block_s`` (degree -> micro-batch -> seconds), which the cost
+  model interpolates (``cost_models.comm.measured_tensor_block_s``) in place of its share of the
+  compute plus the 4 all-reduces. A member's share is a sliver of each matrix product, so its time
+  is set by kernel launches and waits at small micro-batches and by its products at large ones; no
+  single efficiency fits both (on 4x H200 the modelled block was -19% to +7% of the measured one
+  across micro-batches 1-8, ``benchmarks/results/tensor_block_h200.json``). For degrees the host
+  cannot time the model keeps ``max(M, floor)``: ``M`` the members' share of the compute at the
+  efficiency measured above plus the all-reduces over the measured links (``stage_model.tensor_layer_s``
+  without a floor), the floor ``device_types.<type>.tensor_block_issue_s``: the largest timed
+  group's block at micro-batch 1 where it exceeds ``M`` (it is then issue-bound), else 0.
 
 Writes a calibration file (``planner.calibration``) saying when, where and how it was measured.
 """
@@ -53,7 +56,8 @@ from planner.errors import InputError
 from planner.runtime.spawn import RankFailure, gather_from_ranks
 
 __all__ = ["CalibrateOptions", "CalibrationFailure", "calibrate", "fit_latency_bandwidth", "OPTIMIZER_PROBE_PARAMETERS",
-           "tensor_probe_degree", "tensor_block_floor", "TENSOR_PROBE_MICRO_BATCH",
+           "tensor_probe_degree", "tensor_probe_degrees", "tensor_block_floor", "TENSOR_PROBE_MICRO_BATCH",
+           "TENSOR_PROBE_MICRO_BATCHES",
            "tensor_probe", "timed", "split_backward_step", "split_block_s", "PROBE_BLOCKS", "join_ranks"]
 
 OPTIMIZER_PROBE_PARAMETERS = 32 * 2**20
@@ -67,6 +71,8 @@ _SIZES_GPU = (4 * 2**10, 2**20, 16 * 2**20, 128 * 2**20)
 # share it while keeping the probe's memory to a few blocks (one chain alive at a time).
 PROBE_BLOCKS = 4
 TENSOR_PROBE_MICRO_BATCH = 1  # a tensor group's block floor shows first at the smallest micro-batch
+TENSOR_PROBE_MICRO_BATCHES = (1, 2, 4, 8)  # a tensor group's block is timed at each (those whose chain fits)
+_TENSOR_PROBE_MEMORY_SHARE = 0.5  # of a GPU's memory, the most a probe's chain may keep
 _IMPLAUSIBLE_EFFICIENCY = 0.01  # below this share of peak, the measured device is probably not the named type
 
 
@@ -98,10 +104,10 @@ def fit_latency_bandwidth(sizes_bytes, round_trip_s) -> tuple:
     return max(float(intercept), 0.0) / 2.0, 1.0 / float(slope)
 
 
-def tensor_probe_degree(topology, model, kind: str, processes: int) -> int:
-    """The tensor group ``plan calibrate`` times for ``kind``: the largest degree of
-    ``planner.plan.tensor.TENSOR_DEGREES`` within the processes and the type's devices on one host
-    that divides the heads and the MLP width; 1 (nothing to time) where none of 2 or more does."""
+def tensor_probe_degrees(topology, model, kind: str, processes: int) -> tuple:
+    """The tensor groups ``plan calibrate`` times for ``kind``: the degrees of
+    ``planner.plan.tensor.TENSOR_DEGREES`` from 2 within the processes and the type's devices on one
+    host that divide the heads and the MLP width, ascending; () where none does."""
     from planner.plan.tensor import TENSOR_DEGREES
 
     per_host: dict = {}
@@ -109,8 +115,12 @@ def tensor_probe_degree(topology, model, kind: str, processes: int) -> int:
         if d.type_name == kind:
             per_host[d.host] = per_host.get(d.host, 0) + 1
     most = min(max(per_host.values(), default=0), processes)
-    usable = [t for t in TENSOR_DEGREES if t <= most and not model.heads % t and not model.ffn_hidden % t]
-    return max(usable, default=1)
+    return tuple(t for t in TENSOR_DEGREES if 2 <= t <= most and not model.heads % t and not model.ffn_hidden % t)
+
+
+def tensor_probe_degree(topology, model, kind: str, processes: int) -> int:
+    """The largest of ``tensor_probe_degrees`` (its floor is the one recorded); 1 where there is none."""
+    return max(tensor_probe_degrees(topology, model, kind, processes), default=1)
 
 
 def tensor_block_floor(model, training, micro_batch_size: int, degree: int, peak_flops: float, efficiency: float,
@@ -192,11 +202,11 @@ def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
     if len(names) != processes:
         raise InputError(f"needs {processes} device names, got {len(names)}: pass --names", field="--names")
     _check_device_here(kind, backend, gpus)
-    degree = tensor_probe_degree(job.topology, job.model, kind, processes)
+    degrees = tensor_probe_degrees(job.topology, job.model, kind, processes)
     log(f"calibrating {kind} with {processes} process(es) over {backend}: {', '.join(names)}"
-        + (f"; a tensor group of {degree}" if degree > 1 else ""))
+        + (f"; tensor groups of {', '.join(map(str, degrees))}" if degrees else ""))
     try:
-        reports = gather_from_ranks(_worker, processes, args=(backend, job, options, degree),
+        reports = gather_from_ranks(_worker, processes, args=(backend, job, options, degrees),
                                     timeout_s=options.timeout_s, names=names)
     except RankFailure as failure:
         raise CalibrationFailure(str(failure)) from None
@@ -208,6 +218,9 @@ def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
             f"{1e3 * m['tensor_block_model_s']:.3f} ms: floor {1e3 * entry['tensor_block_issue_s']:.3f} ms"
             + f" (micro-batch {m['tensor_micro_batch_size']}"
             + ("; none shows: 0 times every micro-batch the same)" if not entry["tensor_block_issue_s"] else ")"))
+        for t, row in entry["tensor_block_s"].items():
+            log(f"tensor group of {t}: a block took " + ", ".join(f"{1e3 * seconds:.3f} ms at micro-batch {b}"
+                                                                  for b, seconds in row.items()))
     m = entry["measured"]
     plain = m["block_forward_s"] + m["block_backward_s"]
     log(f"a block took {1e3 * plain:.3f} ms forward and backward, {1e3 * m['recomputed_block_forward_backward_s']:.3f} "
@@ -281,19 +294,19 @@ def _document(job, kind, backend, names, reports, options) -> dict:
         }},
     }
     n = len(names)
-    if "tensor_block_s" in reports[0]:
-        t = reports[0]["tensor_degree"]
+    if reports[0].get("tensor_blocks"):
+        table = reports[0]["tensor_blocks"]  # degree -> micro-batch -> seconds per block
+        t = max(table)
         ring = [(i, (i + 1) % t) for i in range(t)]
         hops = [fit_latency_bandwidth(*reports[0]["links"][pair]) for pair in ring]
-        floor, modelled = tensor_block_floor(model, training, TENSOR_PROBE_MICRO_BATCH, t, peak,
-                                             min(achieved / peak, 1.0),
-                                             [h[0] for h in hops], [h[1] for h in hops], reports[0]["tensor_block_s"])
+        one = table[t][min(table[t])]
+        floor, modelled = tensor_block_floor(model, training, min(table[t]), t, peak,
+                                             min(achieved / peak, 1.0), [h[0] for h in hops], [h[1] for h in hops], one)
         entry = document["device_types"][kind]
         entry["tensor_block_issue_s"] = floor
-        entry["measured"].update(tensor_degree=t, tensor_micro_batch_size=TENSOR_PROBE_MICRO_BATCH,
-                                 tensor_block_s=reports[0]["tensor_block_s"],
-                                 tensor_block_model_s=modelled,
-                                 tensor_block_excess_s=max(reports[0]["tensor_block_s"] - modelled, 0.0))
+        entry["tensor_block_s"] = {degree: dict(sorted(row.items())) for degree, row in sorted(table.items())}
+        entry["measured"].update(tensor_degree=t, tensor_micro_batch_size=min(table[t]), tensor_block_s=one,
+                                 tensor_block_model_s=modelled, tensor_block_excess_s=max(one - modelled, 0.0))
     if n > 1:
         latency, bandwidth = np.zeros((n, n)), np.zeros((n, n))
         overheads = []
@@ -330,16 +343,16 @@ def join_ranks(rank: int, world: int, port: int, backend: str, timeout_s: float)
     return device, threads
 
 
-def _worker(rank, world, port, queue, backend, job, options, degree) -> None:
+def _worker(rank, world, port, queue, backend, job, options, degrees) -> None:
     try:
         device, threads = join_ranks(rank, world, port, backend, options.timeout_s)
-        _measure(rank, world, job, options, queue, device, threads, degree)
+        _measure(rank, world, job, options, queue, device, threads, degrees)
     except Exception as error:  # reported to the parent, which names the process
         text = str(error).strip().splitlines()
         queue.put((rank, f"{type(error).__name__}: {text[0] if text else ''}"))
 
 
-def _measure(rank, world, job, options, queue, device, threads, degree) -> None:
+def _measure(rank, world, job, options, queue, device, threads, degrees) -> None:
     import torch.distributed as dist
 
     cuda = device.type == "cuda"
@@ -351,13 +364,15 @@ def _measure(rank, world, job, options, queue, device, threads, degree) -> None:
         sizes = _SIZES_GPU if cuda else _SIZES_CPU
         report["sizes"] = sizes
         report["links"] = _link_probe(rank, world, sizes, max(options.repeats, _LINK_REPEATS), device)
-        if degree > 1:
+        table = {}
+        for degree in degrees:
             group = dist.new_group(list(range(degree)))  # every process takes part in making it
             if rank < degree:
-                seconds = tensor_probe(job, options, device, group, rank, degree)
-                if rank == 0:
-                    report.update(tensor_degree=degree, tensor_block_s=seconds)
+                table[degree] = {b: tensor_probe(job, options, device, group, rank, degree, b)
+                                 for b in tensor_probe_micro_batches(job, device, degree)}
             dist.barrier()
+        if rank == 0:
+            report["tensor_blocks"] = table
         queue.put((rank, report))
     finally:
         dist.destroy_process_group()
@@ -574,11 +589,39 @@ def split_backward_step(model, x, grad, compiled: bool, blocks: int = 1):
     return step
 
 
+def tensor_probe_micro_batches(job, device, degree: int) -> tuple:
+    """The micro-batches of ``TENSOR_PROBE_MICRO_BATCHES`` at which a member of a group of ``degree``
+    can keep a probe's chain (``PROBE_BLOCKS`` blocks' kept activations and transients, and their
+    parameters) within ``_TENSOR_PROBE_MEMORY_SHARE`` of its GPU's memory (every one on a CPU). The
+    same on every member of a group (one device type): no member skips a size another times."""
+    from dataclasses import replace
+
+    from planner.prediction.stage_model import layer_costs
+
+    if device.type != "cuda":
+        return TENSOR_PROBE_MICRO_BATCHES
+    import torch
+
+    capacity = torch.cuda.get_device_properties(device).total_memory * _TENSOR_PROBE_MEMORY_SHARE
+    shrink = 1.0 - 1.0 / degree
+    sizes = []
+    for b in TENSOR_PROBE_MICRO_BATCHES:
+        c = layer_costs(job.model, replace(job.training, recompute=False), b, 1)
+        kept = c.layer_kept_bytes - c.layer_split_kept_bytes * shrink
+        params = (c.layer_params - c.layer_split_params * shrink) * c.state_bytes_per_param
+        if PROBE_BLOCKS * (kept + params) + c.transient_bytes <= capacity:
+            sizes.append(b)
+    return tuple(sizes) or TENSOR_PROBE_MICRO_BATCHES[:1]
+
+
 def tensor_probe(job, options, device, group, member: int, degree: int,
                  micro_batch_size: int = TENSOR_PROBE_MICRO_BATCH) -> float:
-    """Seconds of one forward and backward of the runtime's tensor-parallel block (this member's
-    share, ``planner.runtime.tensor_parallel.shard_stage``) at ``micro_batch_size``, compiled as
-    ``plan launch`` compiles blocks; every member of ``group`` calls it (the all-reduces)."""
+    """Seconds per block of the runtime's tensor-parallel block (this member's share,
+    ``planner.runtime.tensor_parallel.shard_stage``) forward and backward at ``micro_batch_size``,
+    ``PROBE_BLOCKS`` chained as a stage runs them (one block timed alone adds its host's launch
+    latency to every block: on 4x H200 a group of 4 at micro-batch 2 took 3.27 ms a block alone and
+    about 2.7 ms inside the runtime), compiled as ``plan launch`` compiles blocks; every member of
+    ``group`` calls it (the all-reduces)."""
     import torch
     from torch import nn
 
@@ -592,15 +635,23 @@ def tensor_probe(job, options, device, group, member: int, degree: int,
     b = micro_batch_size
     dtype = runtime_dtype(resolve_precision(job.topology, [d.name for d in job.topology.devices], training.precision),
                           device)
-    torch.manual_seed(0)  # the same whole block on every member, as the runtime builds it
+    torch.manual_seed(0)  # the same whole blocks on every member, as the runtime builds them
     holder = nn.Module()
-    holder.blocks = nn.ModuleDict({"0": Block(model)})
-    block = shard_stage(holder, group, member, degree).blocks["0"].to(device=device, dtype=dtype)
+    holder.blocks = nn.ModuleDict({str(i): Block(model) for i in range(PROBE_BLOCKS)})
+    blocks = list(shard_stage(holder, group, member, degree).to(device=device, dtype=dtype).blocks.values())
     if compiles(options.compile, "nccl" if device.type == "cuda" else "gloo"):
-        block.compile()
+        for block in blocks:
+            block.compile()  # as planner.runtime.gpt.compile_stage does to every block
     x = torch.randn(b, model.sequence, model.hidden, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
-    return timed(lambda: block(x).backward(grad), options.repeats, device)
+
+    def both():
+        y = x
+        for block in blocks:
+            y = block(y)
+        y.backward(grad)
+
+    return timed(both, options.repeats, device) / PROBE_BLOCKS
 
 
 def _link_probe(rank, world, sizes, repeats, device) -> dict:

@@ -160,7 +160,7 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
     gradients, and its sync (at least a block and the embeddings, ``end_sync_bytes``) crosses
     after it; the last stage's likewise waits for the activations and syncs a block and the head.
     """
-    tau, latency = level.tau_bytes_per_s, level.latency_s
+    latency = level.latency_s
     cells = stages * replicas
     width = level.speed.shape[1]
     # (K, D) the most FLOP/s the plan's cells reach inside each cluster, as ``cells_flops`` overall
