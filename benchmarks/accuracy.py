@@ -320,6 +320,8 @@ GPU4_CASES = {
     "1x1-mb8-tensor-4": (1, 1, "1f1b", (4,), {"micro_batch_size": 8}, False),
     "2x1-mb4-tensor-2": (2, 1, "1f1b", (2,), {"micro_batch_size": 4}, False),
     "1x1-mb4-tensor-4": (1, 1, "1f1b", (4,), {"micro_batch_size": 4}, False),
+    "1x1-mb2-tensor-4-compiled": (1, 1, "1f1b", (4,), {}, False),
+    "2x1-mb2-tensor-2-compiled": (2, 1, "1f1b", (2,), {}, False),
     "1x2-mb4-tensor-2": (1, 2, "1f1b", (2,), {"micro_batch_size": 4}, False),
     "4x1-mb2-1f1b-interleaved-v2": (4, 1, "1f1b", (1,), {"virtual_stages": 2}, False),
 }

@@ -640,6 +640,10 @@ def tensor_probe(job, options, device, group, member: int, degree: int,
     holder.blocks = nn.ModuleDict({str(i): Block(model) for i in range(PROBE_BLOCKS)})
     blocks = list(shard_stage(holder, group, member, degree).to(device=device, dtype=dtype).blocks.values())
     if compiles(options.compile, "nccl" if device.type == "cuda" else "gloo"):
+        # A run compiles its blocks for its one micro-batch; compiled after other sizes, the blocks
+        # would get a graph for any size (torch.compile's automatic dynamic shapes), whose kernels
+        # are not the run's. Each size is compiled afresh.
+        torch._dynamo.reset()
         for block in blocks:
             block.compile()  # as planner.runtime.gpt.compile_stage does to every block
     x = torch.randn(b, model.sequence, model.hidden, device=device, dtype=dtype, requires_grad=True)
