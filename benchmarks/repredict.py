@@ -100,10 +100,13 @@ def _accuracy(parser, mode: str, results: Path, calibration: str | None) -> int:
     report = json.loads((results / f"accuracy_{mode}.json").read_text())
     # FILE stands in for the calibration measured at the same time (a copy with fields added)
     stand_in = read_calibration(calibration) if calibration else None
-    rows, memory = [], []
+    rows, memory, unrecorded = [], [], []
     measured_memory = {(m["run"], m["device"]): m for m in report.get("memory", [])}
     with tempfile.TemporaryDirectory() as folder:
         for row in report["rows"]:
+            if not (runs / row["label"] / "results.json").is_file():  # its results did not come back from the host
+                unrecorded.append(row["label"])
+                continue
             plan = Path(folder) / f"{row['label']}.yaml"  # beside its calibration, wherever it was made
             if (runs / "plans").is_dir():
                 shutil.copy(runs / "plans" / plan.name, plan)
@@ -145,6 +148,8 @@ def _accuracy(parser, mode: str, results: Path, calibration: str | None) -> int:
               f"{r['measured_s']:11.4f} {100 * r['error']:+6.1f}%")
     mape = mean_absolute_percentage_error([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
     print(f"{len(rows)} runs: MAPE now {100 * mape:.2f}% (recorded {100 * report['summary']['mape']:.2f}%)")
+    if unrecorded:
+        print(f"not re-predicted (no results.json kept): {', '.join(unrecorded)}")
     if memory:
         print(f"\n{'run':34} {'device':8} {'loss':8} {'measured GB':>11} {'recorded GB':>19} {'now GB':>17}")
         for m in memory:
@@ -154,7 +159,7 @@ def _accuracy(parser, mode: str, results: Path, calibration: str | None) -> int:
                   f"{m['predicted_bytes'] / 1e9:8.2f} ({100 * m['error']:+5.1f}%)")
     out = results / f"repredict_{mode}{'_' + Path(calibration).stem if calibration else ''}.json"
     out.write_text(json.dumps({"rows": rows, "mape": mape, "recorded_mape": report["summary"]["mape"],
-                               "memory": memory, **({"calibration": os.path.relpath(calibration, ROOT)}
+                               "memory": memory, "not_repredicted": unrecorded, **({"calibration": os.path.relpath(calibration, ROOT)}
                                                     if calibration else {})}, indent=1) + "\n")
     print(f"written to {out}")
     return 0
