@@ -325,6 +325,7 @@ def test_a_calibrated_timed_block_sets_a_tensor_plan_s_blocks(tmp_path, write_ya
     assert main([str(write_yaml(PAIR)), "--stages", "1", "--replicas", "1", "--tensor-degrees", "2",
                  "--micro-batch-size", "1", "--calibration", str(cal), "-o", str(out), "--time-limit", "5"]) == 0
     assert json.loads(out.read_text())["prediction"]["iteration_s"] == pytest.approx(times[1], rel=1e-6)
+    assert "A100-80GB group of 2: a block timed at 30 ms (micro-batch 1)" in capsys.readouterr().out
 
 
 def test_the_plan_file_records_validates_and_reports_the_floor(tmp_path, write_yaml, capsys):

@@ -116,6 +116,21 @@ def _compression_lines(plan) -> list:
             "the planner predicts speed, not model quality."]
 
 
+def _timed_block_text(plan, topology) -> list:
+    """Per tensor-group degree and device type of ``plan`` whose block the calibration timed: the
+    time per block the prediction takes at the plan's micro-batch (``comm.measured_tensor_block_s``)."""
+    from cost_models.comm import measured_tensor_block_s
+
+    seen = {}
+    for group in plan.tensor_groups:
+        device = topology.devices[topology.index(group[0])]
+        table = dict(device.tensor_block_s).get(len(group))
+        if table:
+            seen[(device.type_name, len(group))] = measured_tensor_block_s(table, plan.micro_batch_size)
+    return [f"; {kind} group of {t}: a block timed at {1e3 * seconds:.3g} ms (micro-batch {plan.micro_batch_size})"
+            for (kind, t), seconds in sorted(seen.items())]
+
+
 def _cell(plan, name: str) -> str:
     """A (replica, stage) cell: its device, or its tensor group's lead and degree."""
     t = len(plan.members(name))
@@ -152,6 +167,7 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
            (f"Calibration: {plan.calibration['path']} (measured {plan.calibration['measured_at_utc']})"
             + "".join(f"; tensor-group block floor {name} {1e3 * floor_s:.3g} ms" for name, floor_s in
                       plan.calibration.get("tensor_block_issue_s", {}).items())
+            + "".join(_timed_block_text(plan, topology))
             if plan.calibration else f"Calibration: none (the catalog's default efficiencies; {UNCALIBRATED_ERROR})"),
            ""]
     header = ["replica", "micro-batches"] + [f"stage {s} {_stage_layers(plan, s)}" for s in range(S)]
