@@ -366,3 +366,8 @@ def test_above_the_probes_size_pairs_are_tried_by_their_lower_bound():
     keys = [max(w, table[s][d - 1]) for w, s, d in ordered]
     assert keys == sorted(keys)
     assert by_work[0][1:] == (2, n // 2) and ordered.index(by_work[0]) > len(ordered) // 2
+    # The table is the one _bound_ordered used: computed once per job (each tensor grouping asks), read-only.
+    assert pair_bounds_s(topology, model, training) is table and not table[2].flags.writeable
+    from dataclasses import replace
+
+    assert pair_bounds_s(topology, model, replace(training, global_batch=n)) is not table
