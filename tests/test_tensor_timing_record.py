@@ -7,7 +7,6 @@ comparison. No GPU needed: the plans, calibration and measurements are committed
 import json
 import shutil
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import yaml
