@@ -16,7 +16,7 @@ from planner.prediction.stage_model import iteration_flops, layer_costs, least_g
 from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
 from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s,
                                       round_trip_s, schedule_windows)
-from planner.search.slow_crossings import group_counts, slow_crossing_s
+from planner.search.slow_crossings import every_group_crosses, group_counts, slow_crossing_s
 from planner.search.stage_split import stage_split_s
 
 __all__ = ["lower_bound_s", "pair_bounds_s", "work_bound_s", "work_flops"]
@@ -83,7 +83,9 @@ def lower_bound_s(topology, model, training) -> float:
       sits in one cluster, and every replica's round trips cross between the clusters they fill, or
       some cross, and the round trips' chain ends with a crossing group's sync (over the layer
       splits, the least of the slowest stage's); its cells as fast as a tensor group of at most
-      ``1 + N - S D`` devices (every other cell holds one at least);
+      ``1 + N - S D`` devices (every other cell holds one at least); a group pure at one threshold
+      still syncs over a slower link of any finer one whose clusters all hold fewer than D devices
+      (``slow_crossings.every_group_crosses``);
     minimised over the pairs whose largest stage's state fits: at least ``params / S`` parameters at
     the least state per parameter (sharded over every device where sharding is allowed), over ``t``
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning
@@ -223,6 +225,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                          crossing_sets=[every] + [every + (one,) for one in level_crossings(1)])
             terms.append(both[0])
             crossing_trips = both[1:]
+            pure_tau, pure_latency = every_group_crosses(levels, replicas)
             cell_speedup = speedups[np.minimum(tensor, 1 + np.maximum(0, n - stages * replicas)) - 1]
             spared = partial(trips, sequence_s=work / batch / (cell_speedup * speed[0]))
 
@@ -234,7 +237,8 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                  sequence_bytes=boundary_bytes,
                                  block_s=busiest * sequence_layer_flops / (cell_speedup * speed[0]),
                                  block_sync_bytes=layer_params * gradient_bytes, fast_rate=ring,
-                                 ring_only=crossing.ring_only, sharded=crossing.sharded, sync_every=training.sync_every)
+                                 ring_only=crossing.ring_only, sharded=crossing.sharded, sync_every=training.sync_every,
+                                 pure_tau_bytes_per_s=pure_tau, pure_latency_s=pure_latency)
                          for level, count in zip(levels, counts)]
             if deferred is None:
                 terms += [term() for term in crossings]
