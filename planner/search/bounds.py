@@ -16,6 +16,7 @@ from planner.prediction.stage_model import iteration_flops, layer_costs, least_g
 from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
 from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s,
                                       round_trip_s, schedule_windows)
+from planner.search.nested_crossings import nested_crossing_s
 from planner.search.slow_crossings import every_group_crosses, group_counts, slow_crossing_s
 from planner.search.stage_split import stage_split_s
 
@@ -86,6 +87,10 @@ def lower_bound_s(topology, model, training) -> float:
       ``1 + N - S D`` devices (every other cell holds one at least); a group pure at one threshold
       still syncs over a slower link of any finer one whose clusters all hold fewer than D devices
       (``slow_crossings.every_group_crosses``);
+    - two of those thresholds at once (``planner.search.nested_crossings``): the stage groups that
+      cross the coarser's clusters sync over its links, those that cross only the finer's over the
+      finer's, and every replica's round trips cross between the clusters of both that the pure
+      groups fill (or that a cluster too small for a pure group and a replica forces);
     minimised over the pairs whose largest stage's state fits: at least ``params / S`` parameters at
     the least state per parameter (sharded over every device where sharding is allowed), over ``t``
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning
@@ -240,6 +245,15 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                  ring_only=crossing.ring_only, sharded=crossing.sharded, sync_every=training.sync_every,
                                  pure_tau_bytes_per_s=pure_tau, pure_latency_s=pure_latency)
                          for level, count in zip(levels, counts)]
+            crossings += [partial(nested_crossing_s, levels[i], counts[i], levels[j], counts[j], stages=stages,
+                                  layers=model.layers, replicas=replicas, devices=n, round_trips=crossed,
+                                  boundary_s=boundary_s, latency_s=latency_s, sequence_bytes=boundary_bytes,
+                                  block_s=busiest * sequence_layer_flops / (cell_speedup * speed[0]),
+                                  block_sync_bytes=layer_params * gradient_bytes, fast_rate=ring,
+                                  ring_only=crossing.ring_only, sharded=crossing.sharded,
+                                  sync_every=training.sync_every, pure_tau_bytes_per_s=pure_tau,
+                                  pure_latency_s=pure_latency)
+                          for j in range(len(levels)) for i in range(j)]
             if deferred is None:
                 terms += [term() for term in crossings]
             else:
