@@ -87,7 +87,8 @@ def lower_bound_s(topology, model, training) -> float:
       ``1 + N - S D`` devices (every other cell holds one at least); a group pure at one threshold
       still syncs over a slower link of any finer one whose clusters all hold fewer than D devices
       (``slow_crossings.every_group_crosses``);
-    - two of those thresholds at once (``planner.search.nested_crossings``): the stage groups that
+    - two of those thresholds at once (``planner.search.nested_crossings``, the lowest with each
+      higher one whose clusters hold two devices or more: ``_nested_pairs``): the stage groups that
       cross the coarser's clusters sync over its links, those that cross only the finer's over the
       finer's, and every replica's round trips cross between the clusters of both that the pure
       groups fill (or that a cluster too small for a pure group and a replica forces);
@@ -253,7 +254,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                   ring_only=crossing.ring_only, sharded=crossing.sharded,
                                   sync_every=training.sync_every, pure_tau_bytes_per_s=pure_tau,
                                   pure_latency_s=pure_latency)
-                          for j in range(len(levels)) for i in range(j)]
+                          for i, j in _nested_pairs(levels)]
             if deferred is None:
                 terms += [term() for term in crossings]
             else:
@@ -264,6 +265,12 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                   for level, trip in zip(levels, crossing_trips)]
         pairs[stages] = np.maximum.reduce(terms)
     return pairs
+
+
+def _nested_pairs(levels) -> list:
+    """The clusterings ``nested_crossings`` pairs: the coarsest with each finer one whose clusters hold
+    two devices or more (each pair a valid term; the others are left out for time)."""
+    return [(0, j) for j in range(1, len(levels)) if int(levels[j].cluster_sizes.max()) > 1]
 
 
 def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_bytes, *, sequence_s, boundary_s,
