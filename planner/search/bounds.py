@@ -16,7 +16,8 @@ from planner.prediction.stage_model import iteration_flops, layer_costs, least_g
 from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
 from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s,
                                       round_trip_s, schedule_windows)
-from planner.search.slow_crossings import group_counts, slow_crossing_s
+from planner.search.nested_crossings import nested_crossing_s
+from planner.search.slow_crossings import every_group_crosses, group_counts, slow_crossing_s
 from planner.search.stage_split import stage_split_s
 
 __all__ = ["lower_bound_s", "pair_bounds_s", "work_bound_s", "work_flops"]
@@ -83,7 +84,14 @@ def lower_bound_s(topology, model, training) -> float:
       sits in one cluster, and every replica's round trips cross between the clusters they fill, or
       some cross, and the round trips' chain ends with a crossing group's sync (over the layer
       splits, the least of the slowest stage's); its cells as fast as a tensor group of at most
-      ``1 + N - S D`` devices (every other cell holds one at least);
+      ``1 + N - S D`` devices (every other cell holds one at least); a group pure at one threshold
+      still syncs over a slower link of any finer one whose clusters all hold fewer than D devices
+      (``slow_crossings.every_group_crosses``);
+    - two of those thresholds at once (``planner.search.nested_crossings``, the lowest with each
+      higher one whose clusters hold two devices or more: ``_nested_pairs``): the stage groups that
+      cross the coarser's clusters sync over its links, those that cross only the finer's over the
+      finer's, and every replica's round trips cross between the clusters of both that the pure
+      groups fill (or that a cluster too small for a pure group and a replica forces);
     minimised over the pairs whose largest stage's state fits: at least ``params / S`` parameters at
     the least state per parameter (sharded over every device where sharding is allowed), over ``t``
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning
@@ -228,6 +236,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                          crossing_sets=[every] + [every + (one,) for one in level_crossings(1)])
             terms.append(both[0])
             crossing_trips = both[1:]
+            pure_tau, pure_latency = every_group_crosses(levels, replicas)
             cell_speedup = speedups[np.minimum(tensor, 1 + np.maximum(0, n - stages * replicas)) - 1]
             spared = partial(trips, sequence_s=work / batch / (cell_speedup * speed[0]))
 
@@ -239,8 +248,18 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                  sequence_bytes=boundary_bytes,
                                  block_s=busiest * sequence_layer_flops / (cell_speedup * speed[0]),
                                  block_sync_bytes=layer_params * gradient_bytes, fast_rate=ring,
-                                 ring_only=crossing.ring_only, sharded=crossing.sharded, sync_every=training.sync_every)
+                                 ring_only=crossing.ring_only, sharded=crossing.sharded, sync_every=training.sync_every,
+                                 pure_tau_bytes_per_s=pure_tau, pure_latency_s=pure_latency)
                          for level, count in zip(levels, counts)]
+            crossings += [partial(nested_crossing_s, levels[i], counts[i], levels[j], counts[j], stages=stages,
+                                  layers=model.layers, replicas=replicas, devices=n, round_trips=crossed,
+                                  boundary_s=boundary_s, latency_s=latency_s, sequence_bytes=boundary_bytes,
+                                  block_s=busiest * sequence_layer_flops / (cell_speedup * speed[0]),
+                                  block_sync_bytes=layer_params * gradient_bytes, fast_rate=ring,
+                                  ring_only=crossing.ring_only, sharded=crossing.sharded,
+                                  sync_every=training.sync_every, pure_tau_bytes_per_s=pure_tau,
+                                  pure_latency_s=pure_latency)
+                          for i, j in _nested_pairs(levels)]
             if deferred is None:
                 terms += [term() for term in crossings]
             else:
@@ -251,6 +270,12 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                   for level, trip in zip(levels, crossing_trips)]
         pairs[stages] = np.maximum.reduce(terms)
     return pairs
+
+
+def _nested_pairs(levels) -> list:
+    """The clusterings ``nested_crossings`` pairs: the coarsest with each finer one whose clusters hold
+    two devices or more (each pair a valid term; the others are left out for time)."""
+    return [(0, j) for j in range(1, len(levels)) if int(levels[j].cluster_sizes.max()) > 1]
 
 
 def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_bytes, *, sequence_s, boundary_s,

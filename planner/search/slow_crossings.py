@@ -37,6 +37,11 @@ devices holds at most ``floor(n_c / D)`` pure groups (a cell holds one device at
     blocks slowly, so the bound is the least over the number of crossings ``v``, each with the
     fewest crossing groups that leave at most ``v`` (``MAX_CLUSTERS_CROSSED`` at most counted).
 
+A group pure here may still cross a finer clustering's clusters: where none of them holds D
+devices, every group's ring has a hop over one of its links (``every_group_crosses``), so the pure
+groups of (A) and (B) sync no faster than over it (two thresholds at once: DTFM's world-wide case
+joins Tokyo and Seoul to the rest at 0.694 Gbit/s while no region holds a group of 21).
+
 The plan is in (A) or (B), so it takes at least the smaller of the two. With another sync than the
 ring alone, or local steps, the latencies count for nothing and a crossing group's ring share is
 ``cluster_bound``'s (1 for a parameter server or a two-level all-reduce, ``2 / D`` for DTFM's
@@ -52,7 +57,7 @@ _EXACT_STEPS = 3  # blocks per crossing stage tried exactly past the crossing wi
 MAX_CLUSTERS_CROSSED = 8  # clusters counted along a replica at most (fewer counted: a weaker, valid bound; faster)
 
 __all__ = ["MAX_CLUSTERS_CROSSED", "GroupCounts", "group_counts", "fewest_clusters", "fewest_crossing_groups",
-           "split_sync_s",
+           "split_sync_s", "every_group_crosses",
            "slow_crossing_s"]
 
 
@@ -99,6 +104,32 @@ def fewest_crossing_groups(stages: int, kept: np.ndarray) -> np.ndarray:
     return np.clip(stages - kept, 1, stages)
 
 
+def every_group_crosses(levels, replicas: np.ndarray) -> tuple:
+    """``((D,) bytes/s, (D,) seconds)``: for each replica count D of ``replicas``, the slowest link and
+    the longest latency that the ring of every stage group of D cells has a hop over at least, from
+    the clusterings ``levels`` (``cluster_bound.ClusterLevel``s) where no cluster holds D devices
+    (``inf`` and 0 where none is such).
+
+    A group of D cells holds D devices at least, each cell inside one cluster of every clustering
+    (a tensor group never leaves its host), so where every cluster of a clustering holds fewer than
+    D devices the group's cells sit in two clusters or more, and its ring has a hop between two of
+    them: a link of at most that clustering's ``tau`` and at least its latency. A ring's steps are all
+    as slow as its slowest hop and as long as its longest latency
+    (``cost_models.comm.ring_allreduce_time_s``), so the slowest ``tau`` and the longest latency of
+    all such clusterings count together, whichever hops they are. The other syncs cross as
+    ``cluster_bound`` says (a server's or a two-level all-reduce's ``n``, the sharded exchange's
+    ``2 / D`` of it over one crossing link). So a group that is pure at a coarser clustering (its
+    cells in one of its clusters) still syncs over such a link: two thresholds at once."""
+    replicas = np.asarray(replicas)
+    tau = np.full(replicas.shape, np.inf)
+    latency = np.zeros(replicas.shape)
+    for level in levels:
+        every = replicas > int(level.cluster_sizes.max())
+        tau = np.where(every, np.minimum(tau, level.tau_bytes_per_s), tau)
+        latency = np.where(every, np.maximum(latency, level.latency_s), latency)
+    return tau, latency
+
+
 def split_sync_s(layers: int, stages: int, crossing: np.ndarray, slow_s: np.ndarray, fast_s: np.ndarray,
                  slow_latency_s: np.ndarray, fast_latency_s: np.ndarray) -> np.ndarray:
     """(D,) at most the least, over the splits of ``layers`` (L) blocks over ``stages`` (S) stages of
@@ -143,7 +174,7 @@ def split_sync_s(layers: int, stages: int, crossing: np.ndarray, slow_s: np.ndar
 def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, replicas: np.ndarray,
                     round_trips, boundary_s: float, latency_s: float, sequence_bytes: float, block_s: np.ndarray,
                     block_sync_bytes: float, fast_rate: np.ndarray, ring_only: bool, sharded: bool,
-                    sync_every: int) -> np.ndarray:
+                    sync_every: int, pure_tau_bytes_per_s=math.inf, pure_latency_s=0.0) -> np.ndarray:
     """(D,) the bound of the module description for plans of ``stages`` (S >= 2) stages and
     ``replicas`` (D = 1 .. len) replicas at ``level`` (a ``cluster_bound.ClusterLevel``).
 
@@ -172,13 +203,15 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
     share = 2.0 * (D - 1) / D if ring_only else np.ones(D.shape)
     if sharded:
         share = np.minimum(share, 2.0 / D)
-    fast_s = block_sync_bytes * fast_rate
+    # a pure group crosses a finer clustering's clusters where none holds D devices (``pure_tau_bytes_per_s``)
+    fast_s = np.maximum(block_sync_bytes * fast_rate, block_sync_bytes * share / pure_tau_bytes_per_s)
     slow_s = np.maximum(block_sync_bytes * share / tau, fast_s)  # a crossing ring is a ring of D too
     steps = 2.0 * (D - 1) if ring_only and sync_every == 1 else np.zeros(D.shape)
+    pure_latency = np.maximum(latency_s, pure_latency_s)
     # the sync alone (after the chain) and with the stage's compute, in one call
     deepest, widest = split_sync_s(layers, stages, x, np.stack([slow_s, block_s + slow_s])[:, None],
                                    np.stack([fast_s, block_s + fast_s])[:, None], steps * slow_latency,
-                                   steps * latency_s)
+                                   steps * pure_latency)
     # (A) every group pure: k - 1 boundaries each way; as row 0 of (B)'s chain, the deepest stage's ring
     # (``ceil(L / S)`` blocks) paying its latencies too
     k = fewest_clusters(cumulative, stages)
@@ -189,7 +222,7 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
     trips = round_trips(boundary_s + slow_share * extra_b, latency_s + slow_share * extra_l,
                         np.where(crossed, boundary_s + extra_b, boundary_s),
                         np.where(crossed, latency_s + extra_l, latency_s),
-                        np.vstack([(math.ceil(layers / stages) * fast_s + steps * latency_s)[None, :], deepest]))
+                        np.vstack([(math.ceil(layers / stages) * fast_s + steps * pure_latency)[None, :], deepest]))
     pure = np.where(k > 0, trips[0], np.inf)  # no plan of pure groups where k = 0
     crossing = np.where(D > 1, np.maximum(trips[1:], widest).min(axis=0), np.inf)
     return np.minimum(pure, crossing)
