@@ -59,8 +59,9 @@ def test_regional_case_is_raised_above_the_round_trips_and_stays_below_its_plans
     """DTFM's case 4 at 4 stages x 16 replicas: every stage group fills a region, so every replica
     crosses three regions' boundaries, or two groups at least cross, and their rings sync over links
     of at most 1.25 Gbit/s, while the pure ones, in two regions, still make every replica cross once:
-    the bound rises from the round trips' 15.42 s to above 17.5 s (17.08 s without that crossing), and
-    the plans of both kinds (stage groups in regions; replicas in regions) simulate above it."""
+    the bound rises from the round trips' 15.42 s (16.88 s with every stage's chain,
+    ``planner.search.stage_chains``) to above 17.5 s (17.08 s without that crossing), and the plans
+    of both kinds (stage groups in regions; replicas in regions) simulate above it."""
     from cost_models.schedule import Schedule
     from planner.plan.plan import Plan
     from planner.prediction.predict import predict
@@ -70,7 +71,7 @@ def test_regional_case_is_raised_above_the_round_trips_and_stays_below_its_plans
     topology, model, training = job.topology, job.model, job.training
     bound = _pair_bounds_s(topology, model, training)[4][15]
     without = _pair_bounds_s(topology, model, training, clusters=False)[4][15]
-    assert bound > 17.5 and without < 15.5
+    assert bound > 17.5 and without < 17.0
     names = topology.names
     stage_major = [[names[16 * s + r] for s in range(4)] for r in range(16)]
     replica_major = [[names[16 * (r // 4) + 4 * (r % 4) + s] for s in range(4)] for r in range(16)]

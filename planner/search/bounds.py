@@ -17,6 +17,7 @@ from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
 from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s,
                                       round_trip_s, schedule_windows)
 from planner.search.slow_crossings import group_counts, slow_crossing_s
+from planner.search.stage_chains import stage_chains_s
 from planner.search.stage_split import stage_split_s
 
 __all__ = ["lower_bound_s", "pair_bounds_s", "work_bound_s", "work_flops"]
@@ -71,6 +72,12 @@ def lower_bound_s(topology, model, training) -> float:
       boundary before any gradient of it crosses back; where the stages outnumber a cluster's
       devices, each trip crosses between clusters ``ceil(S / c) - 1`` times at least, both ways
       (``round_trip.crossing_extra_s``), and a GPipe round's phases cross such a boundary;
+    - with two stages or more, every stage's own chain then its sync (``planner.search.stage_chains``):
+      stage ``k`` waits for ``k`` messages, then runs the busiest replica's sequences through its
+      blocks, or (1F1B, ZB-H1) chains its trips through the ``S - k - 1`` stages downstream ``S - k``
+      micro-batches apart, or (GPipe) idles between its forwards and backwards for one micro-batch's
+      trip, and syncs its own blocks (and the embeddings or the head) after; the least over the layer
+      splits of the largest stage, over the schedules allowed;
     - the blocks' work over the cells' speed plus every block's sync (as above) over ``S``: each
       stage syncs after every replica's last backward on it (``planner.search.stage_split``);
     - the clusters that slow links join (``planner.search.cluster_bound``, for each threshold of
@@ -236,6 +243,16 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                  block_sync_bytes=layer_params * gradient_bytes, fast_rate=ring,
                                  ring_only=crossing.ring_only, sharded=crossing.sharded, sync_every=training.sync_every)
                          for level, count in zip(levels, counts)]
+            crossings.append(partial(stage_chains_s, stages=stages, layers=model.layers, busiest=busiest,
+                                     schedules=training.schedules, interleaved=training.virtual_stages != 1,
+                                     per_round=training.micro_batches_per_round or math.inf,
+                                     micro_batch=training.micro_batch_size or math.inf,
+                                     layer_s=sequence_layer_flops / cell_flops, head_s=head_flops / cell_flops,
+                                     boundary_s=boundary_s, latency_s=latency_s,
+                                     layer_sync_s=layer_params * gradient_bytes * ring,
+                                     first_sync_s=two_stages.first_params * gradient_bytes * ring,
+                                     last_sync_s=two_stages.last_params * gradient_bytes * ring,
+                                     gpipe_fits=True if fits is None else fits))
             if deferred is None:
                 terms += [term() for term in crossings]
             else:
