@@ -48,7 +48,7 @@ from cost_models.schedule import Schedule
 
 __all__ = ["stage_chains_s"]
 
-_BISECTIONS = 48  # halvings of the bracket around the least largest stage term (relative width ~ 4e-15)
+_BISECTIONS = 40  # halvings of the bracket around the least largest stage term (relative width ~ 1e-12)
 
 
 def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, interleaved: bool,
