@@ -46,15 +46,15 @@ import numpy as np
 
 from cost_models.schedule import Schedule
 
-__all__ = ["stage_chains_s"]
+__all__ = ["stage_chains_s", "clustered_stage_chains_s"]
 
-_BISECTIONS = 40  # halvings of the bracket around the least largest stage term (relative width ~ 1e-12)
+_BISECTIONS = 24  # halvings of the bracket around the least largest stage term (relative width ~ 6e-8)
 
 
 def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, interleaved: bool,
                    per_round: float, micro_batch: float, layer_s: float, head_s: float, boundary_s: float,
                    latency_s: float, layer_sync_s: np.ndarray, first_sync_s: np.ndarray, last_sync_s: np.ndarray,
-                   gpipe_fits=True) -> np.ndarray:
+                   gpipe_fits=True, crossings: tuple = (0, 0.0, 0.0), odd_sync: tuple | None = None) -> np.ndarray:
     """(D,) seconds at least of any plan of ``stages`` (S >= 2) stages over ``layers`` blocks whose
     busiest replica runs ``busiest`` sequences (module description): ``layer_s``/``head_s`` one
     sequence's forward and backward of a block / the head on the fastest cell, ``boundary_s`` one
@@ -62,15 +62,36 @@ def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, 
     block's gradient sync (D,), ``first_sync_s``/``last_sync_s`` the first / last stage's extra
     parameters' (D,); ``per_round`` an accumulation round's micro-batches (inf: one round),
     ``micro_batch`` the micro-batch size where the job fixes it (inf: searched), ``gpipe_fits``
-    False (or (D,) False) where GPipe's activations cannot fit."""
+    False (or (D,) False) where GPipe's activations cannot fit.
+
+    ``crossings``: ``(q, per sequence, per trip)``: at least ``q`` of the busiest replica's
+    boundaries cross between clusters, each adding those seconds to a trip across it
+    (``round_trip.crossing_extra_s``); at most ``k`` of them lie upstream of stage ``k``, so its
+    chain's trips (and GPipe's gap) cross ``q - k`` of them at least. ``odd_sync``: ``(block,
+    first, last)`` syncs (D,) of one stage, any, in place of the others' (a stage whose ring
+    crosses a slow link): the least over which stage it is."""
     busiest = np.asarray(busiest, dtype=float)
+    normal = (layer_sync_s, first_sync_s, last_sync_s)
+    # one row per stage that may be the odd one (a single row without one), one column per D
+    variants = stages if odd_sync is not None else 1
+    shape = (variants,) + busiest.shape
+    which = np.arange(variants).reshape((variants,) + (1,) * busiest.ndim)
+    syncs = [[np.broadcast_to(np.where(which == k, odd, usual) if odd_sync is not None else usual, shape)
+              for odd, usual in zip(odd_sync or normal, normal)] for k in range(stages)]
+    return _least_schedule_s(stages, layers, np.broadcast_to(busiest, shape), schedules, interleaved, per_round,
+                             micro_batch, layer_s, head_s, boundary_s, latency_s, syncs, gpipe_fits,
+                             crossings).min(axis=0)
+
+
+def _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round, micro_batch, layer_s, head_s,
+                      boundary_s, latency_s, syncs, gpipe_fits, crossings) -> np.ndarray:
+    """``stage_chains_s`` with stage ``k``'s syncs ``syncs[k]`` (block, first, last), (D,) each."""
     shape = busiest.shape
     fixed = math.isfinite(micro_batch)
     fewest = micro_batch if fixed else 1.0  # the fewest sequences in a micro-batch
     most = np.minimum(micro_batch, busiest)  # the most sequences in a micro-batch
     arrival = fewest * boundary_s + latency_s
-    sync = [np.broadcast_to(np.asarray(layer_sync_s, dtype=float), shape)]
-    extra = [np.broadcast_to(np.asarray(v, dtype=float), shape) for v in (first_sync_s, last_sync_s)]
+    crossed, per_sequence, per_trip = crossings
     least = np.full(shape, np.inf)
     for schedule in schedules:
         if interleaved:
@@ -86,10 +107,12 @@ def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, 
             """[(intercept (D,), slope (D,))]: stage ``k``'s terms as ``a + b l_k`` given ``upstream``
             (D,) blocks before it."""
             last = k == stages - 1
-            base = k * arrival + (extra[0] if k == 0 else 0.0) + (extra[1] if last else 0.0)
+            block_sync, first_sync, last_sync = syncs[k]
+            base = k * arrival + (first_sync if k == 0 else 0.0) + (last_sync if last else 0.0)
             head = head_s if last else 0.0
-            terms = [(base + busiest * head, busiest * layer_s + sync[0])]  # the work
+            terms = [(base + busiest * head, busiest * layer_s + block_sync)]  # the work
             hops = stages - 1 - k
+            across = max(0, crossed - k)  # crossings downstream of stage k, at least
             if kind in (Schedule.ONE_F_ONE_B, Schedule.ZERO_BUBBLE) and hops > 0:
                 window = min(stages - k, per_round)
                 carried = np.maximum(1.0, busiest / window)
@@ -97,12 +120,13 @@ def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, 
                 if fixed:
                     carried = np.maximum(carried, np.ceil(np.ceil(busiest / micro_batch) / window) * micro_batch)
                 compute = 0.0 if kind == Schedule.ZERO_BUBBLE else (layers - upstream) * layer_s + head_s
-                terms.append((base + carried * (compute + 2 * hops * boundary_s) + trips * 2 * hops * latency_s,
-                              sync[0]))
+                terms.append((base + carried * (compute + 2 * hops * boundary_s + across * per_sequence)
+                              + trips * (2 * hops * latency_s + across * per_trip), block_sync))
             if kind == "gpipe" and hops > 0:
-                gap = fewest * ((layers - upstream) * layer_s + head_s) + 2 * hops * arrival
-                terms.append((base + gap, busiest * layer_s + sync[0] - fewest * layer_s))
-                terms.append((base + 2.0 * busiest * boundary_s + 2.0 * latency_s, sync[0]))
+                gap = (fewest * ((layers - upstream) * layer_s + head_s) + 2 * hops * arrival
+                       + across * (fewest * per_sequence + per_trip))
+                terms.append((base + gap, busiest * layer_s + block_sync - fewest * layer_s))
+                terms.append((base + 2.0 * busiest * boundary_s + 2.0 * latency_s, block_sync))
             return terms
 
         value = _least_split_s(stages, layers, stage_terms, shape)
@@ -148,10 +172,9 @@ def _fits(stages, layers, stage_terms, limit) -> np.ndarray:
         room = layers - upstream - (stages - 1 - k)
         most = room.copy()
         for a, b in stage_terms(k, upstream):
-            with np.errstate(divide="ignore", invalid="ignore"):
-                allowed = np.where(b > 0, np.floor((limit - a) / np.where(b > 0, b, 1.0)),
-                                   np.where(a <= limit, np.inf, -np.inf))
-            most = np.minimum(most, allowed)
+            positive = b > 0
+            allowed = np.floor(np.divide(limit - a, b, out=np.zeros(limit.shape), where=positive))
+            most = np.minimum(most, np.where(positive, allowed, np.where(a <= limit, np.inf, -np.inf)))
         ok &= most >= 1
         upstream = upstream + np.clip(most, 1, None)
     rest = layers - upstream
@@ -159,3 +182,41 @@ def _fits(stages, layers, stage_terms, limit) -> np.ndarray:
     for a, b in stage_terms(stages - 1, upstream):
         ok &= a + b * rest <= limit
     return ok
+
+
+def clustered_stage_chains_s(level, *, replicas: np.ndarray, ring_only: bool, share: np.ndarray,
+                             block_sync_bytes: float, first_sync_bytes: float, last_sync_bytes: float,
+                             crossing_extra, ring_bytes_per_s: np.ndarray, **chains) -> np.ndarray:
+    """(D,) ``stage_chains_s`` of plans of ``replicas`` (D,) replicas that cannot fit in one cluster
+    of ``level`` (``planner.search.cluster_bound.ClusterLevel``; 0 where they can): every cell (one
+    device or a tensor group, inside a host) sits in one cluster, so either some stage's group of
+    ``D >= 2`` cells spans two clusters, and its ring (``ring_only``: the only sync allowed) crosses
+    between them over a link of at most ``slower_way`` (``tau``, or between exactly two clusters the
+    slower direction's fastest; and no faster than ``ring_bytes_per_s``, (D,), the others' ring): that
+    stage's syncs run ``share`` (``2 (D - 1) / D``) of its bytes (``*_sync_bytes``) at that rate
+    (``odd_sync``, the least over which stage; without ``ring_only`` this case counts 0); or every group sits
+    in one cluster, which holds ``floor(c / D)`` of them at most, so the ``S`` groups fill at least
+    ``n`` clusters and each replica's path visits them all: ``n - 1`` of its boundaries cross at
+    least (``crossings``, priced by ``crossing_extra(fewest=n - 1)``, ``round_trip.crossing_extra_s``).
+    The least of the two cases. ``chains``: ``stage_chains_s``'s other arguments."""
+    stages = chains["stages"]
+    replicas = np.asarray(replicas)
+    spans = stages * replicas > int(level.cluster_sizes.max())
+    least = np.zeros(replicas.shape)
+    if not spans.any():
+        return least
+    crossing = np.zeros(replicas.shape)
+    if ring_only:
+        rate = share / np.minimum(level.slower_way_bytes_per_s, ring_bytes_per_s)  # s per byte
+        odd = (block_sync_bytes * rate, first_sync_bytes * rate, last_sync_bytes * rate)
+        crossing = np.where(replicas >= 2, stage_chains_s(**chains, odd_sync=odd), np.inf)
+    pure = np.full(replicas.shape, np.inf)
+    capacity = np.sort(level.cluster_sizes)[::-1][None, :] // replicas[:, None]  # groups each cluster holds
+    filled = np.cumsum(capacity, axis=1)
+    holds = filled[:, -1] >= stages
+    clusters = np.argmax(filled >= stages, axis=1) + 1  # the fewest clusters the groups fill
+    for count in np.unique(clusters[holds & spans]):
+        crossings = crossing_extra(fewest=int(count) - 1)
+        mask = holds & spans & (clusters == count)
+        pure = np.where(mask, stage_chains_s(**chains, crossings=crossings), pure)
+    return np.where(spans, np.minimum(crossing, pure), 0.0)
