@@ -26,7 +26,8 @@ def test_small_case_by_hand():
     2 l0, and 2+2 gives 21.1."""
     assert stage_chains_s(schedules=(Schedule.ONE_F_ONE_B,), **_SMALL)[0] == pytest.approx(25.4, rel=1e-6)
     assert stage_chains_s(schedules=(Schedule.GPIPE,), **_SMALL)[0] == pytest.approx(27.2, rel=1e-6)
-    assert stage_chains_s(schedules=(Schedule.ONE_F_ONE_B, Schedule.GPIPE), **_SMALL)[0] == pytest.approx(25.4, rel=1e-6)
+    both = (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
+    assert stage_chains_s(schedules=both, **_SMALL)[0] == pytest.approx(25.4, rel=1e-6)
     assert stage_chains_s(schedules=(Schedule.ZERO_BUBBLE,), **_SMALL)[0] == pytest.approx(21.1, rel=1e-6)
     # GPipe whose activations cannot fit is left out; interleaving keeps the work only
     assert stage_chains_s(schedules=(Schedule.ONE_F_ONE_B, Schedule.GPIPE), gpipe_fits=np.array([False]),
@@ -73,8 +74,8 @@ def test_least_split_agrees_with_every_split():
         coefficients = rng.random((stages, 3, 3)) * [4.0, 0.5, 3.0]  # per stage and term: a, -da/dP, b
 
         def terms(k, upstream, c=coefficients):
-            return [(np.broadcast_to(a + fall * (layers - upstream), np.shape(upstream)), np.full(np.shape(upstream), b))
-                    for a, fall, b in c[k]]
+            size = np.shape(upstream)
+            return [(np.broadcast_to(a + fall * (layers - upstream), size), np.full(size, b)) for a, fall, b in c[k]]
 
         got = _least_split_s(stages, layers, terms, (1,))[0]
         want = np.inf
