@@ -65,7 +65,7 @@ def test_one_odd_stage_and_crossings_by_hand():
 
 
 def test_least_split_agrees_with_every_split():
-    """The greedy split and bisection against the least over every split, on random affine terms
+    """The greedy split and the search on the limit against the least over every split, on random affine terms
     whose intercepts fall with the blocks upstream."""
     rng = np.random.default_rng(7)
     for _ in range(200):

@@ -37,7 +37,7 @@ head) keep the arrival and the work. A plan's time is at least the least, over t
 job allows, of the least over layer splits of the largest of its stages' terms. Each term grows
 with ``l_k`` and does not grow with ``P_k``, so the split that keeps every stage below a time ``t``,
 if any, is found by giving each stage in turn the most blocks it can hold (more upstream never
-hurts downstream); a bisection on ``t`` gives the least (``_least_split_s``).
+hurts downstream); a search on ``t`` gives the least (``_least_split_s``).
 """
 
 import math
@@ -48,7 +48,8 @@ from cost_models.schedule import Schedule
 
 __all__ = ["stage_chains_s", "clustered_stage_chains_s"]
 
-_BISECTIONS = 24  # halvings of the bracket around the least largest stage term (relative width ~ 6e-8)
+_POINTS = 15  # limits tried at once in each pass: the bracket shrinks 16-fold a pass
+_PASSES = 6  # passes: the bracket's width ends at 16 ** -6 ~ 6e-8 of the even split's
 
 
 def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, interleaved: bool,
@@ -139,21 +140,22 @@ def _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round
 def _least_split_s(stages: int, layers: int, stage_terms, shape) -> np.ndarray:
     """(D,) the least, over splits of ``layers`` blocks into ``stages`` stages of one block at least,
     of the largest ``a + b l_k`` over stages ``k`` and ``stage_terms(k, P_k)``'s terms (each ``b >= 0``,
-    each ``a`` not growing with ``P_k``), from below: the bisection's lower end, a limit no split
-    keeps to (or 0)."""
+    each ``a`` not growing with ``P_k``), from below: the search's lower end, a limit no split
+    keeps to (or 0), within ``16 ** -_PASSES`` of the even split's largest term."""
     low = np.zeros(shape)
     high = _even_split_s(stages, layers, stage_terms, np.ones(shape))
-    for _ in range(_BISECTIONS):
-        middle = 0.5 * (low + high)
-        fits = _fits(stages, layers, stage_terms, middle)
-        high = np.where(fits, middle, high)
-        low = np.where(fits, low, middle)
+    steps = (np.arange(1, _POINTS + 1) / (_POINTS + 1)).reshape((_POINTS,) + (1,) * len(shape))
+    for _ in range(_PASSES):  # a search over _POINTS limits at once: whether a split fits grows with the limit
+        limits = low + steps * (high - low)
+        fits = _fits(stages, layers, stage_terms, limits)
+        high = np.minimum(high, np.where(fits, limits, np.inf).min(axis=0))
+        low = np.maximum(low, np.where(~fits & (limits < high), limits, -np.inf).max(axis=0))
     return low
 
 
 def _even_split_s(stages, layers, stage_terms, ones) -> np.ndarray:
     """The largest stage term of the split of ``layers`` into ``stages`` as even as can be: one
-    split's, so at least the least (the bisection's upper end)."""
+    split's, so at least the least (the search's upper end)."""
     sizes = [layers // stages + (1 if k < layers % stages else 0) for k in range(stages)]
     largest, upstream = np.zeros_like(ones), 0
     for k, size in enumerate(sizes):
