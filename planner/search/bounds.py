@@ -18,9 +18,12 @@ from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phase
                                       round_trip_s, schedule_windows)
 from planner.search.nested_crossings import nested_crossing_s
 from planner.search.slow_crossings import every_group_crosses, group_counts, slow_crossing_s
+from planner.search.stage_chains import clustered_stage_chains_s, stage_chains_s
 from planner.search.stage_split import stage_split_s
 
 __all__ = ["lower_bound_s", "pair_bounds_s", "work_bound_s", "work_flops"]
+
+_CLUSTERED_CHAINS_DEVICES = 16  # the stage chains per cluster level only up to this many devices (time)
 
 
 def work_bound_s(topology, model, training) -> float:
@@ -72,6 +75,18 @@ def lower_bound_s(topology, model, training) -> float:
       boundary before any gradient of it crosses back; where the stages outnumber a cluster's
       devices, each trip crosses between clusters ``ceil(S / c) - 1`` times at least, both ways
       (``round_trip.crossing_extra_s``), and a GPipe round's phases cross such a boundary;
+    - with two stages or more, every stage's own chain then its sync (``planner.search.stage_chains``):
+      stage ``k`` waits for ``k`` messages, then runs the busiest replica's sequences through its
+      blocks, or (1F1B, ZB-H1) chains its trips through the ``S - k - 1`` stages downstream ``S - k``
+      micro-batches apart, or (GPipe) idles between its forwards and backwards for one micro-batch's
+      trip, and syncs its own blocks (and the embeddings or the head) after; the least over the layer
+      splits of the largest stage, over the schedules allowed; on topologies of at most
+      ``_CLUSTERED_CHAINS_DEVICES`` devices also with one stage (any) syncing no faster than the
+      ``(S D)``-th best device's fastest outgoing link (every cell one device, ring syncs only: the
+      plan uses ``S D`` devices), and, at each clusters' level a plan's cells cannot fit in one
+      cluster of, the least of a stage group's ring crossing (that stage syncing at most at the
+      clusters' slower way) and every group in one cluster (each replica's chain then crossing
+      between the clusters the groups fill: ``stage_chains.clustered_stage_chains_s``);
     - the blocks' work over the cells' speed plus every block's sync (as above) over ``S``: each
       stage syncs after every replica's last backward on it (``planner.search.stage_split``);
     - the clusters that slow links join (``planner.search.cluster_bound``, for each threshold of
@@ -112,9 +127,10 @@ def pair_bounds_s(topology, model, training) -> dict:
 
 
 def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
-    """``lower_bound_s``, with or without the clusters' term. The slow crossings' term only raises a
-    pair's bound, so it is computed for the stage counts whose other terms' least is below the
-    least found so far, those with the lowest first (the least over every pair all the same)."""
+    """``lower_bound_s``, with or without the clusters' term. The slow crossings' and the stage
+    chains' terms only raise a pair's bound, so they are computed for the stage counts whose other
+    terms' least is below the least found so far, those with the lowest first, and no further once
+    the stage count's least reaches it (the least over every pair all the same)."""
     deferred = {}
     pairs = _pair_bounds_s(topology, model, training, clusters=clusters, deferred=deferred)
     best = np.inf
@@ -124,6 +140,8 @@ def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
         values = pairs[stages]
         for term in deferred.get(stages, ()):
             values = np.maximum(values, term())
+            if float(values.min()) >= best:  # this S cannot lower the least: its other terms are not needed
+                break
         best = min(best, float(values.min()))
     return best if np.isfinite(best) else work_bound_s(topology, model, training)
 
@@ -260,6 +278,36 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                   sync_every=training.sync_every, pure_tau_bytes_per_s=pure_tau,
                                   pure_latency_s=pure_latency)
                           for i, j in _nested_pairs(levels)]
+            chains = dict(stages=stages, layers=model.layers, busiest=busiest, schedules=training.schedules,
+                          interleaved=training.virtual_stages != 1,
+                          per_round=training.micro_batches_per_round or math.inf,
+                          micro_batch=training.micro_batch_size or math.inf, layer_s=sequence_layer_flops / cell_flops,
+                          head_s=head_flops / cell_flops, boundary_s=boundary_s, latency_s=latency_s,
+                          layer_sync_s=layer_params * gradient_bytes * ring,
+                          first_sync_s=two_stages.first_params * gradient_bytes * ring,
+                          last_sync_s=two_stages.last_params * gradient_bytes * ring,
+                          gpipe_fits=True if fits is None else fits)
+            crossings.append(partial(stage_chains_s, **chains))
+            if n <= _CLUSTERED_CHAINS_DEVICES and tensor == 1 and crossing.ring_only:
+                # every cell one device: the plan's S D devices hold one whose fastest outgoing link is
+                # at most the (S D)-th best, and with D >= 2 its stage's ring leaves it over that link
+                slowest = share / np.where(replicas > 1, best_out[stages * replicas - 1], np.inf)  # s/byte
+                crossings.append(partial(stage_chains_s, **chains, odd_sync=tuple(
+                    bytes_ * gradient_bytes * slowest
+                    for bytes_ in (layer_params, two_stages.first_params, two_stages.last_params))))
+            if n <= _CLUSTERED_CHAINS_DEVICES:
+                crossings += [partial(clustered_stage_chains_s, level, replicas=replicas, ring_only=crossing.ring_only,
+                                      share=share, block_sync_bytes=layer_params * gradient_bytes,
+                                      first_sync_bytes=two_stages.first_params * gradient_bytes,
+                                      last_sync_bytes=two_stages.last_params * gradient_bytes,
+                                      ring_bytes_per_s=np.where(replicas > 1, best_out[replicas - 1], np.inf),
+                                      crossing_extra=partial(
+                                          crossing_extra_s, stages=stages, largest=int(level.sizes.max()),
+                                          tau_bytes_per_s=min(level.tau_bytes_per_s, float(best_out[0])),
+                                          both_ways_bytes_per_s=min(level.both_ways_bytes_per_s, float(best_out[0])),
+                                          between_latency_s=level.latency_s, sequence_bytes=boundary_bytes,
+                                          boundary_s=boundary_s, latency_s=latency_s), **chains)
+                               for level in levels]
             if deferred is None:
                 terms += [term() for term in crossings]
             else:
