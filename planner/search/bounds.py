@@ -14,6 +14,7 @@ from planner.plan.sync_groups import REPLICA
 from planner.plan.tensor import TENSOR_DEGREES
 from planner.prediction.stage_model import iteration_flops, layer_costs, least_gradient_bytes_per_param
 from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
+from planner.search.replica_crossings import replica_crossings_s
 from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s,
                                       round_trip_s, schedule_windows)
 from planner.search.slow_crossings import group_counts, slow_crossing_s
@@ -84,6 +85,10 @@ def lower_bound_s(topology, model, training) -> float:
       some cross, and the round trips' chain ends with a crossing group's sync (over the layer
       splits, the least of the slowest stage's); its cells as fast as a tensor group of at most
       ``1 + N - S D`` devices (every other cell holds one at least);
+    - the same clusters' runs along each replica (``planner.search.replica_crossings``): the replicas
+      that fit in few clusters are few, the others cross more on every round trip; each replica's
+      sequences at its own crossings' cost, and the batch split between them, the first stage's sync
+      after (a crossing group's where D cells fit in no cluster);
     minimised over the pairs whose largest stage's state fits: at least ``params / S`` parameters at
     the least state per parameter (sharded over every device where sharding is allowed), over ``t``
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning
@@ -236,6 +241,17 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                  block_sync_bytes=layer_params * gradient_bytes, fast_rate=ring,
                                  ring_only=crossing.ring_only, sharded=crossing.sharded, sync_every=training.sync_every)
                          for level, count in zip(levels, counts)]
+            largest_params = max(params / stages, deepest * layer_params, first_params)
+            crossings += [partial(replica_crossings_s, level, training, stages=stages, replicas=replicas,
+                                  batch=batch, devices=n, sequence_s=work / batch / speed[0],
+                                  heaviest_s=heaviest / speed[0], deepest_s=deepest * sequence_layer_flops / speed[0],
+                                  deepest_sync_bytes=deepest * layer_params * gradient_bytes,
+                                  tensor_speedups=speedups, boundary_s=boundary_s,
+                                  latency_s=latency_s, sequence_bytes=boundary_bytes, most_sequences=most_sequences,
+                                  first_sync_bytes=first_params * gradient_bytes,
+                                  largest_sync_bytes=largest_params * gradient_bytes, fast_rate=ring,
+                                  ring_only=crossing.ring_only, sharded=crossing.sharded)
+                          for level in levels]
             if deferred is None:
                 terms += [term() for term in crossings]
             else:
