@@ -19,6 +19,7 @@ from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phase
                                       round_trip_s, schedule_windows)
 from planner.search.slow_crossings import group_counts, slow_crossing_s
 from planner.search.stage_split import stage_split_s
+from planner.search.tensor_cells import gain_per_spare_device, most_cells_flops
 
 __all__ = ["lower_bound_s", "pair_bounds_s", "work_bound_s", "work_flops"]
 
@@ -37,8 +38,10 @@ def lower_bound_s(topology, model, training) -> float:
     interleaves), running a block at most ``sigma`` times one member's speed (``_tensor_speedup``:
     its all-reduces); it uses ``U <= min(N, S D t)`` devices. For each degree pair (S, D) a plan
     could use, the largest of
-    - the work bound over the plan's cells: at most the ``U`` fastest devices' FLOP/s, and at most
-      ``sigma`` times the ``S D`` fastest's (each cell's lead is a distinct device);
+    - the work bound over the plan's cells: at most the ``U`` fastest devices' FLOP/s, at most
+      ``sigma`` times the ``S D`` fastest's (each cell's lead is a distinct device), and at most the
+      ``S D`` fastest's plus what the ``N - S D`` spare devices add to tensor groups, less than a
+      device each (``planner.search.tensor_cells``; the same for the heaviest stages' D cells);
     - the gradient sync of the largest stage (at least ``params / S``): a ring all-reduce moves
       ``2 (D - 1) / D * n`` bytes over its slowest hop (Patarasuk & Yuan 2009), and that hop is no
       faster than the D-th best device's fastest outgoing link (NIC-capped), since the ring's D
@@ -152,6 +155,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     speedups = np.array([_tensor_speedup(per_sequence, most, sequence_layer_flops, float(flops.min()),
                                          float(best_out[0])) for most in range(1, tensor + 1)])
     n = topology.size
+    rho = gain_per_spare_device(speedups)  # what a spare device adds to a tensor group, at most
     syncs = syncs_for(training, 2)
     whole_message_syncs = any(s in (Sync.HIERARCHICAL, Sync.PARAMETER_SERVER) for s in syncs)
     # Local steps in sync groups (``planner.plan.sync_groups``): the slowest member is a lead, whose
@@ -183,6 +187,8 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
             break
         used = np.minimum(stages * replicas * tensor, n)  # devices a plan of these degrees may use
         cells_flops = np.minimum(fastest[used - 1], speedup * fastest[stages * replicas - 1])
+        spare = n - stages * replicas  # devices beyond one a cell: the most the tensor groups take
+        cells_flops = np.minimum(cells_flops, most_cells_flops(fastest, stages * replicas, spare, speed[0], rho))
         compute = work / cells_flops
         share = 2.0 * (replicas - 1) / replicas
         if whole_message_syncs or grouped:
@@ -203,7 +209,8 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
         heaviest = heaviest_by_stages[stages - 1]
         group = np.minimum(replicas * tensor, n - (stages - 1) * replicas)
         busiest_cell = busiest * heaviest / cell_flops
-        heaviest_cells = batch * heaviest / np.minimum(fastest[group - 1], speedup * fastest[replicas - 1])
+        heaviest_cells = batch * heaviest / np.minimum.reduce([fastest[group - 1], speedup * fastest[replicas - 1],
+                                                               most_cells_flops(fastest, replicas, spare, speed[0], rho)])
         terms = [compute, sync, np.broadcast_to(pipe, compute.shape), widest_stage, busiest_cell, heaviest_cells,
                  stage_split_s(block_work, cells_flops, crossing.model_sync_bytes * ring, stages)]
         crossing_trips = [None] * len(levels)  # each level's round trips where the busiest replica crosses it
