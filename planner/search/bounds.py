@@ -209,8 +209,9 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
         heaviest = heaviest_by_stages[stages - 1]
         group = np.minimum(replicas * tensor, n - (stages - 1) * replicas)
         busiest_cell = busiest * heaviest / cell_flops
-        heaviest_cells = batch * heaviest / np.minimum.reduce([fastest[group - 1], speedup * fastest[replicas - 1],
-                                                               most_cells_flops(fastest, replicas, spare, speed[0], rho)])
+        heaviest_flops = np.minimum.reduce([fastest[group - 1], speedup * fastest[replicas - 1],
+                                            most_cells_flops(fastest, replicas, spare, speed[0], rho)])
+        heaviest_cells = batch * heaviest / heaviest_flops
         terms = [compute, sync, np.broadcast_to(pipe, compute.shape), widest_stage, busiest_cell, heaviest_cells,
                  stage_split_s(block_work, cells_flops, crossing.model_sync_bytes * ring, stages)]
         crossing_trips = [None] * len(levels)  # each level's round trips where the busiest replica crosses it

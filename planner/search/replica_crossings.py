@@ -17,27 +17,51 @@ crossings and the batch split between them:
   replicas with the fewest runs cover ``i S`` cells, so their runs add up to at least
   ``m_i = min{m : Top(m) >= i S}`` (``fewest_runs``).
 - One replica. A replica of ``b`` sequences and ``c`` crossings takes at least ``a(c) b + y(c)``
-  (``_replica_costs``): under a chained schedule (1F1B, ZB-H1: window ``w``), its first stage chains
-  ``b / w`` sequences' round trips at least (``round_trip.round_trip_s`` with ``busiest = b``), each
-  sequence running every stage's forward and backward (no compute under ZB-H1), crossing ``2 (S - 1)``
-  boundaries at the fastest link and, ``c`` of them each way, paying a crossing's extra
-  (``round_trip.crossing_extra_s``; per trip, its latencies, at least ``b / (m_max w)`` trips), then
-  the first stage syncs (after every replica's last backward there); under GPipe every activation of
-  a round crosses a boundary before any gradient comes back over it (``round_trip.gpipe_phases_s``),
-  at a crossing one where ``c >= 1``. The first stage's sync is a crossing group's
-  (``slow_crossings``: its share over ``tau``) where the D cells cannot sit in one cluster (D above
-  the largest), a pure one's otherwise (``bounds``' ``ring``).
-- The split. In time T a replica of ``c`` crossings runs at most ``phi(k) = max(0, (T - y) / a)``
-  sequences (``k = c + 1``), and the replicas run ``B`` together. ``phi`` is decreasing and convex in
-  ``k`` (``(T - y) / (alpha + beta (k - 1))``; GPipe's two values, first the larger), and any plan's
-  runs, sorted, have prefix sums at least ``m_i``, where the increments ``k*_i = m_i - m_{i - 1}``
-  have exactly ``m_i``: the sum of the ``i`` fewest of a plan's runs is at least that of ``k*``'s for
-  every ``i`` (weak supermajorisation), so ``sum phi(k) <= sum phi(k*)`` (Marshall, Olkin & Arnold,
-  *Inequalities: Theory of Majorization*, 2011, 3.A.8: for every decreasing convex ``phi``). A plan
-  of time T has ``B <= sum phi(k*)``; the least such T (``_least_time_s``) bounds it.
+  under each of these (the plan takes at least the largest):
+  - under a chained schedule (1F1B, ZB-H1: window ``w``), its first stage chains ``b / w``
+    sequences' round trips at least (``round_trip.round_trip_s`` with ``busiest = b``), each sequence
+    running every stage's forward and backward (no compute under ZB-H1), crossing ``2 (S - 1)``
+    boundaries at the fastest link and, ``c`` of them each way, paying a crossing's extra
+    (``round_trip.crossing_extra_s``; per trip, its latencies, at least ``b / (m w)`` trips of ``m``
+    sequences at most); then the first stage syncs (after every replica's last backward there), and
+    every stage's last backward comes after all but the chain's last trip, so the largest stage
+    (``params / S``, ``ceil(L / S)`` blocks, the first stage's, the most of them) syncs after the
+    chain less one trip (a trip of ``m`` sequences crossing ``S - 1`` times at most, on one device a
+    cell: no shorter than any replica's);
+  - under GPipe, every activation of a round crosses a boundary before any gradient comes back over
+    it (``round_trip.gpipe_phases_s``), at a crossing one where ``c >= 1``; in one round every
+    forward crossed every boundary (over ``tau`` where ``c >= 1``) before any stage's last backward,
+    so before the largest stage's sync;
+  - under any schedule, the replica's sequences run through its heaviest stage
+    (``bounds._heaviest_stage_flops``) and through its deepest (``ceil(L / S)`` blocks), which then
+    syncs, each on one cell.
+  A stage's sync is a crossing group's (``slow_crossings``: its share over ``tau``) where the D cells
+  cannot sit in one cluster (D above the largest), a pure one's otherwise (``bounds``' ``ring``). A
+  replica's cells are single devices at most the fastest's speed, but for the spare devices'
+  tensor groups (``tensor_speedups``; below).
+- The split. In time T a replica of ``k = c + 1`` runs serves at most ``phi(k) = max(0, min_j (T -
+  y_j) / a_j)`` sequences, and the replicas serve ``B`` together. The chain's ``phi`` is decreasing
+  and convex in ``k`` (``(T - y) / (alpha + beta (k - 1))``), GPipe's takes two values (``c = 0``
+  and ``c >= 1``, the first the larger; the other forms do not depend on ``k``): convex on the whole
+  numbers too. Any plan's runs, sorted, have prefix sums ``P_t`` at least ``m_t``, convex through 0
+  (sorted increments), so ``P_t >= t max_{s <= t} m_s / s`` and, whole, at least its ceiling
+  ``M_t``. The increments ``k*_t = M_t - M_{t - 1}`` (at least 1) add up to exactly ``M_t``: the sum
+  of the ``t`` fewest of a plan's runs is at least that of ``k*``'s for every ``t`` (weak
+  supermajorisation), so ``sum phi(k) <= sum phi(k*)`` (Marshall, Olkin & Arnold, *Inequalities:
+  Theory of Majorization*, 2011, 3.A.8: for every decreasing convex ``phi``). The chain's bound
+  alone, and GPipe's forms together, each give such a ``phi``; the heaviest and deepest stages'
+  (the same for every ``k``) cap GPipe's, and give a bound of their own under any schedule.
+- Tensor groups. A plan of D replicas leaves ``E = N - S D`` devices beyond one a cell: at most
+  ``min(E, D)`` replicas hold a group, of at most ``1 + E`` devices, and a group of ``t`` takes
+  ``t - 1`` of them. A replica with groups serves at most as many as one whose every cell runs at
+  its largest group's speedup: its gain over the same replica without is at most that of ``1 + E``
+  devices (at most the ``i``-th of the ``k*`` order's gain at the most replicas that may have ``k``
+  runs or fewer: ``i`` of them add up to at least ``M_i``), and at most ``E`` times the most any
+  group gains per device it takes (at the fewest runs); the least of both is added.
 
-The plan runs one schedule: the least over the schedules the job allows; GPipe's phases and its
-rounds' chain (window ``K``) both hold, the larger counts.
+A plan of time T has ``B <= sum phi(k*)`` plus the groups' gain; the least such T (closed form for
+the chain, ``_water_s``'s for GPipe's phases as a low end, ``_least_time_s``'s bisection otherwise)
+bounds it. The plan runs one schedule: the least over the schedules the job allows.
 """
 
 import math
