@@ -117,8 +117,8 @@ def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
         if float(pairs[stages].min()) >= best:
             break
         values = pairs[stages]
-        for term in deferred.get(stages, ()):
-            values = np.maximum(values, term())
+        for term in deferred.get(stages, ()):  # the replicas' crossings may stop short below the others' bound
+            values = np.maximum(values, term(floor=values) if term.func is replica_crossings_s else term())
         best = min(best, float(values.min()))
     return best if np.isfinite(best) else work_bound_s(topology, model, training)
 

@@ -74,7 +74,7 @@ from planner.search.round_trip import crossing_extra_s, schedule_windows
 
 __all__ = ["fewest_runs", "replica_crossings_s"]
 
-_BISECTIONS = 12  # halvings of the time searched (a lower end is returned: fewer only loosen it)
+_BISECTIONS = 16  # halvings of the time searched (a lower end is returned: fewer only loosen it)
 
 
 def fewest_runs(cluster_sizes: np.ndarray, stages: int, most: int) -> np.ndarray:
@@ -132,7 +132,7 @@ def replica_crossings_s(level, training, *, stages: int, replicas: np.ndarray, b
                         tensor_speedups: np.ndarray, boundary_s: float,
                         latency_s: float, sequence_bytes: float, most_sequences: float, first_sync_bytes: float,
                         largest_sync_bytes: float, fast_rate: np.ndarray, ring_only: bool,
-                        sharded: bool) -> np.ndarray:
+                        sharded: bool, floor: np.ndarray | None = None) -> np.ndarray:
     """(D,) the bound of the module description on plans of ``stages`` (S >= 2) stages and ``replicas``
     (D = 1 .. len) replicas at ``level`` (a ``cluster_bound.ClusterLevel``; its ``cluster_sizes``) of
     ``devices`` devices.
@@ -151,7 +151,8 @@ def replica_crossings_s(level, training, *, stages: int, replicas: np.ndarray, b
     holds (``inf`` where searched); ``first_sync_bytes``: the first stage's least sync bytes (its block
     and embeddings); ``largest_sync_bytes``: the largest stage's least; ``fast_rate``: (D,) seconds
     per sync byte of a pure group (``bounds``' ``ring``); ``ring_only``, ``sharded``: as in
-    ``slow_crossings.slow_crossing_s``."""
+    ``slow_crossings.slow_crossing_s``; ``floor``: (D,) a bound known otherwise, below which the
+    term may stop short (GPipe's bisection runs only where it may end above it)."""
     D = np.asarray(replicas)
     most = int(D.max())
     runs = fewest_runs(level.cluster_sizes, stages, most)
@@ -228,28 +229,30 @@ def replica_crossings_s(level, training, *, stages: int, replicas: np.ndarray, b
             return np.where(rate > 0, y[0] + batch / rate, np.inf)
 
     def phases_s(one_round, above):
-        """GPipe's bound where below ``above`` (D,), ``above`` elsewhere."""
+        """GPipe's bound where below ``above`` (D,), ``above`` elsewhere; where ``floor`` is at least
+        GPipe's bound, any bound at most it."""
         plain = phases(one_round, plain_speedup)
         # the phases alone serve no fewer (a tensor group gains nothing there), nor the deepest stage's: a low end
         (a, y), = plain[:1]
         low = np.maximum(_water_s(a, y, count, float(batch)), widest)
-        todo = low < above
-        if not todo.any():
-            return above
         high = np.max([np.max(y) for _, y in plain]) + batch * np.max(
             [np.max(np.where(np.isfinite(a), a, 0.0)) for a, _ in plain]) + 1.0
         high = np.where(np.isfinite(above), above, high)  # served(high) >= B: one replica serves B there
+        start = low if floor is None else np.maximum(low, np.minimum(floor, high))
+        todo = start < high
+        if not todo.any():
+            return np.minimum(low, above)
 
         def served(T):
             base = _sequences(T, plain)  # (S, D)
             return (count * base).sum(axis=0) + group_gain(
                 lambda speedup: _sequences(T, phases(one_round, speedup)) - base)
 
-        todo &= ~np.isfinite(above) | (served(high) >= batch)  # else GPipe's is above the others'
+        todo &= served(start) < batch  # elsewhere GPipe's bound is at most ``start``: ``low`` will do
         if not todo.any():
-            return above
-        found = _least_time_s(served, float(batch), np.where(todo, low, 0.0), np.where(todo, high, 0.0))
-        return np.where(todo, np.minimum(found, above), above)
+            return np.minimum(low, above)
+        found = _least_time_s(served, float(batch), np.where(todo, start, 0.0), np.where(todo, high, 0.0))
+        return np.where(todo, np.minimum(found, above), np.minimum(low, above))
 
     # any schedule: the deepest stage syncs after each replica's sequences ran through it, on its cell
     with np.errstate(divide="ignore"):
