@@ -14,12 +14,14 @@ from planner.plan.sync_groups import REPLICA
 from planner.plan.tensor import TENSOR_DEGREES
 from planner.prediction.stage_model import iteration_flops, layer_costs, least_gradient_bytes_per_param
 from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
+from planner.search.nested_crossings import nested_crossing_s
+from planner.search.replica_crossings import replica_crossings_s
 from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s,
                                       round_trip_s, schedule_windows)
-from planner.search.nested_crossings import nested_crossing_s
 from planner.search.slow_crossings import every_group_crosses, group_counts, slow_crossing_s
 from planner.search.stage_chains import clustered_stage_chains_s, stage_chains_s
 from planner.search.stage_split import stage_split_s
+from planner.search.tensor_cells import gain_per_spare_device, most_cells_flops
 
 __all__ = ["lower_bound_s", "pair_bounds_s", "work_bound_s", "work_flops"]
 
@@ -40,8 +42,10 @@ def lower_bound_s(topology, model, training) -> float:
     interleaves), running a block at most ``sigma`` times one member's speed (``_tensor_speedup``:
     its all-reduces); it uses ``U <= min(N, S D t)`` devices. For each degree pair (S, D) a plan
     could use, the largest of
-    - the work bound over the plan's cells: at most the ``U`` fastest devices' FLOP/s, and at most
-      ``sigma`` times the ``S D`` fastest's (each cell's lead is a distinct device);
+    - the work bound over the plan's cells: at most the ``U`` fastest devices' FLOP/s, at most
+      ``sigma`` times the ``S D`` fastest's (each cell's lead is a distinct device), and at most the
+      ``S D`` fastest's plus what the ``N - S D`` spare devices add to tensor groups, less than a
+      device each (``planner.search.tensor_cells``; the same for the heaviest stages' D cells);
     - the gradient sync of the largest stage (at least ``params / S``): a ring all-reduce moves
       ``2 (D - 1) / D * n`` bytes over its slowest hop (Patarasuk & Yuan 2009), and that hop is no
       faster than the D-th best device's fastest outgoing link (NIC-capped), since the ring's D
@@ -107,6 +111,10 @@ def lower_bound_s(topology, model, training) -> float:
       cross the coarser's clusters sync over its links, those that cross only the finer's over the
       finer's, and every replica's round trips cross between the clusters of both that the pure
       groups fill (or that a cluster too small for a pure group and a replica forces);
+    - the same clusters' runs along each replica (``planner.search.replica_crossings``): the replicas
+      that fit in few clusters are few, the others cross more on every round trip; each replica's
+      sequences at its own crossings' cost, and the batch split between them, the first stage's sync
+      after (a crossing group's where D cells fit in no cluster);
     minimised over the pairs whose largest stage's state fits: at least ``params / S`` parameters at
     the least state per parameter (sharded over every device where sharding is allowed), over ``t``
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning
@@ -138,8 +146,8 @@ def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
         if float(pairs[stages].min()) >= best:
             break
         values = pairs[stages]
-        for term in deferred.get(stages, ()):
-            values = np.maximum(values, term())
+        for term in deferred.get(stages, ()):  # the replicas' crossings may stop short below the others' bound
+            values = np.maximum(values, term(floor=values) if term.func is replica_crossings_s else term())
             if float(values.min()) >= best:  # this S cannot lower the least: its other terms are not needed
                 break
         best = min(best, float(values.min()))
@@ -178,6 +186,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     speedups = np.array([_tensor_speedup(per_sequence, most, sequence_layer_flops, float(flops.min()),
                                          float(best_out[0])) for most in range(1, tensor + 1)])
     n = topology.size
+    rho = gain_per_spare_device(speedups)  # what a spare device adds to a tensor group, at most
     syncs = syncs_for(training, 2)
     whole_message_syncs = any(s in (Sync.HIERARCHICAL, Sync.PARAMETER_SERVER) for s in syncs)
     # Local steps in sync groups (``planner.plan.sync_groups``): the slowest member is a lead, whose
@@ -209,6 +218,8 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
             break
         used = np.minimum(stages * replicas * tensor, n)  # devices a plan of these degrees may use
         cells_flops = np.minimum(fastest[used - 1], speedup * fastest[stages * replicas - 1])
+        spare = n - stages * replicas  # devices beyond one a cell: the most the tensor groups take
+        cells_flops = np.minimum(cells_flops, most_cells_flops(fastest, stages * replicas, spare, speed[0], rho))
         compute = work / cells_flops
         share = 2.0 * (replicas - 1) / replicas
         if whole_message_syncs or grouped:
@@ -229,7 +240,9 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
         heaviest = heaviest_by_stages[stages - 1]
         group = np.minimum(replicas * tensor, n - (stages - 1) * replicas)
         busiest_cell = busiest * heaviest / cell_flops
-        heaviest_cells = batch * heaviest / np.minimum(fastest[group - 1], speedup * fastest[replicas - 1])
+        heaviest_flops = np.minimum.reduce([fastest[group - 1], speedup * fastest[replicas - 1],
+                                            most_cells_flops(fastest, replicas, spare, speed[0], rho)])
+        heaviest_cells = batch * heaviest / heaviest_flops
         terms = [compute, sync, np.broadcast_to(pipe, compute.shape), widest_stage, busiest_cell, heaviest_cells,
                  stage_split_s(block_work, cells_flops, crossing.model_sync_bytes * ring, stages)]
         crossing_trips = [None] * len(levels)  # each level's round trips where the busiest replica crosses it
@@ -308,6 +321,17 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                           between_latency_s=level.latency_s, sequence_bytes=boundary_bytes,
                                           boundary_s=boundary_s, latency_s=latency_s), **chains)
                                for level in levels]
+            largest_params = max(params / stages, deepest * layer_params, first_params)
+            crossings += [partial(replica_crossings_s, level, training, stages=stages, replicas=replicas,
+                                  batch=batch, devices=n, sequence_s=work / batch / speed[0],
+                                  heaviest_s=heaviest / speed[0], deepest_s=deepest * sequence_layer_flops / speed[0],
+                                  deepest_sync_bytes=deepest * layer_params * gradient_bytes,
+                                  tensor_speedups=speedups, boundary_s=boundary_s,
+                                  latency_s=latency_s, sequence_bytes=boundary_bytes, most_sequences=most_sequences,
+                                  first_sync_bytes=first_params * gradient_bytes,
+                                  largest_sync_bytes=largest_params * gradient_bytes, fast_rate=ring,
+                                  ring_only=crossing.ring_only, sharded=crossing.sharded)
+                          for level in levels]
             if deferred is None:
                 terms += [term() for term in crossings]
             else:
