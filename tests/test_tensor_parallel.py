@@ -404,6 +404,8 @@ def test_a_timed_block_replaces_the_share_and_all_reduces(write_yaml):
     assert tensor_layer_s(costs, 1e-9, 1e-5, 1e-3, 2, 5e-3, 2.5e-3) == pytest.approx(1.5e-3)
     assert tensor_layer_s(costs, 1e-9, 1e-5, 4e-3, 2, 0.0, 2.5e-3, 4 / 3) == pytest.approx(4 / 3 * 2.5e-3 - 4e-3)
     assert tensor_layer_s(costs, 0.0, 0.0, 1e-3, 2, 5e-3, 0.0) == pytest.approx(4e-3)  # not timed: the floor
+    recomputed = layer_costs(job.model, replace(job.training, recompute=True), 4, 2)  # one more forward: 4/3
+    assert tensor_layer_s(recomputed, 1e-9, 1e-5, 1e-3, 2, 0.0, 3e-3, 1.1) == pytest.approx(4 / 3 * 3e-3 * 1.1 - 1e-3)
     timed = _with_timed_blocks(job.topology, ((2, ((1, 1e-3), (4, 2e-3))),))
     two = group_devices(timed, (("a-0", "a-1"),))
     assert {int(t): float(s) for t, s in zip(two.degree, two.timed_block_s(2))} == {
@@ -434,3 +436,26 @@ def test_the_estimate_and_the_simulator_charge_the_same_timed_block():
         assert 24 * 16 * block_s < simulated < 24 * 16 * block_s * 1.3
         times.append(simulated)
     assert times[1] - times[0] == pytest.approx(24 * 16 * 1.3e-3, rel=0.02)
+
+
+def test_the_lower_bound_holds_for_groups_faster_as_timed_than_modelled(monkeypatch):
+    """A calibration may time a group's block faster than the model's share plus all-reduces (NCCL
+    inside a host ran 1.2-5x faster than the ring over the ping-pong links predicts): the bound's
+    tensor speed-up takes the timing, so a plan of that group stays above the bound."""
+    from planner.search import bounds
+    from planner.search.bounds import lower_bound_s
+
+    job = load_job(ROOT / "topologies" / "local" / "h100-x4.yaml")
+    group = tuple(job.topology.names)
+    plan = Plan(layer_bounds=(0, job.model.layers), assignment=((group[0],),), micro_batches=(16,),
+                micro_batch_size=2, schedule="1f1b", tensor_groups=(group,))
+    costs = layer_costs(job.model, job.training, 2, 1)
+    alone_s = costs.layer_flops / job.topology.effective_flops(job.training.precision)[0]  # one device's block
+    fast = _with_timed_blocks(job.topology, ((4, ((1, alone_s / 7.0), (2, alone_s / 3.9))),))  # 3.9x at 2
+    simulated = predict(plan, fast, job.model, job.training)[0].iteration_s
+    assert simulated < predict(plan, job.topology, job.model, job.training)[0].iteration_s
+    assert lower_bound_s(fast, job.model, job.training) <= simulated
+    # the pair of this plan (1 stage, 1 replica): within the timing, and above it with the model's speed-up alone
+    assert bounds._pair_bounds_s(fast, job.model, job.training)[1][0] <= simulated
+    monkeypatch.setattr(bounds, "_timed_speedups", lambda *a: {})
+    assert bounds._pair_bounds_s(fast, job.model, job.training)[1][0] > simulated

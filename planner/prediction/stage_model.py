@@ -373,9 +373,10 @@ def tensor_layer_s(costs: LayerCosts, allreduce_per_byte_s, allreduce_latency_s,
     """Seconds one block of a tensor group takes per micro-batch beyond its members' share of the
     compute (``block_compute_s``), forward and backward together. Where the group's degree was
     timed (``timed_s`` > 0: ``TensorGroups.timed_block_s``, the plain block as ``plan calibrate``
-    timed it at this micro-batch), the block takes that times ``slowdown`` (the FLOP multiple of
-    recomputation or a split backward and its efficiency, ``Device.block_slowdown``), and this is
-    the rest beyond the share (negative where the share at the blocks' efficiency is slower than
+    timed it at this micro-batch), the block takes that times its FLOPs' multiple (4/3 with full
+    recomputation, ``flops.training_flops_multiplier``) and ``slowdown`` (the recomputed or split
+    block's efficiency against the plain one's, ``Device.block_slowdown``), and this is the rest
+    beyond the share (negative where the share at the blocks' efficiency is slower than
     the group's timing). Elsewhere its all-reduces, for groups whose ring all-reduce of ``n`` bytes
     takes ``n * per_byte + latency`` (``cost_models.network.Network.ring_cost``), or what the
     block's floor leaves when the share is smaller (``cost_models.comm.tensor_block_issue_s`` of the
@@ -387,7 +388,8 @@ def tensor_layer_s(costs: LayerCosts, allreduce_per_byte_s, allreduce_latency_s,
     floor = comm.tensor_block_issue_s(issue_s, costs.recompute)
     modelled = np.maximum(allreduces, np.where(np.asarray(degree) > 1, floor - np.asarray(block_compute_s), 0.0))
     timed_s = np.asarray(timed_s, dtype=float)
-    return np.where(timed_s > 0, timed_s * np.asarray(slowdown) - np.asarray(block_compute_s), modelled)
+    multiple = flops.training_flops_multiplier(costs.recompute) / flops.training_flops_multiplier(False)
+    return np.where(timed_s > 0, timed_s * multiple * np.asarray(slowdown) - np.asarray(block_compute_s), modelled)
 
 
 def message_codec_s(costs: LayerCosts, codec_bandwidth_bytes_per_s, compressed=None) -> tuple:

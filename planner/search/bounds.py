@@ -181,10 +181,12 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     gradient_bytes = _least_sync_bytes_per_param(model, training)
     boundary_bytes = _least_boundary_bytes(per_sequence, training)
     best_out = np.sort(topology.network.fastest_out_bytes_per_s())[::-1]  # each device's fastest outgoing link, best first
-    speedup = _tensor_speedup(per_sequence, tensor, sequence_layer_flops, float(flops.min()), float(best_out[0]))
+    timed = _timed_speedups(topology, per_sequence, flops)
+    speedup = _tensor_speedup(per_sequence, tensor, sequence_layer_flops, float(flops.min()), float(best_out[0]),
+                              timed)
     # a cell of a plan of S D cells holds at most 1 + N - S D devices: its speedup with that many at most
     speedups = np.array([_tensor_speedup(per_sequence, most, sequence_layer_flops, float(flops.min()),
-                                         float(best_out[0])) for most in range(1, tensor + 1)])
+                                         float(best_out[0]), timed) for most in range(1, tensor + 1)])
     n = topology.size
     rho = gain_per_spare_device(speedups)  # what a spare device adds to a tensor group, at most
     syncs = syncs_for(training, 2)
@@ -448,18 +450,38 @@ def _heaviest_stage_flops(layers: int, stages: int, layer_flops: float, head_flo
     return float(np.maximum(last * w + h, np.ceil((layers - last) / (stages - 1)) * w).min())
 
 
-def _tensor_speedup(per_sequence, most: int, layer_flops: float, slowest_flops: float, best_link: float) -> float:
+def _tensor_speedup(per_sequence, most: int, layer_flops: float, slowest_flops: float, best_link: float,
+                    timed: dict | None = None) -> float:
     """How many times one device's block speed a tensor group of at most ``most`` devices reaches,
     at most: a block of ``w`` FLOPs per sequence takes a member of speed ``v`` at least
     ``w / (t v)`` plus the group's all-reduces of the block's activation (a ring's
     ``2 (t - 1) / t`` of each message over a link no faster than the fastest,
     ``planner.prediction.stage_model.tensor_layer_s``), so the group runs at most
     ``t / (1 + c_t t v / w)`` times one member's speed; that decreases with ``v``, so the slowest
-    device's speed gives the most (1 for a cell of one device)."""
+    device's speed gives the most (1 for a cell of one device). A degree whose block a calibration
+    timed (``timed``: ``_timed_speedups``) runs as timed, which may be faster: the larger of the two."""
     allreduces = (per_sequence.tensor_allreduces_forward + per_sequence.tensor_allreduces_backward)
     best = 1.0
     for t in TENSOR_DEGREES:
         if 1 < t <= most:
             seconds = allreduces * 2.0 * (t - 1) / t * per_sequence.tensor_message_bytes / best_link
-            best = max(best, t / (1.0 + seconds * t * slowest_flops / layer_flops))
+            best = max(best, t / (1.0 + seconds * t * slowest_flops / layer_flops), (timed or {}).get(t, 1.0))
     return best
+
+
+def _timed_speedups(topology, per_sequence, flops: np.ndarray) -> dict:
+    """``{t: speedup}`` for each degree whose block a calibration timed on some device type
+    (``Device.tensor_block_s``): how many times one member's speed the group runs at most, its
+    plain block's FLOPs per sequence over the member's speed and the least time per sequence of the
+    timings (``comm.measured_tensor_block_s`` is linear between them and proportional above them,
+    so its time per sequence is least at a timed size); recomputation and a split backward scale
+    the timed and the modelled block alike (``stage_model.tensor_layer_s``)."""
+    from cost_models.flops import training_flops_multiplier
+
+    plain = per_sequence.layer_forward_flops * training_flops_multiplier(False)
+    timed = {}
+    for device, speed in zip(topology.devices, flops):
+        for t, table in device.tensor_block_s:
+            least = min(seconds / b for b, seconds in table)
+            timed[t] = max(timed.get(t, 1.0), plain / (speed * least))
+    return timed
