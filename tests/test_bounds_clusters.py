@@ -336,3 +336,16 @@ def test_pair_bounds_stay_below_random_plans_on_shipped_topologies(name):
             assert pairs[stages][replicas - 1] <= prediction.iteration_s
             checked += 1
     assert checked >= 6
+
+
+def assert_random_plans_above_their_pair_bounds(seed: int, tries: int, least: int = 30) -> None:
+    """``_checked_plans(seed, tries)`` against the whole pair bounds (``bounds._pair_bounds_s``): at
+    least ``least`` plans checked, none simulated below its pair's bound."""
+    import planner.search.bounds as bounds
+
+    checked = _checked_plans(seed, tries, lambda topology, model, training: bounds._pair_bounds_s(topology, model,
+                                                                                                training))
+    assert len(checked) >= least
+    for pairs, predicted, plan in checked:
+        bound = pairs[plan.stages][plan.replicas - 1]
+        assert bound <= predicted * (1 + 1e-9), (bound, predicted, plan.stages, plan.replicas)

@@ -79,12 +79,6 @@ def test_stays_below_random_plans():
     """Random plans on random clustered topologies (``tests.test_bounds_clusters._checked_plans``:
     tensor groups, uneven splits, every sync and schedule, groups filled region by region or replicas
     so) never simulate below their pair's bound with the finer clusterings' links counted."""
-    import planner.search.bounds as bounds
-    from tests.test_bounds_clusters import _checked_plans
+    from tests.test_bounds_clusters import assert_random_plans_above_their_pair_bounds
 
-    checked = _checked_plans(41, 90, lambda topology, model, training: bounds._pair_bounds_s(topology, model,
-                                                                                               training))
-    assert len(checked) >= 30
-    for pairs, predicted, plan in checked:
-        bound = pairs[plan.stages][plan.replicas - 1]
-        assert bound <= predicted * (1 + 1e-9), (bound, predicted, plan.stages, plan.replicas)
+    assert_random_plans_above_their_pair_bounds(41, 90)
