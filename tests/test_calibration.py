@@ -381,7 +381,7 @@ def test_the_block_floor_is_the_measured_time_where_it_exceeds_the_model():
     from dataclasses import replace
 
     from planner.inputs.model import TrainingSpec, model_preset
-    from planner.runtime.calibrate import tensor_block_floor, tensor_probe_degree
+    from planner.runtime.calibrate import tensor_block_floor, tensor_probe_degrees
     from cost_models.flops import layer_forward_flops
 
     model = model_preset("gpt3-xl")
@@ -398,10 +398,10 @@ def test_the_block_floor_is_the_measured_time_where_it_exceeds_the_model():
     assert tensor_block_floor(model, replace(training, recompute=True), *args[2:], 1.0)[1] == pytest.approx(modelled)
 
     job_devices = load_job(ROOT_TOPOLOGY_X4).topology
-    assert tensor_probe_degree(job_devices, model, "H100-SXM", 4) == 4
-    assert tensor_probe_degree(job_devices, model, "H100-SXM", 3) == 2  # 3 processes: a group of 2
-    assert tensor_probe_degree(job_devices, model, "H100-SXM", 1) == 1  # nothing to time
-    assert tensor_probe_degree(job_devices, replace(model, hidden=2049, heads=1), "H100-SXM", 4) == 1
+    assert tensor_probe_degrees(job_devices, model, "H100-SXM", 4) == (2, 4)
+    assert tensor_probe_degrees(job_devices, model, "H100-SXM", 3) == (2,)  # 3 processes: a group of 2
+    assert tensor_probe_degrees(job_devices, model, "H100-SXM", 1) == ()  # nothing to time
+    assert tensor_probe_degrees(job_devices, replace(model, hidden=2049, heads=1), "H100-SXM", 4) == ()
 
 
 def _recompute_calibration(path, recompute_efficiency=None, split_backward_efficiency=None):

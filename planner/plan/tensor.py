@@ -44,7 +44,7 @@ class TensorGroups:
     issue_s: np.ndarray  # per virtual device: its members' block floor (their type's tensor_block_issue; 0 alone)
     # per virtual device: its members' block timed at a few micro-batches for its degree (their
     # type's calibrated tensor_block_s: ((micro-batch, seconds), ...); () alone or not timed)
-    timed_blocks: tuple = ()
+    timed_blocks: tuple
     _timed: dict = field(default_factory=dict, repr=False)  # micro-batch -> timed_block_s's array
 
     def timed_block_s(self, micro_batch_size: int) -> np.ndarray:
@@ -53,7 +53,7 @@ class TensorGroups:
         degree was not timed (or a group of one)."""
         if micro_batch_size not in self._timed:
             self._timed[micro_batch_size] = np.array([measured_tensor_block_s(table, micro_batch_size)
-                                                      for table in self.timed_blocks] or np.zeros(len(self.members)))
+                                                      for table in self.timed_blocks])
         return self._timed[micro_batch_size]
 
     @property

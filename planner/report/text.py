@@ -4,6 +4,7 @@ from planner.inputs.units import format_bytes, format_flops, format_seconds
 from planner.plan.plan import CostModel
 from planner.prediction.predict import communication_bytes
 from planner.plan.sync_groups import outer_weights
+from planner.plan.tensor import groups_of_plan
 from planner.search.deadline import plan_simulation_s
 
 __all__ = ["render_plan", "render_moves"]
@@ -118,15 +119,11 @@ def _compression_lines(plan) -> list:
 
 def _timed_block_text(plan, topology) -> list:
     """Per tensor-group degree and device type of ``plan`` whose block the calibration timed: the
-    time per block the prediction takes at the plan's micro-batch (``comm.measured_tensor_block_s``)."""
-    from cost_models.comm import measured_tensor_block_s
-
-    seen = {}
-    for group in plan.tensor_groups:
-        device = topology.devices[topology.index(group[0])]
-        table = dict(device.tensor_block_s).get(len(group))
-        if table:
-            seen[(device.type_name, len(group))] = measured_tensor_block_s(table, plan.micro_batch_size)
+    time per block the prediction takes at the plan's micro-batch (``TensorGroups.timed_block_s``)."""
+    groups = groups_of_plan(topology, plan)
+    timed = groups.timed_block_s(plan.micro_batch_size)
+    seen = {(topology.devices[topology.index(members[0])].type_name, len(members)): float(seconds)
+            for members, seconds in zip(groups.members, timed) if seconds > 0}
     return [f"; {kind} group of {t}: a block timed at {1e3 * seconds:.3g} ms (micro-batch {plan.micro_batch_size})"
             for (kind, t), seconds in sorted(seen.items())]
 

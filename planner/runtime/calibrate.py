@@ -56,7 +56,7 @@ from planner.errors import InputError
 from planner.runtime.spawn import RankFailure, gather_from_ranks
 
 __all__ = ["CalibrateOptions", "CalibrationFailure", "calibrate", "fit_latency_bandwidth", "OPTIMIZER_PROBE_PARAMETERS",
-           "tensor_probe_degree", "tensor_probe_degrees", "tensor_block_floor", "TENSOR_PROBE_MICRO_BATCH",
+           "tensor_probe_degrees", "tensor_block_floor", "TENSOR_PROBE_MICRO_BATCH",
            "TENSOR_PROBE_MICRO_BATCHES",
            "tensor_probe", "timed", "split_backward_step", "split_block_s", "PROBE_BLOCKS", "join_ranks"]
 
@@ -107,7 +107,8 @@ def fit_latency_bandwidth(sizes_bytes, round_trip_s) -> tuple:
 def tensor_probe_degrees(topology, model, kind: str, processes: int) -> tuple:
     """The tensor groups ``plan calibrate`` times for ``kind``: the degrees of
     ``planner.plan.tensor.TENSOR_DEGREES`` from 2 within the processes and the type's devices on one
-    host that divide the heads and the MLP width, ascending; () where none does."""
+    host that divide the heads and the MLP width, ascending (the largest's floor is the one
+    recorded); () where none does."""
     from planner.plan.tensor import TENSOR_DEGREES
 
     per_host: dict = {}
@@ -116,11 +117,6 @@ def tensor_probe_degrees(topology, model, kind: str, processes: int) -> tuple:
             per_host[d.host] = per_host.get(d.host, 0) + 1
     most = min(max(per_host.values(), default=0), processes)
     return tuple(t for t in TENSOR_DEGREES if 2 <= t <= most and not model.heads % t and not model.ffn_hidden % t)
-
-
-def tensor_probe_degree(topology, model, kind: str, processes: int) -> int:
-    """The largest of ``tensor_probe_degrees`` (its floor is the one recorded); 1 where there is none."""
-    return max(tensor_probe_degrees(topology, model, kind, processes), default=1)
 
 
 def tensor_block_floor(model, training, micro_batch_size: int, degree: int, peak_flops: float, efficiency: float,

@@ -252,13 +252,15 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
             fits = (gpipe_fits(model, training, stages, busiest, tensor, n, float(memory.max()))
                     if Schedule.GPIPE in training.schedules else None)
 
-            def level_crossings(fewest):  # what each clustering adds to a trip (round_trip.crossing_extra_s)
-                return [crossing_extra_s(stages=stages, largest=int(level.sizes.max()),
-                                         tau_bytes_per_s=min(level.tau_bytes_per_s, float(best_out[0])),
-                                         both_ways_bytes_per_s=min(level.both_ways_bytes_per_s, float(best_out[0])),
-                                         between_latency_s=level.latency_s, sequence_bytes=boundary_bytes,
-                                         boundary_s=boundary_s, latency_s=latency_s, fewest=fewest)
-                        for level in levels]
+            def level_crossing(level):  # what a clustering adds to a trip (round_trip.crossing_extra_s)
+                return partial(crossing_extra_s, stages=stages, largest=int(level.sizes.max()),
+                               tau_bytes_per_s=min(level.tau_bytes_per_s, float(best_out[0])),
+                               both_ways_bytes_per_s=min(level.both_ways_bytes_per_s, float(best_out[0])),
+                               between_latency_s=level.latency_s, sequence_bytes=boundary_bytes,
+                               boundary_s=boundary_s, latency_s=latency_s)
+
+            def level_crossings(fewest):
+                return [level_crossing(level)(fewest=fewest) for level in levels]
             every = tuple(level_crossings(0))
             trips = partial(_round_trips_s, model, training, stages, busiest, tensor, n, float(memory.max()),
                             sequence_s=sequence_s, most_sequences=np.minimum(most_sequences, busiest),
@@ -276,22 +278,16 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
             def crossed(b, lam, phases_b, phases_lam, deepest_s, trips=spared):  # this S's, called later
                 return trips(boundary_s=b, latency_s=lam, phases_boundary_s=phases_b, phases_latency_s=phases_lam,
                              deepest_sync_s=deepest_s)[0]
-            crossings = [partial(slow_crossing_s, level, count, stages=stages, layers=model.layers,
-                                 replicas=replicas, round_trips=crossed, boundary_s=boundary_s, latency_s=latency_s,
-                                 sequence_bytes=boundary_bytes,
-                                 block_s=busiest * sequence_layer_flops / (cell_speedup * speed[0]),
-                                 block_sync_bytes=layer_params * gradient_bytes, fast_rate=ring,
-                                 ring_only=crossing.ring_only, sharded=crossing.sharded, sync_every=training.sync_every,
-                                 pure_tau_bytes_per_s=pure_tau, pure_latency_s=pure_latency)
-                         for level, count in zip(levels, counts)]
-            crossings += [partial(nested_crossing_s, levels[i], counts[i], levels[j], counts[j], stages=stages,
-                                  layers=model.layers, replicas=replicas, devices=n, round_trips=crossed,
+            crossed_kwargs = dict(stages=stages, layers=model.layers, replicas=replicas, round_trips=crossed,
                                   boundary_s=boundary_s, latency_s=latency_s, sequence_bytes=boundary_bytes,
                                   block_s=busiest * sequence_layer_flops / (cell_speedup * speed[0]),
                                   block_sync_bytes=layer_params * gradient_bytes, fast_rate=ring,
                                   ring_only=crossing.ring_only, sharded=crossing.sharded,
                                   sync_every=training.sync_every, pure_tau_bytes_per_s=pure_tau,
                                   pure_latency_s=pure_latency)
+            crossings = [partial(slow_crossing_s, level, count, **crossed_kwargs) for level, count in zip(levels, counts)]
+            crossings += [partial(nested_crossing_s, levels[i], counts[i], levels[j], counts[j], devices=n,
+                                  **crossed_kwargs)
                           for i, j in _nested_pairs(levels)]
             chains = dict(stages=stages, layers=model.layers, busiest=busiest, schedules=training.schedules,
                           interleaved=training.virtual_stages != 1,
@@ -316,12 +312,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                       first_sync_bytes=two_stages.first_params * gradient_bytes,
                                       last_sync_bytes=two_stages.last_params * gradient_bytes,
                                       ring_bytes_per_s=np.where(replicas > 1, best_out[replicas - 1], np.inf),
-                                      crossing_extra=partial(
-                                          crossing_extra_s, stages=stages, largest=int(level.sizes.max()),
-                                          tau_bytes_per_s=min(level.tau_bytes_per_s, float(best_out[0])),
-                                          both_ways_bytes_per_s=min(level.both_ways_bytes_per_s, float(best_out[0])),
-                                          between_latency_s=level.latency_s, sequence_bytes=boundary_bytes,
-                                          boundary_s=boundary_s, latency_s=latency_s), **chains)
+                                      crossing_extra=level_crossing(level), **chains)
                                for level in levels]
             largest_params = max(params / stages, deepest * layer_params, first_params)
             crossings += [partial(replica_crossings_s, level, training, stages=stages, replicas=replicas,
