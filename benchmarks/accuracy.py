@@ -370,7 +370,8 @@ def gpu4(out: Path, iterations: int, warmup: int, seed: int, only: tuple = ()) -
         path = _write(plan, pinned, GPU4_TOPOLOGY, out / "plans" / f"{label}.yaml", eager if is_eager else compiled)
         results = launch(path, LaunchOptions(iterations=iterations, warmup=warmup, out_dir=str(out / label),
                                              compile="off" if is_eager else "auto"), log=lambda s: None)
-        row = {**run_row(results, label), "compiled": results["run"].get("compiled")}
+        row = {**run_row(results, label), "compiled": results["run"].get("compiled"),
+               "graphs": results["run"].get("graphs")}
         report["rows"] = [r for r in report["rows"] if r["label"] != label] + [row]
         report["memory"] = [m for m in report["memory"] if m["run"] != label] + [
             {"run": label, "device": device, "predicted_bytes": predicted, "measured_bytes": measured,

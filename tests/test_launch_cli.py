@@ -30,6 +30,25 @@ def test_dry_run_prints_one_torchrun_per_host_with_its_devices(tmp_path, two_sta
     assert "--node-rank=1" in commands[1] and "-m planner.runtime.worker" in commands[1]
 
 
+@pytest.mark.parametrize("choice, graphs", [("auto", "tensor"), ("graphs", "all"), ("on", None), ("off", None)])
+def test_dry_run_tells_each_host_which_stages_replay_as_cuda_graphs(tmp_path, two_stage_plan, capsys, choice, graphs):
+    """``auto`` on GPU hosts (NCCL) graphs the tensor-group stages, ``graphs`` every compiled stage;
+    the worker reads the flag as written."""
+    import shlex
+
+    from planner.runtime.worker import _parse
+
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("10.0.0.1 a0 a1\n10.0.0.2 @b\n")
+    code, out, err = _run(["launch", str(two_stage_plan), "--hostfile", str(hosts), "--dry-run", "--compile", choice],
+                          capsys)
+    assert code == 0, err
+    for line in (line for line in out.splitlines() if line.startswith("torchrun")):
+        words = shlex.split(line)
+        args = _parse(words[words.index("planner.runtime.worker") + 1:])
+        assert args.graphs == (graphs or "none") and args.compile == (choice != "off")
+
+
 @pytest.mark.parametrize("text, message", [
     ("10.0.0.1 a0 a1 b0\n", "device b1 is on no host"),
     ("10.0.0.1 a0 a1\n10.0.0.2 b0 b1 a0\n", "line 2': device a0 is already on line 1"),

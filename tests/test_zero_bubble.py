@@ -117,6 +117,7 @@ def test_schedule_auto_does_not_pick_it_but_plan_writes_it_by_name(tmp_path):
     from planner.runtime.launch import compiles
 
     assert compiles("auto", "nccl") is True and compiles("auto", "gloo") is False
+    assert compiles("graphs", "gloo") is True  # compiled; CUDA graphs only where there are GPUs
     out = tmp_path / "plan.yaml"
     assert main([str(LAB), "--schedule", "zb-h1", "--time-limit", "1", "--no-exact", "-o", str(out)]) == 0
 

@@ -478,6 +478,7 @@ def _compute_probe(job, options, device, threads) -> dict:
     dtype = runtime_dtype(resolve_precision(job.topology, [d.name for d in job.topology.devices], training.precision),
                           device)
     compiled = compiles(options.compile, "nccl" if device.type == "cuda" else "gloo")
+    graphs = _graphs(options, device, 1)
     loss = torch.compile(lm_loss) if compiled else lm_loss
     x = torch.randn(b, model.sequence, model.hidden, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
@@ -491,8 +492,8 @@ def _compute_probe(job, options, device, threads) -> dict:
         blocks = [Block(model).to(device=device, dtype=dtype) for _ in range(PROBE_BLOCKS)]
         for block in blocks:
             block.recompute = recompute  # as planner.runtime.gpt.build_stage sets it for training.recompute
-            if compiled:
-                block.compile()  # as planner.runtime.gpt.compile_stage does to every block
+            if compiled:  # as planner.runtime.gpt.compile_stage does to every block
+                block.compile(mode="reduce-overhead" if graphs else None)
 
         def forward():
             y = x
@@ -502,6 +503,9 @@ def _compute_probe(job, options, device, threads) -> dict:
 
         def both():
             forward().backward(grad)
+
+        if graphs:
+            forward, both = _as_graph_steps(blocks, x, forward, both)
 
         issue = issued(both, options.repeats, device)
         return (timed(forward, options.repeats, device) / PROBE_BLOCKS,
@@ -635,13 +639,14 @@ def tensor_probe(job, options, device, group, member: int, degree: int,
     holder = nn.Module()
     holder.blocks = nn.ModuleDict({str(i): Block(model) for i in range(PROBE_BLOCKS)})
     blocks = list(shard_stage(holder, group, member, degree).to(device=device, dtype=dtype).blocks.values())
+    graphs = _graphs(options, device, degree)
     if compiles(options.compile, "nccl" if device.type == "cuda" else "gloo"):
         # A run compiles its blocks for its one micro-batch; compiled after other sizes, the blocks
         # would get a graph for any size (torch.compile's automatic dynamic shapes), whose kernels
         # are not the run's. Each size is compiled afresh.
         torch._dynamo.reset()
-        for block in blocks:
-            block.compile()  # as planner.runtime.gpt.compile_stage does to every block
+        for block in blocks:  # as planner.runtime.gpt.compile_stage does to every block
+            block.compile(mode="reduce-overhead" if graphs else None)
     x = torch.randn(b, model.sequence, model.hidden, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
 
@@ -651,7 +656,39 @@ def tensor_probe(job, options, device, group, member: int, degree: int,
             y = block(y)
         y.backward(grad)
 
+    if graphs:
+        both = _as_graph_steps(blocks, x, both)[0]
     return timed(both, options.repeats, device) / PROBE_BLOCKS
+
+
+def _graphs(options, device, degree: int) -> bool:
+    """Whether ``plan launch --compile`` (the same choice) replays a stage of tensor degree ``degree``
+    on ``device`` as CUDA graphs (``planner.runtime.launch.graphed_stages``): the probe times it so."""
+    from planner.runtime.launch import graphed_stages, stage_graphed
+
+    return stage_graphed(graphed_stages(options.compile, "nccl" if device.type == "cuda" else "gloo"), degree)
+
+
+def _as_graph_steps(blocks, x, *steps) -> tuple:
+    """``steps`` as CUDA-graph replays of ``blocks`` run in a training iteration: each call a new
+    step (``torch.compiler.cudagraph_mark_step_begin``, as ``planner.runtime.engine`` marks each
+    iteration), the gradients accumulated in place into tensors of their own (as the runtime's
+    micro-batches accumulate into a step's gradients): a gradient kept from a graph's output would be
+    overwritten by the next step's replay."""
+    import torch
+
+    for block in blocks:
+        for p in block.parameters():
+            p.grad = torch.zeros_like(p)
+    x.grad = torch.zeros_like(x)
+
+    def stepped(step):
+        def call():
+            torch.compiler.cudagraph_mark_step_begin()
+            return step()
+        return call
+
+    return tuple(stepped(step) for step in steps)
 
 
 def _link_probe(rank, world, sizes, repeats, device) -> dict:

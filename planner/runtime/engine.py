@@ -185,12 +185,14 @@ class StageExecutor:
 
     def __init__(self, *, module, optimizer, plan, layout: Layout, replica: int, stage: int, device: torch.device,
                  groups: StageGroups, seed: int, dtype=torch.float32,
-                 emulator: Emulator | None = None, loss=lm_loss, local_steps=None, member: int = 0):
+                 emulator: Emulator | None = None, loss=lm_loss, local_steps=None, member: int = 0,
+                 graphed: bool = False):
         self.module, self.optimizer, self.plan = module, optimizer, plan
         self.layout, self.replica, self.stage, self.device = layout, replica, stage, device
         self.groups, self.seed, self.emulator = groups, seed, emulator
         self.dtype = dtype  # weights, activations and messages; the loss is taken in fp32
         self.loss = loss  # lm_loss, or its compiled form
+        self.graphed = graphed  # the blocks replay as CUDA graphs (planner.runtime.gpt.compile_stage)
         self.ops = stage_ops(plan.schedule, stage, layout.stages, plan.micro_batches[replica],
                              plan.micro_batches_per_round, plan.virtual_stages)
         self.chunks = getattr(module, "chunks", [module])  # interleaved 1F1B: the module's chunks
@@ -256,6 +258,8 @@ class StageExecutor:
         if tokens is None:
             tokens = self.batch(index)
         inputs, outputs, grads, pending, weight_work = {}, {}, {}, [], {}
+        if self.graphed:  # the last iteration's graph outputs (activations, gradients) are all spent
+            torch.compiler.cudagraph_mark_step_begin()
         self.loss_scale = getattr(self.optimizer, "loss_scale", 1.0)  # fp16: fixed for the iteration
         loss_sum = torch.zeros((), device=self.device)
         marks, done, host = [self.timer.mark()], [], []

@@ -240,14 +240,19 @@ def _tensor_add_norm(add_norm, norm: nn.Module, x: torch.Tensor, attention_out: 
     return add_norm(x, attention_out, *_norm_tensors(norm))
 
 
-def compile_stage(module: "StageModule"):
+def compile_stage(module: "StageModule", *, graphs: bool = False):
     """Compile each block of ``module`` in place with ``torch.compile`` (parameter names and the
     state dict unchanged; identical blocks share one graph) and return the compiled ``lm_loss``,
     whose fp32 cast fuses into the softmax instead of writing fp32 logits. On one H100 a GPT-3 XL
     block's forward + backward at micro-batch 2 takes 2.78 ms instead of 2.96 ms
-    (``benchmarks/runtime_parts.py``)."""
+    (``benchmarks/runtime_parts.py``). With ``graphs`` each block's forward and backward replay as
+    CUDA graphs (``mode="reduce-overhead"``: torch's CUDA graph trees, one recording per block and
+    micro-batch in flight, all-reduces of a tensor group included), so the host issues one graph
+    instead of a block's kernels; the caller marks each iteration's start
+    (``torch.compiler.cudagraph_mark_step_begin``), after which the last iteration's graph outputs
+    may be overwritten."""
     for block in module.blocks.values():
-        block.compile()
+        block.compile(mode="reduce-overhead" if graphs else None)
     return torch.compile(lm_loss)
 
 

@@ -117,7 +117,8 @@ def parse_hostfile(path, plan, topology) -> list:
 
 def torchrun_arguments(entries: list, node: int, *, plan_path: str, topology_path: str, out_dir: str,
                        iterations: int, warmup: int, seed: int, learning_rate: float, timeout_s: float,
-                       backend: str, master_port: int, compile: bool = False, profile: bool = False) -> list:
+                       backend: str, master_port: int, compile: bool = False, graphs: str = "none",
+                       profile: bool = False) -> list:
     """Arguments after ``torchrun`` for host ``node`` of ``entries``."""
     entry = entries[node]
     return [f"--nnodes={len(entries)}", f"--node-rank={node}", f"--nproc-per-node={len(entry.devices)}",
@@ -125,7 +126,8 @@ def torchrun_arguments(entries: list, node: int, *, plan_path: str, topology_pat
             "-m", "planner.runtime.worker", "--plan", plan_path, "--topology", topology_path,
             "--devices", ",".join(entry.devices), "--out", out_dir, "--iterations", str(iterations),
             "--warmup", str(warmup), "--seed", str(seed), "--lr", repr(learning_rate),
-            "--timeout", repr(timeout_s), "--backend", backend] + (["--compile"] if compile else []) + (["--profile"] if profile else [])
+            "--timeout", repr(timeout_s), "--backend", backend] + (["--compile"] if compile else []) + (
+            ["--graphs", graphs] if graphs != "none" else []) + (["--profile"] if profile else [])
 
 
 def shell_line(arguments: list) -> str:

@@ -31,6 +31,7 @@ from planner.runtime.emulation import Emulator, SharedResources, now_s, slowed_j
 from planner.runtime.engine import Layout, StageExecutor, make_groups, split_parameters
 from planner.runtime.gpt import ChunkedStage, build_stage, compile_between_linears, compile_stage, lm_loss
 from planner.runtime.inputs import RunInputs, emulated_model, load_run_inputs
+from planner.runtime.launch import stage_graphed
 from planner.runtime.gradient_sync import route_matters, sync_route
 from planner.runtime.local_steps import LocalSteps, master_copies
 from planner.runtime.optimizer import make_optimizer
@@ -62,6 +63,7 @@ class WorkerConfig:
     save_state: bool = False
     cuda_devices: tuple = field(default=())  # rank -> CUDA index, for local launches
     compile: bool = False  # torch.compile each block and the loss (planner.runtime.gpt.compile_stage)
+    graphs: str = "none"  # compiled stages replayed as CUDA graphs: "none", "tensor", "all" (launch.graphed_stages)
     checkpoint_every: int = 0  # 0: no checkpoints; else every this many iterations into checkpoint_dir
     checkpoint_dir: str = ""
     resume_from: str = ""  # a checkpoint folder (``checkpoint.read_checkpoint``) to start from
@@ -165,11 +167,16 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
             slow = (slowed_job(job, device_index_in_job(plan, job, name), factor), first_slow)
         emulator = Emulator(job, resources, time_scale=config.time_scale, replica=replica, stage=stage, slow=slow)
     loss = lm_loss
+    graphed = False
     if config.compile:  # a split backward (ZB-H1) needs eager linear layers
-        loss = (compile_between_linears if plan.schedule == Schedule.ZERO_BUBBLE else compile_stage)(module)
+        if plan.schedule == Schedule.ZERO_BUBBLE:
+            loss = compile_between_linears(module)
+        else:
+            graphed = device.type == "cuda" and stage_graphed(config.graphs, degree)
+            loss = compile_stage(module, graphs=graphed)
     executor = StageExecutor(module=module, optimizer=optimizer, plan=plan, layout=layout, replica=replica,
                              stage=stage, device=device, groups=groups, seed=config.seed,
-                             dtype=dtype, emulator=emulator, loss=loss, member=member)
+                             dtype=dtype, emulator=emulator, loss=loss, member=member, graphed=graphed)
     barrier = (lambda: dist.barrier(device_ids=[device.index])) if device.type == "cuda" else dist.barrier
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -316,7 +323,8 @@ def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, rep
             "backend": config.backend, "device": device.type,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
             "world": len(reports), "iterations": config.iterations, "warmup": config.warmup, "seed": config.seed,
-            "learning_rate": config.learning_rate, "emulated": config.emulate, "compiled": config.compile, "time_scale": config.time_scale,
+            "learning_rate": config.learning_rate, "emulated": config.emulate, "compiled": config.compile,
+            "graphs": config.graphs, "time_scale": config.time_scale,
             "executed_model": asdict(executed),
             "precision": {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32"), **scaling,
             "plan_path": inputs.plan_path, "topology_path": inputs.topology_path,
@@ -353,6 +361,8 @@ def _parse(argv) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--backend", choices=["gloo", "nccl"], default="nccl")
     p.add_argument("--compile", action="store_true", help="torch.compile each block and the loss")
+    p.add_argument("--graphs", choices=["none", "tensor", "all"], default="none",
+                   help="compiled stages whose blocks replay as CUDA graphs")
     p.add_argument("--profile", action="store_true", help="profile the last measured iteration")
     return p.parse_args(argv)
 
@@ -369,8 +379,8 @@ def main(argv=None) -> int:
     rank = where[devices[local_rank]]
     config = WorkerConfig(plan_path=args.plan, topology_path=args.topology, out_dir=args.out,
                           iterations=args.iterations, warmup=args.warmup, seed=args.seed, learning_rate=args.lr,
-                          timeout_s=args.timeout, backend=args.backend, compile=args.compile, profile=args.profile,
-                          threads=max(1, (os.cpu_count() or 1) // max(len(devices), 1)))
+                          timeout_s=args.timeout, backend=args.backend, compile=args.compile, graphs=args.graphs,
+                          profile=args.profile, threads=max(1, (os.cpu_count() or 1) // max(len(devices), 1)))
     device_index = local_rank if args.backend == "nccl" else None
     _train(rank, world, config, {"init_method": "env://"}, device_index, None)
     return 0
