@@ -13,9 +13,10 @@ clock, ends every phase and the plan does not depend on the machine's load), in 
 
 Each search runs in its own process with its tree first on ``PYTHONPATH``. The plan's seconds are
 the simulator's; the bound and the gap are what the search reports (``SearchResult.lower_bound_s``,
-``gap``); ``bound_ms`` is one call of ``lower_bound_s`` on the asked job. Prints
-topology | plan (s) | old bound | new bound | old gap | new gap and writes
-``benchmarks/results/bounds.json``.
+``gap``); ``bound_ms`` is one call of ``lower_bound_s`` on the asked job; ``least_pairs`` the three
+(stages, replicas) pairs whose bounds (``bounds.pair_bounds_s``) are lowest, the first of them
+setting the bound: the pairs a tighter bound must lift. Prints topology | plan (s) | old bound |
+new bound | old gap | new gap | plan's S x D | least pair and writes ``benchmarks/results/bounds.json``.
 """
 
 import argparse
@@ -38,7 +39,7 @@ import yaml
 from planner.inputs.job import load_job
 from planner.inputs.model import model_preset, parse_training
 from planner.inputs.topology import parse_topology
-from planner.search.bounds import lower_bound_s
+from planner.search.bounds import lower_bound_s, pair_bounds_s
 from planner.search.front import SearchOptions, search
 source, seed, limit, budget = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 if source.startswith("generated-"):
@@ -58,11 +59,14 @@ wall = time.perf_counter() - started
 started = time.perf_counter()
 lower_bound_s(topology, model, result.training if training.precision == "auto" else training)
 bound_ms = 1e3 * (time.perf_counter() - started)
+pairs = pair_bounds_s(topology, model, result.training if training.precision == "auto" else training)
+least = sorted((float(b), s, d + 1) for s, bounds in pairs.items() for d, b in enumerate(bounds))[:3]
 plan = result.plan
 print(json.dumps({"predicted_s": result.objective_s, "lower_bound_s": result.lower_bound_s, "gap": result.gap,
                   "stages": plan.stages, "replicas": plan.replicas, "used": plan.stages * plan.replicas,
                   "devices": topology.size, "wall_s": round(wall, 2), "bound_ms": round(bound_ms, 2),
-                  "clock_cut": plan.search.get("clock_cut", [])}))
+                  "clock_cut": plan.search.get("clock_cut", []),
+                  "least_pairs": [{"stages": s, "replicas": d, "bound_s": b} for b, s, d in least]}))
 """
 
 
@@ -98,7 +102,7 @@ def main() -> None:
         with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
             rows = pool.map(_run, tasks, chunksize=1)
     header = (f"{'topology':<44} {'plan (s)':>9} {'old bound':>9} {'new bound':>9} {'old gap':>7} {'new gap':>7} "
-              f"{'S x D':>9} {'bound ms':>8}")
+              f"{'S x D':>9} {'least':>9} {'bound ms':>8}")
     print(header)
     print("-" * len(header))
     table = []
@@ -112,10 +116,13 @@ def main() -> None:
         table.append({"topology": row["topology"], "plan_s": row["predicted_s"], "old_bound_s": before["lower_bound_s"],
                       "new_bound_s": row["lower_bound_s"], "old_gap": old_gap, "new_gap": row["gap"],
                       "same_plan": same, "stages": row["stages"], "replicas": row["replicas"],
-                      "devices": row["devices"], "bound_ms": row["bound_ms"]})
+                      "devices": row["devices"], "bound_ms": row["bound_ms"],
+                      "least_pairs": row.get("least_pairs", [])})
+        least = row.get("least_pairs") or [{"stages": "-", "replicas": "-"}]
         print(f"{row['topology']:<44} {row['predicted_s']:9.3f} {before['lower_bound_s']:9.3f} "
               f"{row['lower_bound_s']:9.3f} {old_gap:7.1%} {row['gap']:7.1%} "
-              f"{row['stages']:>4}x{row['replicas']:<4} {row['bound_ms']:8.1f}" + ("" if same else "  (plan differs)"))
+              f"{row['stages']:>4}x{row['replicas']:<4} {least[0]['stages']:>4}x{least[0]['replicas']:<4} "
+              f"{row['bound_ms']:8.1f}" + ("" if same else "  (plan differs)"))
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     with open(args.output, "w") as handle:
         json.dump({"command": " ".join(["python", "benchmarks/bounds.py"] + sys.argv[1:]),
