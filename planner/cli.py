@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from planner.errors import InputError
+from planner.runtime.graphs import COMPILE_CHOICES
 
 __all__ = ["main"]
 
@@ -124,9 +125,10 @@ def _launch_parser(sub) -> None:
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds before a stuck collective fails")
     p.add_argument("--save-state", action="store_true", help="write replica 0's weights to OUT/state/")
-    p.add_argument("--compile", choices=["auto", "on", "off", "graphs"], default="auto",
+    p.add_argument("--compile", choices=COMPILE_CHOICES, default="auto",
                    help="torch.compile each block and the loss (auto: on GPUs, tensor-group stages replayed as "
-                        "CUDA graphs; off on CPUs; graphs: every stage replayed as CUDA graphs)")
+                        "CUDA graphs; off on CPUs; graphs: compiled, every stage but ZB-H1's replayed as CUDA "
+                        "graphs on GPUs)")
     p.add_argument("--profile", action="store_true",
                    help="write each rank's torch.profiler operator table of the last measured iteration "
                         "to OUT/profile-rank-R.txt")
@@ -150,8 +152,9 @@ def _calibrate_parser(sub) -> None:
     p.add_argument("--model", help="model preset (overrides the topology's model)")
     p.add_argument("--micro-batch-size", type=int, help="micro-batch size to measure at")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement")
-    p.add_argument("--compile", choices=["auto", "on", "off", "graphs"], default="auto",
-                   help="time compiled blocks and loss, as 'plan launch --compile' runs them (auto: on GPUs)")
+    p.add_argument("--compile", choices=COMPILE_CHOICES, default="auto",
+                   help="time compiled blocks and loss, as 'plan launch --compile' runs them (auto: on GPUs, "
+                        "tensor groups' blocks as CUDA graphs)")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
 
 

@@ -30,21 +30,27 @@ def test_nccl_training_equals_single_process(tmp_path, shape, compile):
     assert all(b and b > 0 for b in results["measured"]["peak_memory_bytes"].values())
 
 
-@pytest.mark.parametrize("shape", ["pipeline", "tensor-group"])
+@pytest.mark.parametrize("shape", ["pipeline", "replicas", "tensor-group"])
 def test_nccl_training_with_cuda_graphs_equals_single_process(tmp_path, shape):
     """Blocks replayed as CUDA graphs: every stage's under ``--compile graphs`` (2 stages, 4 micro-batches
-    in flight), a tensor group's under ``auto`` (its all-reduces inside the graphs)."""
+    in flight; 2 replicas, uneven, their gradients summed from the graphs' outputs), a tensor group's
+    under ``auto`` (its all-reduces inside the graphs)."""
     topology = cpu_topology(tmp_path / "topology.yaml")
     if shape == "pipeline":
         plan = write_test_plan(tmp_path, topology, assignment=[["a0", "a1"]], layer_bounds=[0, 1, 4], micro_batches=[4],
                                micro_batch_size=2, schedule="1f1b")
+    elif shape == "replicas":
+        plan = write_test_plan(tmp_path, topology, assignment=[["a0"], ["a1"]], layer_bounds=[0, 4],
+                               micro_batches=[3, 1], micro_batch_size=2, schedule="1f1b")
     else:
         plan = write_test_plan(tmp_path, topology, assignment=[["a0"]], tensor_groups=[["a0", "a1"]],
                                layer_bounds=[0, 4], micro_batches=[4], micro_batch_size=2, schedule="1f1b")
-    compile = "graphs" if shape == "pipeline" else "auto"
+    compile = "auto" if shape == "tensor-group" else "graphs"
     results = launch(plan, LaunchOptions(iterations=4, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=0.05,
                                          backend="nccl", compile=compile), log=lambda line: None)
-    assert results["run"]["graphs"] == ("all" if shape == "pipeline" else "tensor")
+    assert results["run"]["graphs"] == ("tensor" if shape == "tensor-group" else "all")
+    assert results["run"]["graphed_stages"] == ([0, 1] if shape == "pipeline" else [0])
+    assert results["run"]["graph_skips"] == 0  # every graphed block ran as its graph
     losses, _ = train_single_process(model_preset("tiny"), global_batch=8, iterations=4, learning_rate=0.05)
     assert results["measured"]["loss"] == pytest.approx(losses, rel=1e-4)
 

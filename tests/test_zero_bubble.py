@@ -114,7 +114,7 @@ def test_schedule_auto_does_not_pick_it_but_plan_writes_it_by_name(tmp_path):
     result = search(job.topology, job.model, job.training, SearchOptions(seed=0, time_limit_s=1, exact=False))
     assert result.plan.schedule in ("1f1b", "gpipe")
     pytest.importorskip("torch")
-    from planner.runtime.launch import compiles
+    from planner.runtime.graphs import compiles
 
     assert compiles("auto", "nccl") is True and compiles("auto", "gloo") is False
     assert compiles("graphs", "gloo") is True  # compiled; CUDA graphs only where there are GPUs

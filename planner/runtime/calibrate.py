@@ -53,6 +53,7 @@ import numpy as np
 from planner.inputs.calibration import CALIBRATION_FORMAT, write_calibration
 from planner.inputs.catalog import peak_for
 from planner.errors import InputError
+from planner.runtime.graphs import graphed_stages, stage_graphed
 from planner.runtime.spawn import RankFailure, gather_from_ranks
 
 __all__ = ["CalibrateOptions", "CalibrationFailure", "calibrate", "fit_latency_bandwidth", "OPTIMIZER_PROBE_PARAMETERS",
@@ -87,7 +88,9 @@ class CalibrateOptions:
     model: str | None = None
     micro_batch_size: int | None = None
     timeout_s: float = 120.0
-    compile: str = "auto"  # time compiled blocks and loss, as plan launch runs them ("auto": on GPUs)
+    # time compiled blocks and loss as plan launch runs them ("auto": on GPUs, tensor groups' blocks as CUDA
+    # graphs; "graphs": every block as CUDA graphs on GPUs; planner.runtime.graphs)
+    compile: str = "auto"
 
 
 class CalibrationFailure(RuntimeError):
@@ -251,13 +254,15 @@ def _document(job, kind, backend, names, reports, options) -> dict:
     split_achieved = training_flops_multiplier(False) * block / compute["split_block_s"]
     device = next(d for d in job.topology.devices if d.type_name == kind)
     peak = peak_for(device.peak_flops, training.precision)
+    graphs_tensor = stage_graphed(graphed_stages(options.compile, backend), 2)  # the tensor probes graphed
     document = {
         "format": CALIBRATION_FORMAT,
         "measured_at_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "how": (f"plan calibrate on {compute['device_name']}: {options.repeats} timed repeats after 2 warm-ups; "
                 f"model {model.name} at micro-batch {b}, {compute['dtype']}"
-                f"{', compiled' if compute['compiled'] else ', eager'}; links by ping-pong over {backend}"),
+                f"{', compiled' if compute['compiled'] else ', eager'}"
+                f"{'; tensor groups as CUDA graphs' if graphs_tensor else ''}; links by ping-pong over {backend}"),
         "torch": compute["torch"],
         "backend": backend,
         "device_types": {kind: {
@@ -270,7 +275,9 @@ def _document(job, kind, backend, names, reports, options) -> dict:
             "split_backward_efficiency": min(split_achieved / peak, achieved / peak, 1.0),
             "memory_bandwidth_bytes_per_s": compute["optimizer_bytes_per_s"],
             "measured": {"device_name": compute["device_name"], "precision": training.precision,
-                         "dtype": compute["dtype"], "compiled": compute["compiled"], "micro_batch_size": b, "sequence": model.sequence,
+                         "dtype": compute["dtype"], "compiled": compute["compiled"],
+                         "graphs": graphed_stages(options.compile, backend).value,
+                         "micro_batch_size": b, "sequence": model.sequence,
                          "hidden": model.hidden, "layers": model.layers, "vocabulary": model.vocabulary,
                          "block_forward_s": compute["block_forward_s"], "block_backward_s": compute["block_backward_s"],
                          "head_forward_backward_s": compute["head_s"], "achieved_flops": achieved,
@@ -468,7 +475,7 @@ def _compute_probe(job, options, device, threads) -> dict:
     from planner.prediction.stage_model import OPTIMIZER_BYTES_PER_PARAMETER
     from planner.runtime.data import training_targets
     from planner.runtime.gpt import Block, head_rows, lm_loss, make_norm, vocabulary_logits
-    from planner.runtime.launch import compiles
+    from planner.runtime.graphs import compiles
     from planner.plan.precision import resolve_precision
     from planner.runtime.optimizer import make_optimizer
     from planner.runtime.precision import runtime_dtype
@@ -627,7 +634,7 @@ def tensor_probe(job, options, device, group, member: int, degree: int,
 
     from planner.plan.precision import resolve_precision
     from planner.runtime.gpt import Block
-    from planner.runtime.launch import compiles
+    from planner.runtime.graphs import compiles
     from planner.runtime.precision import runtime_dtype
     from planner.runtime.tensor_parallel import shard_stage
 
@@ -663,18 +670,19 @@ def tensor_probe(job, options, device, group, member: int, degree: int,
 
 def _graphs(options, device, degree: int) -> bool:
     """Whether ``plan launch --compile`` (the same choice) replays a stage of tensor degree ``degree``
-    on ``device`` as CUDA graphs (``planner.runtime.launch.graphed_stages``): the probe times it so."""
-    from planner.runtime.launch import graphed_stages, stage_graphed
-
-    return stage_graphed(graphed_stages(options.compile, "nccl" if device.type == "cuda" else "gloo"), degree)
+    on ``device`` as CUDA graphs (``planner.runtime.graphs``): the probe times it so."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    return stage_graphed(graphed_stages(options.compile, backend), degree, cuda=device.type == "cuda")
 
 
 def _as_graph_steps(blocks, x, *steps) -> tuple:
     """``steps`` as CUDA-graph replays of ``blocks`` run in a training iteration: each call a new
     step (``torch.compiler.cudagraph_mark_step_begin``, as ``planner.runtime.engine`` marks each
-    iteration), the gradients accumulated in place into tensors of their own (as the runtime's
-    micro-batches accumulate into a step's gradients): a gradient kept from a graph's output would be
-    overwritten by the next step's replay."""
+    iteration), the gradients accumulated in place into tensors allocated before the first call
+    (as ZeRO-1's flat buffers; the runtime's other optimizers keep the first micro-batch's gradient,
+    a graph output, and add the others to it, the same additions): a call's gradients kept from a
+    graph's output would be overwritten by the next call's replay, which the runtime's optimizers
+    avoid by dropping the gradients at each step (``planner.runtime.graphs``)."""
     import torch
 
     for block in blocks:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.errors import InputError
+from planner.runtime.graphs import COMPILE_CHOICES, compiles, graphed_stages
 from planner.runtime.guard import die_with_parent
 from planner.runtime.hostfile import parse_hostfile, shell_line, torchrun_arguments
 from planner.runtime.inputs import RunInputs, load_run_inputs
@@ -54,8 +55,9 @@ class LaunchOptions:
     master_port: int = 29500
     save_state: bool = False
     progress_s: float = 15.0  # local launches: every this many seconds, say what each rank is doing
-    # torch.compile each block and the loss: "on", "off", "graphs" (compiled, every stage's blocks replayed as
-    # CUDA graphs), "auto" (on with NCCL/CUDA, tensor-group stages as CUDA graphs: ``graphed_stages``)
+    # torch.compile each block and the loss: "on", "off", "graphs" (compiled, every compiled stage's blocks
+    # replayed as CUDA graphs on GPUs), "auto" (on with NCCL/CUDA, tensor-group stages as CUDA graphs:
+    # ``planner.runtime.graphs``)
     compile: str = "auto"
     profile: bool = False  # each rank's operator table of the last measured iteration (planner.runtime.profile)
     checkpoint_every: int = 0  # 0: none; else save every this many iterations into checkpoint_dir
@@ -67,31 +69,9 @@ class LaunchOptions:
     replan_budget_s: float = 10.0
     slow: str = ""  # emulated straggler "DEVICE:FACTOR[@ITERATION]" (``planner.runtime.emulation.Slowdown``)
 
-
-def compiles(choice: str, backend: str) -> bool:
-    """Whether the ranks compile their blocks and loss: ``auto`` compiles on GPUs (NCCL), where it
-    pays (``benchmarks/runtime_gpu.py``), and not on CPUs, where tests and emulation run eager. Under
-    ZB-H1 the linear layers stay eager (``planner.runtime.gpt.compile_between_linears``)."""
-    return choice in ("on", "graphs") or (choice == "auto" and backend == "nccl")
-
-
-def graphed_stages(choice: str, backend: str) -> str:
-    """Which compiled stages replay their blocks as CUDA graphs (``planner.runtime.gpt.compile_stage``):
-    ``"all"`` (``--compile graphs``), ``"tensor"`` (``auto`` on GPUs: stages with a tensor group, whose
-    members' shares of a block take the GPU less time than their host takes to issue them), or
-    ``"none"``. On 4x H200 a GPT-3 XL block of a group of 4 at micro-batch 2 took 3.29 ms forward and
-    backward compiled and 1.37 ms as a graph (a whole GPU's block: 2.63 and 2.59 ms; the same
-    gradients), the host issuing the graphs' block in 0.9 ms instead of 3.0 (``plan calibrate``
-    times the blocks the same way)."""
-    if backend != "nccl" or not compiles(choice, backend):
-        return "none"
-    return {"graphs": "all", "auto": "tensor"}.get(choice, "none")
-
-
-def stage_graphed(graphed: str, degree: int) -> bool:
-    """Whether a stage whose tensor group has ``degree`` members replays its blocks as CUDA graphs
-    under ``graphed_stages``'s answer."""
-    return graphed == "all" or (graphed == "tensor" and degree > 1)
+    def __post_init__(self):
+        if self.compile not in COMPILE_CHOICES:
+            raise ValueError(f"LaunchOptions.compile must be one of {', '.join(COMPILE_CHOICES)}, not {self.compile!r}")
 
 
 def _compiled_on_devices(options: LaunchOptions) -> bool:
@@ -407,7 +387,7 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
                   learning_rate=options.learning_rate, timeout_s=options.timeout_s,
                   emulate=options.emulate, time_scale=scale, backend=backend,
                   threads=max(1, (os.cpu_count() or 1) // world) if backend == "gloo" else 4,
-                  compile=compiles(options.compile, backend), graphs=graphed_stages(options.compile, backend),
+                  compile=compiles(options.compile, backend), graphs=graphed_stages(options.compile, backend).value,
                   save_state=options.save_state, cuda_devices=cuda_devices,
                   checkpoint_every=options.checkpoint_every, checkpoint_dir=options.checkpoint_dir or "",
                   resume_from=options.resume or "", profile=options.profile,
@@ -527,7 +507,7 @@ def _launch_hosts(inputs: RunInputs, options: LaunchOptions, log) -> dict | None
         iterations=options.iterations, warmup=options.warmup, seed=options.seed,
         learning_rate=options.learning_rate, timeout_s=options.timeout_s, backend=backend,
         master_port=options.master_port, compile=compiles(options.compile, backend),
-        graphs=graphed_stages(options.compile, backend), profile=options.profile)
+        graphs=graphed_stages(options.compile, backend).value, profile=options.profile)
         for node in range(len(entries))]
     if options.dry_run:
         for entry, command in zip(entries, commands):

@@ -31,7 +31,7 @@ from planner.runtime.emulation import Emulator, SharedResources, now_s, slowed_j
 from planner.runtime.engine import Layout, StageExecutor, make_groups, split_parameters
 from planner.runtime.gpt import ChunkedStage, build_stage, compile_between_linears, compile_stage, lm_loss
 from planner.runtime.inputs import RunInputs, emulated_model, load_run_inputs
-from planner.runtime.launch import stage_graphed
+from planner.runtime.graphs import Graphed, stage_graphed
 from planner.runtime.gradient_sync import route_matters, sync_route
 from planner.runtime.local_steps import LocalSteps, master_copies
 from planner.runtime.optimizer import make_optimizer
@@ -63,7 +63,7 @@ class WorkerConfig:
     save_state: bool = False
     cuda_devices: tuple = field(default=())  # rank -> CUDA index, for local launches
     compile: bool = False  # torch.compile each block and the loss (planner.runtime.gpt.compile_stage)
-    graphs: str = "none"  # compiled stages replayed as CUDA graphs: "none", "tensor", "all" (launch.graphed_stages)
+    graphs: str = Graphed.NONE.value  # compiled stages replayed as CUDA graphs (planner.runtime.graphs)
     checkpoint_every: int = 0  # 0: no checkpoints; else every this many iterations into checkpoint_dir
     checkpoint_dir: str = ""
     resume_from: str = ""  # a checkpoint folder (``checkpoint.read_checkpoint``) to start from
@@ -167,13 +167,11 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
             slow = (slowed_job(job, device_index_in_job(plan, job, name), factor), first_slow)
         emulator = Emulator(job, resources, time_scale=config.time_scale, replica=replica, stage=stage, slow=slow)
     loss = lm_loss
-    graphed = False
+    zero_bubble = plan.schedule == Schedule.ZERO_BUBBLE
+    graphed = config.compile and stage_graphed(config.graphs, degree, zero_bubble=zero_bubble,
+                                               cuda=device.type == "cuda")
     if config.compile:  # a split backward (ZB-H1) needs eager linear layers
-        if plan.schedule == Schedule.ZERO_BUBBLE:
-            loss = compile_between_linears(module)
-        else:
-            graphed = device.type == "cuda" and stage_graphed(config.graphs, degree)
-            loss = compile_stage(module, graphs=graphed)
+        loss = compile_between_linears(module) if zero_bubble else compile_stage(module, graphs=graphed)
     executor = StageExecutor(module=module, optimizer=optimizer, plan=plan, layout=layout, replica=replica,
                              stage=stage, device=device, groups=groups, seed=config.seed,
                              dtype=dtype, emulator=emulator, loss=loss, member=member, graphed=graphed)
@@ -242,7 +240,9 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     device_name = plan.members(plan.assignment[replica][stage])[member]
     report = {"rank": rank, "replica": replica, "stage": stage, "member": member, "device": device_name,
               "peak_memory_bytes": peak, "traces": traces, "data_parallel_bytes": sync_bytes,
-              "pipeline_bytes": message_bytes}
+              "pipeline_bytes": message_bytes, "graphed": graphed,
+              # graphs torch.compile fell back from (planner.runtime.graphs: then the stage ran its kernels)
+              "graph_skips": _graph_skips() if graphed else 0}
     gathered = [None] * layout.world if rank == 0 else None
     dist.gather_object(report, gathered, dst=0)
     if config.save_state and replica == 0:
@@ -268,6 +268,13 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
         scaling.update(first_iteration=first, checkpoints=checkpoints,
                        resumed_from={"path": config.resume_from, "iteration": first} if resumed else None)
         _write(config, inputs, executed, times, losses, gathered, device, dtype, scaling)
+
+
+def _graph_skips() -> int:
+    """Times torch.compile ran a graphed stage's code without its CUDA graph in this process."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])
 
 
 def _outer_weight(plan, replica: int) -> float:
@@ -324,7 +331,9 @@ def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, rep
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
             "world": len(reports), "iterations": config.iterations, "warmup": config.warmup, "seed": config.seed,
             "learning_rate": config.learning_rate, "emulated": config.emulate, "compiled": config.compile,
-            "graphs": config.graphs, "time_scale": config.time_scale,
+            "graphs": config.graphs, "graphed_stages": sorted({r["stage"] for r in reports if r.get("graphed")}),
+            "graph_skips": sum(r.get("graph_skips", 0) for r in reports),
+            "time_scale": config.time_scale,
             "executed_model": asdict(executed),
             "precision": {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32"), **scaling,
             "plan_path": inputs.plan_path, "topology_path": inputs.topology_path,
@@ -361,7 +370,7 @@ def _parse(argv) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--backend", choices=["gloo", "nccl"], default="nccl")
     p.add_argument("--compile", action="store_true", help="torch.compile each block and the loss")
-    p.add_argument("--graphs", choices=["none", "tensor", "all"], default="none",
+    p.add_argument("--graphs", choices=[g.value for g in Graphed], default=Graphed.NONE.value,
                    help="compiled stages whose blocks replay as CUDA graphs")
     p.add_argument("--profile", action="store_true", help="profile the last measured iteration")
     return p.parse_args(argv)

@@ -1,0 +1,64 @@
+"""Which stages replay their blocks as CUDA graphs (``planner.runtime.gpt.compile_stage``), as
+``plan launch`` and ``plan calibrate`` decide it from ``--compile``.
+
+``auto`` on GPUs (NCCL) graphs the stages with a tensor group: a member's share of a block takes the
+GPU about as long as, or less than, its host takes to issue the block's kernels, so the host sets
+the pace; replayed as a graph, the host issues a block in about 1 ms whatever its kernels. On 4x H200
+a GPT-3 XL block of a group of 4 at micro-batch 2 took 3.29 ms forward and backward compiled, issued
+in 3.00 ms, and 1.37 ms as a graph (a group of 2: 3.75 -> 1.82 ms; at micro-batch 4, where the
+products are larger, 3.31 -> 3.27 ms) with the same gradients (``benchmarks/cuda_graphs.py``). A
+whole GPU's block, issued in 36-72% of its GPU time, gained 1.5-3.6% (2.63 -> 2.59 ms at
+micro-batch 2), within the host's run-to-run spread, and its graphs' pool took 1-16% more memory,
+so ``auto`` leaves it compiled without graphs; ``graphs`` graphs every compiled stage. ZB-H1's split
+backward keeps its linear layers eager (``compile_between_linears``) and is never graphed.
+
+In a graphed stage each iteration is one graph step (``torch.compiler.cudagraph_mark_step_begin``,
+``planner.runtime.engine``): a graph output (an activation, a micro-batch's gradient that autograd
+keeps as ``p.grad``) may be overwritten once the next step begins, so nothing of an iteration may be
+read after it. The runtime meets this because every optimizer sets the gradients to ``None`` (or
+zeroes flat buffers of its own: ZeRO-1) at its step, and the step ends every iteration.
+"""
+
+from enum import Enum
+
+__all__ = ["Graphed", "COMPILE_CHOICES", "compiles", "graphed_stages", "stage_graphed"]
+
+COMPILE_CHOICES = ("auto", "on", "off", "graphs")  # ``--compile`` of plan launch and plan calibrate
+
+
+class Graphed(str, Enum):
+    """The compiled stages that replay their blocks as CUDA graphs."""
+
+    NONE = "none"
+    TENSOR = "tensor"  # stages with a tensor group
+    ALL = "all"
+
+
+def compiles(choice: str, backend: str) -> bool:
+    """Whether the ranks compile their blocks and loss: ``auto`` compiles on GPUs (NCCL), where it
+    pays (``benchmarks/runtime_gpu.py``), and not on CPUs, where tests and emulation run eager. Under
+    ZB-H1 the linear layers stay eager (``planner.runtime.gpt.compile_between_linears``)."""
+    _check(choice)
+    return choice in ("on", "graphs") or (choice == "auto" and backend == "nccl")
+
+
+def graphed_stages(choice: str, backend: str) -> Graphed:
+    """Which compiled stages replay their blocks as CUDA graphs under ``--compile choice``: graphs
+    need GPUs (NCCL)."""
+    if backend != "nccl" or not compiles(choice, backend):
+        return Graphed.NONE
+    return {"graphs": Graphed.ALL, "auto": Graphed.TENSOR}.get(choice, Graphed.NONE)
+
+
+def stage_graphed(graphed: Graphed | str, degree: int, *, zero_bubble: bool = False, cuda: bool = True) -> bool:
+    """Whether a stage whose tensor group has ``degree`` members replays its blocks as CUDA graphs:
+    on a CUDA device, not under ZB-H1, as ``graphed`` says."""
+    graphed = Graphed(graphed)
+    if zero_bubble or not cuda:
+        return False
+    return graphed == Graphed.ALL or (graphed == Graphed.TENSOR and degree > 1)
+
+
+def _check(choice: str) -> None:
+    if choice not in COMPILE_CHOICES:
+        raise ValueError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, not {choice!r}")
