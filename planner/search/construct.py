@@ -16,8 +16,9 @@ inside a cluster instead.
 
 import numpy as np
 
+from planner.search.chain_order import MAX_CHAIN_GROUPS, group_bandwidth, widest_chain
 from planner.search.dtfm_search import groups_to_pipelines
-from planner.search.locality import bandwidth_clusters, cluster_order, locality_order
+from planner.search.locality import bandwidth_clusters, cluster_order, locality_order, symmetric_bandwidth
 
 __all__ = ["choose_devices", "cluster_layouts", "layouts", "probe_layouts", "MATCHED_STAGES", "MATCHED_DEVICES",
            "WITHIN_CLUSTERS"]
@@ -66,6 +67,9 @@ def cluster_layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: i
         result[f"clusters{i}-pipelines"] = rows
         in_order = np.concatenate(pipelines)  # by cluster, so consecutive runs of ``replicas`` share one
         result[f"clusters{i}-stages"] = in_order.reshape(stages, replicas).T.copy()
+        chained = _chained_stages(topology, in_order.reshape(stages, replicas))
+        if chained is not None:
+            result[f"clusters{i}-stages-chained"] = chained
         # The whole plan inside one other cluster that holds it: the first in order may hold it too,
         # but a slower one can be better connected inside (a home cluster without a slow uplink).
         alone = [c for c in cache[key][1:] if np.count_nonzero(labels == c) >= stages * replicas]
@@ -74,6 +78,24 @@ def cluster_layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: i
             result[f"clusters{i}-within{c}-pipelines"] = np.array(
                 [locality_order(topology, row) for row in members.reshape(replicas, stages)])
     return result
+
+
+def _chained_stages(topology, groups: np.ndarray) -> np.ndarray | None:
+    """The (replicas, stages) layout of the stage ``groups`` (rows: each stage's devices) ordered along
+    the widest chain of links (``planner.search.chain_order``); None where that is their order already
+    or there are too many stages to order exactly. The cluster order takes clusters as a spanning tree
+    adds them, not as a pipeline passes through them: over slow regions its chain can cross the
+    slowest link, which every micro-batch then waits for."""
+    stages = len(groups)
+    if not 2 < stages <= MAX_CHAIN_GROUPS:
+        return None
+    members = groups.ravel()
+    bandwidth = symmetric_bandwidth(topology, members)
+    positions = np.arange(len(members)).reshape(groups.shape)
+    order = widest_chain(group_bandwidth(bandwidth, positions))
+    if order == list(range(stages)):
+        return None
+    return groups[order].T.copy()
 
 
 def probe_layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int,

@@ -1,0 +1,92 @@
+"""Stage groups ordered along the widest chain of links (planner.search.chain_order) and the
+stage-local cluster layouts that use it (planner.search.construct)."""
+
+import itertools
+
+import numpy as np
+
+from planner.inputs.model import model_preset, parse_training
+from planner.inputs.topology import parse_topology
+from planner.search.chain_order import widest_chain
+from planner.search.construct import cluster_layouts, layouts
+from planner.search.evaluate import evaluate_placement, make_context
+from planner.search.locality import bandwidth_clusters
+
+# Four regions of one 2-GPU host each. A spanning tree from a takes b (10), then c (9 via a), then d
+# (5 via c): as a chain a, b, c, d it crosses b-c at 1 Gbit/s. The chain b, a, c, d crosses 10, 9, 5.
+_GBPS = {("a", "b"): 10, ("a", "c"): 9, ("c", "d"): 5, ("b", "c"): 1, ("b", "d"): 1, ("a", "d"): 1}
+
+
+def _four_regions():
+    pairs = [{"regions": [x, y], "latency": "30ms", "bandwidth": f"{g}Gbps"} for (x, y), g in _GBPS.items()]
+    document = {"name": "four-regions",
+                "devices": [{"name": f"{r}-gpu", "count": 2, "type": "A100-80GB", "host": f"host-{r}", "region": r}
+                            for r in "abcd"],
+                "network": {"host": {"latency": "0.01ms", "bandwidth": "2400Gbps"},
+                            "region": {"latency": "0.1ms", "bandwidth": "100Gbps"},
+                            "global": {"latency": "100ms", "bandwidth": "1Gbps"}, "region_pairs": pairs}}
+    return parse_topology(document, name="four-regions")
+
+
+def _brute_widest(between):
+    k = len(between)
+
+    def key(order):
+        links = [between[a, b] for a, b in zip(order, order[1:])]
+        return (-min(links), sum(1.0 / x for x in links))
+
+    return min(key(order) for order in itertools.permutations(range(k)))
+
+
+def _chain_key(between, order):
+    links = [between[a, b] for a, b in zip(order, order[1:])]
+    return (-min(links), sum(1.0 / x for x in links))
+
+
+def test_widest_chain_hand_case():
+    names = "abcd"
+    between = np.zeros((4, 4))
+    for (x, y), g in _GBPS.items():
+        between[names.index(x), names.index(y)] = between[names.index(y), names.index(x)] = g
+    order = widest_chain(between)
+    assert sorted(order) == [0, 1, 2, 3]
+    assert order in ([1, 0, 2, 3], [3, 2, 0, 1])  # b, a, c, d: links 10, 9, 5
+
+
+def test_widest_chain_matches_brute_force_on_random_groups():
+    rng = np.random.default_rng(3)
+    for k in range(3, 8):
+        for _ in range(10):
+            upper = np.triu(rng.choice([1.0, 2.0, 5.0, 10.0, 25.0, 40.0], size=(k, k)), 1)
+            between = upper + upper.T
+            order = widest_chain(between)
+            assert sorted(order) == list(range(k))
+            assert np.allclose(_chain_key(between, order), _brute_widest(between))
+
+
+def test_stage_layouts_order_regions_along_the_widest_chain():
+    """One stage per region: some layout chains the regions b, a, c, d (slowest link 5 Gbit/s), and
+    the search's estimate prefers it to the spanning tree's a, b, c, d (1 Gbit/s between b and c)."""
+    topology = _four_regions()
+    model = model_preset("gpt3-xl")
+    training = parse_training({"global_batch": 64, "micro_batch_size": 1, "precision": "fp16", "recompute": True,
+                               "flash_attention": True})
+    ctx = make_context(topology, model, training)
+    region_of = [name.split("-")[0] for name in topology.names]
+
+    def slowest_link(assign):
+        regions = ["".join(sorted({region_of[d] for d in assign[:, s]})) for s in range(assign.shape[1])]
+        if any(len(r) != 1 for r in regions):
+            return None
+        return min(_GBPS.get((x, y), _GBPS.get((y, x))) for x, y in zip(regions, regions[1:]))
+
+    # The cluster layouts alone: the matched layouts order stages too, but only up to MATCHED_DEVICES
+    # devices (the generated 1,024-device topology has only the cluster layouts).
+    found = cluster_layouts(topology, ctx.speed, ctx.capacity, 4, 2, bandwidth_clusters(topology))
+    widest = {name: a for name, a in found.items() if slowest_link(a) == 5}
+    assert widest, {name: slowest_link(a) for name, a in found.items()}
+    assert all(any(np.array_equal(a, b) for b in layouts(topology, ctx.speed, ctx.capacity, 4, 2).values())
+               for a in widest.values())
+    tree = [a for a in found.values() if slowest_link(a) == 1]
+    best_widest = min(evaluate_placement(ctx, a, 1, "gpipe").score_s for a in widest.values())
+    assert all(best_widest < evaluate_placement(ctx, a, 1, "gpipe").score_s for a in tree)
