@@ -17,10 +17,10 @@ from planner.search.locality import bandwidth_clusters
 _GBPS = {("a", "b"): 10, ("a", "c"): 9, ("c", "d"): 5, ("b", "c"): 1, ("b", "d"): 1, ("a", "d"): 1}
 
 
-def _four_regions():
+def _four_regions(per_region: int = 2):
     pairs = [{"regions": [x, y], "latency": "30ms", "bandwidth": f"{g}Gbps"} for (x, y), g in _GBPS.items()]
     document = {"name": "four-regions",
-                "devices": [{"name": f"{r}-gpu", "count": 2, "type": "A100-80GB", "host": f"host-{r}", "region": r}
+                "devices": [{"name": f"{r}-gpu", "count": per_region, "type": "A100-80GB", "host": f"host-{r}", "region": r}
                             for r in "abcd"],
                 "network": {"host": {"latency": "0.01ms", "bandwidth": "2400Gbps"},
                             "region": {"latency": "0.1ms", "bandwidth": "100Gbps"},
@@ -90,3 +90,23 @@ def test_stage_layouts_order_regions_along_the_widest_chain():
     tree = [a for a in found.values() if slowest_link(a) == 1]
     best_widest = min(evaluate_placement(ctx, a, 1, "gpipe").score_s for a in widest.values())
     assert all(best_widest < evaluate_placement(ctx, a, 1, "gpipe").score_s for a in tree)
+
+
+def test_a_layout_puts_each_stage_in_a_region_of_its_own():
+    """Regions of three devices, three stages of two replicas: the runs of two devices that the other
+    layouts cut from the locality and cluster orders straddle regions (their all-reduces cross slow
+    links); the stage-regions layout keeps each stage in one region, chained b, a, c (10, 9 Gbit/s)."""
+    topology = _four_regions(per_region=3)
+    model = model_preset("gpt3-xl")
+    training = parse_training({"global_batch": 64, "micro_batch_size": 1, "precision": "fp16", "recompute": True,
+                               "flash_attention": True})
+    ctx = make_context(topology, model, training)
+    region_of = [name.split("-")[0] for name in topology.names]
+    found = layouts(topology, ctx.speed, ctx.capacity, 3, 2)
+    regional = {name: a for name, a in found.items()
+                if all(len({region_of[d] for d in a[:, s]}) == 1 for s in range(3))}
+    assert list(regional) == ["stage-regions"]
+    chain = ["".join({region_of[d] for d in regional["stage-regions"][:, s]}) for s in range(3)]
+    assert chain in (["b", "a", "c"], ["c", "a", "b"])
+    best = evaluate_placement(ctx, regional["stage-regions"], 1, "gpipe").score_s
+    assert all(best < evaluate_placement(ctx, a, 1, "gpipe").score_s for name, a in found.items() if name not in regional)

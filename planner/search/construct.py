@@ -11,7 +11,8 @@ of the bandwidth graph instead (``bandwidth_clusters``): clusters in ``cluster_o
 first, then the best connected to those taken), each filled with whole pipelines of its fastest
 devices, so that pipelines sit inside clusters and the clusters taken last (slow links) stay idle
 when the degrees need fewer devices; their stage-local twins put each stage's data-parallel group
-inside a cluster instead.
+inside a cluster instead. Where regions hold a stage's replicas, one layout puts each stage in a
+region of its own, regions chained along the fastest links (``planner.search.chain_order``).
 """
 
 import numpy as np
@@ -98,6 +99,29 @@ def _chained_stages(topology, groups: np.ndarray) -> np.ndarray | None:
     return groups[order].T.copy()
 
 
+def _stage_regions(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int) -> np.ndarray | None:
+    """Each stage's data-parallel group inside a region of its own: the ``stages`` regions whose
+    ``replicas`` fastest devices have the most compute (ties: the lower region), each stage those
+    devices, stages chained along the fastest links (``_chained_stages``), replica r the r-th fastest
+    of each; None where fewer regions hold a stage. Every gradient all-reduce then stays inside a region
+    and only activations cross regions; the stage runs of the cluster layouts keep this shape only
+    where a region's size is a multiple of the stage count times the replicas' share."""
+    if stages < 2:
+        return None
+    groups, compute = [], []
+    for region in np.unique(topology.region_ids):
+        members = np.flatnonzero(topology.region_ids == region)
+        if len(members) >= replicas:
+            fastest = _fastest_first(members, speed, capacity)[:replicas]
+            groups.append(fastest)
+            compute.append(float(speed[fastest].sum()))
+    if len(groups) < stages:
+        return None
+    taken = np.array([groups[g] for g in sorted(range(len(groups)), key=lambda g: (-compute[g], g))[:stages]])
+    chained = _chained_stages(topology, taken)
+    return taken.T.copy() if chained is None else chained
+
+
 def probe_layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int,
                   levels: list, cache: dict | None = None) -> list:
     """The cheap layouts that judge a degree pair before it is constructed in full: each pipeline
@@ -135,6 +159,9 @@ def layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, repl
         for name, order in (("contiguous-matched", chosen), ("stages-matched", ordered)):
             groups = [order[j * replicas:(j + 1) * replicas].tolist() for j in range(stages)]
             result[name] = groups_to_pipelines(topology, groups)
+    regional = _stage_regions(topology, speed, capacity, stages, replicas)
+    if regional is not None and not any(np.array_equal(regional, other) for other in result.values()):
+        result["stage-regions"] = regional
     levels = bandwidth_clusters(topology) if levels is None else levels
     for name, assign in cluster_layouts(topology, speed, capacity, stages, replicas, levels, cache).items():
         if not any(np.array_equal(assign, other) for other in result.values()):
