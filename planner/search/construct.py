@@ -11,8 +11,9 @@ of the bandwidth graph instead (``bandwidth_clusters``): clusters in ``cluster_o
 first, then the best connected to those taken), each filled with whole pipelines of its fastest
 devices, so that pipelines sit inside clusters and the clusters taken last (slow links) stay idle
 when the degrees need fewer devices; their stage-local twins put each stage's data-parallel group
-inside a cluster instead. Where regions hold a stage's replicas, one layout puts each stage in a
-region of its own, regions chained along the fastest links (``planner.search.chain_order``).
+inside a cluster instead. Above ``MATCHED_DEVICES`` (no matched layouts), the stage runs are also
+chained along the fastest links (``planner.search.chain_order``), and where regions hold a stage's
+replicas one layout puts each stage in a region of its own, regions chained so too.
 """
 
 import numpy as np
@@ -68,7 +69,10 @@ def cluster_layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: i
         result[f"clusters{i}-pipelines"] = rows
         in_order = np.concatenate(pipelines)  # by cluster, so consecutive runs of ``replicas`` share one
         result[f"clusters{i}-stages"] = in_order.reshape(stages, replicas).T.copy()
-        chained = _chained_stages(topology, in_order.reshape(stages, replicas))
+        # Where the matched layouts (their stages in DTFM's path order) are not built, the stage runs
+        # chained along the widest links too.
+        chained = _chained_stages(topology, in_order.reshape(stages, replicas)) if stages * replicas > \
+            MATCHED_DEVICES else None
         if chained is not None:
             result[f"clusters{i}-stages-chained"] = chained
         # The whole plan inside one other cluster that holds it: the first in order may hold it too,
@@ -159,7 +163,8 @@ def layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, repl
         for name, order in (("contiguous-matched", chosen), ("stages-matched", ordered)):
             groups = [order[j * replicas:(j + 1) * replicas].tolist() for j in range(stages)]
             result[name] = groups_to_pipelines(topology, groups)
-    regional = _stage_regions(topology, speed, capacity, stages, replicas)
+    regional = _stage_regions(topology, speed, capacity, stages, replicas) if stages * replicas > MATCHED_DEVICES \
+        else None
     if regional is not None and not any(np.array_equal(regional, other) for other in result.values()):
         result["stage-regions"] = regional
     levels = bandwidth_clusters(topology) if levels is None else levels
