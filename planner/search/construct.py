@@ -11,13 +11,16 @@ of the bandwidth graph instead (``bandwidth_clusters``): clusters in ``cluster_o
 first, then the best connected to those taken), each filled with whole pipelines of its fastest
 devices, so that pipelines sit inside clusters and the clusters taken last (slow links) stay idle
 when the degrees need fewer devices; their stage-local twins put each stage's data-parallel group
-inside a cluster instead.
+inside a cluster instead. Above ``MATCHED_DEVICES`` (no matched layouts), the stage runs are also
+chained along the fastest links (``planner.search.chain_order``), and where regions hold a stage's
+replicas one layout puts each stage in a region of its own, regions chained so too.
 """
 
 import numpy as np
 
+from planner.search.chain_order import MAX_CHAIN_GROUPS, group_bandwidth, widest_chain
 from planner.search.dtfm_search import groups_to_pipelines
-from planner.search.locality import bandwidth_clusters, cluster_order, locality_order
+from planner.search.locality import bandwidth_clusters, cluster_order, locality_order, symmetric_bandwidth
 
 __all__ = ["choose_devices", "cluster_layouts", "layouts", "probe_layouts", "MATCHED_STAGES", "MATCHED_DEVICES",
            "WITHIN_CLUSTERS"]
@@ -66,6 +69,12 @@ def cluster_layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: i
         result[f"clusters{i}-pipelines"] = rows
         in_order = np.concatenate(pipelines)  # by cluster, so consecutive runs of ``replicas`` share one
         result[f"clusters{i}-stages"] = in_order.reshape(stages, replicas).T.copy()
+        # Where the matched layouts (their stages in DTFM's path order) are not built, the stage runs
+        # chained along the widest links too.
+        chained = _chained_stages(topology, in_order.reshape(stages, replicas)) if stages * replicas > \
+            MATCHED_DEVICES else None
+        if chained is not None:
+            result[f"clusters{i}-stages-chained"] = chained
         # The whole plan inside one other cluster that holds it: the first in order may hold it too,
         # but a slower one can be better connected inside (a home cluster without a slow uplink).
         alone = [c for c in cache[key][1:] if np.count_nonzero(labels == c) >= stages * replicas]
@@ -74,6 +83,47 @@ def cluster_layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: i
             result[f"clusters{i}-within{c}-pipelines"] = np.array(
                 [locality_order(topology, row) for row in members.reshape(replicas, stages)])
     return result
+
+
+def _chained_stages(topology, groups: np.ndarray) -> np.ndarray | None:
+    """The (replicas, stages) layout of the stage ``groups`` (rows: each stage's devices) ordered along
+    the widest chain of links (``planner.search.chain_order``); None where that is their order already
+    or there are too many stages to order exactly. The cluster order takes clusters as a spanning tree
+    adds them, not as a pipeline passes through them: over slow regions its chain can cross the
+    slowest link, which every micro-batch then waits for."""
+    stages = len(groups)
+    if not 2 < stages <= MAX_CHAIN_GROUPS:
+        return None
+    members = groups.ravel()
+    bandwidth = symmetric_bandwidth(topology, members)
+    positions = np.arange(len(members)).reshape(groups.shape)
+    order = widest_chain(group_bandwidth(bandwidth, positions))
+    if order == list(range(stages)):
+        return None
+    return groups[order].T.copy()
+
+
+def _stage_regions(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int) -> np.ndarray | None:
+    """Each stage's data-parallel group inside a region of its own: the ``stages`` regions whose
+    ``replicas`` fastest devices have the most compute (ties: the lower region), each stage those
+    devices, stages chained along the fastest links (``_chained_stages``), replica r the r-th fastest
+    of each; None where fewer regions hold a stage. Every gradient all-reduce then stays inside a region
+    and only activations cross regions; the stage runs of the cluster layouts keep this shape only
+    where a region's size is a multiple of the stage count times the replicas' share."""
+    if stages < 2:
+        return None
+    groups, compute = [], []
+    for region in np.unique(topology.region_ids):
+        members = np.flatnonzero(topology.region_ids == region)
+        if len(members) >= replicas:
+            fastest = _fastest_first(members, speed, capacity)[:replicas]
+            groups.append(fastest)
+            compute.append(float(speed[fastest].sum()))
+    if len(groups) < stages:
+        return None
+    taken = np.array([groups[g] for g in sorted(range(len(groups)), key=lambda g: (-compute[g], g))[:stages]])
+    chained = _chained_stages(topology, taken)
+    return taken.T.copy() if chained is None else chained
 
 
 def probe_layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int,
@@ -113,6 +163,10 @@ def layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, repl
         for name, order in (("contiguous-matched", chosen), ("stages-matched", ordered)):
             groups = [order[j * replicas:(j + 1) * replicas].tolist() for j in range(stages)]
             result[name] = groups_to_pipelines(topology, groups)
+    regional = _stage_regions(topology, speed, capacity, stages, replicas) if stages * replicas > MATCHED_DEVICES \
+        else None
+    if regional is not None and not any(np.array_equal(regional, other) for other in result.values()):
+        result["stage-regions"] = regional
     levels = bandwidth_clusters(topology) if levels is None else levels
     for name, assign in cluster_layouts(topology, speed, capacity, stages, replicas, levels, cache).items():
         if not any(np.array_equal(assign, other) for other in result.values()):

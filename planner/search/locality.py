@@ -9,7 +9,7 @@ from scipy.sparse.csgraph import connected_components
 from cost_models.comm import ring_allreduce_time_s
 from cost_models.links import LevelMatrix
 
-__all__ = ["locality_order", "bandwidth_clusters", "cluster_order", "chained_ring", "best_ring", "MAX_LEVELS",
+__all__ = ["locality_order", "symmetric_bandwidth", "bandwidth_clusters", "cluster_order", "chained_ring", "best_ring", "MAX_LEVELS",
            "MAX_THRESHOLDS", "MAX_CLUSTER_DEVICES", "MAX_HOST_CLUSTER_DEVICES", "MAX_RING_REGIONS", "MAX_TWO_OPT"]
 
 MAX_LEVELS = 3  # cluster levels kept: the finest, and coarser ones evenly spread
@@ -45,7 +45,7 @@ def locality_order(topology, devices: np.ndarray) -> np.ndarray:
     return devices[np.lexsort((devices, hosts, region_rank))]
 
 
-def _symmetric_bandwidth(topology, devices: np.ndarray) -> np.ndarray:
+def symmetric_bandwidth(topology, devices: np.ndarray) -> np.ndarray:
     """Bandwidth between ``devices`` both ways: the slower direction (a pipeline and a ring use both)."""
     bw = topology.network.bandwidth_bytes_per_s[np.ix_(devices, devices)]
     return np.minimum(bw, bw.T)
@@ -89,7 +89,7 @@ def _host_levels(topology, devices: np.ndarray) -> list:
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
     host_of, representatives = rank[host_of], devices[np.sort(first)]
-    between = _symmetric_bandwidth(topology, representatives)
+    between = symmetric_bandwidth(topology, representatives)
     np.fill_diagonal(between, -np.inf)
     if len(representatives) > 1 and between.max() > bandwidth.host_value:
         return []  # a host's devices would split at some cut: only every pair tells
@@ -100,7 +100,7 @@ def _host_levels(topology, devices: np.ndarray) -> list:
 def _levels(topology, devices: np.ndarray) -> list:
     """Every distinct level of clusters of ``devices`` over all their pairs (``bandwidth_clusters``),
     finest first, before the ``MAX_LEVELS`` selection."""
-    bw = _symmetric_bandwidth(topology, devices)
+    bw = symmetric_bandwidth(topology, devices)
     values = np.unique(bw[np.isfinite(bw)])[::-1]
     if len(values) > MAX_THRESHOLDS:
         values = np.unique(np.quantile(values, np.linspace(0.0, 1.0, MAX_THRESHOLDS)))[::-1]
@@ -128,7 +128,7 @@ def cluster_order(topology, devices: np.ndarray, labels: np.ndarray, speed: np.n
     compute), as Prim's maximum spanning tree adds them. Clusters whose links are slow come last, so
     a plan that needs fewer devices leaves them idle."""
     devices = np.asarray(devices)
-    bw = _symmetric_bandwidth(topology, devices)
+    bw = symmetric_bandwidth(topology, devices)
     k = int(labels.max()) + 1
     compute = np.bincount(labels, weights=speed[devices], minlength=k)
     order = np.argsort(labels, kind="stable")
