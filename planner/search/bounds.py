@@ -114,7 +114,9 @@ def lower_bound_s(topology, model, training) -> float:
     - the same clusters' runs along each replica (``planner.search.replica_crossings``): the replicas
       that fit in few clusters are few, the others cross more on every round trip; each replica's
       sequences at its own crossings' cost, and the batch split between them, the first stage's sync
-      after (a crossing group's where D cells fit in no cluster);
+      after (a crossing group's where D cells fit in no cluster); under a chained schedule a tensor
+      group saves at most its own cell's time, which it spends on each of its replica's sequences,
+      so the groups add at most ``T rho E / (S a)`` sequences in all (``planner.search.cell_gains``);
     minimised over the pairs whose largest stage's state fits: at least ``params / S`` parameters at
     the least state per parameter (sharded over every device where sharding is allowed), over ``t``
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning
@@ -323,7 +325,8 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                   latency_s=latency_s, sequence_bytes=boundary_bytes, most_sequences=most_sequences,
                                   first_sync_bytes=first_params * gradient_bytes,
                                   largest_sync_bytes=largest_params * gradient_bytes, fast_rate=ring,
-                                  ring_only=crossing.ring_only, sharded=crossing.sharded)
+                                  ring_only=crossing.ring_only, sharded=crossing.sharded,
+                                  gpipe_fits=True if fits is None else fits, spare_gain=rho)
                           for level in levels]
             if deferred is None:
                 terms += [term() for term in crossings]

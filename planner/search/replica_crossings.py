@@ -57,7 +57,9 @@ crossings and the batch split between them:
   its largest group's speedup: its gain over the same replica without is at most that of ``1 + E``
   devices (at most the ``i``-th of the ``k*`` order's gain at the most replicas that may have ``k``
   runs or fewer: ``i`` of them add up to at least ``M_i``), and at most ``E`` times the most any
-  group gains per device it takes (at the fewest runs); the least of both is added.
+  group gains per device it takes (at the fewest runs); the least of both is added. Under a chained
+  schedule the groups also add at most a cell's gain each, not a replica's
+  (``planner.search.cell_gains``: ``T rho E / (w a)`` sequences in all): the larger of both times.
 
 A plan of time T has ``B <= sum phi(k*)`` plus the groups' gain; the least such T (closed form for
 the chain, ``_water_s``'s for GPipe's phases as a low end, ``_least_time_s``'s bisection otherwise)
@@ -70,7 +72,9 @@ import numpy as np
 
 from cost_models.schedule import Schedule
 from planner.plan.tensor import TENSOR_DEGREES
+from planner.search.cell_gains import grouped_sequences_per_s, least_chained_time_s
 from planner.search.round_trip import crossing_extra_s, schedule_windows
+from planner.search.tensor_cells import gain_per_spare_device
 
 __all__ = ["fewest_runs", "replica_crossings_s"]
 
@@ -132,7 +136,8 @@ def replica_crossings_s(level, training, *, stages: int, replicas: np.ndarray, b
                         tensor_speedups: np.ndarray, boundary_s: float,
                         latency_s: float, sequence_bytes: float, most_sequences: float, first_sync_bytes: float,
                         largest_sync_bytes: float, fast_rate: np.ndarray, ring_only: bool,
-                        sharded: bool, floor: np.ndarray | None = None) -> np.ndarray:
+                        sharded: bool, floor: np.ndarray | None = None, gpipe_fits=True,
+                        spare_gain: float | None = None) -> np.ndarray:
     """(D,) the bound of the module description on plans of ``stages`` (S >= 2) stages and ``replicas``
     (D = 1 .. len) replicas at ``level`` (a ``cluster_bound.ClusterLevel``; its ``cluster_sizes``) of
     ``devices`` devices.
@@ -152,7 +157,10 @@ def replica_crossings_s(level, training, *, stages: int, replicas: np.ndarray, b
     and embeddings); ``largest_sync_bytes``: the largest stage's least; ``fast_rate``: (D,) seconds
     per sync byte of a pure group (``bounds``' ``ring``); ``ring_only``, ``sharded``: as in
     ``slow_crossings.slow_crossing_s``; ``floor``: (D,) a bound known otherwise, below which the
-    term may stop short (GPipe's bisection runs only where it may end above it)."""
+    term may stop short (GPipe's bisection runs only where it may end above it); ``gpipe_fits``: (D,)
+    False where no GPipe plan fits (``round_trip.gpipe_fits`` of the busiest replica's ``ceil(B /
+    D)`` sequences): GPipe counts nowhere else; ``spare_gain``: the most a tensor group adds per
+    device it takes (``tensor_cells.gain_per_spare_device`` of ``tensor_speedups`` where None)."""
     D = np.asarray(replicas)
     most = int(D.max())
     runs = fewest_runs(level.cluster_sizes, stages, most)
@@ -185,6 +193,7 @@ def replica_crossings_s(level, training, *, stages: int, replicas: np.ndarray, b
     hops = 2.0 * (stages - 1)
     spare = np.maximum(devices - stages * D, 0)
     tensor_speedups = np.asarray(tensor_speedups, dtype=float)
+    rho = gain_per_spare_device(tensor_speedups) if spare_gain is None else spare_gain  # per device taken
     biggest = np.minimum(1 + spare, tensor_speedups.size)  # (D,) the most devices a cell holds
     # (taken, speedup) of each size of group a plan of D replicas may hold: its D-th entry 1 where none
     sizes = [(t - 1.0, np.where(biggest >= t, tensor_speedups[t - 1], 1.0)) for t in TENSOR_DEGREES
@@ -223,10 +232,13 @@ def replica_crossings_s(level, training, *, stages: int, replicas: np.ndarray, b
         (a, y), = chain(window, compute_s, plain_speedup)
         with np.errstate(divide="ignore"):
             plain_rate = 1.0 / a
-            rate = (count * plain_rate).sum(axis=0) + group_gain(
-                lambda speedup: 1.0 / chain(window, compute_s, speedup)[0][0] - plain_rate)
+            plain = (count * plain_rate).sum(axis=0)
+            rate = plain + group_gain(lambda speedup: 1.0 / chain(window, compute_s, speedup)[0][0] - plain_rate)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(rate > 0, y[0] + batch / rate, np.inf)
+            whole = np.where(rate > 0, y[0] + batch / rate, np.inf)
+        # per grouped cell, a cell's gain (``cell_gains``), none without compute in the chain
+        grouped = grouped_sequences_per_s(rho if compute_s > 0 else 0.0, spare, window, a[fewest - 1])
+        return np.maximum(whole, least_chained_time_s(batch, plain, y[0], grouped))
 
     def phases_s(one_round, above):
         """GPipe's bound where below ``above`` (D,), ``above`` elsewhere; where ``floor`` is at least
@@ -266,7 +278,9 @@ def replica_crossings_s(level, training, *, stages: int, replicas: np.ndarray, b
         bound = np.zeros(D.shape)
         if math.isfinite(window):
             bound = chain_s(window, 0.0 if schedule == Schedule.ZERO_BUBBLE else sequence_s)
-        if schedule == Schedule.GPIPE:  # it only matters below the other schedules' least
-            bound = np.maximum(bound, phases_s(not math.isfinite(window), best))
+        if schedule == Schedule.GPIPE:  # it only matters below the other schedules' least, where it fits
+            if not np.any(gpipe_fits):
+                continue
+            bound = np.where(gpipe_fits, np.maximum(bound, phases_s(not math.isfinite(window), best)), np.inf)
         best = np.minimum(best, np.maximum(bound, widest))
     return best
