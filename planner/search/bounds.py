@@ -153,8 +153,12 @@ def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
         if float(pairs[stages].min()) >= best:
             break
         values = pairs[stages]
-        for term in deferred.get(stages, ()):  # the replicas' crossings may stop short below the others' bound
-            values = np.maximum(values, term(floor=values) if term.func is end_groups_s else term())
+        # the replicas' crossings first (where slow links split the replicas they bind most often, and
+        # they may stop short below the others' bound)
+        for term in sorted(deferred.get(stages, ()), key=lambda term: term.func is not end_groups_s):
+            # pairs already at the least found need no exact value: any bound at most theirs will do
+            floor = np.where(values >= best, np.inf, values)
+            values = np.maximum(values, term(floor=floor) if term.func is end_groups_s else term())
             if float(values.min()) >= best:  # this S cannot lower the least: its other terms are not needed
                 break
         best = min(best, float(values.min()))

@@ -43,14 +43,17 @@ class Placement(StrEnum):
     CROSSING = "crossing"
 
 
-def _least_runs(steps: np.ndarray, stages: int, replicas: int, largest: int, pure_ends: int) -> np.ndarray:
-    """(i,) the least runs ``i`` replicas add up to, by the pure end groups alone (module description)."""
-    lone = max(0, largest - replicas)  # replicas whose first (last) cell's neighbour shares its cluster
-    if pure_ends == 2 and 2 * replicas > largest:
-        if stages == 2:
-            return 2.0 * steps
-        return 2.0 * steps + np.maximum(0.0, steps - 2.0 * lone)
-    return steps + np.maximum(0.0, steps - lone) if pure_ends else steps
+def _least_runs(steps: np.ndarray, stages: int, replicas: np.ndarray, largest: int, pure_ends: int) -> np.ndarray:
+    """(D, i) the least runs ``i`` replicas add up to (``steps``: (i,) i = 1 ..) in plans of each of
+    ``replicas`` (D,) replicas, by the pure end groups alone (module description)."""
+    d = np.asarray(replicas, dtype=float)[:, None]
+    lone = np.maximum(0.0, largest - d)  # replicas whose first (last) cell's neighbour shares its cluster
+    one = steps + np.maximum(0.0, steps - lone)
+    if pure_ends < 2:
+        return one if pure_ends else np.broadcast_to(steps, (d.size, steps.size))
+    # two pure ends sit in two clusters where no cluster holds 2 D devices
+    two = 2.0 * steps if stages == 2 else 2.0 * steps + np.maximum(0.0, steps - 2.0 * lone)
+    return np.where(2.0 * d > largest, two, one)
 
 
 def end_counts(prefix: np.ndarray, stages: int, replicas: np.ndarray, largest: int, pure_ends: int,
@@ -62,12 +65,19 @@ def end_counts(prefix: np.ndarray, stages: int, replicas: np.ndarray, largest: i
     without them, kept where D exceeds ``largest`` (no group is pure there)."""
     replicas = np.asarray(replicas)
     counts = np.array(counts, dtype=float)
-    steps = np.arange(1, prefix.size + 1, dtype=float)
-    for j in np.flatnonzero(replicas <= largest).tolist():
-        d = int(replicas[j])
-        least = np.maximum(prefix[:d], _least_runs(steps[:d], stages, d, largest, pure_ends))
-        k = np.minimum(np.diff(np.concatenate(([0.0], least))), stages).astype(int)
-        counts[:, j] = np.bincount(k - 1, minlength=stages)[:stages]
+    columns = np.flatnonzero(replicas <= largest)
+    if columns.size == 0:
+        return counts
+    d = replicas[columns]
+    most = int(d.max())
+    steps = np.arange(1, most + 1, dtype=float)
+    least = np.maximum(prefix[None, :most], _least_runs(steps, stages, d, largest, pure_ends))  # (D', i)
+    k = np.minimum(np.diff(least, axis=1, prepend=0.0), stages).astype(int)
+    inside = steps[None, :] <= d[:, None]  # the first D of each plan's replicas
+    rows = np.broadcast_to(np.arange(columns.size)[:, None], k.shape)
+    profile = np.zeros((stages, columns.size))
+    np.add.at(profile, (k[inside] - 1, rows[inside]), 1.0)
+    counts[:, columns] = profile
     return counts
 
 
