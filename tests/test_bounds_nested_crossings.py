@@ -57,7 +57,7 @@ def test_worldwide_eight_by_eight_is_raised_and_stays_below_its_plans(monkeypatc
     """8 x 8 uses every device, Tokyo's and Seoul's 16 too: either a group with a device there syncs
     over 0.694 Gbit/s, or their groups cross the other regions' 1.16 Gbit/s links, or both sets of
     pure groups make every replica cross between them; the bound rises from 19.47 s (each threshold
-    alone) to above 20.8 s. A replica in each region, a stage group in each region, and the searched
+    alone; 19.65 s with the end groups' placements, ``end_groups``) to above 20.8 s. A replica in each region, a stage group in each region, and the searched
     plan simulate above it."""
     import planner.search.bounds as bounds
     from cost_models.schedule import Schedule
@@ -82,7 +82,7 @@ def test_worldwide_eight_by_eight_is_raised_and_stays_below_its_plans(monkeypatc
                     SearchOptions(seed=2, budget_s=1.0, time_limit_s=120.0, stages=8, replicas=8))
     assert result.objective_s >= bound
     monkeypatch.setattr(bounds, "nested_crossing_s", lambda *a, **k: np.zeros(np.shape(k["replicas"])))
-    assert bounds._pair_bounds_s(topology, model, training)[8][7] < 19.5
+    assert bounds._pair_bounds_s(topology, model, training)[8][7] < 19.7
 
 
 def test_stays_below_random_plans():

@@ -58,6 +58,36 @@ def test_term_by_hand():
                                   latency_s=0.0, sequence_bytes=1e6, most_sequences=1, first_sync_bytes=0.0,
                                   largest_sync_bytes=0.0, fast_rate=np.zeros(2), ring_only=True, sharded=False)
     assert np.isclose(seconds[1], 8.0 / 15.0, rtol=1e-3) and seconds[1] <= 8.0 / 15.0  # a bisection's low end
+    # where no GPipe plan fits, GPipe's bound counts for nothing: no schedule is left
+    unfit = replica_crossings_s(level, gpipe, stages=4, replicas=np.array([1, 2]), batch=8, devices=8,
+                                sequence_s=0.4, heaviest_s=0.1, deepest_s=0.1, deepest_sync_bytes=0.0,
+                                tensor_speedups=np.ones(1), boundary_s=0.0,
+                                latency_s=0.0, sequence_bytes=1e6, most_sequences=1, first_sync_bytes=0.0,
+                                largest_sync_bytes=0.0, fast_rate=np.zeros(2), ring_only=True, sharded=False,
+                                gpipe_fits=np.array([True, False]))
+    assert np.isclose(unfit[0], 0.8) and np.isinf(unfit[1])
+
+
+def test_gpipe_counts_only_where_it_fits():
+    """DTFM's on-demand case (8 hosts of 8 V100s) at 9 x 7: GPipe keeps 147 micro-batches' activations
+    and fits nowhere, so the term is 1F1B's (8.75 s), not GPipe's phases' (8.09 s) below it."""
+    import dataclasses
+
+    from planner.inputs.job import load_job
+    from planner.search import bounds
+    from planner.search.end_groups import end_groups_s
+
+    job = load_job("topologies/dtfm/case1-datacenter-ondemand.yaml")
+
+    def term(training, **kwargs):
+        deferred = {}
+        bounds._pair_bounds_s(job.topology, job.model, training, deferred=deferred)
+        crossing, = [t.args[0] for t in deferred[9] if t.func is end_groups_s]  # any end groups
+        return crossing(floor=None, **kwargs)[6]
+
+    one_f_one_b = term(dataclasses.replace(job.training, schedule="1f1b"))
+    assert np.isclose(term(job.training), one_f_one_b)
+    assert term(job.training, gpipe_fits=True) < 0.95 * one_f_one_b
 
 
 def _spot_like(hosts: int, singles: int):

@@ -14,6 +14,7 @@ from planner.plan.sync_groups import REPLICA
 from planner.plan.tensor import TENSOR_DEGREES
 from planner.prediction.stage_model import iteration_flops, layer_costs, least_gradient_bytes_per_param
 from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
+from planner.search.end_groups import end_groups_s
 from planner.search.nested_crossings import nested_crossing_s
 from planner.search.replica_crossings import replica_crossings_s
 from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s,
@@ -114,7 +115,13 @@ def lower_bound_s(topology, model, training) -> float:
     - the same clusters' runs along each replica (``planner.search.replica_crossings``): the replicas
       that fit in few clusters are few, the others cross more on every round trip; each replica's
       sequences at its own crossings' cost, and the batch split between them, the first stage's sync
-      after (a crossing group's where D cells fit in no cluster);
+      after (a crossing group's where D cells fit in no cluster); under a chained schedule a tensor
+      group saves at most its own cell's time, which it spends on each of its replica's sequences,
+      so the groups add at most ``T rho E / (S a)`` sequences in all (``planner.search.cell_gains``);
+      GPipe's forms only where GPipe fits; and the least over where the first and last stage groups
+      sit (``planner.search.end_groups``): a crossing one syncs the embeddings or the head over a slow
+      link, a pure one leaves at most ``n_max - D`` replicas inside one cluster (two pure ones in two
+      clusters: every replica crosses, all but ``2 (n_max - D)`` twice);
     minimised over the pairs whose largest stage's state fits: at least ``params / S`` parameters at
     the least state per parameter (sharded over every device where sharding is allowed), over ``t``
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning
@@ -146,8 +153,12 @@ def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
         if float(pairs[stages].min()) >= best:
             break
         values = pairs[stages]
-        for term in deferred.get(stages, ()):  # the replicas' crossings may stop short below the others' bound
-            values = np.maximum(values, term(floor=values) if term.func is replica_crossings_s else term())
+        # the replicas' crossings first (where slow links split the replicas they bind most often, and
+        # they may stop short below the others' bound)
+        for term in sorted(deferred.get(stages, ()), key=lambda term: term.func is not end_groups_s):
+            # pairs already at the least found need no exact value: any bound at most theirs will do
+            floor = np.where(values >= best, np.inf, values)
+            values = np.maximum(values, term(floor=floor) if term.func is end_groups_s else term())
             if float(values.min()) >= best:  # this S cannot lower the least: its other terms are not needed
                 break
         best = min(best, float(values.min()))
@@ -315,7 +326,8 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                       crossing_extra=level_crossing(level), **chains)
                                for level in levels]
             largest_params = max(params / stages, deepest * layer_params, first_params)
-            crossings += [partial(replica_crossings_s, level, training, stages=stages, replicas=replicas,
+            crossings += [partial(end_groups_s, partial(replica_crossings_s, level, training, stages=stages,
+                                                         replicas=replicas,
                                   batch=batch, devices=n, sequence_s=work / batch / speed[0],
                                   heaviest_s=heaviest / speed[0], deepest_s=deepest * sequence_layer_flops / speed[0],
                                   deepest_sync_bytes=deepest * layer_params * gradient_bytes,
@@ -323,7 +335,9 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                   latency_s=latency_s, sequence_bytes=boundary_bytes, most_sequences=most_sequences,
                                   first_sync_bytes=first_params * gradient_bytes,
                                   largest_sync_bytes=largest_params * gradient_bytes, fast_rate=ring,
-                                  ring_only=crossing.ring_only, sharded=crossing.sharded)
+                                  ring_only=crossing.ring_only, sharded=crossing.sharded,
+                                  gpipe_fits=True if fits is None else fits, spare_gain=rho,
+                                  last_sync_bytes=(layer_params + two_stages.last_params) * gradient_bytes))
                           for level in levels]
             if deferred is None:
                 terms += [term() for term in crossings]

@@ -57,7 +57,12 @@ crossings and the batch split between them:
   its largest group's speedup: its gain over the same replica without is at most that of ``1 + E``
   devices (at most the ``i``-th of the ``k*`` order's gain at the most replicas that may have ``k``
   runs or fewer: ``i`` of them add up to at least ``M_i``), and at most ``E`` times the most any
-  group gains per device it takes (at the fewest runs); the least of both is added.
+  group gains per device it takes (at the fewest runs); the least of both is added. Under a chained
+  schedule the groups also add at most a cell's gain each, not a replica's
+  (``planner.search.cell_gains``: ``T rho E / (w a)`` sequences in all): the larger of both times.
+- End groups. Given where the first and last stage groups sit (``ends``, ``planner.search.end_groups``):
+  a crossing one's sync over ``tau``, the first's after the chain, the last's after all but its last
+  trip; pure ones raise the least runs' sums the profile ``k*`` is built from.
 
 A plan of time T has ``B <= sum phi(k*)`` plus the groups' gain; the least such T (closed form for
 the chain, ``_water_s``'s for GPipe's phases as a low end, ``_least_time_s``'s bisection otherwise)
@@ -70,7 +75,10 @@ import numpy as np
 
 from cost_models.schedule import Schedule
 from planner.plan.tensor import TENSOR_DEGREES
+from planner.search.cell_gains import grouped_sequences_per_s, least_chained_time_s
+from planner.search.end_groups import Placement, end_counts
 from planner.search.round_trip import crossing_extra_s, schedule_windows
+from planner.search.tensor_cells import gain_per_spare_device
 
 __all__ = ["fewest_runs", "replica_crossings_s"]
 
@@ -132,7 +140,9 @@ def replica_crossings_s(level, training, *, stages: int, replicas: np.ndarray, b
                         tensor_speedups: np.ndarray, boundary_s: float,
                         latency_s: float, sequence_bytes: float, most_sequences: float, first_sync_bytes: float,
                         largest_sync_bytes: float, fast_rate: np.ndarray, ring_only: bool,
-                        sharded: bool, floor: np.ndarray | None = None) -> np.ndarray:
+                        sharded: bool, floor: np.ndarray | None = None, gpipe_fits=True,
+                        spare_gain: float | None = None, ends: tuple | None = None,
+                        last_sync_bytes: float = 0.0) -> np.ndarray:
     """(D,) the bound of the module description on plans of ``stages`` (S >= 2) stages and ``replicas``
     (D = 1 .. len) replicas at ``level`` (a ``cluster_bound.ClusterLevel``; its ``cluster_sizes``) of
     ``devices`` devices.
@@ -152,7 +162,13 @@ def replica_crossings_s(level, training, *, stages: int, replicas: np.ndarray, b
     and embeddings); ``largest_sync_bytes``: the largest stage's least; ``fast_rate``: (D,) seconds
     per sync byte of a pure group (``bounds``' ``ring``); ``ring_only``, ``sharded``: as in
     ``slow_crossings.slow_crossing_s``; ``floor``: (D,) a bound known otherwise, below which the
-    term may stop short (GPipe's bisection runs only where it may end above it)."""
+    term may stop short (GPipe's bisection runs only where it may end above it); ``gpipe_fits``: (D,)
+    False where no GPipe plan fits (``round_trip.gpipe_fits`` of the busiest replica's ``ceil(B /
+    D)`` sequences): GPipe counts nowhere else; ``spare_gain``: the most a tensor group adds per
+    device it takes (``tensor_cells.gain_per_spare_device`` of ``tensor_speedups`` where None);
+    ``ends``: (first, last) ``end_groups.Placement``s, the plans whose first and last stage groups sit
+    so only (None: any plan); ``last_sync_bytes``: the last stage's least sync bytes (its block and
+    head), counted where its group crosses."""
     D = np.asarray(replicas)
     most = int(D.max())
     runs = fewest_runs(level.cluster_sizes, stages, most)
@@ -163,6 +179,11 @@ def replica_crossings_s(level, training, *, stages: int, replicas: np.ndarray, b
     k = np.minimum(np.diff(np.concatenate(([0.0], prefix))), stages).astype(int)  # k*, fewest first; S at most
     count = np.cumsum(np.eye(stages)[k - 1], axis=0)[D - 1].T  # (S, D): replicas of each k* in a plan of D
     fewest = int(k.min())
+    largest_cluster = int(np.max(level.cluster_sizes))
+    first, last = ends if ends is not None else (None, None)
+    pure_ends = (first == Placement.PURE) + (last == Placement.PURE)
+    if pure_ends:  # the replicas cross more (``end_groups``)
+        count = end_counts(prefix, stages, D, largest_cluster, pure_ends, count)
     groups = np.minimum(np.maximum(devices - stages * D, 0), D)  # replicas that may hold a tensor group
     # the most replicas of k runs or fewer: the i fewest add up to ceil(M_i) <= i k at least
     within = (prefix[None, :] <= np.arange(1, stages + 1)[:, None] * steps[None, :])  # (S, i)
@@ -178,13 +199,22 @@ def replica_crossings_s(level, training, *, stages: int, replicas: np.ndarray, b
     share = 2.0 * (D - 1) / D if ring_only else np.ones(D.shape)
     if sharded:
         share = np.minimum(share, 2.0 / D)
-    every_crosses = D > int(np.max(level.cluster_sizes))  # no cluster holds a stage group's D cells
-    rate = np.where(every_crosses & (D > 1), np.maximum(share / level.tau_bytes_per_s, fast_rate), fast_rate)
+    every_crosses = D > largest_cluster  # no cluster holds a stage group's D cells
+    slow_rate = np.maximum(share / level.tau_bytes_per_s, fast_rate)
+    rate = np.where(every_crosses & (D > 1), slow_rate, fast_rate)
     first_sync_s, largest_sync_s = first_sync_bytes * rate, largest_sync_bytes * rate  # (D,)
+    if first == Placement.CROSSING:
+        first_sync_s = first_sync_bytes * slow_rate
+    if last == Placement.CROSSING:  # it syncs after all but the chain's last trip, as the largest stage
+        largest_sync_s = np.maximum(largest_sync_s, last_sync_bytes * slow_rate)
+    # plans of no such end groups: any bound holds
+    impossible = (every_crosses if pure_ends else np.zeros(D.shape, bool)) | (
+        (D < 2) if Placement.CROSSING in (first, last) else False)
     deepest_sync_s = deepest_sync_bytes * rate
     hops = 2.0 * (stages - 1)
     spare = np.maximum(devices - stages * D, 0)
     tensor_speedups = np.asarray(tensor_speedups, dtype=float)
+    rho = gain_per_spare_device(tensor_speedups) if spare_gain is None else spare_gain  # per device taken
     biggest = np.minimum(1 + spare, tensor_speedups.size)  # (D,) the most devices a cell holds
     # (taken, speedup) of each size of group a plan of D replicas may hold: its D-th entry 1 where none
     sizes = [(t - 1.0, np.where(biggest >= t, tensor_speedups[t - 1], 1.0)) for t in TENSOR_DEGREES
@@ -223,10 +253,13 @@ def replica_crossings_s(level, training, *, stages: int, replicas: np.ndarray, b
         (a, y), = chain(window, compute_s, plain_speedup)
         with np.errstate(divide="ignore"):
             plain_rate = 1.0 / a
-            rate = (count * plain_rate).sum(axis=0) + group_gain(
-                lambda speedup: 1.0 / chain(window, compute_s, speedup)[0][0] - plain_rate)
+            plain = (count * plain_rate).sum(axis=0)
+            rate = plain + group_gain(lambda speedup: 1.0 / chain(window, compute_s, speedup)[0][0] - plain_rate)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(rate > 0, y[0] + batch / rate, np.inf)
+            whole = np.where(rate > 0, y[0] + batch / rate, np.inf)
+        # per grouped cell, a cell's gain (``cell_gains``), none without compute in the chain
+        grouped = grouped_sequences_per_s(rho if compute_s > 0 else 0.0, spare, window, a[fewest - 1])
+        return np.maximum(whole, least_chained_time_s(batch, plain, y[0], grouped))
 
     def phases_s(one_round, above):
         """GPipe's bound where below ``above`` (D,), ``above`` elsewhere; where ``floor`` is at least
@@ -266,7 +299,9 @@ def replica_crossings_s(level, training, *, stages: int, replicas: np.ndarray, b
         bound = np.zeros(D.shape)
         if math.isfinite(window):
             bound = chain_s(window, 0.0 if schedule == Schedule.ZERO_BUBBLE else sequence_s)
-        if schedule == Schedule.GPIPE:  # it only matters below the other schedules' least
-            bound = np.maximum(bound, phases_s(not math.isfinite(window), best))
+        if schedule == Schedule.GPIPE:  # it only matters below the other schedules' least, where it fits
+            if not np.any(gpipe_fits):
+                continue
+            bound = np.where(gpipe_fits, np.maximum(bound, phases_s(not math.isfinite(window), best)), np.inf)
         best = np.minimum(best, np.maximum(bound, widest))
-    return best
+    return np.where(impossible, np.inf, best)
