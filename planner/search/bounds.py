@@ -19,6 +19,7 @@ from planner.search.replica_crossings import replica_crossings_s
 from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s,
                                       round_trip_s, schedule_windows)
 from planner.search.slow_crossings import every_group_crosses, group_counts, slow_crossing_s
+from planner.search.slow_uplinks import nic_rates_bytes_per_s, slowest_used_rate, uplink_chains_s
 from planner.search.stage_chains import clustered_stage_chains_s, stage_chains_s
 from planner.search.stage_split import stage_split_s
 from planner.search.tensor_cells import gain_per_spare_device, most_cells_flops
@@ -115,6 +116,12 @@ def lower_bound_s(topology, model, training) -> float:
       that fit in few clusters are few, the others cross more on every round trip; each replica's
       sequences at its own crossings' cost, and the batch split between them, the first stage's sync
       after (a crossing group's where D cells fit in no cluster);
+    - on topologies of at most ``_CLUSTERED_CHAINS_DEVICES`` devices, a device alone behind a shared NIC
+      slower than the fastest link that the plan's ``S D`` cells must use (``planner.search.slow_uplinks``):
+      its replica's activations (one way on an end stage, both ways otherwise) hold that NIC before its
+      stage's sync, which then crosses it, while the other replicas hold the batch's other sequences;
+      the stage chains with that stage odd, over intervals of that replica's sequences, and with the
+      clusters' cases (every group pure, or crossing groups' syncs at the slower way);
     minimised over the pairs whose largest stage's state fits: at least ``params / S`` parameters at
     the least state per parameter (sharded over every device where sharding is allowed), over ``t``
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning
@@ -213,6 +220,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     latency_s = least_latency_s(topology.network)
     first_params = layer_params + two_stages.first_params  # a first stage's block and embeddings
     most_sequences = training.micro_batch_size or math.inf
+    nic_rates = nic_rates_bytes_per_s(topology.network)  # devices alone behind a shared NIC (slow_uplinks)
     pairs = {}
     for stages in range(fewest_stages, min(model.layers, n) + 1):
         replicas = np.arange(1, min(n // stages, batch) + 1)
@@ -314,6 +322,19 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                       ring_bytes_per_s=np.where(replicas > 1, best_out[replicas - 1], np.inf),
                                       crossing_extra=level_crossing(level), **chains)
                                for level in levels]
+                # a NIC no slower than the fastest link rarely binds: left out (time)
+                uplink = slowest_used_rate(nic_rates, stages * replicas)
+                if (uplink < best_out[0]).any():
+                    crossings.append(partial(
+                        uplink_chains_s, levels, stages=stages, replicas=replicas, batch=batch,
+                        rate=np.where(uplink < best_out[0], uplink, np.inf), sequence_bytes=boundary_bytes,
+                        share=share, ring_bytes_per_s=np.where(replicas > 1, best_out[replicas - 1], np.inf),
+                        ring_only=crossing.ring_only, every_device_a_cell=stages * replicas == n,
+                        block_sync_bytes=layer_params * gradient_bytes,
+                        first_sync_bytes=two_stages.first_params * gradient_bytes,
+                        last_sync_bytes=two_stages.last_params * gradient_bytes,
+                        crossing_extras=[level_crossing(level) for level in levels],
+                        **{k: v for k, v in chains.items() if k not in ("stages", "busiest")}))
             largest_params = max(params / stages, deepest * layer_params, first_params)
             crossings += [partial(replica_crossings_s, level, training, stages=stages, replicas=replicas,
                                   batch=batch, devices=n, sequence_s=work / batch / speed[0],

@@ -55,7 +55,8 @@ _PASSES = 6  # passes: the bracket's width ends at 16 ** -6 ~ 6e-8 of the even s
 def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, interleaved: bool,
                    per_round: float, micro_batch: float, layer_s: float, head_s: float, boundary_s: float,
                    latency_s: float, layer_sync_s: np.ndarray, first_sync_s: np.ndarray, last_sync_s: np.ndarray,
-                   gpipe_fits=True, crossings: tuple = (0, 0.0, 0.0), odd_sync: tuple | None = None) -> np.ndarray:
+                   gpipe_fits=True, crossings: tuple = (0, 0.0, 0.0), odd_sync: tuple | None = None,
+                   odd_wait: tuple | None = None, second_sync: tuple | None = None) -> np.ndarray:
     """(D,) seconds at least of any plan of ``stages`` (S >= 2) stages over ``layers`` blocks whose
     busiest replica runs ``busiest`` sequences (module description): ``layer_s``/``head_s`` one
     sequence's forward and backward of a block / the head on the fastest cell, ``boundary_s`` one
@@ -70,23 +71,42 @@ def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, 
     (``round_trip.crossing_extra_s``); at most ``k`` of them lie upstream of stage ``k``, so its
     chain's trips (and GPipe's gap) cross ``q - k`` of them at least. ``odd_sync``: ``(block,
     first, last)`` syncs (D,) of one stage, any, in place of the others' (a stage whose ring
-    crosses a slow link): the least over which stage it is."""
+    crosses a slow link): the least over which stage it is. ``odd_wait``: ``(end, middle)`` seconds
+    (broadcast with ``busiest``) before which the odd stage's sync cannot start, where it is the first
+    or last stage / another one (``planner.search.slow_uplinks``: the messages a slow NIC carries
+    first). ``second_sync``: ``(block, first, last)`` syncs of a second stage, another than the odd
+    one (both the least over which stages they are)."""
     busiest = np.asarray(busiest, dtype=float)
     normal = (layer_sync_s, first_sync_s, last_sync_s)
-    # one row per stage that may be the odd one (a single row without one), one column per D
-    variants = stages if odd_sync is not None else 1
-    shape = (variants,) + busiest.shape
-    which = np.arange(variants).reshape((variants,) + (1,) * busiest.ndim)
-    syncs = [[np.broadcast_to(np.where(which == k, odd, usual) if odd_sync is not None else usual, shape)
-              for odd, usual in zip(odd_sync or normal, normal)] for k in range(stages)]
+    # one row per stage (or ordered pair of stages) that may be the odd one(s), a single row without
+    # one, then busiest's axes
+    if odd_sync is None:
+        firsts = seconds = np.array([-1])
+    elif second_sync is None:
+        firsts, seconds = np.arange(stages), np.full(stages, -1)
+    else:
+        firsts, seconds = (a.ravel() for a in np.meshgrid(np.arange(stages), np.arange(stages), indexing="ij"))
+        firsts, seconds = firsts[firsts != seconds], seconds[firsts != seconds]
+    shape = (firsts.size,) + busiest.shape
+    which = firsts.reshape((firsts.size,) + (1,) * busiest.ndim)
+    other = seconds.reshape(which.shape)
+    syncs = [[np.broadcast_to(np.where(which == k, odd, np.where(other == k, second, usual)), shape)
+              for odd, second, usual in zip(odd_sync or normal, second_sync or normal, normal)]
+             for k in range(stages)]
+    waits = None
+    if odd_wait is not None:
+        end, middle = odd_wait
+        waits = [np.broadcast_to(np.where(which == k, end if k in (0, stages - 1) else middle, 0.0), shape)
+                 for k in range(stages)]
     return _least_schedule_s(stages, layers, np.broadcast_to(busiest, shape), schedules, interleaved, per_round,
                              micro_batch, layer_s, head_s, boundary_s, latency_s, syncs, gpipe_fits,
-                             crossings).min(axis=0)
+                             crossings, waits).min(axis=0)
 
 
 def _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round, micro_batch, layer_s, head_s,
-                      boundary_s, latency_s, syncs, gpipe_fits, crossings) -> np.ndarray:
-    """``stage_chains_s`` with stage ``k``'s syncs ``syncs[k]`` (block, first, last), (D,) each."""
+                      boundary_s, latency_s, syncs, gpipe_fits, crossings, waits=None) -> np.ndarray:
+    """``stage_chains_s`` with stage ``k``'s syncs ``syncs[k]`` (block, first, last), (D,) each, and
+    (``waits``) its sync starting after ``waits[k]`` seconds at least."""
     shape = busiest.shape
     fixed = math.isfinite(micro_batch)
     fewest = micro_batch if fixed else 1.0  # the fewest sequences in a micro-batch
@@ -112,6 +132,8 @@ def _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round
             base = k * arrival + (first_sync if k == 0 else 0.0) + (last_sync if last else 0.0)
             head = head_s if last else 0.0
             terms = [(base + busiest * head, busiest * layer_s + block_sync)]  # the work
+            if waits is not None:  # the sync after what must pass first
+                terms.append((waits[k] + (first_sync if k == 0 else 0.0) + (last_sync if last else 0.0), block_sync))
             hops = stages - 1 - k
             across = max(0, crossed - k)  # crossings downstream of stage k, at least
             if kind in (Schedule.ONE_F_ONE_B, Schedule.ZERO_BUBBLE) and hops > 0:
