@@ -165,3 +165,19 @@ def test_dtfm_mini_four_by_two_stays_below_its_placements():
                         schedule=Schedule.ONE_F_ONE_B)
             prediction, _ = predict(plan, topology, model, training)
             assert prediction.iteration_s >= bound, (assignment, layer_bounds, prediction.iteration_s, bound)
+
+
+def test_crossing_group_case_still_counts_each_replica_spanning_clusters():
+    """dtfm-case5-mini, 4 x 2 (two V100s a region): where a stage group spans two regions, each
+    replica's four cells still sit in two regions at least (``crossing_extra(fewest=0)``), so its
+    trips cross between them: the pair's bound 14.81 -> 15.53 s; the search pinned there stays above."""
+    from planner.inputs.job import load_job
+    from planner.search import bounds
+    from planner.search.front import SearchOptions, search
+
+    job = load_job("topologies/emulated/dtfm-case5-mini.yaml")
+    bound = bounds._pair_bounds_s(job.topology, job.model, job.training)[4][1]
+    assert bound > 15.5
+    result = search(job.topology, job.model, job.training,
+                    SearchOptions(seed=1, budget_s=1.0, time_limit_s=60.0, stages=4, replicas=2))
+    assert result.objective_s >= bound

@@ -151,13 +151,15 @@ def _uplink_chains_s(levels, stages, replicas, batch, rate, sequence_bytes, shar
         crossing = np.where(replicas >= 2, 0.0, np.inf)  # one replica: no group spans; no ring: this case counts 0
         if ring_only and (replicas >= 2).any():
             slower = syncs(np.minimum(level.slower_way_bytes_per_s, ring_bytes_per_s))
-            two = stage_chains_s(**base, odd_sync=odd, second_sync=slower).min(axis=0)
+            spread = crossing_extra(fewest=0)  # every replica still spans ceil(S / c) clusters
+            two = stage_chains_s(**base, odd_sync=odd, second_sync=slower, crossings=spread).min(axis=0)
             single = np.array([_one_group_may_cross(level.cluster_sizes, int(d)) for d in replicas])
             alone = ~every_device_a_cell | single  # u's group may be the only one crossing
             if alone.any():
                 slower_odd = syncs(np.minimum.reduce([rate, ring_bytes_per_s,
                                                       np.full(replicas.shape, level.slower_way_bytes_per_s)]))
-                two = np.where(alone, np.minimum(two, stage_chains_s(**base, odd_sync=slower_odd).min(axis=0)), two)
+                one = stage_chains_s(**base, odd_sync=slower_odd, crossings=spread).min(axis=0)
+                two = np.where(alone, np.minimum(two, one), two)
             crossing = np.where(replicas >= 2, two, np.inf)
         pure = np.full(replicas.shape, np.inf)
         capacity = np.sort(level.cluster_sizes)[::-1][None, :] // replicas[:, None]  # groups each cluster holds

@@ -218,7 +218,8 @@ def clustered_stage_chains_s(level, *, replicas: np.ndarray, ring_only: bool, sh
     between them over a link of at most ``slower_way`` (``tau``, or between exactly two clusters the
     slower direction's fastest; and no faster than ``ring_bytes_per_s``, (D,), the others' ring): that
     stage's syncs run ``share`` (``2 (D - 1) / D``) of its bytes (``*_sync_bytes``) at that rate
-    (``odd_sync``, the least over which stage; without ``ring_only`` this case counts 0); or every group sits
+    (``odd_sync``, the least over which stage; without ``ring_only`` this case counts 0), while each
+    replica's cells still visit ``ceil(S / c)`` clusters (``crossing_extra(fewest=0)``); or every group sits
     in one cluster, which holds ``floor(c / D)`` of them at most, so the ``S`` groups fill at least
     ``n`` clusters and each replica's path visits them all: ``n - 1`` of its boundaries cross at
     least (``crossings``, priced by ``crossing_extra(fewest=n - 1)``, ``round_trip.crossing_extra_s``).
@@ -233,7 +234,8 @@ def clustered_stage_chains_s(level, *, replicas: np.ndarray, ring_only: bool, sh
     if ring_only:
         rate = share / np.minimum(level.slower_way_bytes_per_s, ring_bytes_per_s)  # s per byte
         odd = (block_sync_bytes * rate, first_sync_bytes * rate, last_sync_bytes * rate)
-        crossing = np.where(replicas >= 2, stage_chains_s(**chains, odd_sync=odd), np.inf)
+        crossing = np.where(replicas >= 2, stage_chains_s(**chains, odd_sync=odd, crossings=crossing_extra(fewest=0)),
+                            np.inf)
     pure = np.full(replicas.shape, np.inf)
     capacity = np.sort(level.cluster_sizes)[::-1][None, :] // replicas[:, None]  # groups each cluster holds
     filled = np.cumsum(capacity, axis=1)
