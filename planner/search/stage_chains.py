@@ -208,6 +208,20 @@ def _fits(stages, layers, stage_terms, limit) -> np.ndarray:
     return ok
 
 
+def _pure_groups_fill_both(cluster_sizes: np.ndarray, stages: int, replicas: int, groups: str) -> bool:
+    """Between two clusters of ``cluster_sizes`` devices, whether a plan of ``stages`` stage groups
+    of ``replicas`` cells, ``x`` of them spanning both clusters (a cell of each in each at least),
+    has pure groups in both, for ``x = 1`` (``groups`` "one") or every ``x >= 2`` a plan may have
+    ("many"): the ``S - x`` pure groups outnumber the ``floor((c_j - x) / D)`` one cluster holds."""
+    counts = [1] if groups == "one" else range(2, stages + 1)
+    for x in counts:
+        if x > int(cluster_sizes.min()):
+            continue  # no plan has that many crossing groups
+        if stages - x <= int(((cluster_sizes - x) // replicas).max()):
+            return False
+    return True
+
+
 def clustered_stage_chains_s(level, *, replicas: np.ndarray, ring_only: bool, share: np.ndarray,
                              block_sync_bytes: float, first_sync_bytes: float, last_sync_bytes: float,
                              crossing_extra, ring_bytes_per_s: np.ndarray, **chains) -> np.ndarray:
@@ -219,7 +233,10 @@ def clustered_stage_chains_s(level, *, replicas: np.ndarray, ring_only: bool, sh
     slower direction's fastest; and no faster than ``ring_bytes_per_s``, (D,), the others' ring): that
     stage's syncs run ``share`` (``2 (D - 1) / D``) of its bytes (``*_sync_bytes``) at that rate
     (``odd_sync``, the least over which stage; without ``ring_only`` this case counts 0), while each
-    replica's cells still visit ``ceil(S / c)`` clusters (``crossing_extra(fewest=0)``); or every group sits
+    replica's cells still visit ``ceil(S / c)`` clusters (``crossing_extra(fewest=0)``); between exactly
+    two clusters, every spanning group holds cells of both, so either one group spans, or two or more
+    (a second stage syncing as slowly), and where the other, pure groups cannot all fit in one cluster
+    they fill both and each replica crosses between them (``_pure_groups_fill_both``); or every group sits
     in one cluster, which holds ``floor(c / D)`` of them at most, so the ``S`` groups fill at least
     ``n`` clusters and each replica's path visits them all: ``n - 1`` of its boundaries cross at
     least (``crossings``, priced by ``crossing_extra(fewest=n - 1)``, ``round_trip.crossing_extra_s``).
@@ -234,8 +251,20 @@ def clustered_stage_chains_s(level, *, replicas: np.ndarray, ring_only: bool, sh
     if ring_only:
         rate = share / np.minimum(level.slower_way_bytes_per_s, ring_bytes_per_s)  # s per byte
         odd = (block_sync_bytes * rate, first_sync_bytes * rate, last_sync_bytes * rate)
-        crossing = np.where(replicas >= 2, stage_chains_s(**chains, odd_sync=odd, crossings=crossing_extra(fewest=0)),
-                            np.inf)
+        spread = crossing_extra(fewest=0)
+        crossing = stage_chains_s(**chains, odd_sync=odd, crossings=spread)
+        if level.cluster_sizes.size == 2:  # two clusters: every crossing group holds cells of both
+            crossed = crossing_extra(fewest=1)
+            one, many = (np.array([_pure_groups_fill_both(level.cluster_sizes, stages, int(d), groups)
+                                   for d in replicas]) for groups in ("one", "many"))
+            alone = stage_chains_s(**chains, odd_sync=odd, crossings=spread)
+            alone = np.where(one, stage_chains_s(**chains, odd_sync=odd, crossings=crossed), alone)
+            several = stage_chains_s(**chains, odd_sync=odd, second_sync=odd, crossings=spread)
+            if many.any():
+                several = np.where(many, stage_chains_s(**chains, odd_sync=odd, second_sync=odd, crossings=crossed),
+                                   several)
+            crossing = np.maximum(crossing, np.minimum(alone, several))
+        crossing = np.where(replicas >= 2, crossing, np.inf)
     pure = np.full(replicas.shape, np.inf)
     capacity = np.sort(level.cluster_sizes)[::-1][None, :] // replicas[:, None]  # groups each cluster holds
     filled = np.cumsum(capacity, axis=1)
