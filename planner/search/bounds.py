@@ -315,14 +315,8 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                     bytes_ * gradient_bytes * slowest
                     for bytes_ in (layer_params, two_stages.first_params, two_stages.last_params))))
             if n <= _CLUSTERED_CHAINS_DEVICES:
-                crossings += [partial(clustered_stage_chains_s, level, replicas=replicas, ring_only=crossing.ring_only,
-                                      share=share, block_sync_bytes=layer_params * gradient_bytes,
-                                      first_sync_bytes=two_stages.first_params * gradient_bytes,
-                                      last_sync_bytes=two_stages.last_params * gradient_bytes,
-                                      ring_bytes_per_s=np.where(replicas > 1, best_out[replicas - 1], np.inf),
-                                      crossing_extra=level_crossing(level), **chains)
-                               for level in levels]
-                # a NIC no slower than the fastest link rarely binds: left out (time)
+                # a NIC no slower than the fastest link rarely binds: left out (time); before the
+                # clustered chains, which it often makes unneeded (lower_bound_s stops at the least)
                 uplink = slowest_used_rate(nic_rates, stages * replicas)
                 if (uplink < best_out[0]).any():
                     crossings.append(partial(
@@ -335,6 +329,13 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                         last_sync_bytes=two_stages.last_params * gradient_bytes,
                         crossing_extras=[level_crossing(level) for level in levels],
                         **{k: v for k, v in chains.items() if k not in ("stages", "busiest")}))
+                crossings += [partial(clustered_stage_chains_s, level, replicas=replicas, ring_only=crossing.ring_only,
+                                      share=share, block_sync_bytes=layer_params * gradient_bytes,
+                                      first_sync_bytes=two_stages.first_params * gradient_bytes,
+                                      last_sync_bytes=two_stages.last_params * gradient_bytes,
+                                      ring_bytes_per_s=np.where(replicas > 1, best_out[replicas - 1], np.inf),
+                                      crossing_extra=level_crossing(level), **chains)
+                               for level in levels]
             largest_params = max(params / stages, deepest * layer_params, first_params)
             crossings += [partial(replica_crossings_s, level, training, stages=stages, replicas=replicas,
                                   batch=batch, devices=n, sequence_s=work / batch / speed[0],

@@ -44,7 +44,7 @@ from planner.search.stage_chains import stage_chains_s
 
 __all__ = ["nic_rates_bytes_per_s", "slowest_used_rate", "uplink_chains_s"]
 
-_INTERVALS = 16  # intervals of the slow device's replica's sequences (each a valid bound; more: tighter, slower)
+_INTERVALS = 10  # intervals of the slow device's replica's sequences (each a valid bound; more: tighter, slower)
 
 
 def nic_rates_bytes_per_s(network) -> np.ndarray:

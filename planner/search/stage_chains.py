@@ -253,17 +253,22 @@ def clustered_stage_chains_s(level, *, replicas: np.ndarray, ring_only: bool, sh
         odd = (block_sync_bytes * rate, first_sync_bytes * rate, last_sync_bytes * rate)
         spread = crossing_extra(fewest=0)
         crossing = stage_chains_s(**chains, odd_sync=odd, crossings=spread)
-        if level.cluster_sizes.size == 2:  # two clusters: every crossing group holds cells of both
+        one = np.array([level.cluster_sizes.size == 2 and _pure_groups_fill_both(level.cluster_sizes, stages, int(d),
+                                                                                  "one") for d in replicas])
+        if one.any():  # two clusters: every crossing group holds cells of both; elsewhere one group may do
+            keep = np.flatnonzero(one)
+            at = {k: v[keep] if isinstance(v, np.ndarray) and v.shape == replicas.shape else v
+                  for k, v in chains.items()}
+            odd_at = tuple(y[keep] for y in odd)
             crossed = crossing_extra(fewest=1)
-            one, many = (np.array([_pure_groups_fill_both(level.cluster_sizes, stages, int(d), groups)
-                                   for d in replicas]) for groups in ("one", "many"))
-            alone = stage_chains_s(**chains, odd_sync=odd, crossings=spread)
-            alone = np.where(one, stage_chains_s(**chains, odd_sync=odd, crossings=crossed), alone)
-            several = stage_chains_s(**chains, odd_sync=odd, second_sync=odd, crossings=spread)
+            many = np.array([_pure_groups_fill_both(level.cluster_sizes, stages, int(d), "many")
+                             for d in replicas[keep]])
+            alone = stage_chains_s(**at, odd_sync=odd_at, crossings=crossed)
+            several = stage_chains_s(**at, odd_sync=odd_at, second_sync=odd_at, crossings=spread)
             if many.any():
-                several = np.where(many, stage_chains_s(**chains, odd_sync=odd, second_sync=odd, crossings=crossed),
+                several = np.where(many, stage_chains_s(**at, odd_sync=odd_at, second_sync=odd_at, crossings=crossed),
                                    several)
-            crossing = np.maximum(crossing, np.minimum(alone, several))
+            crossing[keep] = np.maximum(crossing[keep], np.minimum(alone, several))
         crossing = np.where(replicas >= 2, crossing, np.inf)
     pure = np.full(replicas.shape, np.inf)
     capacity = np.sort(level.cluster_sizes)[::-1][None, :] // replicas[:, None]  # groups each cluster holds
