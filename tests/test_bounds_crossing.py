@@ -59,14 +59,17 @@ def test_both_ways_values_bound_the_dense_matrices():
 def test_home_mini_four_stages_in_one_replica_cross_the_slow_lines():
     """home-mini: four stages do not fit in one city's three homes, so the one replica's 128
     sequences cross between the cities both ways: at least ``128 * 8 MiB / 15 MB/s`` = 71.58 s (the
-    search's 4 x 1 plan simulates 76.75 s)."""
+    search's 4 x 1 plan simulates 76.75 s). Six stages use every home, the one on a 100 Mbit/s
+    uplink too, which sends each sequence's message one way at least: ``128 * 8 MiB / 12.5 MB/s`` =
+    85.90 s (``planner.search.slow_uplinks``; the search's 6 x 1 plan simulates 95.0 s)."""
     from planner.search.bounds import _pair_bounds_s
 
     job = _job("emulated/home-mini")
     pairs = _pair_bounds_s(job.topology, job.model, job.training)
     expected = 128 * 2048 * 2048 * 2 / (120e6 / 8)
-    for stages in (4, 5, 6):
+    for stages in (4, 5):
         assert pairs[stages][0] == pytest.approx(expected, rel=1e-9)
+    assert pairs[6][0] == pytest.approx(128 * 2048 * 2048 * 2 / (100e6 / 8), rel=1e-6)  # stage_chains: from below
 
 
 def test_stage_split_is_the_work_plus_an_average_stage_sync(monkeypatch):
@@ -78,6 +81,7 @@ def test_stage_split_is_the_work_plus_an_average_stage_sync(monkeypatch):
 
     monkeypatch.setattr(bounds, "stage_chains_s", lambda **k: np.zeros(np.shape(k["busiest"])))
     monkeypatch.setattr(bounds, "clustered_stage_chains_s", lambda *a, **k: np.zeros(np.shape(k["busiest"])))
+    monkeypatch.setattr(bounds, "uplink_chains_s", lambda *a, **k: np.zeros(np.shape(k["replicas"])))
     from planner.prediction.stage_model import layer_costs
     from planner.search.bounds import _least_block_slowdown, _pair_bounds_s
 
@@ -127,7 +131,7 @@ def test_home_mini_searched_plans_stay_above_their_pair_bounds(stages, replicas)
     assert bound <= result.objective_s
 
 
-def test_home_consumer_four_by_three_splits_stages_over_the_slower_line():
+def test_home_consumer_four_by_three_splits_stages_over_the_slower_line(monkeypatch):
     """home-consumer-gpus, 4 x 3 on all twelve homes: where some but not all stages and replicas
     cross, one city's six homes hold every cell but six, which sit in crossing stages and replicas
     (two crossing replicas at most), so three stages of four cross. Each stage of a share ``f`` of the
@@ -135,7 +139,11 @@ def test_home_consumer_four_by_three_splits_stages_over_the_slower_line():
     ways, so over the 120 Mbit/s Paris -> Berlin line), ``K + Y / 62.5 MB/s`` inside, with ``K`` the
     busiest replica's 86 sequences through every block on one RTX 4090 and ``Y`` every block's bf16
     gradients times ``2 (D - 1) / D``: ``1 / (3 / A + 1 / X_in)`` = 40.81 s, which binds (32.13 s with
-    the crossing ring priced at the faster direction's 200 Mbit/s)."""
+    the crossing ring priced at the faster direction's 200 Mbit/s), the slow uplink's term left out
+    (``planner.search.slow_uplinks``: 47.95 s with it)."""
+    import planner.search.bounds as bounds
+
+    monkeypatch.setattr(bounds, "uplink_chains_s", lambda *a, **k: np.zeros(np.shape(k["replicas"])))
     from planner.prediction.stage_model import layer_costs
     from planner.search.bounds import _least_block_slowdown, _pair_bounds_s
 

@@ -165,3 +165,52 @@ def test_dtfm_mini_four_by_two_stays_below_its_placements():
                         schedule=Schedule.ONE_F_ONE_B)
             prediction, _ = predict(plan, topology, model, training)
             assert prediction.iteration_s >= bound, (assignment, layer_bounds, prediction.iteration_s, bound)
+
+
+def test_crossing_group_case_still_counts_each_replica_spanning_clusters():
+    """dtfm-case5-mini, 4 x 2 (two V100s a region): where a stage group spans two regions, each
+    replica's four cells still sit in two regions at least (``crossing_extra(fewest=0)``), so its
+    trips cross between them: the pair's bound 14.81 -> 15.53 s; the search pinned there stays above."""
+    from planner.inputs.job import load_job
+    from planner.search import bounds
+    from planner.search.front import SearchOptions, search
+
+    job = load_job("topologies/emulated/dtfm-case5-mini.yaml")
+    bound = bounds._pair_bounds_s(job.topology, job.model, job.training)[4][1]
+    assert bound > 15.5
+    result = search(job.topology, job.model, job.training,
+                    SearchOptions(seed=1, budget_s=1.0, time_limit_s=60.0, stages=4, replicas=2))
+    assert result.objective_s >= bound
+
+
+def test_pure_groups_fill_both_of_two_clusters():
+    """Two cities of six homes: 5 groups of 2 with one spanning both leave 5 homes a city, room for
+    2 pure groups each, so the 4 pure groups fill both; with 4 spanning (2 a city left) one pure
+    group fits in one city, so "many" does not hold; 3 groups of 2 with one spanning: 2 pure groups
+    fit in one city of 5 homes."""
+    from planner.search.stage_chains import _pure_groups_fill_both
+
+    sizes = np.array([6, 6])
+    assert _pure_groups_fill_both(sizes, 5, 2, "one")
+    assert not _pure_groups_fill_both(sizes, 5, 2, "many")
+    assert not _pure_groups_fill_both(sizes, 3, 2, "one")
+    # three homes a city, 4 groups of 2: 2 spanning leave 1 home a city (2 pure groups, one in each),
+    # 3 spanning leave none (1 pure group, nowhere to go), 4 cannot span
+    assert _pure_groups_fill_both(np.array([3, 3]), 4, 2, "many")
+    assert not _pure_groups_fill_both(np.array([3, 3]), 3, 2, "many")  # all 3 may span: no pure group
+
+
+def test_home_consumer_five_by_two_crossing_group_forces_replicas_across():
+    """home-consumer-gpus, 5 x 2 on ten of twelve homes: a group spanning Berlin and Paris leaves
+    pure groups in both cities, so each replica crosses between them too: 44.54 -> above 46.5 s; the
+    search pinned there stays above."""
+    from planner.inputs.job import load_job
+    from planner.search import bounds
+    from planner.search.front import SearchOptions, search
+
+    job = load_job("topologies/hetero/home-consumer-gpus.yaml")
+    bound = bounds._pair_bounds_s(job.topology, job.model, job.training)[5][1]
+    assert bound > 46.5
+    result = search(job.topology, job.model, job.training,
+                    SearchOptions(seed=3, budget_s=1.0, time_limit_s=60.0, stages=5, replicas=2))
+    assert result.objective_s >= bound

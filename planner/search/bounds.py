@@ -20,6 +20,7 @@ from planner.search.replica_crossings import replica_crossings_s
 from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s,
                                       round_trip_s, schedule_windows)
 from planner.search.slow_crossings import every_group_crosses, group_counts, slow_crossing_s
+from planner.search.slow_uplinks import nic_rates_bytes_per_s, slowest_used_rate, uplink_chains_s
 from planner.search.stage_chains import clustered_stage_chains_s, stage_chains_s
 from planner.search.stage_split import stage_split_s
 from planner.search.tensor_cells import gain_per_spare_device, most_cells_flops
@@ -122,6 +123,12 @@ def lower_bound_s(topology, model, training) -> float:
       sit (``planner.search.end_groups``): a crossing one syncs the embeddings or the head over a slow
       link, a pure one leaves at most ``n_max - D`` replicas inside one cluster (two pure ones in two
       clusters: every replica crosses, all but ``2 (n_max - D)`` twice);
+    - on topologies of at most ``_CLUSTERED_CHAINS_DEVICES`` devices, a device alone behind a shared NIC
+      slower than the fastest link that the plan's ``S D`` cells must use (``planner.search.slow_uplinks``):
+      its replica's activations (one way on an end stage, both ways otherwise) hold that NIC before its
+      stage's sync, which then crosses it, while the other replicas hold the batch's other sequences;
+      the stage chains with that stage odd, over intervals of that replica's sequences, and with the
+      clusters' cases (every group pure, or crossing groups' syncs at the slower way);
     minimised over the pairs whose largest stage's state fits: at least ``params / S`` parameters at
     the least state per parameter (sharded over every device where sharding is allowed), over ``t``
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning
@@ -224,6 +231,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     latency_s = least_latency_s(topology.network)
     first_params = layer_params + two_stages.first_params  # a first stage's block and embeddings
     most_sequences = training.micro_batch_size or math.inf
+    nic_rates = nic_rates_bytes_per_s(topology.network)  # devices alone behind a shared NIC (slow_uplinks)
     pairs = {}
     for stages in range(fewest_stages, min(model.layers, n) + 1):
         replicas = np.arange(1, min(n // stages, batch) + 1)
@@ -318,6 +326,20 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                     bytes_ * gradient_bytes * slowest
                     for bytes_ in (layer_params, two_stages.first_params, two_stages.last_params))))
             if n <= _CLUSTERED_CHAINS_DEVICES:
+                # a NIC no slower than the fastest link rarely binds: left out (time); before the
+                # clustered chains, which it often makes unneeded (lower_bound_s stops at the least)
+                uplink = slowest_used_rate(nic_rates, stages * replicas)
+                if (uplink < best_out[0]).any():
+                    crossings.append(partial(
+                        uplink_chains_s, levels, stages=stages, replicas=replicas, batch=batch,
+                        rate=np.where(uplink < best_out[0], uplink, np.inf), sequence_bytes=boundary_bytes,
+                        share=share, ring_bytes_per_s=np.where(replicas > 1, best_out[replicas - 1], np.inf),
+                        ring_only=crossing.ring_only, every_device_a_cell=stages * replicas == n,
+                        block_sync_bytes=layer_params * gradient_bytes,
+                        first_sync_bytes=two_stages.first_params * gradient_bytes,
+                        last_sync_bytes=two_stages.last_params * gradient_bytes,
+                        crossing_extras=[level_crossing(level) for level in levels],
+                        **{k: v for k, v in chains.items() if k not in ("stages", "busiest")}))
                 crossings += [partial(clustered_stage_chains_s, level, replicas=replicas, ring_only=crossing.ring_only,
                                       share=share, block_sync_bytes=layer_params * gradient_bytes,
                                       first_sync_bytes=two_stages.first_params * gradient_bytes,

@@ -55,7 +55,8 @@ _PASSES = 6  # passes: the bracket's width ends at 16 ** -6 ~ 6e-8 of the even s
 def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, interleaved: bool,
                    per_round: float, micro_batch: float, layer_s: float, head_s: float, boundary_s: float,
                    latency_s: float, layer_sync_s: np.ndarray, first_sync_s: np.ndarray, last_sync_s: np.ndarray,
-                   gpipe_fits=True, crossings: tuple = (0, 0.0, 0.0), odd_sync: tuple | None = None) -> np.ndarray:
+                   gpipe_fits=True, crossings: tuple = (0, 0.0, 0.0), odd_sync: tuple | None = None,
+                   odd_wait: tuple | None = None, second_sync: tuple | None = None) -> np.ndarray:
     """(D,) seconds at least of any plan of ``stages`` (S >= 2) stages over ``layers`` blocks whose
     busiest replica runs ``busiest`` sequences (module description): ``layer_s``/``head_s`` one
     sequence's forward and backward of a block / the head on the fastest cell, ``boundary_s`` one
@@ -70,23 +71,42 @@ def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, 
     (``round_trip.crossing_extra_s``); at most ``k`` of them lie upstream of stage ``k``, so its
     chain's trips (and GPipe's gap) cross ``q - k`` of them at least. ``odd_sync``: ``(block,
     first, last)`` syncs (D,) of one stage, any, in place of the others' (a stage whose ring
-    crosses a slow link): the least over which stage it is."""
+    crosses a slow link): the least over which stage it is. ``odd_wait``: ``(end, middle)`` seconds
+    (broadcast with ``busiest``) before which the odd stage's sync cannot start, where it is the first
+    or last stage / another one (``planner.search.slow_uplinks``: the messages a slow NIC carries
+    first). ``second_sync``: ``(block, first, last)`` syncs of a second stage, another than the odd
+    one (both the least over which stages they are)."""
     busiest = np.asarray(busiest, dtype=float)
     normal = (layer_sync_s, first_sync_s, last_sync_s)
-    # one row per stage that may be the odd one (a single row without one), one column per D
-    variants = stages if odd_sync is not None else 1
-    shape = (variants,) + busiest.shape
-    which = np.arange(variants).reshape((variants,) + (1,) * busiest.ndim)
-    syncs = [[np.broadcast_to(np.where(which == k, odd, usual) if odd_sync is not None else usual, shape)
-              for odd, usual in zip(odd_sync or normal, normal)] for k in range(stages)]
+    # one row per stage (or ordered pair of stages) that may be the odd one(s), a single row without
+    # one, then busiest's axes
+    if odd_sync is None:
+        firsts = seconds = np.array([-1])
+    elif second_sync is None:
+        firsts, seconds = np.arange(stages), np.full(stages, -1)
+    else:
+        firsts, seconds = (a.ravel() for a in np.meshgrid(np.arange(stages), np.arange(stages), indexing="ij"))
+        firsts, seconds = firsts[firsts != seconds], seconds[firsts != seconds]
+    shape = (firsts.size,) + busiest.shape
+    which = firsts.reshape((firsts.size,) + (1,) * busiest.ndim)
+    other = seconds.reshape(which.shape)
+    syncs = [[np.broadcast_to(np.where(which == k, odd, np.where(other == k, second, usual)), shape)
+              for odd, second, usual in zip(odd_sync or normal, second_sync or normal, normal)]
+             for k in range(stages)]
+    waits = None
+    if odd_wait is not None:
+        end, middle = odd_wait
+        waits = [np.broadcast_to(np.where(which == k, end if k in (0, stages - 1) else middle, 0.0), shape)
+                 for k in range(stages)]
     return _least_schedule_s(stages, layers, np.broadcast_to(busiest, shape), schedules, interleaved, per_round,
                              micro_batch, layer_s, head_s, boundary_s, latency_s, syncs, gpipe_fits,
-                             crossings).min(axis=0)
+                             crossings, waits).min(axis=0)
 
 
 def _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round, micro_batch, layer_s, head_s,
-                      boundary_s, latency_s, syncs, gpipe_fits, crossings) -> np.ndarray:
-    """``stage_chains_s`` with stage ``k``'s syncs ``syncs[k]`` (block, first, last), (D,) each."""
+                      boundary_s, latency_s, syncs, gpipe_fits, crossings, waits=None) -> np.ndarray:
+    """``stage_chains_s`` with stage ``k``'s syncs ``syncs[k]`` (block, first, last), (D,) each, and
+    (``waits``) its sync starting after ``waits[k]`` seconds at least."""
     shape = busiest.shape
     fixed = math.isfinite(micro_batch)
     fewest = micro_batch if fixed else 1.0  # the fewest sequences in a micro-batch
@@ -112,6 +132,8 @@ def _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round
             base = k * arrival + (first_sync if k == 0 else 0.0) + (last_sync if last else 0.0)
             head = head_s if last else 0.0
             terms = [(base + busiest * head, busiest * layer_s + block_sync)]  # the work
+            if waits is not None:  # the sync after what must pass first
+                terms.append((waits[k] + (first_sync if k == 0 else 0.0) + (last_sync if last else 0.0), block_sync))
             hops = stages - 1 - k
             across = max(0, crossed - k)  # crossings downstream of stage k, at least
             if kind in (Schedule.ONE_F_ONE_B, Schedule.ZERO_BUBBLE) and hops > 0:
@@ -186,6 +208,20 @@ def _fits(stages, layers, stage_terms, limit) -> np.ndarray:
     return ok
 
 
+def _pure_groups_fill_both(cluster_sizes: np.ndarray, stages: int, replicas: int, groups: str) -> bool:
+    """Between two clusters of ``cluster_sizes`` devices, whether a plan of ``stages`` stage groups
+    of ``replicas`` cells, ``x`` of them spanning both clusters (a cell of each in each at least),
+    has pure groups in both, for ``x = 1`` (``groups`` "one") or every ``x >= 2`` a plan may have
+    ("many"): the ``S - x`` pure groups outnumber the ``floor((c_j - x) / D)`` one cluster holds."""
+    counts = [1] if groups == "one" else range(2, stages + 1)
+    for x in counts:
+        if x > int(cluster_sizes.min()):
+            continue  # no plan has that many crossing groups
+        if stages - x <= int(((cluster_sizes - x) // replicas).max()):
+            return False
+    return True
+
+
 def clustered_stage_chains_s(level, *, replicas: np.ndarray, ring_only: bool, share: np.ndarray,
                              block_sync_bytes: float, first_sync_bytes: float, last_sync_bytes: float,
                              crossing_extra, ring_bytes_per_s: np.ndarray, **chains) -> np.ndarray:
@@ -196,7 +232,11 @@ def clustered_stage_chains_s(level, *, replicas: np.ndarray, ring_only: bool, sh
     between them over a link of at most ``slower_way`` (``tau``, or between exactly two clusters the
     slower direction's fastest; and no faster than ``ring_bytes_per_s``, (D,), the others' ring): that
     stage's syncs run ``share`` (``2 (D - 1) / D``) of its bytes (``*_sync_bytes``) at that rate
-    (``odd_sync``, the least over which stage; without ``ring_only`` this case counts 0); or every group sits
+    (``odd_sync``, the least over which stage; without ``ring_only`` this case counts 0), while each
+    replica's cells still visit ``ceil(S / c)`` clusters (``crossing_extra(fewest=0)``); between exactly
+    two clusters, every spanning group holds cells of both, so either one group spans, or two or more
+    (a second stage syncing as slowly), and where the other, pure groups cannot all fit in one cluster
+    they fill both and each replica crosses between them (``_pure_groups_fill_both``); or every group sits
     in one cluster, which holds ``floor(c / D)`` of them at most, so the ``S`` groups fill at least
     ``n`` clusters and each replica's path visits them all: ``n - 1`` of its boundaries cross at
     least (``crossings``, priced by ``crossing_extra(fewest=n - 1)``, ``round_trip.crossing_extra_s``).
@@ -211,7 +251,25 @@ def clustered_stage_chains_s(level, *, replicas: np.ndarray, ring_only: bool, sh
     if ring_only:
         rate = share / np.minimum(level.slower_way_bytes_per_s, ring_bytes_per_s)  # s per byte
         odd = (block_sync_bytes * rate, first_sync_bytes * rate, last_sync_bytes * rate)
-        crossing = np.where(replicas >= 2, stage_chains_s(**chains, odd_sync=odd), np.inf)
+        spread = crossing_extra(fewest=0)
+        crossing = stage_chains_s(**chains, odd_sync=odd, crossings=spread)
+        one = np.array([level.cluster_sizes.size == 2 and _pure_groups_fill_both(level.cluster_sizes, stages, int(d),
+                                                                                  "one") for d in replicas])
+        if one.any():  # two clusters: every crossing group holds cells of both; elsewhere one group may do
+            keep = np.flatnonzero(one)
+            at = {k: v[keep] if isinstance(v, np.ndarray) and v.shape == replicas.shape else v
+                  for k, v in chains.items()}
+            odd_at = tuple(y[keep] for y in odd)
+            crossed = crossing_extra(fewest=1)
+            many = np.array([_pure_groups_fill_both(level.cluster_sizes, stages, int(d), "many")
+                             for d in replicas[keep]])
+            alone = stage_chains_s(**at, odd_sync=odd_at, crossings=crossed)
+            several = stage_chains_s(**at, odd_sync=odd_at, second_sync=odd_at, crossings=spread)
+            if many.any():
+                several = np.where(many, stage_chains_s(**at, odd_sync=odd_at, second_sync=odd_at, crossings=crossed),
+                                   several)
+            crossing[keep] = np.maximum(crossing[keep], np.minimum(alone, several))
+        crossing = np.where(replicas >= 2, crossing, np.inf)
     pure = np.full(replicas.shape, np.inf)
     capacity = np.sort(level.cluster_sizes)[::-1][None, :] // replicas[:, None]  # groups each cluster holds
     filled = np.cumsum(capacity, axis=1)
