@@ -38,7 +38,7 @@ way. Otherwise the crossing group may be ``u``'s: its stage syncs no faster than
 
 import numpy as np
 
-from planner.search.stage_chains import stage_chains_s
+from planner.search.stage_chains import pure_groups_s, stage_chains_s
 
 __all__ = ["nic_rates_bytes_per_s", "slowest_used_rate", "uplink_chains_s"]
 
@@ -159,14 +159,7 @@ def _uplink_chains_s(levels, stages, replicas, batch, rate, sequence_bytes, shar
                 one = stage_chains_s(**base, odd_sync=slower_odd, crossings=spread).min(axis=0)
                 two = np.where(alone, np.minimum(two, one), two)
             crossing = np.where(replicas >= 2, two, np.inf)
-        pure = np.full(replicas.shape, np.inf)
-        capacity = np.sort(level.cluster_sizes)[::-1][None, :] // replicas[:, None]  # groups each cluster holds
-        filled = np.cumsum(capacity, axis=1)
-        holds = filled[:, -1] >= stages
-        clusters = np.argmax(filled >= stages, axis=1) + 1  # the fewest clusters the groups fill
-        for count in np.unique(clusters[holds & spans]):
-            mask = holds & spans & (clusters == count)
-            value = stage_chains_s(**base, odd_sync=odd, crossings=crossing_extra(fewest=int(count) - 1)).min(axis=0)
-            pure = np.where(mask, value, pure)
+        pure = pure_groups_s(level.cluster_sizes, stages, replicas, spans, lambda fewest: stage_chains_s(
+            **base, odd_sync=odd, crossings=crossing_extra(fewest=fewest)).min(axis=0))
         least = np.where(spans, np.maximum(least, np.minimum(crossing, pure)), least)
     return least

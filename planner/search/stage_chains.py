@@ -46,7 +46,7 @@ import numpy as np
 
 from cost_models.schedule import Schedule
 
-__all__ = ["stage_chains_s", "clustered_stage_chains_s"]
+__all__ = ["stage_chains_s", "clustered_stage_chains_s", "pure_groups_s"]
 
 _POINTS = 15  # limits tried at once in each pass: the bracket shrinks 16-fold a pass
 _PASSES = 6  # passes: the bracket's width ends at 16 ** -6 ~ 6e-8 of the even split's
@@ -270,13 +270,23 @@ def clustered_stage_chains_s(level, *, replicas: np.ndarray, ring_only: bool, sh
                                    several)
             crossing[keep] = np.maximum(crossing[keep], np.minimum(alone, several))
         crossing = np.where(replicas >= 2, crossing, np.inf)
+    pure = pure_groups_s(level.cluster_sizes, stages, replicas, spans,
+                         lambda fewest: stage_chains_s(**chains, crossings=crossing_extra(fewest=fewest)))
+    return np.where(spans, np.minimum(crossing, pure), 0.0)
+
+
+def pure_groups_s(cluster_sizes: np.ndarray, stages: int, replicas: np.ndarray, spans: np.ndarray,
+                  chain) -> np.ndarray:
+    """Per replica count, where every stage group sits inside one cluster: a cluster of ``n`` devices
+    holds ``n // D`` groups, so the ``S`` groups fill ``k`` clusters at least and every replica
+    crosses between them ``k - 1`` times at least: ``chain(k - 1)`` (an array over the replica counts)
+    where the groups fit and ``spans``, else infinite (no such plan)."""
     pure = np.full(replicas.shape, np.inf)
-    capacity = np.sort(level.cluster_sizes)[::-1][None, :] // replicas[:, None]  # groups each cluster holds
+    capacity = np.sort(cluster_sizes)[::-1][None, :] // replicas[:, None]  # groups each cluster holds
     filled = np.cumsum(capacity, axis=1)
     holds = filled[:, -1] >= stages
     clusters = np.argmax(filled >= stages, axis=1) + 1  # the fewest clusters the groups fill
     for count in np.unique(clusters[holds & spans]):
-        crossings = crossing_extra(fewest=int(count) - 1)
         mask = holds & spans & (clusters == count)
-        pure = np.where(mask, stage_chains_s(**chains, crossings=crossings), pure)
-    return np.where(spans, np.minimum(crossing, pure), 0.0)
+        pure = np.where(mask, chain(int(count) - 1), pure)
+    return pure
