@@ -115,3 +115,19 @@ def test_stays_below_random_plans():
     from tests.test_bounds_clusters import assert_random_plans_above_their_pair_bounds
 
     assert_random_plans_above_their_pair_bounds(53, 90)
+
+
+def test_home_consumer_six_by_two_spanning_groups_between_two_cities():
+    """home-consumer-gpus, 6 x 2 on every home: no group of 2 spans Berlin and Paris alone (6 mod 2
+    is 0); two to five spanning leave pure groups in both cities (each replica crosses), and six
+    leave six stages syncing over the cities' slower way, the slow uplink's among them: 62.79 ->
+    above 72 s; the search pinned there stays above."""
+    from planner.search import bounds
+    from planner.search.front import SearchOptions, search
+
+    job = load_job(_HOME)
+    bound = bounds._pair_bounds_s(job.topology, job.model, job.training)[6][1]
+    assert bound > 72.0
+    result = search(job.topology, job.model, job.training,
+                    SearchOptions(seed=5, budget_s=1.0, time_limit_s=60.0, stages=6, replicas=2))
+    assert result.objective_s >= bound

@@ -3,6 +3,7 @@ its split search against every split, and plans simulated on the topologies it t
 split of one placement, both schedules) never below their pair's bound."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -213,4 +214,46 @@ def test_home_consumer_five_by_two_crossing_group_forces_replicas_across():
     assert bound > 46.5
     result = search(job.topology, job.model, job.training,
                     SearchOptions(seed=3, budget_s=1.0, time_limit_s=60.0, stages=5, replicas=2))
+    assert result.objective_s >= bound
+
+
+def test_fewest_open_crossings_between_two_cities():
+    """Two cities of six homes: 5 groups of 2 leave a pure group room in one city only with 4
+    spanning (2 homes a city left); 4 groups of 3 with 3 spanning (3 left, one pure group); 3 groups
+    of 3 already with 2; 4 groups of 2 over two cities of three homes never (3 may span at most,
+    leaving one pure group and no city with two homes)."""
+    from planner.search.stage_chains import _fewest_open_crossings
+
+    assert _fewest_open_crossings(np.array([6, 6]), 5, 2) == 4
+    assert _fewest_open_crossings(np.array([6, 6]), 4, 3) == 3
+    assert _fewest_open_crossings(np.array([6, 6]), 3, 3) == 2
+    assert _fewest_open_crossings(np.array([3, 3]), 4, 2) == 0
+
+
+def test_more_slow_stages_hand_computed():
+    """Three stages over four blocks (1 s a block, no messages, usual syncs free, slow ones 5 s a
+    block of the stage): two slow stages take the two one-block stages, ``max(2, 1 + 5, 1 + 5)`` = 6 s; three
+    slow stages cannot avoid a two-block one: ``2 (1 + 5)`` = 12 s."""
+    slow = (np.array([5.0]), np.array([0.0]), np.array([0.0]))
+    arguments = dict(stages=3, layers=4, busiest=np.array([1.0]), schedules=(Schedule.ONE_F_ONE_B,), interleaved=True,
+                     per_round=math.inf, micro_batch=math.inf, layer_s=1.0, head_s=0.0, boundary_s=0.0,
+                     latency_s=0.0, layer_sync_s=np.array([0.0]), first_sync_s=np.array([0.0]),
+                     last_sync_s=np.array([0.0]), odd_sync=slow, second_sync=slow)
+    assert stage_chains_s(**arguments)[0] == pytest.approx(6.0, rel=1e-6)
+    assert stage_chains_s(**arguments, seconds=2)[0] == pytest.approx(12.0, rel=1e-6)
+
+
+def test_home_consumer_five_by_two_many_crossing_groups_sync_slowly():
+    """home-consumer-gpus, 5 x 2 on ten of twelve homes: two or three groups spanning Berlin and Paris
+    leave pure groups in both cities (each replica crosses), and a pure group fits in one city only
+    once four span, whose four rings cross: 46.79 -> above 56 s; the search pinned there stays above."""
+    from planner.inputs.job import load_job
+    from planner.search import bounds
+    from planner.search.front import SearchOptions, search
+
+    job = load_job("topologies/hetero/home-consumer-gpus.yaml")
+    bound = bounds._pair_bounds_s(job.topology, job.model, job.training)[5][1]
+    assert bound > 56.0
+    result = search(job.topology, job.model, job.training,
+                    SearchOptions(seed=5, budget_s=1.0, time_limit_s=60.0, stages=5, replicas=2))
     assert result.objective_s >= bound

@@ -128,7 +128,8 @@ def lower_bound_s(topology, model, training) -> float:
       its replica's activations (one way on an end stage, both ways otherwise) hold that NIC before its
       stage's sync, which then crosses it, while the other replicas hold the batch's other sequences;
       the stage chains with that stage odd, over intervals of that replica's sequences, and with the
-      clusters' cases (every group pure, or crossing groups' syncs at the slower way);
+      clusters' cases (every group pure, or crossing groups' syncs at the slower way; between two
+      clusters, as many slow stages as crossing groups the pure groups' room forces);
     minimised over the pairs whose largest stage's state fits: at least ``params / S`` parameters at
     the least state per parameter (sharded over every device where sharding is allowed), over ``t``
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning

@@ -33,12 +33,16 @@ groups': a single crossing group takes ``c_j mod D`` (or 0 or ``D``) of cluster 
 ``D`` in all over two clusters at least, so where no such choice exists two groups cross
 (``_one_group_may_cross``), and one of them is not ``u``'s: a second odd stage syncing at the slower
 way. Otherwise the crossing group may be ``u``'s: its stage syncs no faster than the slower of
-``rho`` and the slower way.
+``rho`` and the slower way. Between exactly two clusters (as in ``clustered_stage_chains_s``) each
+crossing group holds cells of both: where one crossing group leaves pure groups that one cluster
+cannot hold, every replica crosses too (``crossing_extra(fewest=1)``, ``_pure_groups_fill_both``), and
+where ``2 .. x - 1`` crossing groups do so but ``x`` do not (``_fewest_open_crossings``), ``x`` or more
+crossing groups hold ``x - 1`` stages other than ``u``'s syncing at the slower way (``seconds``).
 """
 
 import numpy as np
 
-from planner.search.stage_chains import pure_groups_s, stage_chains_s
+from planner.search.stage_chains import _fewest_open_crossings, _pure_groups_fill_both, pure_groups_s, stage_chains_s
 
 __all__ = ["nic_rates_bytes_per_s", "slowest_used_rate", "uplink_chains_s"]
 
@@ -150,14 +154,27 @@ def _uplink_chains_s(levels, stages, replicas, batch, rate, sequence_bytes, shar
         if ring_only and (replicas >= 2).any():
             slower = syncs(np.minimum(level.slower_way_bytes_per_s, ring_bytes_per_s))
             spread = crossing_extra(fewest=0)  # every replica still spans ceil(S / c) clusters
-            two = stage_chains_s(**base, odd_sync=odd, second_sync=slower, crossings=spread).min(axis=0)
-            single = np.array([_one_group_may_cross(level.cluster_sizes, int(d)) for d in replicas])
-            alone = ~every_device_a_cell | single  # u's group may be the only one crossing
+            sizes, pair = level.cluster_sizes, level.cluster_sizes.size == 2
+            crossed = crossing_extra(fewest=1) if pair else spread  # where the pure groups fill both clusters
+            fills = np.array([pair and _pure_groups_fill_both(sizes, stages, int(d), "one") for d in replicas])
+            opens = np.array([_fewest_open_crossings(sizes, stages, int(d)) if pair else 2 for d in replicas])
+
+            def chains_s(crossings, **syncs_of):
+                return stage_chains_s(**base, crossings=crossings, **syncs_of).min(axis=0)
+            two_spread = chains_s(spread, odd_sync=odd, second_sync=slower)
+            two_crossed = chains_s(crossed, odd_sync=odd, second_sync=slower) if pair else two_spread
+            two = np.where(opens == 0, two_crossed, two_spread)  # two groups cross or more
+            for count in np.unique(opens[opens > 2]):
+                wider = chains_s(spread, odd_sync=odd, second_sync=slower, seconds=int(count) - 1)
+                two = np.where(opens == count, np.minimum(two_crossed, wider), two)
+            single = np.array([_one_group_may_cross(sizes, int(d)) for d in replicas])
+            alone = ~every_device_a_cell | single  # one group may cross alone: u's, or another
             if alone.any():
                 slower_odd = syncs(np.minimum.reduce([rate, ring_bytes_per_s,
                                                       np.full(replicas.shape, level.slower_way_bytes_per_s)]))
-                one = stage_chains_s(**base, odd_sync=slower_odd, crossings=spread).min(axis=0)
-                two = np.where(alone, np.minimum(two, one), two)
+                one = np.where(fills, chains_s(crossed, odd_sync=slower_odd), chains_s(spread, odd_sync=slower_odd))
+                other = np.where(fills, two_crossed, two_spread)
+                two = np.where(alone, np.minimum.reduce([two, one, other]), two)
             crossing = np.where(replicas >= 2, two, np.inf)
         pure = pure_groups_s(level.cluster_sizes, stages, replicas, spans, lambda fewest: stage_chains_s(
             **base, odd_sync=odd, crossings=crossing_extra(fewest=fewest)).min(axis=0))

@@ -40,6 +40,7 @@ if any, is found by giving each stage in turn the most blocks it can hold (more 
 hurts downstream); a search on ``t`` gives the least (``_least_split_s``).
 """
 
+import itertools
 import math
 
 import numpy as np
@@ -56,7 +57,7 @@ def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, 
                    per_round: float, micro_batch: float, layer_s: float, head_s: float, boundary_s: float,
                    latency_s: float, layer_sync_s: np.ndarray, first_sync_s: np.ndarray, last_sync_s: np.ndarray,
                    gpipe_fits=True, crossings: tuple = (0, 0.0, 0.0), odd_sync: tuple | None = None,
-                   odd_wait: tuple | None = None, second_sync: tuple | None = None) -> np.ndarray:
+                   odd_wait: tuple | None = None, second_sync: tuple | None = None, seconds: int = 1) -> np.ndarray:
     """(D,) seconds at least of any plan of ``stages`` (S >= 2) stages over ``layers`` blocks whose
     busiest replica runs ``busiest`` sequences (module description): ``layer_s``/``head_s`` one
     sequence's forward and backward of a block / the head on the fastest cell, ``boundary_s`` one
@@ -74,23 +75,28 @@ def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, 
     crosses a slow link): the least over which stage it is. ``odd_wait``: ``(end, middle)`` seconds
     (broadcast with ``busiest``) before which the odd stage's sync cannot start, where it is the first
     or last stage / another one (``planner.search.slow_uplinks``: the messages a slow NIC carries
-    first). ``second_sync``: ``(block, first, last)`` syncs of a second stage, another than the odd
-    one (both the least over which stages they are)."""
+    first). ``second_sync``: ``(block, first, last)`` syncs of ``seconds`` more stages, others than
+    the odd one (all the least over which stages they are)."""
     busiest = np.asarray(busiest, dtype=float)
+    assert second_sync is None or 1 <= seconds < stages, "the odd stage and its seconds are distinct stages"
     normal = (layer_sync_s, first_sync_s, last_sync_s)
-    # one row per stage (or ordered pair of stages) that may be the odd one(s), a single row without
-    # one, then busiest's axes
+    # one row per stage (or stage and set of ``seconds`` others) that may be the odd one(s), a single
+    # row without one, then busiest's axes
     if odd_sync is None:
-        firsts = seconds = np.array([-1])
+        firsts, others = np.array([-1]), np.zeros((1, stages), dtype=bool)
     elif second_sync is None:
-        firsts, seconds = np.arange(stages), np.full(stages, -1)
+        firsts, others = np.arange(stages), np.zeros((stages, stages), dtype=bool)
     else:
-        firsts, seconds = (a.ravel() for a in np.meshgrid(np.arange(stages), np.arange(stages), indexing="ij"))
-        firsts, seconds = firsts[firsts != seconds], seconds[firsts != seconds]
+        rows = [(k, rest) for k in range(stages)
+                for rest in itertools.combinations([j for j in range(stages) if j != k], seconds)]
+        firsts = np.array([k for k, _ in rows])
+        others = np.zeros((len(rows), stages), dtype=bool)
+        for i, (_, rest) in enumerate(rows):
+            others[i, list(rest)] = True
     shape = (firsts.size,) + busiest.shape
     which = firsts.reshape((firsts.size,) + (1,) * busiest.ndim)
-    other = seconds.reshape(which.shape)
-    syncs = [[np.broadcast_to(np.where(which == k, odd, np.where(other == k, second, usual)), shape)
+    syncs = [[np.broadcast_to(np.where(which == k, odd, np.where(
+        others[:, k].reshape(which.shape), second, usual)), shape)
               for odd, second, usual in zip(odd_sync or normal, second_sync or normal, normal)]
              for k in range(stages)]
     waits = None
@@ -222,6 +228,17 @@ def _pure_groups_fill_both(cluster_sizes: np.ndarray, stages: int, replicas: int
     return True
 
 
+def _fewest_open_crossings(cluster_sizes: np.ndarray, stages: int, replicas: int) -> int:
+    """Between two clusters of ``cluster_sizes`` devices, the fewest ``x >= 2`` stage groups of
+    ``replicas`` cells spanning both (a cell of each in each, so ``x`` at most the smaller cluster's
+    devices, and at most ``stages``) whose ``S - x`` pure groups fit in one cluster
+    (``_pure_groups_fill_both``'s converse); 0 where no such ``x`` exists."""
+    for x in range(2, min(stages, int(cluster_sizes.min())) + 1):
+        if stages - x <= int(((cluster_sizes - x) // replicas).max()):
+            return x
+    return 0
+
+
 def clustered_stage_chains_s(level, *, replicas: np.ndarray, ring_only: bool, share: np.ndarray,
                              block_sync_bytes: float, first_sync_bytes: float, last_sync_bytes: float,
                              crossing_extra, ring_bytes_per_s: np.ndarray, **chains) -> np.ndarray:
@@ -236,7 +253,11 @@ def clustered_stage_chains_s(level, *, replicas: np.ndarray, ring_only: bool, sh
     replica's cells still visit ``ceil(S / c)`` clusters (``crossing_extra(fewest=0)``); between exactly
     two clusters, every spanning group holds cells of both, so either one group spans, or two or more
     (a second stage syncing as slowly), and where the other, pure groups cannot all fit in one cluster
-    they fill both and each replica crosses between them (``_pure_groups_fill_both``); or every group sits
+    they fill both and each replica crosses between them (``_pure_groups_fill_both``); where that holds
+    for 2 .. x - 1 spanning groups but not for ``x`` (``_fewest_open_crossings``), the plans of ``x`` or
+    more spanning groups have ``x`` stages syncing that slowly (each spanning group's ring crosses, the
+    stage chains' ``seconds``: the more slow stages, the longer the largest stage's term can only be),
+    the others cross as above; or every group sits
     in one cluster, which holds ``floor(c / D)`` of them at most, so the ``S`` groups fill at least
     ``n`` clusters and each replica's path visits them all: ``n - 1`` of its boundaries cross at
     least (``crossings``, priced by ``crossing_extra(fewest=n - 1)``, ``round_trip.crossing_extra_s``).
@@ -268,6 +289,13 @@ def clustered_stage_chains_s(level, *, replicas: np.ndarray, ring_only: bool, sh
             if many.any():
                 several = np.where(many, stage_chains_s(**at, odd_sync=odd_at, second_sync=odd_at, crossings=crossed),
                                    several)
+            opens = np.array([_fewest_open_crossings(level.cluster_sizes, stages, int(d)) for d in replicas[keep]])
+            if (opens > 2).any():  # 2 .. x - 1 crossing groups fill both; x or more sync slowly, x stages at least
+                two_crossed = stage_chains_s(**at, odd_sync=odd_at, second_sync=odd_at, crossings=crossed)
+                for count in np.unique(opens[opens > 2]):
+                    wider = stage_chains_s(**at, odd_sync=odd_at, second_sync=odd_at, seconds=int(count) - 1,
+                                           crossings=spread)
+                    several = np.where(opens == count, np.minimum(two_crossed, wider), several)
             crossing[keep] = np.maximum(crossing[keep], np.minimum(alone, several))
         crossing = np.where(replicas >= 2, crossing, np.inf)
     pure = pure_groups_s(level.cluster_sizes, stages, replicas, spans,
