@@ -28,6 +28,10 @@ from planner.search.tensor_cells import gain_per_spare_device, most_cells_flops
 __all__ = ["lower_bound_s", "pair_bounds_s", "work_bound_s", "work_flops"]
 
 _CLUSTERED_CHAINS_DEVICES = 16  # the stage chains per cluster level only up to this many devices (time)
+# the end groups' four placements and the cells' gains only up to this many devices: above, the
+# replicas' crossings without them (at 1,024 devices they took the pair table from 5 to 16 s, which
+# the search computes before its 6 s limit's phases)
+_END_GROUPS_DEVICES = 256
 
 
 def work_bound_s(topology, model, training) -> float:
@@ -149,6 +153,22 @@ def pair_bounds_s(topology, model, training) -> dict:
     return table
 
 
+def _placed(crossings: partial) -> partial:
+    """The replicas' crossings (``replica_crossings_s``, every argument but ``ends`` and ``floor``
+    given) at the least of the end groups' placements (``end_groups_s``)."""
+    return partial(end_groups_s, crossings)
+
+
+def _unplaced(crossings: partial) -> partial:
+    """The replicas' crossings with no placement of the end groups (``ends=None``) and the tensor
+    groups credited a whole replica's speed-up (``spare_gain=None``, not ``cell_gains``'): weaker,
+    each a lower bound still, and a sixth of the work at 1,024 devices."""
+    return partial(crossings.func, *crossings.args, **{**crossings.keywords, "spare_gain": None})
+
+
+_FLOORED = (end_groups_s, replica_crossings_s)  # deferred terms that may stop short below a floor
+
+
 def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
     """``lower_bound_s``, with or without the clusters' term. The slow crossings' and the stage
     chains' terms only raise a pair's bound, so they are computed for the stage counts whose other
@@ -163,10 +183,10 @@ def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
         values = pairs[stages]
         # the replicas' crossings first (where slow links split the replicas they bind most often, and
         # they may stop short below the others' bound)
-        for term in sorted(deferred.get(stages, ()), key=lambda term: term.func is not end_groups_s):
+        for term in sorted(deferred.get(stages, ()), key=lambda term: term.func not in _FLOORED):
             # pairs already at the least found need no exact value: any bound at most theirs will do
             floor = np.where(values >= best, np.inf, values)
-            values = np.maximum(values, term(floor=floor) if term.func is end_groups_s else term())
+            values = np.maximum(values, term(floor=floor) if term.func in _FLOORED else term())
             if float(values.min()) >= best:  # this S cannot lower the least: its other terms are not needed
                 break
         best = min(best, float(values.min()))
@@ -349,8 +369,9 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                       crossing_extra=level_crossing(level), **chains)
                                for level in levels]
             largest_params = max(params / stages, deepest * layer_params, first_params)
-            crossings += [partial(end_groups_s, partial(replica_crossings_s, level, training, stages=stages,
-                                                         replicas=replicas,
+            placed = _placed if n <= _END_GROUPS_DEVICES else _unplaced
+            crossings += [placed(partial(replica_crossings_s, level, training, stages=stages,
+                                         replicas=replicas,
                                   batch=batch, devices=n, sequence_s=work / batch / speed[0],
                                   heaviest_s=heaviest / speed[0], deepest_s=deepest * sequence_layer_flops / speed[0],
                                   deepest_sync_bytes=deepest * layer_params * gradient_bytes,
