@@ -170,8 +170,9 @@ def watch(processes: dict, errors, names: dict, heartbeats, *, timeout_s: float,
             time.sleep(_GRACE_S)
             rank, message = _failure(processes, errors, names, ranks)
             raise LaunchFailure(message, rank=rank)
-        if now >= next_progress and alive:
-            log(f"[{now - ranks.started_s:.0f} s] {ranks.summary()}")
+        summary = ranks.summary() if now >= next_progress and alive else ""
+        if summary:  # empty where the last ranks exited since their exit codes were read
+            log(f"[{now - ranks.started_s:.0f} s] {summary}")
             next_progress = now + progress_s
 
 
