@@ -338,6 +338,20 @@ def test_pair_bounds_stay_below_random_plans_on_shipped_topologies(name):
     assert checked >= 6
 
 
+def pair_bound_and_pinned_plan_s(path, stages: int, replicas: int, seed: int) -> tuple:
+    """(the bound of ``stages`` x ``replicas`` on the job at ``path``, the simulated time of the plan a
+    search pinned to that pair finds): a term that lifts the pair must leave the plan above it."""
+    from planner.inputs.job import load_job
+    from planner.search import bounds
+    from planner.search.front import SearchOptions, search
+
+    job = load_job(path)
+    bound = float(bounds._pair_bounds_s(job.topology, job.model, job.training)[stages][replicas - 1])
+    result = search(job.topology, job.model, job.training,
+                    SearchOptions(seed=seed, budget_s=1.0, time_limit_s=60.0, stages=stages, replicas=replicas))
+    return bound, result.objective_s
+
+
 def assert_random_plans_above_their_pair_bounds(seed: int, tries: int, least: int = 30) -> None:
     """``_checked_plans(seed, tries)`` against the whole pair bounds (``bounds._pair_bounds_s``): at
     least ``least`` plans checked, none simulated below its pair's bound."""

@@ -9,6 +9,7 @@ from planner.inputs.job import load_job
 from planner.inputs.topology import parse_topology
 from planner.search.slow_uplinks import (_one_group_may_cross, nic_rates_bytes_per_s, slowest_used_rate,
                                          uplink_chains_s)
+from tests.test_bounds_clusters import pair_bound_and_pinned_plan_s
 
 _HOME = Path(__file__).resolve().parent.parent / "topologies" / "hetero" / "home-consumer-gpus.yaml"
 
@@ -122,12 +123,6 @@ def test_home_consumer_six_by_two_spanning_groups_between_two_cities():
     is 0); two to five spanning leave pure groups in both cities (each replica crosses), and six
     leave six stages syncing over the cities' slower way, the slow uplink's among them: 62.79 ->
     above 72 s; the search pinned there stays above."""
-    from planner.search import bounds
-    from planner.search.front import SearchOptions, search
-
-    job = load_job(_HOME)
-    bound = bounds._pair_bounds_s(job.topology, job.model, job.training)[6][1]
+    bound, plan_s = pair_bound_and_pinned_plan_s(_HOME, 6, 2, seed=5)
     assert bound > 72.0
-    result = search(job.topology, job.model, job.training,
-                    SearchOptions(seed=5, budget_s=1.0, time_limit_s=60.0, stages=6, replicas=2))
-    assert result.objective_s >= bound
+    assert plan_s >= bound

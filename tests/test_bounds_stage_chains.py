@@ -10,6 +10,7 @@ import pytest
 
 from cost_models.schedule import Schedule
 from planner.search.stage_chains import _least_split_s, clustered_stage_chains_s, stage_chains_s
+from tests.test_bounds_clusters import pair_bound_and_pinned_plan_s
 
 _SMALL = dict(stages=2, layers=4, busiest=np.array([8.0]), interleaved=False, per_round=np.inf, micro_batch=2.0,
               layer_s=1.0, head_s=0.0, boundary_s=0.5, latency_s=0.1, layer_sync_s=np.array([2.0]),
@@ -172,16 +173,9 @@ def test_crossing_group_case_still_counts_each_replica_spanning_clusters():
     """dtfm-case5-mini, 4 x 2 (two V100s a region): where a stage group spans two regions, each
     replica's four cells still sit in two regions at least (``crossing_extra(fewest=0)``), so its
     trips cross between them: the pair's bound 14.81 -> 15.53 s; the search pinned there stays above."""
-    from planner.inputs.job import load_job
-    from planner.search import bounds
-    from planner.search.front import SearchOptions, search
-
-    job = load_job("topologies/emulated/dtfm-case5-mini.yaml")
-    bound = bounds._pair_bounds_s(job.topology, job.model, job.training)[4][1]
+    bound, plan_s = pair_bound_and_pinned_plan_s("topologies/emulated/dtfm-case5-mini.yaml", 4, 2, seed=1)
     assert bound > 15.5
-    result = search(job.topology, job.model, job.training,
-                    SearchOptions(seed=1, budget_s=1.0, time_limit_s=60.0, stages=4, replicas=2))
-    assert result.objective_s >= bound
+    assert plan_s >= bound
 
 
 def test_pure_groups_fill_both_of_two_clusters():
@@ -205,16 +199,9 @@ def test_home_consumer_five_by_two_crossing_group_forces_replicas_across():
     """home-consumer-gpus, 5 x 2 on ten of twelve homes: a group spanning Berlin and Paris leaves
     pure groups in both cities, so each replica crosses between them too: 44.54 -> above 46.5 s; the
     search pinned there stays above."""
-    from planner.inputs.job import load_job
-    from planner.search import bounds
-    from planner.search.front import SearchOptions, search
-
-    job = load_job("topologies/hetero/home-consumer-gpus.yaml")
-    bound = bounds._pair_bounds_s(job.topology, job.model, job.training)[5][1]
+    bound, plan_s = pair_bound_and_pinned_plan_s("topologies/hetero/home-consumer-gpus.yaml", 5, 2, seed=3)
     assert bound > 46.5
-    result = search(job.topology, job.model, job.training,
-                    SearchOptions(seed=3, budget_s=1.0, time_limit_s=60.0, stages=5, replicas=2))
-    assert result.objective_s >= bound
+    assert plan_s >= bound
 
 
 def test_fewest_open_crossings_between_two_cities():
@@ -247,13 +234,6 @@ def test_home_consumer_five_by_two_many_crossing_groups_sync_slowly():
     """home-consumer-gpus, 5 x 2 on ten of twelve homes: two or three groups spanning Berlin and Paris
     leave pure groups in both cities (each replica crosses), and a pure group fits in one city only
     once four span, whose four rings cross: 46.79 -> above 56 s; the search pinned there stays above."""
-    from planner.inputs.job import load_job
-    from planner.search import bounds
-    from planner.search.front import SearchOptions, search
-
-    job = load_job("topologies/hetero/home-consumer-gpus.yaml")
-    bound = bounds._pair_bounds_s(job.topology, job.model, job.training)[5][1]
+    bound, plan_s = pair_bound_and_pinned_plan_s("topologies/hetero/home-consumer-gpus.yaml", 5, 2, seed=5)
     assert bound > 56.0
-    result = search(job.topology, job.model, job.training,
-                    SearchOptions(seed=5, budget_s=1.0, time_limit_s=60.0, stages=5, replicas=2))
-    assert result.objective_s >= bound
+    assert plan_s >= bound
