@@ -63,6 +63,8 @@ def test_graphs_take_the_host_out_of_the_host_bound_group():
                     if r["label"] == "1x1-mb4-tensor-4")
 
     graphed, compiled = row("accuracy_gpu4_h200_graphs"), row("accuracy_gpu4_h200_tensor")
+    repeats = [json.loads((RESULTS / "accuracy_gpu4_h200_tensor_repeat" / run / "results.json").read_text())
+               ["comparison"]["measured_s"] for run in ("1x1-mb4-tensor-4-1",)]
     assert graphed["graphs"] == "tensor" and compiled.get("graphs") is None
-    assert graphed["measured_s"] < min(0.543, compiled["measured_s"])
-    assert abs(graphed["error"]) < 0.01 < 0.2 < abs(compiled["error"])
+    assert graphed["measured_s"] < min([compiled["measured_s"], *repeats])
+    assert abs(graphed["error"]) < 0.01 and abs(compiled["error"]) > 0.2

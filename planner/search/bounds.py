@@ -28,9 +28,9 @@ from planner.search.tensor_cells import gain_per_spare_device, most_cells_flops
 __all__ = ["lower_bound_s", "pair_bounds_s", "work_bound_s", "work_flops"]
 
 _CLUSTERED_CHAINS_DEVICES = 16  # the stage chains per cluster level only up to this many devices (time)
-# the end groups' four placements and the cells' gains only up to this many devices: above, the
-# replicas' crossings without them (at 1,024 devices they took the pair table from 5 to 16 s, which
-# the search computes before its 6 s limit's phases)
+# the end groups' four placements only up to this many devices: above, the replicas' crossings with
+# none (at 1,024 devices the placements took the pair table, which the search computes before its
+# phases, from 5 to 16 s)
 _END_GROUPS_DEVICES = 256
 
 
@@ -160,10 +160,9 @@ def _placed(crossings: partial) -> partial:
 
 
 def _unplaced(crossings: partial) -> partial:
-    """The replicas' crossings with no placement of the end groups (``ends=None``) and the tensor
-    groups credited a whole replica's speed-up (``spare_gain=None``, not ``cell_gains``'): weaker,
-    each a lower bound still, and a sixth of the work at 1,024 devices."""
-    return partial(crossings.func, *crossings.args, **{**crossings.keywords, "spare_gain": None})
+    """The replicas' crossings with no placement of the end groups (``ends=None``): weaker, a lower
+    bound still, a quarter of the work."""
+    return crossings
 
 
 _FLOORED = (end_groups_s, replica_crossings_s)  # deferred terms that may stop short below a floor
