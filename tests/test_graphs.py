@@ -27,6 +27,15 @@ def test_a_stage_is_graphed_by_the_choice_its_tensor_degree_its_schedule_and_its
     assert stage_graphed(graphed, degree, zero_bubble=zero_bubble, cuda=cuda) is expected
 
 
+@pytest.mark.parametrize("graphed", [Graphed.TENSOR, Graphed.ALL])
+def test_a_tensor_group_that_receives_its_input_is_never_graphed(graphed):
+    """A later stage's (or a virtual stage's) tensor group runs compiled without graphs: on GPUs its
+    member re-recorded its graphs every iteration; a whole GPU's later stage keeps ``graphs``."""
+    assert stage_graphed(graphed, 2, receives=False) is True
+    assert stage_graphed(graphed, 2, receives=True) is False
+    assert stage_graphed(Graphed.ALL, 1, receives=True) is True
+
+
 def test_an_unknown_compile_choice_is_refused_naming_the_choices():
     with pytest.raises(ValueError, match="auto, on, off, graphs"):
         compiles("graph", "nccl")

@@ -12,6 +12,15 @@ micro-batch 2), within the host's run-to-run spread, and its graphs' pool took 1
 so ``auto`` leaves it compiled without graphs; ``graphs`` graphs every compiled stage. ZB-H1's split
 backward keeps its linear layers eager (``compile_between_linears``) and is never graphed.
 
+A tensor group is graphed only on the first stage of a plan without virtual stages, whose input is
+the stage's own embedding, not a received message: on 4x H100 (``accuracy.py gpu4``, 2 stages x
+groups of 2 at micro-batch 4, ``benchmarks/results/accuracy_gpu4_h100_graphs``) the second stage's
+non-lead member re-recorded its graphs in every iteration (torch's CUDA graph trees: 120 new
+recordings an iteration, none on its lead, no fallback counted), and the iteration took 6.36 s
+instead of the 0.43 s predicted, while the first stage's group ran as timed and one stage on a group
+of 4 at micro-batch 8 measured 0.508 s against 0.510 s predicted. Such a stage runs compiled
+without graphs under every choice.
+
 In a graphed stage each iteration is one graph step (``torch.compiler.cudagraph_mark_step_begin``,
 ``planner.runtime.engine``): a graph output (an activation, a micro-batch's gradient that autograd
 keeps as ``p.grad``) may be overwritten once the next step begins, so nothing of an iteration may be
@@ -50,11 +59,13 @@ def graphed_stages(choice: str, backend: str) -> Graphed:
     return {"graphs": Graphed.ALL, "auto": Graphed.TENSOR}.get(choice, Graphed.NONE)
 
 
-def stage_graphed(graphed: Graphed | str, degree: int, *, zero_bubble: bool = False, cuda: bool = True) -> bool:
+def stage_graphed(graphed: Graphed | str, degree: int, *, zero_bubble: bool = False, cuda: bool = True,
+                  receives: bool = False) -> bool:
     """Whether a stage whose tensor group has ``degree`` members replays its blocks as CUDA graphs:
-    on a CUDA device, not under ZB-H1, as ``graphed`` says."""
+    on a CUDA device, not under ZB-H1, as ``graphed`` says; a tensor group only where the stage
+    ``receives`` no pipeline message into its blocks (the first stage without virtual stages)."""
     graphed = Graphed(graphed)
-    if zero_bubble or not cuda:
+    if zero_bubble or not cuda or (receives and degree > 1):
         return False
     return graphed == Graphed.ALL or (graphed == Graphed.TENSOR and degree > 1)
 

@@ -169,7 +169,8 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     loss = lm_loss
     zero_bubble = plan.schedule == Schedule.ZERO_BUBBLE
     graphed = config.compile and stage_graphed(config.graphs, degree, zero_bubble=zero_bubble,
-                                               cuda=device.type == "cuda")
+                                               cuda=device.type == "cuda",
+                                               receives=stage > 0 or plan.virtual_stages > 1)
     if config.compile:  # a split backward (ZB-H1) needs eager linear layers
         loss = compile_between_linears(module) if zero_bubble else compile_stage(module, graphs=graphed)
     executor = StageExecutor(module=module, optimizer=optimizer, plan=plan, layout=layout, replica=replica,
