@@ -328,6 +328,30 @@ def test_a_calibrated_timed_block_sets_a_tensor_plan_s_blocks(tmp_path, write_ya
     assert "A100-80GB group of 2: a block timed at 30 ms (micro-batch 1)" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("compile, warned", [("auto", False), ("graphs", False), ("on", True), ("off", True)])
+def test_a_launch_that_runs_the_blocks_otherwise_than_they_were_calibrated_says_so(tmp_path, write_yaml, capsys,
+                                                                                   compile, warned):
+    """A group of 2 calibrated compiled with its blocks as CUDA graphs (``plan calibrate --compile
+    auto`` on GPUs): launched on GPU hosts without graphs or compilation, one warning line names the
+    file and both ways; launched as calibrated (``graphs`` graphs the same single stage), none."""
+    cal = _floor_calibration(tmp_path / "cal.yaml", 0.05)
+    document = yaml.safe_load(cal.read_text())
+    document["device_types"]["A100-80GB"]["measured"] = {"compiled": True, "graphs": "tensor"}
+    cal.write_text(yaml.safe_dump(document))
+    out = tmp_path / "plan.json"
+    assert main([str(write_yaml(PAIR)), "--stages", "1", "--replicas", "1", "--tensor-degrees", "2", "--calibration",
+                 str(cal), "-o", str(out), "--time-limit", "5"]) == 0
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("10.0.0.1 a-0 a-1\n")
+    capsys.readouterr()
+    assert main(["launch", str(out), "--hostfile", str(hosts), "--dry-run", "--compile", compile]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    how = "compiled" if compile == "on" else "eager"
+    assert lines == ([f"warning: {cal} timed A100-80GB's blocks compiled, stage(s) 0 as CUDA graphs; this launch runs "
+                      f"them {how} (--compile {compile}): the plan's predicted time describes the calibrated run; "
+                      f"calibrate with 'plan calibrate --compile {compile}' to compare"] if warned else [])
+
+
 def test_the_plan_file_records_validates_and_reports_the_floor(tmp_path, write_yaml, capsys):
     import jsonschema
 

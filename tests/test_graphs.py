@@ -3,7 +3,7 @@ and ``plan calibrate`` decide it from ``--compile``, the backend and the stage."
 
 import pytest
 
-from planner.runtime.graphs import Graphed, compiles, graphed_stages, stage_graphed
+from planner.runtime.graphs import Graphed, calibration_disagrees, compiles, graphed_stages, stage_graphed
 
 
 @pytest.mark.parametrize("choice, backend, expected", [
@@ -39,3 +39,30 @@ def test_a_tensor_group_that_receives_its_input_is_never_graphed(graphed):
 def test_an_unknown_compile_choice_is_refused_naming_the_choices():
     with pytest.raises(ValueError, match="auto, on, off, graphs"):
         compiles("graph", "nccl")
+
+
+def _calibration(**measured) -> dict:
+    return {"device_types": {"H100-SXM": {"measured": measured}, "T4": {}}}
+
+
+def test_a_launch_agrees_with_a_calibration_that_timed_its_blocks_the_same_way():
+    graphed = _calibration(compiled=True, graphs="tensor")
+    assert calibration_disagrees(graphed, (2, 1), True, Graphed.TENSOR) is None
+    assert calibration_disagrees(graphed, (1, 1), True, Graphed.NONE) is None  # no tensor group: graphs nowhere
+    assert calibration_disagrees(_calibration(compiled=True), (1, 2), True, Graphed.TENSOR) is None  # before graphs
+    assert calibration_disagrees(_calibration(compiled=False, graphs="tensor"), (2,), False, Graphed.NONE) is None
+    assert calibration_disagrees(_calibration(), (2,), False, Graphed.NONE) is None  # nothing recorded: no claim
+
+
+@pytest.mark.parametrize("measured, degrees, compiled, graphed, said", [
+    ({"compiled": True, "graphs": "tensor"}, (2, 1), True, Graphed.NONE,
+     "timed H100-SXM's blocks compiled, stage(s) 0 as CUDA graphs; this launch runs them compiled"),
+    ({"compiled": True}, (1, 1), True, Graphed.ALL,
+     "timed H100-SXM's blocks compiled; this launch runs them compiled, stage(s) 0, 1 as CUDA graphs"),
+    ({"compiled": True, "graphs": "none"}, (1,), False, Graphed.NONE,
+     "timed H100-SXM's blocks compiled; this launch runs them eager"),
+    ({"compiled": False}, (4,), True, Graphed.TENSOR,
+     "timed H100-SXM's blocks eager; this launch runs them compiled, stage(s) 0 as CUDA graphs")])
+def test_a_launch_that_runs_the_blocks_otherwise_is_told_how_each_timed_them(measured, degrees, compiled, graphed,
+                                                                              said):
+    assert calibration_disagrees(_calibration(**measured), degrees, compiled, graphed) == said

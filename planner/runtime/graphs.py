@@ -30,7 +30,7 @@ zeroes flat buffers of its own: ZeRO-1) at its step, and the step ends every ite
 
 from enum import Enum
 
-__all__ = ["Graphed", "COMPILE_CHOICES", "compiles", "graphed_stages", "stage_graphed"]
+__all__ = ["Graphed", "COMPILE_CHOICES", "compiles", "graphed_stages", "stage_graphed", "calibration_disagrees"]
 
 COMPILE_CHOICES = ("auto", "on", "off", "graphs")  # ``--compile`` of plan launch and plan calibrate
 
@@ -68,6 +68,31 @@ def stage_graphed(graphed: Graphed | str, degree: int, *, zero_bubble: bool = Fa
     if zero_bubble or not cuda or (receives and degree > 1):
         return False
     return graphed == Graphed.ALL or (graphed == Graphed.TENSOR and degree > 1)
+
+
+def calibration_disagrees(calibration: dict, degrees: tuple, compiled: bool, graphed: Graphed | str) -> str | None:
+    """What a launch that runs the blocks ``compiled`` with ``graphed`` stages does differently from how
+    ``calibration`` (a calibration file's document, ``plan calibrate --compile``) timed them, for a plan
+    whose stages have tensor ``degrees`` (the first stage first): the plan's predicted time describes the
+    calibrated run. None where they agree (a file written before graphs existed timed none)."""
+    def how(is_compiled: bool, stages) -> str:
+        if not is_compiled:
+            return "eager"
+        graphed_ones = [s for s in stages if s[1]]
+        return "compiled" + (f", stage(s) {', '.join(str(s[0]) for s in graphed_ones)} as CUDA graphs"
+                             if graphed_ones else "")
+
+    for type_name, entry in sorted((calibration.get("device_types") or {}).items()):
+        measured = entry.get("measured") or {}
+        if "compiled" not in measured:
+            continue
+        timed_graphs = measured.get("graphs", "none") if measured["compiled"] else "none"
+        timed = [(s, stage_graphed(timed_graphs, d, receives=s > 0)) for s, d in enumerate(degrees)]
+        run = [(s, compiled and stage_graphed(graphed, d, receives=s > 0)) for s, d in enumerate(degrees)]
+        if bool(measured["compiled"]) != compiled or timed != run:
+            return (f"timed {type_name}'s blocks {how(bool(measured['compiled']), timed)}; this launch runs them "
+                    f"{how(compiled, run)}")
+    return None
 
 
 def _check(choice: str) -> None:

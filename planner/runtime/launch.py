@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.errors import InputError
-from planner.runtime.graphs import COMPILE_CHOICES, compiles, graphed_stages
+from planner.runtime.graphs import COMPILE_CHOICES, calibration_disagrees, compiles, graphed_stages
 from planner.runtime.guard import die_with_parent
 from planner.runtime.hostfile import parse_hostfile, shell_line, torchrun_arguments
 from planner.runtime.inputs import RunInputs, load_run_inputs
@@ -394,6 +394,8 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
                   slow=(slowdown.device, slowdown.factor, slowdown.first) if slowdown else ())
     prepare_out_folder(options.out_dir, results_bytes(inputs, options.iterations, options.warmup,
                                                       options.save_state))
+    if not options.emulate:
+        _say_calibration_disagrees(inputs, options, backend, log)
     names = _rank_names(plan)
     mode = f"emulated at time scale {scale:.4g}" if options.emulate else backend
     groups = f" x tensor groups of up to {plan.degrees.tensor}" if plan.tensor_groups else ""
@@ -434,6 +436,22 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
     results = read_results(options.out_dir)
     _say_straggler(results, log)
     return results
+
+
+def _say_calibration_disagrees(inputs: RunInputs, options: LaunchOptions, backend: str, log) -> None:
+    """A warning where the plan's calibration timed the blocks otherwise than this launch runs them
+    (``--compile``: eager, compiled, CUDA graphs): the prediction is then another run's."""
+    if not inputs.plan.calibration:
+        return
+    from planner.inputs.calibration import recorded_calibration
+
+    calibration = recorded_calibration(inputs.plan.calibration, inputs.plan_path)
+    degrees = tuple(inputs.plan.tensor_degree(0, s) for s in range(inputs.plan.stages))
+    problem = calibration_disagrees(calibration.document, degrees, compiles(options.compile, backend),
+                                    graphed_stages(options.compile, backend))
+    if problem:
+        log(f"warning: {calibration.path} {problem} (--compile {options.compile}): the plan's predicted time "
+            f"describes the calibrated run; calibrate with 'plan calibrate --compile {options.compile}' to compare")
 
 
 def _say_straggler(results: dict, log) -> None:
@@ -502,6 +520,7 @@ def _rank_names(plan) -> dict:
 def _launch_hosts(inputs: RunInputs, options: LaunchOptions, log) -> dict | None:
     entries = parse_hostfile(options.hostfile, inputs.plan, inputs.topology)
     backend = "nccl" if options.backend == "auto" else options.backend
+    _say_calibration_disagrees(inputs, options, backend, log)
     commands = [["torchrun"] + torchrun_arguments(
         entries, node, plan_path=inputs.plan_path, topology_path=inputs.topology_path, out_dir=options.out_dir,
         iterations=options.iterations, warmup=options.warmup, seed=options.seed,
