@@ -104,7 +104,9 @@ def lower_bound_s(topology, model, training) -> float:
       cluster's devices; one that spans clusters has a stage group or a replica crossing a link of
       at most the threshold, whose sync or activations (and latencies) it pays, both ways where a
       boundary's or a two-member sync's pair, or any sync across exactly two clusters, must; where
-      every replica crosses, the busiest's round trips cross too;
+      every replica crosses, the busiest's round trips cross too, and its messages take the slower
+      way before a stage's sync (``planner.search.crossing_link``); where some stages cross, their
+      blocks are whole;
     - the same clusters' stage groups (``planner.search.slow_crossings``): either every stage group
       sits in one cluster, and every replica's round trips cross between the clusters they fill, or
       some cross, and the round trips' chain ends with a crossing group's sync (over the layer
@@ -133,7 +135,9 @@ def lower_bound_s(topology, model, training) -> float:
       stage's sync, which then crosses it, while the other replicas hold the batch's other sequences;
       the stage chains with that stage odd, over intervals of that replica's sequences, and with the
       clusters' cases (every group pure, or crossing groups' syncs at the slower way; between two
-      clusters, as many slow stages as crossing groups the pure groups' room forces);
+      clusters, as many slow stages as crossing groups the pure groups' room forces); every group
+      pure, the busiest replica's messages over the slower way then a stage's sync
+      (``planner.search.crossing_link``), over the same intervals;
     minimised over the pairs whose largest stage's state fits: at least ``params / S`` parameters at
     the least state per parameter (sharded over every device where sharding is allowed), over ``t``
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.search.crossing_link import crossing_link_s
 from planner.search.link_clusters import (clusters_at, fastest_both_ways_between, least_latency_between,
                                           link_thresholds, slower_way_between)
 from planner.search.stage_split import stage_split_s
@@ -143,7 +144,9 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
         busiest (``ceil(B / D)`` sequences) too: ``max(ceil(B / D) P / B, P C / (P + C), 2 latencies)``,
         the second from ``max(phi P, (1 - phi) C)``, the rest of the batch running elsewhere; and
         the busiest replica's round trips crossing once at least (``crossing_trip_s``, from
-        ``round_trip.crossing_extra_s`` with ``fewest=1``; None: not counted);
+        ``round_trip.crossing_extra_s`` with ``fewest=1``; None: not counted), and its messages over
+        the slower way between clusters, then a block's sync at the fastest ring (``inside_sync_s``
+        over ``L``: ``crossing_link.crossing_link_s``; not counted where ``inside_sync_s`` is None);
     (ii) no replica crosses: every stage crosses, the deepest (``ceil(L / S)`` blocks) too:
         ``max(ceil(L / S) A / L + Lambda, C (A + Lambda) / (A + C))``, the second from
         ``max(f A + Lambda, (1 - f) C)``, the other stages' blocks running elsewhere;
@@ -190,6 +193,9 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
            if stages > 1 else never)  # a replica of one cell never crosses
     if stages > 1 and crossing_trip_s is not None:  # the busiest crosses: its round trips do
         one = np.maximum(one, crossing_trip_s)
+    if stages > 1 and inside_sync_s is not None:  # its messages over the slower way, then a stage's sync
+        one = np.maximum(one, crossing_link_s(np.ceil(B / replicas), crossing.batch_bytes / B,
+                                              level.slower_way_bytes_per_s, latency, inside_sync_s / L))
     two = np.where(replicas > 1, np.maximum(math.ceil(L / stages) * A / L + lam,
                                             np.maximum(lam, C * (A + lam) / (A + C))), np.inf)
     if stages > 1:
@@ -208,14 +214,14 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
                                + crossing.end_sync_bytes * share / sync_tau + lam)
     if stages > 1 and inside_sync_s is not None:
         both = np.maximum(both, _split_stages_s(stages, replicas, cells, level.sizes.max(), A,
-                                                busiest_s + inside_sync_s))
+                                                busiest_s + inside_sync_s, layers=L))
     crossing_s = np.where(every_stage, all_cross if every_replica else two,
                           one if every_replica else np.minimum.reduce([one, two, both]))
     return np.minimum(inside, crossing_s)
 
 
 def _split_stages_s(stages: int, replicas: np.ndarray, cells: np.ndarray, largest: int, crossing_s: np.ndarray,
-                    inside_s: np.ndarray) -> np.ndarray:
+                    inside_s: np.ndarray, layers: int | None = None) -> np.ndarray:
     """The least ``T`` of case (iii) of ``cluster_bound`` from the stages' shares of the blocks:
     each stage of a share ``f`` of the blocks takes at least ``f X`` (its sync starts after the
     busiest replica's backwards of those blocks, ``K``, and sends ``f`` of every block's sync bytes),
@@ -226,12 +232,64 @@ def _split_stages_s(stages: int, replicas: np.ndarray, cells: np.ndarray, larges
     ``c`` crossing stages and at most ``D - 1`` crossing replicas need ``c (D - 1) >= S D - largest``:
     ``c >= max(1, ceil((S D - largest) / (D - 1)))``, up to ``S - 1``; the least over the two ends
     (the bound is monotone in ``c``), and inf where even ``S - 1`` are too few (no cluster holds the
-    ``S + D - 1`` cells of a stage and a replica that stay inside: case (iii) cannot happen)."""
+    ``S + D - 1`` cells of a stage and a replica that stay inside: case (iii) cannot happen).
+
+    Given ``layers`` (``L``), the shares are whole blocks, each stage one at least (a plan splits the
+    blocks, never one block): with ``m`` blocks on the ``c`` crossing stages the largest of them holds
+    ``ceil(m / c)`` and the largest of the others ``ceil((L - m) / (S - c))``, so ``T`` is at least
+    the least over ``m`` of ``max(ceil(m / c) A, ceil((L - m) / (S - c)) (K + Y)) / L``
+    (``_whole_blocks_s``), never below the shares' bound above; still monotone in ``c`` (a crossing
+    stage in place of an inside one changes its ``X`` one way only)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         fewest = np.maximum(1.0, np.ceil((cells - largest) / np.maximum(replicas - 1, 1)))
         ends = [np.minimum(fewest, stages - 1), np.full(np.shape(replicas), stages - 1.0)]
         bounds = [1.0 / (c / crossing_s + (stages - c) / inside_s) for c in ends]
-    return np.where(fewest > stages - 1, np.inf, np.minimum(*bounds))
+    least = np.where(fewest > stages - 1, np.inf, np.minimum(*bounds))
+    if layers is not None:  # whole blocks, only where the case can happen (time)
+        room = np.flatnonzero(np.isfinite(least))
+        if room.size:
+            def both_ends(values):  # each end's replica counts, one after the other (one call)
+                return np.tile(np.broadcast_to(values, least.shape)[room], 2)
+            whole = _whole_blocks_s(layers, stages, np.concatenate([np.broadcast_to(c, least.shape)[room] for c in ends]),
+                                    both_ends(crossing_s), both_ends(inside_s)).reshape(2, room.size)
+            least = least.copy()
+            least[room] = np.maximum(least[room], whole.min(axis=0))
+    return least
+
+
+def _whole_blocks_s(layers: int, stages: int, crossing: np.ndarray, crossing_s: np.ndarray,
+                    inside_s: np.ndarray) -> np.ndarray:
+    """(D,) the least over splits of ``layers`` whole blocks over ``stages`` stages (one block each at
+    least), ``crossing`` (D,) of them crossing, of the largest stage's blocks times its ``X / L``:
+    ``crossing_s`` (D,) for a crossing stage, ``inside_s`` (D,) for the others (``_split_stages_s``);
+    inf where ``crossing`` is not between 1 and ``stages - 1``.
+
+    With ``q`` blocks on the largest crossing stage, the crossing stages hold ``m = min(c q, L - p)``
+    at most (``p = S - c`` inside stages of one block at least; fewer with the same ``q`` only load
+    the inside stages more), the largest inside one ``ceil((L - m) / p)``: ``f(q) = max(q a, g(q))``
+    with ``q a`` increasing and ``g`` non-increasing, so the least is at the first ``q`` where
+    ``q a >= g(q)`` or the one before (a bisection over ``q``, every replica count at once)."""
+    c = np.asarray(crossing, dtype=float)
+    a, b = np.asarray(crossing_s) / layers, np.asarray(inside_s) / layers
+    valid = (c >= 1) & (stages - c >= 1) & (layers >= stages)
+    c = np.where(valid, c, 1.0)
+    p = np.where(valid, stages - c, 1.0)
+    most = np.ceil((layers - p) / c)  # the most blocks the largest crossing stage holds
+
+    def g(q):  # the largest inside stage's blocks, times its X / L
+        return np.ceil((layers - np.minimum(c * q, layers - p)) / p) * b
+    lo, hi = np.ones(c.shape), most + 1.0  # the first q in [lo, hi) with q a >= g(q); most + 1 if none
+    while True:
+        active = lo < hi
+        if not active.any():
+            break
+        mid = np.floor((lo + hi) / 2.0)
+        ok = mid * a >= g(mid)
+        hi = np.where(active & ok, mid, hi)
+        lo = np.where(active & ~ok, mid + 1.0, lo)
+    above = np.where(lo <= most, lo * a, np.inf)
+    below = np.where(lo > 1, g(lo - 1.0), np.inf)
+    return np.where(valid, np.minimum(above, below), np.inf)
 
 
 def _crowded_s(C, a, b):

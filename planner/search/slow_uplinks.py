@@ -42,6 +42,7 @@ crossing groups hold ``x - 1`` stages other than ``u``'s syncing at the slower w
 
 import numpy as np
 
+from planner.search.crossing_link import crossing_link_s
 from planner.search.stage_chains import _fewest_open_crossings, _pure_groups_fill_both, pure_groups_s, stage_chains_s
 
 __all__ = ["nic_rates_bytes_per_s", "slowest_used_rate", "uplink_chains_s"]
@@ -176,7 +177,11 @@ def _uplink_chains_s(levels, stages, replicas, batch, rate, sequence_bytes, shar
                 other = np.where(fills, two_crossed, two_spread)
                 two = np.where(alone, np.minimum.reduce([two, one, other]), two)
             crossing = np.where(replicas >= 2, two, np.inf)
-        pure = pure_groups_s(level.cluster_sizes, stages, replicas, spans, lambda fewest: stage_chains_s(
-            **base, odd_sync=odd, crossings=crossing_extra(fewest=fewest)).min(axis=0))
+        # every replica crosses where the pure groups fill two clusters or more: the busiest's messages
+        # over the slower way, then a stage's sync (``crossing_link``), over the same intervals
+        linked = crossing_link_s(busiest, sequence_bytes, level.slower_way_bytes_per_s, level.latency_s, usual[0])
+        pure = pure_groups_s(level.cluster_sizes, stages, replicas, spans, lambda fewest: np.maximum(
+            stage_chains_s(**base, odd_sync=odd, crossings=crossing_extra(fewest=fewest)),
+            linked if fewest >= 1 else 0.0).min(axis=0))
         least = np.where(spans, np.maximum(least, np.minimum(crossing, pure)), least)
     return least
