@@ -32,8 +32,10 @@ sync and ``b``'s crossings downstream of ``k`` (``stage_chains.placed_stage_chai
 may be the busiest, so a pattern's plans take at least the least over its rows of that bound, and
 every plan of ``S`` stages x ``D`` replicas at least the least over the patterns the clusters' sizes
 allow (``pattern_chains_s``). The patterns are enumerated (rows as a multiset: the replicas are
-interchangeable) and only their distinct costs evaluated, at once; where a replica count has more
-than ``_MOST_PATTERNS`` patterns, that count gets 0 (time).
+interchangeable) and only the costs no other one is at most in every part of evaluated
+(``_undominated``: the bound grows with each), at once; where a replica count has more than
+``_MOST_PATTERNS`` patterns, or its enumeration would test more than ``_MOST_PAIRS`` (partial
+pattern, row) pairs, that count gets 0 (time; every device a cluster of its own past a few stages).
 """
 
 import numpy as np
