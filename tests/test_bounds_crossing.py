@@ -82,6 +82,7 @@ def test_stage_split_is_the_work_plus_an_average_stage_sync(monkeypatch):
 
     monkeypatch.setattr(bounds, "stage_chains_s", lambda **k: np.zeros(np.shape(k["busiest"])))
     monkeypatch.setattr(bounds, "clustered_stage_chains_s", lambda *a, **k: np.zeros(np.shape(k["busiest"])))
+    monkeypatch.setattr(bounds, "pattern_chains_s", lambda *a, **k: np.zeros(np.shape(k["busiest"])))
     monkeypatch.setattr(bounds, "uplink_chains_s", lambda *a, **k: np.zeros(np.shape(k["replicas"])))
     from planner.prediction.stage_model import layer_costs
     from planner.search.bounds import _least_block_slowdown, _pair_bounds_s
@@ -191,6 +192,7 @@ def test_dtfm_mini_eight_stages_cross_three_region_links_each_trip(monkeypatch):
 
     monkeypatch.setattr(bounds, "stage_chains_s", lambda **k: np.zeros(np.shape(k["busiest"])))
     monkeypatch.setattr(bounds, "clustered_stage_chains_s", lambda *a, **k: np.zeros(np.shape(k["busiest"])))
+    monkeypatch.setattr(bounds, "pattern_chains_s", lambda *a, **k: np.zeros(np.shape(k["busiest"])))
 
     job = _job("emulated/dtfm-case5-mini")
     topology, model, training = job.topology, job.model, job.training

@@ -130,8 +130,8 @@ def test_the_deepest_stage_syncs_after_the_chain_by_hand(monkeypatch):
     two over 2 Gbit/s, whose 2 (2 - 1) steps each wait a latency (``planner.search.slow_crossings``:
     every home is a cluster of its own, so every stage group crosses): ``5 (c + 4 b + 4 lambda) +
     2 (b + lambda) + 8 x 50358272 x 2 / 2.5e8 + 2 lambda``. The simulated plan takes at least that and
-    at most 25% more. Every stage's chain (``planner.search.stage_chains``, left out for the sum by
-    hand) raises the pair to 6.81 s, which the plan still takes at least."""
+    at most 25% more. Every stage's chain (``planner.search.stage_chains``, and per clusters' pattern
+    ``planner.search.cluster_patterns``, left out for the sum by hand) raises the pair to 6.81 s, which the plan still takes at least."""
     import planner.search.bounds as bounds
     from planner.prediction.predict import predict
     from planner.search.bounds import _pair_bounds_s, work_bound_s
@@ -149,6 +149,7 @@ def test_the_deepest_stage_syncs_after_the_chain_by_hand(monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(bounds, "stage_chains_s", lambda **k: np.zeros(np.shape(k["busiest"])))
         patch.setattr(bounds, "clustered_stage_chains_s", lambda *a, **k: np.zeros(np.shape(k["busiest"])))
+        patch.setattr(bounds, "pattern_chains_s", lambda *a, **k: np.zeros(np.shape(k["busiest"])))
         bound = _pair_bounds_s(topology, model, training)[3][1]
     assert abs(bound - by_hand) <= 1e-9 * by_hand
     chains = _pair_bounds_s(topology, model, training)[3][1]

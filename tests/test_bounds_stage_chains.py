@@ -136,6 +136,7 @@ def test_stays_below_random_plans_and_raises_some(monkeypatch):
         assert bound <= predicted * (1 + 1e-9), (bound, predicted, plan.stages, plan.replicas)
     monkeypatch.setattr(bounds, "stage_chains_s", lambda **k: np.zeros(np.shape(k["busiest"])))
     monkeypatch.setattr(bounds, "clustered_stage_chains_s", lambda *a, **k: np.zeros(np.shape(k["busiest"])))
+    monkeypatch.setattr(bounds, "pattern_chains_s", lambda *a, **k: np.zeros(np.shape(k["busiest"])))
     again = _checked_plans(29, 90, lambda *job: bounds._pair_bounds_s(*job))
     raised = sum(pairs[plan.stages][plan.replicas - 1] > 1.02 * without[plan.stages][plan.replicas - 1]
                  for (pairs, _, plan), (without, _, _) in zip(checked, again))

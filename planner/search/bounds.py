@@ -14,6 +14,7 @@ from planner.plan.sync_groups import REPLICA
 from planner.plan.tensor import TENSOR_DEGREES
 from planner.prediction.stage_model import iteration_flops, layer_costs, least_gradient_bytes_per_param
 from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
+from planner.search.cluster_patterns import cluster_links, pattern_chains_s
 from planner.search.end_groups import end_groups_s
 from planner.search.nested_crossings import nested_crossing_s
 from planner.search.replica_crossings import replica_crossings_s
@@ -138,6 +139,11 @@ def lower_bound_s(topology, model, training) -> float:
       clusters, as many slow stages as crossing groups the pure groups' room forces); every group
       pure, the busiest replica's messages over the slower way then a stage's sync
       (``planner.search.crossing_link``), over the same intervals;
+    - on topologies of at most ``_CLUSTERED_CHAINS_DEVICES`` devices, every cell one device and rings
+      the only sync, the clusters each cell sits in at each level (``planner.search.cluster_patterns``):
+      the busiest replica's boundaries cross between the clusters its cells sit in, each at that pair's
+      fastest links and least latencies both ways, and each stage syncs over the pair its group
+      spans, the stage chains of each pattern the clusters' sizes allow, the least over them;
     minimised over the pairs whose largest stage's state fits: at least ``params / S`` parameters at
     the least state per parameter (sharded over every device where sharding is allowed), over ``t``
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning
@@ -266,6 +272,8 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     first_params = layer_params + two_stages.first_params  # a first stage's block and embeddings
     most_sequences = training.micro_batch_size or math.inf
     nic_rates = nic_rates_bytes_per_s(topology.network)  # devices alone behind a shared NIC (slow_uplinks)
+    patterned = tensor == 1 and crossing.ring_only and n <= _CLUSTERED_CHAINS_DEVICES  # cluster_patterns' plans
+    links = [cluster_links(topology.network, level.tau_bytes_per_s) for level in levels] if patterned else []
     pairs = {}
     for stages in range(fewest_stages, min(model.layers, n) + 1):
         replicas = np.arange(1, min(n // stages, batch) + 1)
@@ -352,6 +360,14 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                           last_sync_s=two_stages.last_params * gradient_bytes * ring,
                           gpipe_fits=True if fits is None else fits)
             crossings.append(partial(stage_chains_s, **chains))
+            plain = {k: v for k, v in chains.items() if k not in ("busiest", "gpipe_fits") and not k.endswith("sync_s")}
+            crossings += [partial(pattern_chains_s, *link, replicas=replicas,
+                                  busiest=busiest, ring_bytes_per_s=np.where(replicas > 1, best_out[replicas - 1], np.inf),
+                                  share=share, block_sync_bytes=layer_params * gradient_bytes,
+                                  first_sync_bytes=two_stages.first_params * gradient_bytes,
+                                  last_sync_bytes=two_stages.last_params * gradient_bytes,
+                                  sequence_bytes=boundary_bytes, gpipe_fits=chains["gpipe_fits"], **plain)
+                          for link in links]
             if n <= _CLUSTERED_CHAINS_DEVICES and tensor == 1 and crossing.ring_only:
                 # every cell one device: the plan's S D devices hold one whose fastest outgoing link is
                 # at most the (S D)-th best, and with D >= 2 its stage's ring leaves it over that link

@@ -47,7 +47,7 @@ import numpy as np
 
 from cost_models.schedule import Schedule
 
-__all__ = ["stage_chains_s", "clustered_stage_chains_s", "pure_groups_s"]
+__all__ = ["stage_chains_s", "placed_stage_chains_s", "clustered_stage_chains_s", "pure_groups_s"]
 
 _POINTS = 15  # limits tried at once in each pass: the bracket shrinks 16-fold a pass
 _PASSES = 6  # passes: the bracket's width ends at 16 ** -6 ~ 6e-8 of the even split's
@@ -109,10 +109,25 @@ def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, 
                              crossings, waits).min(axis=0)
 
 
+def placed_stage_chains_s(*, syncs: list, downstream: tuple, stages: int, layers: int, busiest: np.ndarray, schedules,
+                          interleaved: bool, per_round: float, micro_batch: float, layer_s: float, head_s: float,
+                          boundary_s: float, latency_s: float, gpipe_fits=True) -> np.ndarray:
+    """``stage_chains_s`` of plans whose stages' syncs and crossings are known stage by stage:
+    ``syncs[k]`` stage ``k``'s (block, first, last) sync seconds, ``downstream`` ``(per sequence,
+    per trip)``, each a list of what the busiest replica's boundaries downstream of stage ``k`` add
+    to a trip over them (``round_trip.crossing_extra_s``'s two parts, summed), in place of
+    ``crossings``; every value broadcast with ``busiest``, over which the answer runs."""
+    busiest = np.asarray(busiest, dtype=float)
+    syncs = [tuple(np.broadcast_to(y, busiest.shape) for y in stage) for stage in syncs]
+    return _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round, micro_batch, layer_s, head_s,
+                             boundary_s, latency_s, syncs, gpipe_fits, (0, 0.0, 0.0), downstream=downstream)
+
+
 def _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round, micro_batch, layer_s, head_s,
-                      boundary_s, latency_s, syncs, gpipe_fits, crossings, waits=None) -> np.ndarray:
+                      boundary_s, latency_s, syncs, gpipe_fits, crossings, waits=None, downstream=None) -> np.ndarray:
     """``stage_chains_s`` with stage ``k``'s syncs ``syncs[k]`` (block, first, last), (D,) each, and
-    (``waits``) its sync starting after ``waits[k]`` seconds at least."""
+    (``waits``) its sync starting after ``waits[k]`` seconds at least; ``downstream``: what stage
+    ``k``'s chain crosses, ``placed_stage_chains_s``'s, in place of ``crossings``'."""
     shape = busiest.shape
     fixed = math.isfinite(micro_batch)
     fewest = micro_batch if fixed else 1.0  # the fewest sequences in a micro-batch
@@ -142,6 +157,10 @@ def _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round
                 terms.append((waits[k] + (first_sync if k == 0 else 0.0) + (last_sync if last else 0.0), block_sync))
             hops = stages - 1 - k
             across = max(0, crossed - k)  # crossings downstream of stage k, at least
+            if downstream is None:
+                extra_sequence, extra_trip = across * per_sequence, across * per_trip
+            else:
+                extra_sequence, extra_trip = downstream[0][k], downstream[1][k]
             if kind in (Schedule.ONE_F_ONE_B, Schedule.ZERO_BUBBLE) and hops > 0:
                 window = min(stages - k, per_round)
                 carried = np.maximum(1.0, busiest / window)
@@ -149,11 +168,11 @@ def _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round
                 if fixed:
                     carried = np.maximum(carried, np.ceil(np.ceil(busiest / micro_batch) / window) * micro_batch)
                 compute = 0.0 if kind == Schedule.ZERO_BUBBLE else (layers - upstream) * layer_s + head_s
-                terms.append((base + carried * (compute + 2 * hops * boundary_s + across * per_sequence)
-                              + trips * (2 * hops * latency_s + across * per_trip), block_sync))
+                terms.append((base + carried * (compute + 2 * hops * boundary_s + extra_sequence)
+                              + trips * (2 * hops * latency_s + extra_trip), block_sync))
             if kind == "gpipe" and hops > 0:
                 gap = (fewest * ((layers - upstream) * layer_s + head_s) + 2 * hops * arrival
-                       + across * (fewest * per_sequence + per_trip))
+                       + fewest * extra_sequence + extra_trip)
                 terms.append((base + gap, busiest * layer_s + block_sync - fewest * layer_s))
                 terms.append((base + 2.0 * busiest * boundary_s + 2.0 * latency_s, block_sync))
             return terms
