@@ -149,10 +149,15 @@ def lower_bound_s(topology, model, training) -> float:
 
 @lru_cache(maxsize=4)
 def pair_bounds_s(topology, model, training) -> dict:
-    """``{S: bounds}``: ``lower_bound_s``'s bound on every plan of S stages and ``D = 1 ..
-    len(bounds)`` replicas, for every S whose largest stage's state fits. Kept for the last few
-    jobs (a search asks once per tensor grouping: 2.4 s a time at 16,384 devices); read-only."""
-    table = _pair_bounds_s(topology, model, training)
+    """``{S: bounds}``: a bound on every plan of S stages and ``D = 1 .. len(bounds)`` replicas, for
+    every S whose largest stage's state fits: ``lower_bound_s``'s terms but GPipe's idle and the
+    stage groups' spread (``_pair_bounds_s``' ``spread``), the table the search orders its degree
+    pairs by (``front._bound_ordered``). Those two lift many-stage pairs above the work bound but
+    not to what their plans take, and first in the order they cost the search its budget: at 1,024
+    generated devices (budget 5) a 27 x 32 plan of 15.06 s instead of 8 x 114 at 4.263 s. Kept for
+    the last few jobs (a search asks once per tensor grouping: 2.4 s a time at 16,384 devices);
+    read-only."""
+    table = _pair_bounds_s(topology, model, training, spread=False)
     for bounds in table.values():
         bounds.setflags(write=False)
     return table
@@ -198,12 +203,13 @@ def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
 
 
 def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_trips: bool = True,
-                   deferred: dict | None = None) -> dict:
+                   deferred: dict | None = None, spread: bool = True) -> dict:
     """``{S: bounds}``: the bound on every plan of S stages and ``D = 1 .. len(bounds)`` replicas,
     for every S whose largest stage's state fits (``lower_bound_s``: their least); without the
     clusters' or the round trips' term where ``clusters`` or ``round_trips`` is False. Given a dict
     ``deferred``, the slow crossings' terms are left out of the bounds and put there instead, as
-    ``{S: [callables giving (D,) seconds]}``."""
+    ``{S: [callables giving (D,) seconds]}``. Without ``spread``, GPipe's idle and the stage
+    groups' spread are left out (``pair_bounds_s``)."""
     work = work_flops(topology, model, training)
     flops = topology.effective_flops(training.precision)
     speed = np.sort(flops)[::-1]
@@ -310,7 +316,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                             sequence_s=sequence_s, most_sequences=np.minimum(most_sequences, busiest),
                             micro_batch=training.micro_batch_size or math.inf,
                             first_sync_s=first_params * gradient_bytes * ring, fits=fits,
-                            cells_work_s=compute)
+                            cells_work_s=compute if spread else None)
             deepest_sync_s = deepest * layer_params * gradient_bytes * ring
             both = trips(boundary_s=boundary_s, latency_s=latency_s, deepest_sync_s=deepest_sync_s,
                          crossing_sets=[every] + [every + (one,) for one in level_crossings(1)])
@@ -332,12 +338,13 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                   pure_latency_s=pure_latency)
             crossings = [partial(slow_crossing_s, level, count, **crossed_kwargs) for level, count in zip(levels, counts)]
             # how far the stage groups spread: the least of its two cases at each clustering (``pure_groups``)
-            spread = dict(stages=stages, replicas=replicas, work_flops=work, cells_flops=cells_flops,
+            spreads = dict(stages=stages, replicas=replicas, work_flops=work, cells_flops=cells_flops,
                           most_cells_flops=partial(_most_cells_flops, fastest, tensor, speedup), round_trips=crossed,
                           boundary_s=boundary_s, latency_s=latency_s, sequence_bytes=boundary_bytes,
                           block_sync_bytes=layer_params * gradient_bytes, ring_only=crossing.ring_only,
                           sharded=crossing.sharded, sync_every=training.sync_every)
-            terms += [np.minimum(*spread_floors_s(level, count, **spread)) for level, count in zip(levels, counts)]
+            if spread:
+                terms += [np.minimum(*spread_floors_s(level, count, **spreads)) for level, count in zip(levels, counts)]
             crossings += [partial(nested_crossing_s, levels[i], counts[i], levels[j], counts[j], devices=n,
                                   **crossed_kwargs)
                           for i, j in _nested_pairs(levels)]
