@@ -14,7 +14,7 @@ clock, ends every phase and the plan does not depend on the machine's load), in 
 Each search runs in its own process with its tree first on ``PYTHONPATH``. The plan's seconds are
 the simulator's; the bound and the gap are what the search reports (``SearchResult.lower_bound_s``,
 ``gap``); ``bound_ms`` is one call of ``lower_bound_s`` on the asked job; ``least_pairs`` the three
-(stages, replicas) pairs whose bounds (``bounds.pair_bounds_s``) are lowest, the first of them
+(stages, replicas) pairs whose bounds (``bounds._pair_bounds_s``, every term) are lowest, the first of them
 setting the bound: the pairs a tighter bound must lift. Prints topology | plan (s) | old bound |
 new bound | old gap | new gap | plan's S x D | least pair and writes ``benchmarks/results/bounds.json``.
 """
@@ -39,7 +39,8 @@ import yaml
 from planner.inputs.job import load_job
 from planner.inputs.model import model_preset, parse_training
 from planner.inputs.topology import parse_topology
-from planner.search.bounds import lower_bound_s, pair_bounds_s
+from planner.search import bounds
+from planner.search.bounds import lower_bound_s
 from planner.search.front import SearchOptions, search
 source, seed, limit, budget = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 if source.startswith("generated-"):
@@ -59,7 +60,7 @@ wall = time.perf_counter() - started
 started = time.perf_counter()
 lower_bound_s(topology, model, result.training if training.precision == "auto" else training)
 bound_ms = 1e3 * (time.perf_counter() - started)
-pairs = pair_bounds_s(topology, model, result.training if training.precision == "auto" else training)
+pairs = bounds._pair_bounds_s(topology, model, result.training if training.precision == "auto" else training)
 least = sorted((float(b), s, d + 1) for s, bounds in pairs.items() for d, b in enumerate(bounds))[:3]
 plan = result.plan
 print(json.dumps({"predicted_s": result.objective_s, "lower_bound_s": result.lower_bound_s, "gap": result.gap,

@@ -16,6 +16,8 @@ from planner.prediction.stage_model import iteration_flops, layer_costs, least_g
 from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
 from planner.search.cluster_patterns import cluster_links, pattern_chains_s
 from planner.search.end_groups import end_groups_s
+from planner.search.gpipe_idle import gpipe_idle_s
+from planner.search.pure_groups import spread_floors_s
 from planner.search.nested_crossings import nested_crossing_s
 from planner.search.replica_crossings import replica_crossings_s
 from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s,
@@ -98,6 +100,9 @@ def lower_bound_s(topology, model, training) -> float:
       cluster of, the least of a stage group's ring crossing (that stage syncing at most at the
       clusters' slower way) and every group in one cluster (each replica's chain then crossing
       between the clusters the groups fill: ``stage_chains.clustered_stage_chains_s``);
+    - under GPipe (one chunk a device), the work over the cells' speed plus every boundary crossed
+      once each way, by the crossings every replica pays: each cell idles that long in a round
+      (``planner.search.gpipe_idle``), wherever the round trips are priced as above and below;
     - the blocks' work over the cells' speed plus every block's sync (as above) over ``S``: each
       stage syncs after every replica's last backward on it (``planner.search.stage_split``);
     - the clusters that slow links join (``planner.search.cluster_bound``, for each threshold of
@@ -157,14 +162,19 @@ def pair_bounds_s(topology, model, training) -> dict:
     """``{S: bounds}``: a bound on every plan of S stages and ``D = 1 .. len(bounds)`` replicas, for
     every S whose largest stage's state fits: ``lower_bound_s``'s terms but the deferred ones that
     take seconds at scale (the nested crossings, the clustered stage chains, the replicas' crossings
-    and their end groups), the rings' slow crossings kept. The search orders its degree pairs by it
-    above ``DENSE_DEVICES``: at 1,024 generated devices the whole table took 8.6 CPU seconds (on a
-    loaded 2-core machine), more than a 6 s limit, this one 0.4 s; ordered by it, ``--budget 5`` found
-    the same plan (4.273 s, 8 x 114) in 32.5 CPU seconds instead of 46.7, and ``--time-limit 6`` a
-    4.276 s plan in 5.8 s where the whole table left the search two evaluations (a 43.0 s plan in
-    28.5 s). Kept for the last few jobs (a search asks once per tensor grouping); read-only."""
+    and their end groups; the rings' slow crossings kept), GPipe's idle and the stage groups' spread
+    (``_pair_bounds_s``' ``spread``). The search orders its degree pairs by it above
+    ``DENSE_DEVICES`` (``front._bound_ordered``). At 1,024 generated devices the table with the
+    deferred terms took 8.6 CPU seconds (on a loaded 2-core machine), more than a 6 s limit, this one
+    0.4 s; ordered by it, ``--budget 5`` found the same plan (4.273 s, 8 x 114) in 32.5 CPU seconds
+    instead of 46.7, and ``--time-limit 6`` a 4.276 s plan in 5.8 s where the whole table left the
+    search two evaluations (a 43.0 s plan in 28.5 s). GPipe's idle and the spread lift many-stage
+    pairs above the work bound but not to what their plans take, and first in the order they cost
+    the search its budget: with them, a 27 x 32 plan of 15.06 s instead of 8 x 114 at 4.263 s
+    (``benchmarks/bounds.py --generated 1024 --budget 5``). Kept for the last few jobs (a search asks
+    once per tensor grouping); read-only."""
     deferred = {}
-    table = _pair_bounds_s(topology, model, training, deferred=deferred)
+    table = _pair_bounds_s(topology, model, training, spread=False, deferred=deferred)
     for stages, terms in deferred.items():
         kept = [term() for term in terms if term.func is slow_crossing_s]
         table[stages] = np.maximum.reduce([table[stages], *kept])
@@ -213,12 +223,13 @@ def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
 
 
 def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_trips: bool = True,
-                   deferred: dict | None = None) -> dict:
+                   deferred: dict | None = None, spread: bool = True) -> dict:
     """``{S: bounds}``: the bound on every plan of S stages and ``D = 1 .. len(bounds)`` replicas,
     for every S whose largest stage's state fits (``lower_bound_s``: their least); without the
     clusters' or the round trips' term where ``clusters`` or ``round_trips`` is False. Given a dict
     ``deferred``, the slow crossings' terms are left out of the bounds and put there instead, as
-    ``{S: [callables giving (D,) seconds]}``."""
+    ``{S: [callables giving (D,) seconds]}``. Without ``spread``, GPipe's idle and the stage
+    groups' spread are left out (``pair_bounds_s``)."""
     work = work_flops(topology, model, training)
     flops = topology.effective_flops(training.precision)
     speed = np.sort(flops)[::-1]
@@ -326,7 +337,8 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
             trips = partial(_round_trips_s, model, training, stages, busiest, tensor, n, float(memory.max()),
                             sequence_s=sequence_s, most_sequences=np.minimum(most_sequences, busiest),
                             micro_batch=training.micro_batch_size or math.inf,
-                            first_sync_s=first_params * gradient_bytes * ring, fits=fits)
+                            first_sync_s=first_params * gradient_bytes * ring, fits=fits,
+                            cells_work_s=compute if spread else None)
             deepest_sync_s = deepest * layer_params * gradient_bytes * ring
             both = trips(boundary_s=boundary_s, latency_s=latency_s, deepest_sync_s=deepest_sync_s,
                          crossing_sets=[every] + [every + (one,) for one in level_crossings(1)])
@@ -336,9 +348,9 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
             cell_speedup = speedups[np.minimum(tensor, 1 + np.maximum(0, n - stages * replicas)) - 1]
             spared = partial(trips, sequence_s=work / batch / (cell_speedup * speed[0]))
 
-            def crossed(b, lam, phases_b, phases_lam, deepest_s, trips=spared):  # this S's, called later
+            def crossed(b, lam, phases_b, phases_lam, deepest_s, trips=spared, **work):  # this S's, called later
                 return trips(boundary_s=b, latency_s=lam, phases_boundary_s=phases_b, phases_latency_s=phases_lam,
-                             deepest_sync_s=deepest_s)[0]
+                             deepest_sync_s=deepest_s, **work)[0]
             crossed_kwargs = dict(stages=stages, layers=model.layers, replicas=replicas, round_trips=crossed,
                                   boundary_s=boundary_s, latency_s=latency_s, sequence_bytes=boundary_bytes,
                                   block_s=busiest * sequence_layer_flops / (cell_speedup * speed[0]),
@@ -347,6 +359,14 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                   sync_every=training.sync_every, pure_tau_bytes_per_s=pure_tau,
                                   pure_latency_s=pure_latency)
             crossings = [partial(slow_crossing_s, level, count, **crossed_kwargs) for level, count in zip(levels, counts)]
+            # how far the stage groups spread: the least of its two cases at each clustering (``pure_groups``)
+            spreads = dict(stages=stages, replicas=replicas, work_flops=work, cells_flops=cells_flops,
+                          most_cells_flops=partial(_most_cells_flops, fastest, tensor, speedup), round_trips=crossed,
+                          boundary_s=boundary_s, latency_s=latency_s, sequence_bytes=boundary_bytes,
+                          block_sync_bytes=layer_params * gradient_bytes, ring_only=crossing.ring_only,
+                          sharded=crossing.sharded, sync_every=training.sync_every)
+            if spread:
+                terms += [np.minimum(*spread_floors_s(level, count, **spreads)) for level, count in zip(levels, counts)]
             crossings += [partial(nested_crossing_s, levels[i], counts[i], levels[j], counts[j], devices=n,
                                   **crossed_kwargs)
                           for i, j in _nested_pairs(levels)]
@@ -424,6 +444,16 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     return pairs
 
 
+def _most_cells_flops(fastest: np.ndarray, tensor: int, speedup: float, cells: np.ndarray) -> np.ndarray:
+    """The most FLOP/s ``cells`` (an array; 0 for none) cells reach together, as the work term's
+    ``cells_flops``: the ``cells t`` fastest devices' at most, ``speedup`` times the ``cells`` fastest's
+    (``fastest``: the devices' speeds, fastest first, summed)."""
+    cells = np.asarray(cells)
+    n = fastest.size
+    most = np.minimum(fastest[np.clip(cells * tensor, 1, n) - 1], speedup * fastest[np.clip(cells, 1, n) - 1])
+    return np.where(cells > 0, most, 0.0)
+
+
 def _nested_pairs(levels) -> list:
     """The clusterings ``nested_crossings`` pairs: the coarsest with each finer one whose clusters hold
     two devices or more (each pair a valid term; the others are left out for time)."""
@@ -432,17 +462,22 @@ def _nested_pairs(levels) -> list:
 
 def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_bytes, *, sequence_s, boundary_s,
                    latency_s, most_sequences, micro_batch, first_sync_s, deepest_sync_s,
-                   phases_boundary_s=None, phases_latency_s=None, fits=None, crossing_sets=((),)) -> list:
+                   phases_boundary_s=None, phases_latency_s=None, fits=None, crossing_sets=((),),
+                   cells_work_s=None) -> list:
     """(D,) ``round_trip_s`` under the schedule that allows the fewest round trips, one array for each
     of ``crossing_sets`` (what the clusterings add to a trip, ``round_trip.crossing_extra_s``): the
     least over the schedules ``training`` allows (``schedule_windows``; GPipe only where its
     activations fit, ``gpipe_fits``; and never below ``gpipe_phases_s``, its first boundary's message
     and latency ``phases_boundary_s`` and ``phases_latency_s``, ``boundary_s`` and ``latency_s``
     unless given; ``fits``: ``gpipe_fits``'s answer where the caller has it). ZB-H1's chain runs only
-    the input gradients' share of the backwards, so it counts no compute."""
+    the input gradients' share of the backwards, so it counts no compute. Given ``cells_work_s``
+    (the work over the cells' speed), GPipe (one chunk a device) is never below ``gpipe_idle_s``
+    either, whose crossings every replica pays: the boundary prices given here must hold for every
+    replica."""
     phases_boundary_s = boundary_s if phases_boundary_s is None else phases_boundary_s
     phases_latency_s = latency_s if phases_latency_s is None else phases_latency_s
     least = [np.full(np.shape(busiest), np.inf) for _ in crossing_sets]
+    one_chunk = training.virtual_stages != "auto" and training.fixed_virtual_stages == 1
     for schedule, window in schedule_windows(training, stages).items():
         compute_s = 0.0 if schedule == Schedule.ZERO_BUBBLE else sequence_s
         floor = last_sync_s(stages=stages, busiest=busiest, window=window, micro_batch=micro_batch,
@@ -463,6 +498,10 @@ def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_b
                 seconds = np.maximum(seconds, gpipe_phases_s(busiest=busiest, rounds=rounds,
                                                              boundary_s=phases_boundary_s, latency_s=phases_latency_s,
                                                              first_sync_s=first_sync_s, crossings=crossings))
+                if cells_work_s is not None and one_chunk:
+                    seconds = np.maximum(seconds, gpipe_idle_s(stages=stages, cells_work_s=cells_work_s,
+                                                               boundary_s=boundary_s, latency_s=latency_s,
+                                                               micro_batch=micro_batch, crossings=crossings))
             least[k] = np.minimum(least[k], np.where(allowed, seconds, np.inf))
     return least
 

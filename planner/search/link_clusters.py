@@ -49,6 +49,9 @@ def link_thresholds(network) -> np.ndarray:
             between = between[np.isfinite(between) & (between > 0)]
             if between.size:
                 values = np.unique(np.append(values, between.max()))
+            inter_host = table[np.isfinite(table) & (table > 0)]
+            if inter_host.size:  # and the fastest link between two hosts: each host a cluster
+                values = np.unique(np.append(values, inter_host.max()))
     return values
 
 
