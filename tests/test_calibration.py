@@ -123,6 +123,11 @@ def test_topology_takes_measured_links_from_a_calibration(tmp_path, write_yaml):
     (lambda d: d["device_types"]["T4"].update(tensor_block_s={2: {0: 0.003}}), "device_types.T4.tensor_block_s.2"),
     (lambda d: d["device_types"]["T4"].update(tensor_block_s={2: {1: -1}}), "device_types.T4.tensor_block_s.2.1"),
     (lambda d: d["device_types"]["T4"].update(tensor_block_s={2: "fast"}), "device_types.T4.tensor_block_s.2"),
+    # how the blocks were run: what a launch compares with its own --compile
+    (lambda d: d["device_types"]["T4"].update(measured="compiled"), "device_types.T4.measured"),
+    (lambda d: d["device_types"]["T4"].update(measured={"compiled": "false"}), "device_types.T4.measured.compiled"),
+    (lambda d: d["device_types"]["T4"].update(measured={"compiled": True, "graphs": "yes"}),
+     "device_types.T4.measured.graphs"),
 ])
 def test_bad_calibration_file_is_one_line(tmp_path, write_yaml, capsys, change, message):
     cal = _calibration(tmp_path / "cal.yaml")

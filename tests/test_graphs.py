@@ -41,17 +41,23 @@ def test_an_unknown_compile_choice_is_refused_naming_the_choices():
         compiles("graph", "nccl")
 
 
-def _calibration(**measured) -> dict:
-    return {"device_types": {"H100-SXM": {"measured": measured}, "T4": {}}}
+def _types(**measured) -> dict:
+    """A calibration's device types as ``read_calibration`` reads them: H100-SXM timed as ``measured``
+    says, T4 with nothing said."""
+    return {"H100-SXM": dict(measured), "T4": {}}
+
+
+USED = {"H100-SXM", "T4"}
 
 
 def test_a_launch_agrees_with_a_calibration_that_timed_its_blocks_the_same_way():
-    graphed = _calibration(compiled=True, graphs="tensor")
-    assert calibration_disagrees(graphed, (2, 1), True, Graphed.TENSOR) is None
-    assert calibration_disagrees(graphed, (1, 1), True, Graphed.NONE) is None  # no tensor group: graphs nowhere
-    assert calibration_disagrees(_calibration(compiled=True), (1, 2), True, Graphed.TENSOR) is None  # before graphs
-    assert calibration_disagrees(_calibration(compiled=False, graphs="tensor"), (2,), False, Graphed.NONE) is None
-    assert calibration_disagrees(_calibration(), (2,), False, Graphed.NONE) is None  # nothing recorded: no claim
+    graphed = _types(compiled=True, graphs="tensor")
+    assert calibration_disagrees(graphed, USED, (2, 1), True, Graphed.TENSOR) is None
+    assert calibration_disagrees(graphed, USED, (1, 1), True, Graphed.NONE) is None  # no tensor group: graphs nowhere
+    assert calibration_disagrees(_types(compiled=True), USED, (1, 2), True, Graphed.NONE) is None  # before graphs
+    assert calibration_disagrees(_types(compiled=False, graphs="tensor"), USED, (2,), False, Graphed.NONE) is None
+    assert calibration_disagrees(_types(), USED, (2,), False, Graphed.NONE) is None  # nothing recorded: no claim
+    assert calibration_disagrees(graphed, {"T4"}, (2, 1), False, Graphed.NONE) is None  # H100s unused
 
 
 @pytest.mark.parametrize("measured, degrees, compiled, graphed, said", [
@@ -62,7 +68,27 @@ def test_a_launch_agrees_with_a_calibration_that_timed_its_blocks_the_same_way()
     ({"compiled": True, "graphs": "none"}, (1,), False, Graphed.NONE,
      "timed H100-SXM's blocks compiled; this launch runs them eager"),
     ({"compiled": False}, (4,), True, Graphed.TENSOR,
-     "timed H100-SXM's blocks eager; this launch runs them compiled, stage(s) 0 as CUDA graphs")])
+     "timed H100-SXM's blocks eager; this launch runs them compiled, stage(s) 0 as CUDA graphs"),
+    # calibrate times every group graphed under auto; a launch graphs the first stage's only
+    ({"compiled": True, "graphs": "tensor"}, (2, 2), True, Graphed.TENSOR,
+     "timed H100-SXM's blocks compiled, stage(s) 0, 1 as CUDA graphs; this launch runs them compiled, stage(s) 0 "
+     "as CUDA graphs")])
 def test_a_launch_that_runs_the_blocks_otherwise_is_told_how_each_timed_them(measured, degrees, compiled, graphed,
                                                                               said):
-    assert calibration_disagrees(_calibration(**measured), degrees, compiled, graphed) == said
+    assert calibration_disagrees(_types(**measured), USED, degrees, compiled, graphed) == said
+
+
+def test_the_launch_side_follows_the_worker_under_zb_h1_and_virtual_stages():
+    """ZB-H1 graphs nothing and virtual stages' groups receive their input: as the worker runs them."""
+    graphed = _types(compiled=True, graphs="tensor")
+    assert calibration_disagrees(graphed, USED, (2,), True, Graphed.TENSOR, zero_bubble=True) == (
+        "timed H100-SXM's blocks compiled, stage(s) 0 as CUDA graphs; this launch runs them compiled")
+    assert calibration_disagrees(graphed, USED, (2,), True, Graphed.TENSOR, virtual_stages=2) == (
+        "timed H100-SXM's blocks compiled, stage(s) 0 as CUDA graphs; this launch runs them compiled")
+    assert calibration_disagrees(_types(compiled=True), USED, (2,), True, Graphed.TENSOR, zero_bubble=True) is None
+
+
+def test_a_calibration_file_knows_exactly_the_graphed_values():
+    from planner.inputs.calibration import GRAPHED_VALUES
+
+    assert GRAPHED_VALUES == tuple(g.value for g in Graphed)

@@ -36,6 +36,7 @@ __all__ = ["CALIBRATION_FORMAT", "Calibration", "read_calibration", "write_calib
            "calibration_record", "recorded_calibration", "measured_links", "replan_calibration"]
 
 CALIBRATION_FORMAT = "hetplan-calibration/1"
+GRAPHED_VALUES = ("none", "tensor", "all")  # measured.graphs: ``planner.runtime.graphs.Graphed``'s values
 # A recomputed block does a plain block's work and one forward more (4/3 of its FLOPs) and takes no less
 # time, so its efficiency is at most 4/3 of the plain block's.
 _MOST_RECOMPUTE_EFFICIENCY_SHARE = training_flops_multiplier(True) / training_flops_multiplier(False)
@@ -48,9 +49,34 @@ class Calibration:
     measured_at_utc: str
     device_types: dict  # type name -> {"efficiency", "head_efficiency", "memory_bandwidth_bytes_per_s",
     #                                    "recompute_efficiency", "split_backward_efficiency"[, "tensor_block_issue_s",
-    #                                    "tensor_block_s": ((degree, ((micro-batch, seconds), ...)), ...)]}
+    #                                    "tensor_block_s": ((degree, ((micro-batch, seconds), ...)), ...),
+    #                                    "compiled": bool, "graphs": "none" | "tensor" | "all" (how the
+    #                                    blocks were run, where the file says)]}
     network: dict | None  # {"devices": [...], "latency_s": NxN, "bandwidth_bytes_per_s": NxN} or None
     document: dict
+
+
+def _how_timed(measured, field: str) -> dict:
+    """How ``plan calibrate`` ran the blocks it timed (``measured.compiled``, ``measured.graphs``: the
+    ``--compile`` of a launch the timings describe), as far as the file says; the rest of
+    ``measured`` is a record for people."""
+    if measured is None:
+        return {}
+    if not isinstance(measured, dict):
+        raise InputError(f"must be the mapping 'plan calibrate' writes, got {measured!r}: measure again with "
+                         "'plan calibrate'", field=field)
+    how = {}
+    if "compiled" in measured:
+        if not isinstance(measured["compiled"], bool):
+            raise InputError(f"must be true or false, got {measured['compiled']!r}: measure again with 'plan calibrate'",
+                             field=f"{field}.compiled")
+        how["compiled"] = measured["compiled"]
+    if "graphs" in measured:
+        if measured["graphs"] not in GRAPHED_VALUES:
+            raise InputError(f"must be one of {', '.join(GRAPHED_VALUES)}, got {measured['graphs']!r}: measure again "
+                             "with 'plan calibrate'", field=f"{field}.graphs")
+        how["graphs"] = measured["graphs"]
+    return how
 
 
 def _matrix(value, n: int, field: str, *, positive: bool) -> np.ndarray:
@@ -108,7 +134,7 @@ def read_calibration(path) -> Calibration:
                 types[str(name)]["tensor_block_issue_s"] = float(issue)
             if e.has("tensor_block_s"):
                 types[str(name)]["tensor_block_s"] = _tensor_blocks(e.raw("tensor_block_s"), e.path("tensor_block_s"))
-            e.raw("measured", {})
+            types[str(name)].update(_how_timed(e.raw("measured", {}), e.path("measured")))
             e.finish()
         network = None
         if f.has("network"):

@@ -70,11 +70,17 @@ def stage_graphed(graphed: Graphed | str, degree: int, *, zero_bubble: bool = Fa
     return graphed == Graphed.ALL or (graphed == Graphed.TENSOR and degree > 1)
 
 
-def calibration_disagrees(calibration: dict, degrees: tuple, compiled: bool, graphed: Graphed | str) -> str | None:
+def calibration_disagrees(device_types: dict, used_types, degrees: tuple, compiled: bool, graphed: Graphed | str, *,
+                          zero_bubble: bool = False, virtual_stages: int = 1) -> str | None:
     """What a launch that runs the blocks ``compiled`` with ``graphed`` stages does differently from how
-    ``calibration`` (a calibration file's document, ``plan calibrate --compile``) timed them, for a plan
-    whose stages have tensor ``degrees`` (the first stage first): the plan's predicted time describes the
-    calibrated run. None where they agree (a file written before graphs existed timed none)."""
+    a calibration (its ``device_types``, as ``planner.inputs.calibration.read_calibration`` reads
+    them: ``compiled`` and ``graphs`` where the file says) timed those of ``used_types``, for a plan
+    whose stages have tensor ``degrees`` (the first stage first) under ZB-H1 or not and with
+    ``virtual_stages``: the plan's predicted time describes the calibrated run. ``plan calibrate``
+    times a tensor group's blocks graphed wherever its ``--compile`` graphs groups, while a launch
+    graphs only a group that receives no message (``stage_graphed``), so a later stage's group
+    calibrated under ``auto`` is said here too. None where they agree (a file written before graphs
+    existed timed none)."""
     def how(is_compiled: bool, stages) -> str:
         if not is_compiled:
             return "eager"
@@ -82,16 +88,16 @@ def calibration_disagrees(calibration: dict, degrees: tuple, compiled: bool, gra
         return "compiled" + (f", stage(s) {', '.join(str(s[0]) for s in graphed_ones)} as CUDA graphs"
                              if graphed_ones else "")
 
-    for type_name, entry in sorted((calibration.get("device_types") or {}).items()):
-        measured = entry.get("measured") or {}
-        if "compiled" not in measured:
+    for type_name in sorted(set(device_types) & set(used_types)):
+        entry = device_types[type_name]
+        if "compiled" not in entry:
             continue
-        timed_graphs = measured.get("graphs", "none") if measured["compiled"] else "none"
-        timed = [(s, stage_graphed(timed_graphs, d, receives=s > 0)) for s, d in enumerate(degrees)]
-        run = [(s, compiled and stage_graphed(graphed, d, receives=s > 0)) for s, d in enumerate(degrees)]
-        if bool(measured["compiled"]) != compiled or timed != run:
-            return (f"timed {type_name}'s blocks {how(bool(measured['compiled']), timed)}; this launch runs them "
-                    f"{how(compiled, run)}")
+        timed_graphs = entry.get("graphs", "none") if entry["compiled"] else "none"
+        timed = [(s, stage_graphed(timed_graphs, d)) for s, d in enumerate(degrees)]
+        run = [(s, compiled and stage_graphed(graphed, d, zero_bubble=zero_bubble,
+                                              receives=s > 0 or virtual_stages > 1)) for s, d in enumerate(degrees)]
+        if entry["compiled"] != compiled or timed != run:
+            return f"timed {type_name}'s blocks {how(entry['compiled'], timed)}; this launch runs them {how(compiled, run)}"
     return None
 
 

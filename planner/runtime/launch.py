@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from cost_models.schedule import Schedule
 from planner.errors import InputError
 from planner.runtime.graphs import COMPILE_CHOICES, calibration_disagrees, compiles, graphed_stages
 from planner.runtime.guard import die_with_parent
@@ -446,9 +447,13 @@ def _say_calibration_disagrees(inputs: RunInputs, options: LaunchOptions, backen
     from planner.inputs.calibration import recorded_calibration
 
     calibration = recorded_calibration(inputs.plan.calibration, inputs.plan_path)
-    degrees = tuple(inputs.plan.tensor_degree(0, s) for s in range(inputs.plan.stages))
-    problem = calibration_disagrees(calibration.document, degrees, compiles(options.compile, backend),
-                                    graphed_stages(options.compile, backend))
+    plan = inputs.plan
+    used_types = {d.type_name for d in inputs.topology.devices if d.name in set(plan.used_devices)}
+    degrees = tuple(plan.tensor_degree(0, s) for s in range(plan.stages))
+    problem = calibration_disagrees(calibration.device_types, used_types, degrees, compiles(options.compile, backend),
+                                    graphed_stages(options.compile, backend),
+                                    zero_bubble=plan.schedule == Schedule.ZERO_BUBBLE,
+                                    virtual_stages=plan.virtual_stages)
     if problem:
         log(f"warning: {calibration.path} {problem} (--compile {options.compile}): the plan's predicted time "
             f"describes the calibrated run; calibrate with 'plan calibrate --compile {options.compile}' to compare")

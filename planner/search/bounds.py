@@ -160,9 +160,10 @@ def lower_bound_s(topology, model, training) -> float:
 @lru_cache(maxsize=4)
 def pair_bounds_s(topology, model, training) -> dict:
     """``{S: bounds}``: a bound on every plan of S stages and ``D = 1 .. len(bounds)`` replicas, for
-    every S whose largest stage's state fits: ``lower_bound_s``'s terms but the deferred ones that
-    take seconds at scale (the nested crossings, the clustered stage chains, the replicas' crossings
-    and their end groups; the rings' slow crossings kept), GPipe's idle and the stage groups' spread
+    every S whose largest stage's state fits: ``lower_bound_s``'s terms but the deferred ones, which
+    take seconds at scale (the nested crossings, the stage chains of every kind: plain, at the slow
+    uplinks, per cluster pattern and clustered; the replicas' crossings and their end groups; the
+    rings' slow crossings kept), GPipe's idle and the stage groups' spread
     (``_pair_bounds_s``' ``spread``). The search orders its degree pairs by it above
     ``DENSE_DEVICES`` (``front._bound_ordered``). At 1,024 generated devices the table with the
     deferred terms took 8.6 CPU seconds (on a loaded 2-core machine), more than a 6 s limit, this one

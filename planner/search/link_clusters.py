@@ -29,9 +29,10 @@ MAX_THRESHOLDS = 8  # thresholds tried per topology (each gives a valid bound; m
 
 
 def link_thresholds(network) -> np.ndarray:
-    """The bandwidths at which the clusters can change (the distinct link and NIC values), at most
-    ``MAX_THRESHOLDS`` of them spread over their sorted list (the fastest kept), ascending; by levels,
-    the fastest link between two regions too (where regions are clusters, if any threshold makes them)."""
+    """The bandwidths at which the clusters can change (the distinct link and NIC values), ascending:
+    where there are more than ``MAX_THRESHOLDS``, that many spread over their sorted list (the fastest
+    kept) and, by levels, the fastest link between two regions and the fastest between two hosts
+    too (each region, and each host, a cluster at some threshold): at most ``MAX_THRESHOLDS + 2``."""
     bandwidth = network.bandwidth_bytes_per_s
     if isinstance(bandwidth, LevelMatrix):
         values = [bandwidth.host_value, *np.ravel(bandwidth.table), *bandwidth.overrides.values(),
