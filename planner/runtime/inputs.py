@@ -23,6 +23,7 @@ class RunInputs:
     topology_path: str
     model: ModelSpec
     training: TrainingSpec
+    calibration: object = None  # the plan's calibration (``planner.inputs.calibration.Calibration``), if any
 
 
 def _topology_path(plan_path: Path, document: dict, override) -> Path:
@@ -69,8 +70,9 @@ def load_run_inputs(plan_path, topology_path=None) -> RunInputs:
     training = replace(training, schedule=plan.schedule, micro_batch_size=plan.micro_batch_size)
     path = _topology_path(plan_path, document, topology_path)
     topology = load_topology(path)
+    calibration = None
     if plan.calibration:
-        topology = _calibrated(topology, plan.calibration, plan_path)
+        topology, calibration = _calibrated(topology, plan.calibration, plan_path)
     training = replace(training, precision=resolve_precision(topology, plan.used_devices, training.precision))
     try:
         validate_plan(plan, topology, model, training)
@@ -84,7 +86,7 @@ def load_run_inputs(plan_path, topology_path=None) -> RunInputs:
                              "runtime needs one degree per stage: edit tensor_groups or plan with '--tensor-degrees 1'",
                              source=source, field="tensor_groups")
     return RunInputs(plan=plan, plan_document=document, plan_path=str(plan_path), topology=topology,
-                     topology_path=str(path), model=model, training=training)
+                     topology_path=str(path), model=model, training=training, calibration=calibration)
 
 
 def _check_training_agrees(plan: Plan, training: TrainingSpec, source: str) -> None:
@@ -116,9 +118,9 @@ def _check_idle(plan: Plan, document: dict, topology: Topology, source: str) -> 
                          "unused: make it agree or plan again", source=source, field="degrees.idle_devices")
 
 
-def _calibrated(topology: Topology, record: dict, plan_path: Path) -> Topology:
-    """Apply the calibration the plan was made with: the same file (by hash), or a refusal; the
-    tensor-group block floors the plan recorded must be the file's."""
+def _calibrated(topology: Topology, record: dict, plan_path: Path) -> tuple:
+    """(the topology, the calibration): apply the calibration the plan was made with, the same file
+    (by hash), or a refusal; the tensor-group block floors the plan recorded must be the file's."""
     from planner.inputs.calibration import apply_calibration, calibration_record, recorded_calibration
 
     calibration = recorded_calibration(record, plan_path)
@@ -129,7 +131,7 @@ def _calibrated(topology: Topology, record: dict, plan_path: Path) -> Topology:
             raise InputError(f"is {recorded.get(type_name, 'missing')} but {calibration.path} measured "
                              f"{measured.get(type_name, 'none')} s for {type_name}: plan again with the calibration",
                              source=str(plan_path), field=f"calibration.tensor_block_issue_s.{type_name}")
-    return apply_calibration(topology, calibration)
+    return apply_calibration(topology, calibration), calibration
 
 
 def emulated_model(model: ModelSpec, tensor: int = 1) -> ModelSpec:

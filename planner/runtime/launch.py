@@ -442,11 +442,9 @@ def _launch_local(inputs: RunInputs, options: LaunchOptions, log) -> dict:
 def _say_calibration_disagrees(inputs: RunInputs, options: LaunchOptions, backend: str, log) -> None:
     """A warning where the plan's calibration timed the blocks otherwise than this launch runs them
     (``--compile``: eager, compiled, CUDA graphs): the prediction is then another run's."""
-    if not inputs.plan.calibration:
+    calibration = inputs.calibration
+    if calibration is None:
         return
-    from planner.inputs.calibration import recorded_calibration
-
-    calibration = recorded_calibration(inputs.plan.calibration, inputs.plan_path)
     plan = inputs.plan
     used_types = {d.type_name for d in inputs.topology.devices if d.name in set(plan.used_devices)}
     degrees = tuple(plan.tensor_degree(0, s) for s in range(plan.stages))
