@@ -179,21 +179,21 @@ def test_crossing_group_case_still_counts_each_replica_spanning_clusters():
     assert plan_s >= bound
 
 
-def test_pure_groups_fill_both_of_two_clusters():
+def testpure_groups_fill_both_of_two_clusters():
     """Two cities of six homes: 5 groups of 2 with one spanning both leave 5 homes a city, room for
     2 pure groups each, so the 4 pure groups fill both; with 4 spanning (2 a city left) one pure
     group fits in one city, so "many" does not hold; 3 groups of 2 with one spanning: 2 pure groups
     fit in one city of 5 homes."""
-    from planner.search.stage_chains import _pure_groups_fill_both
+    from planner.search.stage_chains import pure_groups_fill_both
 
     sizes = np.array([6, 6])
-    assert _pure_groups_fill_both(sizes, 5, 2, "one")
-    assert not _pure_groups_fill_both(sizes, 5, 2, "many")
-    assert not _pure_groups_fill_both(sizes, 3, 2, "one")
+    assert pure_groups_fill_both(sizes, 5, 2, "one")
+    assert not pure_groups_fill_both(sizes, 5, 2, "many")
+    assert not pure_groups_fill_both(sizes, 3, 2, "one")
     # three homes a city, 4 groups of 2: 2 spanning leave 1 home a city (2 pure groups, one in each),
     # 3 spanning leave none (1 pure group, nowhere to go), 4 cannot span
-    assert _pure_groups_fill_both(np.array([3, 3]), 4, 2, "many")
-    assert not _pure_groups_fill_both(np.array([3, 3]), 3, 2, "many")  # all 3 may span: no pure group
+    assert pure_groups_fill_both(np.array([3, 3]), 4, 2, "many")
+    assert not pure_groups_fill_both(np.array([3, 3]), 3, 2, "many")  # all 3 may span: no pure group
 
 
 def test_home_consumer_five_by_two_crossing_group_forces_replicas_across():
@@ -205,17 +205,17 @@ def test_home_consumer_five_by_two_crossing_group_forces_replicas_across():
     assert plan_s >= bound
 
 
-def test_fewest_open_crossings_between_two_cities():
+def testfewest_open_crossings_between_two_cities():
     """Two cities of six homes: 5 groups of 2 leave a pure group room in one city only with 4
     spanning (2 homes a city left); 4 groups of 3 with 3 spanning (3 left, one pure group); 3 groups
     of 3 already with 2; 4 groups of 2 over two cities of three homes never (3 may span at most,
     leaving one pure group and no city with two homes)."""
-    from planner.search.stage_chains import _fewest_open_crossings
+    from planner.search.stage_chains import fewest_open_crossings
 
-    assert _fewest_open_crossings(np.array([6, 6]), 5, 2) == 4
-    assert _fewest_open_crossings(np.array([6, 6]), 4, 3) == 3
-    assert _fewest_open_crossings(np.array([6, 6]), 3, 3) == 2
-    assert _fewest_open_crossings(np.array([3, 3]), 4, 2) == 0
+    assert fewest_open_crossings(np.array([6, 6]), 5, 2) == 4
+    assert fewest_open_crossings(np.array([6, 6]), 4, 3) == 3
+    assert fewest_open_crossings(np.array([6, 6]), 3, 3) == 2
+    assert fewest_open_crossings(np.array([3, 3]), 4, 2) == 0
 
 
 def test_more_slow_stages_hand_computed():

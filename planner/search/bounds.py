@@ -184,18 +184,6 @@ def pair_bounds_s(topology, model, training) -> dict:
     return table
 
 
-def _placed(crossings: partial) -> partial:
-    """The replicas' crossings (``replica_crossings_s``, every argument but ``ends`` and ``floor``
-    given) at the least of the end groups' placements (``end_groups_s``)."""
-    return partial(end_groups_s, crossings)
-
-
-def _unplaced(crossings: partial) -> partial:
-    """The replicas' crossings with no placement of the end groups (``ends=None``): weaker, a lower
-    bound still, a quarter of the work."""
-    return crossings
-
-
 _FLOORED = (end_groups_s, replica_crossings_s)  # deferred terms that may stop short below a floor
 
 
@@ -419,20 +407,22 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                       crossing_extra=level_crossing(level), **chains)
                                for level in levels]
             largest_params = max(params / stages, deepest * layer_params, first_params)
-            placed = _placed if n <= _END_GROUPS_DEVICES else _unplaced
-            crossings += [placed(partial(replica_crossings_s, level, training, stages=stages,
-                                         replicas=replicas,
-                                  batch=batch, devices=n, sequence_s=work / batch / speed[0],
-                                  heaviest_s=heaviest / speed[0], deepest_s=deepest * sequence_layer_flops / speed[0],
-                                  deepest_sync_bytes=deepest * layer_params * gradient_bytes,
-                                  tensor_speedups=speedups, boundary_s=boundary_s,
-                                  latency_s=latency_s, sequence_bytes=boundary_bytes, most_sequences=most_sequences,
-                                  first_sync_bytes=first_params * gradient_bytes,
-                                  largest_sync_bytes=largest_params * gradient_bytes, fast_rate=ring,
-                                  ring_only=crossing.ring_only, sharded=crossing.sharded,
-                                  gpipe_fits=True if fits is None else fits, spare_gain=rho,
-                                  last_sync_bytes=(layer_params + two_stages.last_params) * gradient_bytes))
-                          for level in levels]
+            replica_terms = [partial(replica_crossings_s, level, training, stages=stages, replicas=replicas,
+                                     batch=batch, devices=n, sequence_s=work / batch / speed[0],
+                                     heaviest_s=heaviest / speed[0],
+                                     deepest_s=deepest * sequence_layer_flops / speed[0],
+                                     deepest_sync_bytes=deepest * layer_params * gradient_bytes,
+                                     tensor_speedups=speedups, boundary_s=boundary_s,
+                                     latency_s=latency_s, sequence_bytes=boundary_bytes, most_sequences=most_sequences,
+                                     first_sync_bytes=first_params * gradient_bytes,
+                                     largest_sync_bytes=largest_params * gradient_bytes, fast_rate=ring,
+                                     ring_only=crossing.ring_only, sharded=crossing.sharded,
+                                     gpipe_fits=True if fits is None else fits, spare_gain=rho,
+                                     last_sync_bytes=(layer_params + two_stages.last_params) * gradient_bytes)
+                             for level in levels]
+            # at the least of the end groups' placements (``end_groups_s``); above _END_GROUPS_DEVICES at
+            # none (``ends=None``: weaker, a lower bound still, a quarter of the work)
+            crossings += [partial(end_groups_s, term) if n <= _END_GROUPS_DEVICES else term for term in replica_terms]
             if deferred is None:
                 terms += [term() for term in crossings]
             else:

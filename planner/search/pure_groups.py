@@ -36,15 +36,16 @@ and ``s`` as they are, and each of the three is at most as large with a larger `
 is ``min(W / C_g, s + (W - C_g s) / V_xg)``): so of ``x >= 1`` only the most a ``g`` allows counts,
 ``S - g`` (a pure group in each of the ``g`` clusters; the feasibility only loosens with ``x``).
 
-The plan has some ``(x, g)``, so it takes at least the least over them of the largest of the three;
-``slow_crossings.slow_crossing_s`` takes that least over ``x = 0`` as a floor of its case (A) and
-over ``x >= 1`` as one of its case (B) (``spread_floors_s``): spreading the groups over more
-clusters, or making more of them cross, buys devices with crossings or slow syncs.
+The plan has some ``(x, g)``, so it takes at least the least over them of the largest of the three:
+``spread_floors_s`` gives that least over ``x = 0`` and over ``x >= 1``, and the pair's bound takes
+the smaller of the two (``bounds._pair_bounds_s``): spreading the groups over more clusters, or
+making more of them cross, buys devices with crossings or slow syncs.
 """
 
 import numpy as np
 
-from planner.search.slow_crossings import MAX_CLUSTERS_CROSSED
+from planner.search.slow_crossings import (MAX_CLUSTERS_CROSSED, crossing_extras, crossing_sync_share,
+                                           fewest_pure_clusters)
 
 __all__ = ["cluster_totals", "spread_floors_s"]
 
@@ -92,9 +93,7 @@ def spread_floors_s(level, counts, *, stages: int, replicas: np.ndarray, work_fl
     ok = pure_fit & ((g[None, :] == 0) == (x == stages))[:, :, None]
     ok[1] &= (x[1] >= 1)[:, None] & (D[None, :] > 1)  # crossing groups: one at least, of two cells or more
     # x = 0: at least the fewest clusters that hold S pure groups (the same rule as ``slow_crossings``)
-    c = np.asarray(counts.cumulative[rows])
-    k = np.where((c >= stages).any(axis=1), (c >= stages).argmax(axis=1) + 1, 0)
-    k = np.where((k == 0) & (counts.total[rows] >= stages), c.shape[1], k)
+    k = fewest_pure_clusters(counts, rows, stages)
     ok[0] &= (k[None, :] > 0) & (g[:, None] >= k[None, :])
     top = np.concatenate([[0.0], np.cumsum(totals)[:g[-1]]])
     if last:
@@ -109,8 +108,7 @@ def spread_floors_s(level, counts, *, stages: int, replicas: np.ndarray, work_fl
     work_s = np.minimum(at_most, below)
     hops = np.broadcast_to(np.maximum(g - 1, 0)[None, :, None], speed.shape)
     share = hops / (stages - 1)
-    extra_b = max(0.0, sequence_bytes / level.tau_bytes_per_s - boundary_s)  # a crossing over a fast boundary
-    extra_l = max(0.0, level.latency_s - latency_s)
+    extra_b, extra_l = crossing_extras(level, sequence_bytes, boundary_s, latency_s)  # a crossing over a fast boundary
     crossed = hops > 0
     with np.errstate(divide="ignore"):
         cells_work_s = work_flops / speed
@@ -130,9 +128,5 @@ def _crossing_sync_s(level, replicas: np.ndarray, block_sync_bytes: float, ring_
     (``cost_models.comm.ring_allreduce_time_s``: every step as slow as the slowest hop, as long as the
     longest latency; none counted with local steps), or ``cluster_bound``'s share for the other
     syncs (1; ``2 / D`` for the sharded exchange)."""
-    D = np.asarray(replicas, dtype=float)
-    share = 2.0 * (D - 1) / D if ring_only else np.ones(D.shape)
-    if sharded:
-        share = np.minimum(share, 2.0 / D)
-    steps = 2.0 * (D - 1) if ring_only and sync_every == 1 else np.zeros(D.shape)
+    share, steps = crossing_sync_share(replicas, ring_only, sharded, sync_every)
     return block_sync_bytes * share / level.tau_bytes_per_s + steps * level.latency_s

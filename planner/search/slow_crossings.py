@@ -56,7 +56,8 @@ import numpy as np
 _EXACT_STEPS = 3  # blocks per crossing stage tried exactly past the crossing without ceilings
 MAX_CLUSTERS_CROSSED = 8  # clusters counted along a replica at most (fewer counted: a weaker, valid bound; faster)
 
-__all__ = ["MAX_CLUSTERS_CROSSED", "GroupCounts", "group_counts", "fewest_clusters", "fewest_crossing_groups",
+__all__ = ["MAX_CLUSTERS_CROSSED", "GroupCounts", "group_counts", "fewest_clusters", "fewest_pure_clusters",
+           "crossing_sync_share", "crossing_extras", "fewest_crossing_groups",
            "split_sync_s", "every_group_crosses",
            "slow_crossing_s"]
 
@@ -96,6 +97,33 @@ def fewest_clusters(cumulative: np.ndarray, stages: int) -> np.ndarray:
     rows; 0 where the largest kept do not: more than they, or no plan of pure groups at all)."""
     reached = cumulative >= stages
     return np.where(reached.any(axis=1), reached.argmax(axis=1) + 1, 0)
+
+
+def fewest_pure_clusters(counts: GroupCounts, rows: np.ndarray, stages: int) -> np.ndarray:
+    """(D,) the fewest clusters a plan of ``stages`` pure groups fills at each of ``rows`` (D - 1):
+    ``fewest_clusters``, and past the kept clusters (where their counts' total still holds them) as
+    many as were kept; 0 where no plan of pure groups exists."""
+    k = fewest_clusters(counts.cumulative[rows], stages)
+    return np.where((k == 0) & (counts.total[rows] >= stages), counts.cumulative.shape[1], k)
+
+
+def crossing_sync_share(replicas: np.ndarray, ring_only: bool, sharded: bool, sync_every: int) -> tuple:
+    """((D,), (D,)): the share of a block's gradient bytes a group of D cells sends over its slowest
+    hop, and its latency steps: a ring's ``2 (D - 1) / D`` and ``2 (D - 1)`` steps
+    (``cost_models.comm.ring_allreduce_time_s``; no step counted with local steps), ``cluster_bound``'s
+    share 1 and no step for the other syncs, at most ``2 / D`` with the sharded exchange."""
+    D = np.asarray(replicas, dtype=float)
+    share = 2.0 * (D - 1) / D if ring_only else np.ones(D.shape)
+    if sharded:
+        share = np.minimum(share, 2.0 / D)
+    steps = 2.0 * (D - 1) if ring_only and sync_every == 1 else np.zeros(D.shape)
+    return share, steps
+
+
+def crossing_extras(level, sequence_bytes: float, boundary_s: float, latency_s: float) -> tuple:
+    """(seconds, seconds): what a boundary between ``level``'s clusters adds to one sequence's
+    message over the fastest link (``boundary_s``) and to the least latency (``latency_s``)."""
+    return max(0.0, sequence_bytes / level.tau_bytes_per_s - boundary_s), max(0.0, level.latency_s - latency_s)
 
 
 def fewest_crossing_groups(stages: int, kept: np.ndarray) -> np.ndarray:
@@ -188,8 +216,7 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
     tau, slow_latency = level.tau_bytes_per_s, level.latency_s
     D = np.asarray(replicas)
     rows = D - 1
-    extra_b = max(0.0, sequence_bytes / tau - boundary_s)  # a boundary between clusters, over a fast one
-    extra_l = max(0.0, slow_latency - latency_s)
+    extra_b, extra_l = crossing_extras(level, sequence_bytes, boundary_s, latency_s)  # a boundary between clusters
     # (B) x >= 1 groups cross; the S - x pure ones fill clusters that every replica crosses between
     fewest = fewest_crossing_groups(stages, counts.kept[rows])
     cumulative = counts.cumulative[rows]  # (D, C)
@@ -200,13 +227,10 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
     x = np.clip(stages - cumulative.T[:hops.size], fewest, stages)  # (V, D) the fewest crossing with <= v hops
     x[-1] = fewest  # the last row stands for every plan of V - 1 hops or more
     v = np.minimum(_pure_hops(cumulative, stages - x), hops.size - 1)  # (V, D) the hops those x leave, at least
-    share = 2.0 * (D - 1) / D if ring_only else np.ones(D.shape)
-    if sharded:
-        share = np.minimum(share, 2.0 / D)
+    share, steps = crossing_sync_share(D, ring_only, sharded, sync_every)
     # a pure group crosses a finer clustering's clusters where none holds D devices (``pure_tau_bytes_per_s``)
     fast_s = np.maximum(block_sync_bytes * fast_rate, block_sync_bytes * share / pure_tau_bytes_per_s)
     slow_s = np.maximum(block_sync_bytes * share / tau, fast_s)  # a crossing ring is a ring of D too
-    steps = 2.0 * (D - 1) if ring_only and sync_every == 1 else np.zeros(D.shape)
     pure_latency = np.maximum(latency_s, pure_latency_s)
     # the sync alone (after the chain) and with the stage's compute, in one call
     deepest, widest = split_sync_s(layers, stages, x, np.stack([slow_s, block_s + slow_s])[:, None],
@@ -214,8 +238,7 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
                                    steps * pure_latency)
     # (A) every group pure: k - 1 boundaries each way; as row 0 of (B)'s chain, the deepest stage's ring
     # (``ceil(L / S)`` blocks) paying its latencies too
-    k = fewest_clusters(cumulative, stages)
-    k = np.where((k == 0) & (counts.total[rows] >= stages), cumulative.shape[1], k)  # past the kept: more
+    k = fewest_pure_clusters(counts, rows, stages)
     crossings = np.vstack([np.maximum(k - 1, 0)[None, :], v])  # (1 + V, D)
     slow_share = crossings / (stages - 1)
     crossed = crossings > 0  # a boundary between clusters: GPipe's phases there

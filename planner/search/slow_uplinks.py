@@ -35,15 +35,15 @@ groups': a single crossing group takes ``c_j mod D`` (or 0 or ``D``) of cluster 
 way. Otherwise the crossing group may be ``u``'s: its stage syncs no faster than the slower of
 ``rho`` and the slower way. Between exactly two clusters (as in ``clustered_stage_chains_s``) each
 crossing group holds cells of both: where one crossing group leaves pure groups that one cluster
-cannot hold, every replica crosses too (``crossing_extra(fewest=1)``, ``_pure_groups_fill_both``), and
-where ``2 .. x - 1`` crossing groups do so but ``x`` do not (``_fewest_open_crossings``), ``x`` or more
+cannot hold, every replica crosses too (``crossing_extra(fewest=1)``, ``pure_groups_fill_both``), and
+where ``2 .. x - 1`` crossing groups do so but ``x`` do not (``fewest_open_crossings``), ``x`` or more
 crossing groups hold ``x - 1`` stages other than ``u``'s syncing at the slower way (``seconds``).
 """
 
 import numpy as np
 
 from planner.search.crossing_link import crossing_link_s
-from planner.search.stage_chains import _fewest_open_crossings, _pure_groups_fill_both, pure_groups_s, stage_chains_s
+from planner.search.stage_chains import fewest_open_crossings, pure_groups_fill_both, pure_groups_s, stage_chains_s
 
 __all__ = ["nic_rates_bytes_per_s", "slowest_used_rate", "uplink_chains_s"]
 
@@ -157,8 +157,8 @@ def _uplink_chains_s(levels, stages, replicas, batch, rate, sequence_bytes, shar
             spread = crossing_extra(fewest=0)  # every replica still spans ceil(S / c) clusters
             sizes, pair = level.cluster_sizes, level.cluster_sizes.size == 2
             crossed = crossing_extra(fewest=1) if pair else spread  # where the pure groups fill both clusters
-            fills = np.array([pair and _pure_groups_fill_both(sizes, stages, int(d), "one") for d in replicas])
-            opens = np.array([_fewest_open_crossings(sizes, stages, int(d)) if pair else 2 for d in replicas])
+            fills = np.array([pair and pure_groups_fill_both(sizes, stages, int(d), "one") for d in replicas])
+            opens = np.array([fewest_open_crossings(sizes, stages, int(d)) if pair else 2 for d in replicas])
 
             def chains_s(crossings, **syncs_of):
                 return stage_chains_s(**base, crossings=crossings, **syncs_of).min(axis=0)

@@ -47,7 +47,8 @@ import numpy as np
 
 from cost_models.schedule import Schedule
 
-__all__ = ["stage_chains_s", "placed_stage_chains_s", "clustered_stage_chains_s", "pure_groups_s"]
+__all__ = ["stage_chains_s", "placed_stage_chains_s", "clustered_stage_chains_s", "pure_groups_s", "pure_groups_fill_both",
+           "fewest_open_crossings"]
 
 _POINTS = 15  # limits tried at once in each pass: the bracket shrinks 16-fold a pass
 _PASSES = 6  # passes: the bracket's width ends at 16 ** -6 ~ 6e-8 of the even split's
@@ -233,7 +234,7 @@ def _fits(stages, layers, stage_terms, limit) -> np.ndarray:
     return ok
 
 
-def _pure_groups_fill_both(cluster_sizes: np.ndarray, stages: int, replicas: int, groups: str) -> bool:
+def pure_groups_fill_both(cluster_sizes: np.ndarray, stages: int, replicas: int, groups: str) -> bool:
     """Between two clusters of ``cluster_sizes`` devices, whether a plan of ``stages`` stage groups
     of ``replicas`` cells, ``x`` of them spanning both clusters (a cell of each in each at least),
     has pure groups in both, for ``x = 1`` (``groups`` "one") or every ``x >= 2`` a plan may have
@@ -247,11 +248,11 @@ def _pure_groups_fill_both(cluster_sizes: np.ndarray, stages: int, replicas: int
     return True
 
 
-def _fewest_open_crossings(cluster_sizes: np.ndarray, stages: int, replicas: int) -> int:
+def fewest_open_crossings(cluster_sizes: np.ndarray, stages: int, replicas: int) -> int:
     """Between two clusters of ``cluster_sizes`` devices, the fewest ``x >= 2`` stage groups of
     ``replicas`` cells spanning both (a cell of each in each, so ``x`` at most the smaller cluster's
     devices, and at most ``stages``) whose ``S - x`` pure groups fit in one cluster
-    (``_pure_groups_fill_both``'s converse); 0 where no such ``x`` exists."""
+    (``pure_groups_fill_both``'s converse); 0 where no such ``x`` exists."""
     for x in range(2, min(stages, int(cluster_sizes.min())) + 1):
         if stages - x <= int(((cluster_sizes - x) // replicas).max()):
             return x
@@ -272,8 +273,8 @@ def clustered_stage_chains_s(level, *, replicas: np.ndarray, ring_only: bool, sh
     replica's cells still visit ``ceil(S / c)`` clusters (``crossing_extra(fewest=0)``); between exactly
     two clusters, every spanning group holds cells of both, so either one group spans, or two or more
     (a second stage syncing as slowly), and where the other, pure groups cannot all fit in one cluster
-    they fill both and each replica crosses between them (``_pure_groups_fill_both``); where that holds
-    for 2 .. x - 1 spanning groups but not for ``x`` (``_fewest_open_crossings``), the plans of ``x`` or
+    they fill both and each replica crosses between them (``pure_groups_fill_both``); where that holds
+    for 2 .. x - 1 spanning groups but not for ``x`` (``fewest_open_crossings``), the plans of ``x`` or
     more spanning groups have ``x`` stages syncing that slowly (each spanning group's ring crosses, the
     stage chains' ``seconds``: the more slow stages, the longer the largest stage's term can only be),
     the others cross as above; or every group sits
@@ -293,7 +294,7 @@ def clustered_stage_chains_s(level, *, replicas: np.ndarray, ring_only: bool, sh
         odd = (block_sync_bytes * rate, first_sync_bytes * rate, last_sync_bytes * rate)
         spread = crossing_extra(fewest=0)
         crossing = stage_chains_s(**chains, odd_sync=odd, crossings=spread)
-        one = np.array([level.cluster_sizes.size == 2 and _pure_groups_fill_both(level.cluster_sizes, stages, int(d),
+        one = np.array([level.cluster_sizes.size == 2 and pure_groups_fill_both(level.cluster_sizes, stages, int(d),
                                                                                   "one") for d in replicas])
         if one.any():  # two clusters: every crossing group holds cells of both; elsewhere one group may do
             keep = np.flatnonzero(one)
@@ -301,14 +302,14 @@ def clustered_stage_chains_s(level, *, replicas: np.ndarray, ring_only: bool, sh
                   for k, v in chains.items()}
             odd_at = tuple(y[keep] for y in odd)
             crossed = crossing_extra(fewest=1)
-            many = np.array([_pure_groups_fill_both(level.cluster_sizes, stages, int(d), "many")
+            many = np.array([pure_groups_fill_both(level.cluster_sizes, stages, int(d), "many")
                              for d in replicas[keep]])
             alone = stage_chains_s(**at, odd_sync=odd_at, crossings=crossed)
             several = stage_chains_s(**at, odd_sync=odd_at, second_sync=odd_at, crossings=spread)
             if many.any():
                 several = np.where(many, stage_chains_s(**at, odd_sync=odd_at, second_sync=odd_at, crossings=crossed),
                                    several)
-            opens = np.array([_fewest_open_crossings(level.cluster_sizes, stages, int(d)) for d in replicas[keep]])
+            opens = np.array([fewest_open_crossings(level.cluster_sizes, stages, int(d)) for d in replicas[keep]])
             if (opens > 2).any():  # 2 .. x - 1 crossing groups fill both; x or more sync slowly, x stages at least
                 two_crossed = stage_chains_s(**at, odd_sync=odd_at, second_sync=odd_at, crossings=crossed)
                 for count in np.unique(opens[opens > 2]):
