@@ -165,11 +165,12 @@ def pair_bounds_s(topology, model, training) -> dict:
     uplinks, per cluster pattern and clustered; the replicas' crossings and their end groups; the
     rings' slow crossings kept), GPipe's idle and the stage groups' spread
     (``_pair_bounds_s``' ``spread``). The search orders its degree pairs by it above
-    ``DENSE_DEVICES`` (``front._bound_ordered``). At 1,024 generated devices the table with the
-    deferred terms took 8.6 CPU seconds (on a loaded 2-core machine), more than a 6 s limit, this one
-    0.4 s; ordered by it, ``--budget 5`` found the same plan (4.273 s, 8 x 114) in 32.5 CPU seconds
-    instead of 46.7, and ``--time-limit 6`` a 4.276 s plan in 5.8 s where the whole table left the
-    search two evaluations (a 43.0 s plan in 28.5 s). GPipe's idle and the spread lift many-stage
+    ``DENSE_DEVICES`` (``front._bound_ordered``), before its phases and outside their time shares:
+    with the deferred terms in it, ``plan`` on the 1,024 generated devices with ``--time-limit 6``
+    took 9.9 s and its search was left with too few evaluations for a plan better than 43.01 s;
+    without them 6.3 s and 4.28 s, and with ``--budget 5`` the same plan (4.27 s, 8 x 114) in 33.3
+    CPU seconds instead of 36.8 (``benchmarks/scale.py --command --sizes 1024``, idle 2-core machine,
+    ``benchmarks/results/scale_command_1024_*.json``). GPipe's idle and the spread lift many-stage
     pairs above the work bound but not to what their plans take, and first in the order they cost
     the search its budget: with them, a 27 x 32 plan of 15.06 s instead of 8 x 114 at 4.263 s
     (``benchmarks/bounds.py --generated 1024 --budget 5``). Kept for the last few jobs (a search asks
