@@ -2,8 +2,8 @@
 
     python benchmarks/accuracy.py emulated   # CPU: >= 12 plans over 3 topologies, network and devices emulated
     python benchmarks/accuracy.py emulated --only tensor zb-h1   # just those dimensions (or labels); others kept
-    python benchmarks/accuracy.py gpu        # 2 CUDA GPUs: calibrate, then >= 6 plans on real hardware
-    python benchmarks/accuracy.py gpu4       # 4 CUDA GPUs: every plan dimension and schedule (GPU4_CASES)
+    python benchmarks/accuracy.py gpu        # 2 CUDA GPUs: calibrate, then every plan dimension and schedule (GPU_CASES)
+    python benchmarks/accuracy.py gpu4       # 4 CUDA GPUs: the same on 4 (GPU4_CASES)
 
 Each mode prints a table, writes ``accuracy_<mode>.json`` and keeps every run's ``results.json``
 under ``benchmarks/results/accuracy_<mode>/`` (small JSON, so ``plan plot`` redraws the figures
@@ -17,6 +17,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,7 +33,6 @@ from planner.plan.plan import interleave_plan  # noqa: E402
 
 EMULATED_TOPOLOGIES = ("topologies/emulated/dtfm-case5-mini.yaml", "topologies/emulated/two-datacenters-mini.yaml",
                        "topologies/emulated/home-mini.yaml")
-GPU_TOPOLOGY = "topologies/local/h100-x2.yaml"
 EMULATED_SECONDS = 3.0  # the planner's pick of each topology is emulated at about this many seconds per iteration
 
 
@@ -230,100 +230,70 @@ def emulated(out: Path, iterations: int, warmup: int, seed: int, only: tuple = (
     return {"rows": rows, "picks": picks}
 
 
-def gpu(out: Path, iterations: int, warmup: int, seed: int, only: tuple = ()) -> dict:
-    """Calibrate, then run the GPU plans (``only``: just those labels, and the searches they need)."""
-    from planner.inputs.calibration import apply_calibration, read_calibration
-    from planner.runtime.calibrate import CalibrateOptions, calibrate
-    from planner.runtime.launch import LaunchOptions, launch
-    from planner.search.front import SearchOptions, search
+class Case(NamedTuple):
+    """A GPU accuracy run: the search pinned to ``stages`` x ``replicas`` (tensor degrees ``tensor``)
+    under ``schedule`` and the training ``overrides`` (micro-batch 2 unless they say otherwise); the
+    searched plan's layer bounds or micro-batches replaced where given; ``eager`` runs (ZB-H1 split at
+    its linear layers, uncompiled) are predicted with a calibration of eager blocks."""
 
-    out.mkdir(parents=True, exist_ok=True)
-    cal_path = out / "calibration.yaml"
-    calibrate(ROOT / GPU_TOPOLOGY, CalibrateOptions(out=str(cal_path)), log=print)
-    calibration = read_calibration(cal_path)
-    base = load_job(ROOT / GPU_TOPOLOGY)
-    job = replace(base, topology=apply_calibration(base.topology, calibration))
-    plans = {}
-    for stages, replicas, micro, schedule in ((2, 1, 2, "1f1b"), (2, 1, 1, "gpipe"), (1, 2, 2, "1f1b"),
-                                              (2, 1, 4, "1f1b"), (1, 1, 2, "1f1b")):
-        shape = f"{stages}x{replicas}-mb{micro}-{schedule}"
-        if only and shape not in ("2x1-mb2-1f1b", "1x2-mb2-1f1b") and not any(l.startswith(shape) for l in only):
-            continue  # the two kept shapes are the base of the variants below
-        training = replace(job.training, micro_batch_size=micro, schedule=schedule)
-        pinned = replace(job, training=training)
-        plan = search(pinned.topology, pinned.model, training,
-                      SearchOptions(seed=seed, time_limit_s=10, stages=stages, replicas=replicas)).plan
-        plans[f"{stages}x{replicas}-mb{micro}-{schedule}"] = (plan, pinned)
-    plan, pinned = plans["2x1-mb2-1f1b"]
-    plans["2x1-mb2-1f1b-even-12-12"] = (replace(plan, layer_bounds=(0, 12, 24)), pinned)
-    plan, pinned = plans["1x2-mb2-1f1b"]
-    plans["1x2-mb2-1f1b-uneven-batch-6-2"] = (replace(plan, micro_batches=(6, 2)), pinned)
-    # The plan space's dimensions: the optimizer state sharded (the default above) or not, fp16.
-    plans["1x2-mb2-1f1b-unsharded"] = (plan, replace(pinned, training=replace(pinned.training, shard_optimizer=False)))
-    plans["1x2-mb2-1f1b-fp16"] = (plan, replace(pinned, training=replace(pinned.training, precision="fp16")))
-    plan, pinned = plans["2x1-mb2-1f1b"]
-    plans["2x1-mb2-1f1b-fp16"] = (plan, replace(pinned, training=replace(pinned.training, precision="fp16")))
-    plans["2x1-mb2-1f1b-recompute"] = (plan, replace(pinned, training=replace(pinned.training, recompute=True)))
-    plan, pinned = plans["1x2-mb2-1f1b"]
-    plans["1x2-mb2-1f1b-recompute"] = (plan, replace(pinned, training=replace(pinned.training, recompute=True)))
-    # Interleaved 1F1B: the 2-stage plan's layers, each stage's in two chunks (compiled per chunk).
-    interleaved = replace(pinned, training=replace(pinned.training, virtual_stages=2))
-    plans["2x1-mb2-1f1b-interleaved-v2"] = (interleave_plan(plan, 2), interleaved)
-    calibrations = dict.fromkeys(plans, calibration)
-    if not only or "2x1-mb2-zb-h1" in only:
-        # zb-h1 runs eager (its backward is split at the linear layers): calibrated on eager blocks.
-        eager_path = out / "calibration-eager.yaml"
-        calibrate(ROOT / GPU_TOPOLOGY, CalibrateOptions(out=str(eager_path), compile="off"), log=print)
-        eager = read_calibration(eager_path)
-        eager_job = replace(base, topology=apply_calibration(base.topology, eager))
-        training = replace(eager_job.training, micro_batch_size=2, schedule="zb-h1")
-        pinned = replace(eager_job, training=training)
-        plans["2x1-mb2-zb-h1"] = (search(pinned.topology, pinned.model, training,
-                                         SearchOptions(seed=seed, time_limit_s=10, stages=2, replicas=1)).plan, pinned)
-        calibrations["2x1-mb2-zb-h1"] = eager
-    rows, memory = [], []
-    for label, (plan, pinned) in plans.items():
-        if only and label not in only:
-            continue
-        path = _write(plan, pinned, GPU_TOPOLOGY, out / "plans" / f"{label}.yaml", calibrations[label])
-        results = launch(path, LaunchOptions(iterations=iterations, warmup=warmup, out_dir=str(out / label)),
-                         log=lambda s: None)
-        row = run_row(results, label)
-        rows.append(row)
-        for device, predicted, measured in memory_rows(results):
-            memory.append({"run": label, "device": device, "predicted_bytes": predicted, "measured_bytes": measured,
-                           "error": (predicted - measured) / measured})
-        print(f"{label:34} predicted {row['predicted_s']:.4f} s  measured {row['measured_s']:.4f} s  "
-              f"{100 * row['error']:+6.1f}%", flush=True)
-    eager = calibrations.get("2x1-mb2-zb-h1")
-    return {"rows": rows, "memory": memory, "device": results["run"]["device_name"],
-            "calibration": calibration.document, "calibration_eager": eager.document if eager else None}
+    stages: int
+    replicas: int
+    schedule: str
+    tensor: tuple = (1,)
+    overrides: dict = {}
+    eager: bool = False
+    layer_bounds: tuple = None
+    micro_batches: tuple = None
 
+
+GPU_TOPOLOGY = "topologies/local/h100-x2.yaml"
+GPU_CASES = {
+    "2x1-mb2-1f1b": Case(2, 1, "1f1b"),
+    "2x1-mb1-gpipe": Case(2, 1, "gpipe", overrides={"micro_batch_size": 1}),
+    "2x1-mb2-gpipe": Case(2, 1, "gpipe"),
+    "2x1-mb2-zb-h1": Case(2, 1, "zb-h1", eager=True),
+    "2x1-mb2-zb-h1-compiled-between": Case(2, 1, "zb-h1"),
+    "2x1-mb2-1f1b-interleaved-v2": Case(2, 1, "1f1b", overrides={"virtual_stages": 2}),
+    "1x2-mb2-1f1b": Case(1, 2, "1f1b"),  # the topology's training: optimizer state sharded
+    "2x1-mb4-1f1b": Case(2, 1, "1f1b", overrides={"micro_batch_size": 4}),
+    "1x1-mb2-1f1b": Case(1, 1, "1f1b"),
+    "2x1-mb2-1f1b-even-12-12": Case(2, 1, "1f1b", layer_bounds=(0, 12, 24)),
+    "1x2-mb2-1f1b-uneven-batch-6-2": Case(1, 2, "1f1b", micro_batches=(6, 2)),
+    "1x2-mb2-1f1b-unsharded": Case(1, 2, "1f1b", overrides={"shard_optimizer": False}),
+    "1x2-mb2-1f1b-fp16": Case(1, 2, "1f1b", overrides={"precision": "fp16"}),
+    "2x1-mb2-1f1b-fp16": Case(2, 1, "1f1b", overrides={"precision": "fp16"}),
+    "2x1-mb2-1f1b-recompute": Case(2, 1, "1f1b", overrides={"recompute": True}),
+    "1x2-mb2-1f1b-recompute": Case(1, 2, "1f1b", overrides={"recompute": True}),
+    # One stage on a tensor group of both GPUs (compiled; under --compile auto its blocks replay as
+    # CUDA graphs): at micro-batch 2 the host's launches set the pace, at 4 the products.
+    "1x1-mb2-tensor-2": Case(1, 1, "1f1b", tensor=(2,)),
+    "1x1-mb4-tensor-2": Case(1, 1, "1f1b", tensor=(2,), overrides={"micro_batch_size": 4}),
+}
+# The 2-stage runs as ``plan launch`` runs each schedule by default (compiled; ZB-H1 between its linears).
+GPU_SCHEDULE_ROWS = ("2x1-mb2-1f1b", "2x1-mb2-gpipe", "2x1-mb2-zb-h1-compiled-between", "2x1-mb2-1f1b-interleaved-v2")
 
 GPU4_TOPOLOGY = "topologies/local/h100-x4.yaml"
-# label: (stages, replicas, schedule, tensor degrees, training overrides, eager). Eager runs (ZB-H1
-# split at its linear layers, tensor groups) are predicted with a calibration of eager blocks.
 GPU4_CASES = {
-    "4x1-mb2-1f1b": (4, 1, "1f1b", (1,), {}, False),
-    "4x1-mb2-gpipe": (4, 1, "gpipe", (1,), {}, False),
-    "4x1-mb2-zb-h1": (4, 1, "zb-h1", (1,), {}, True),
-    "4x1-mb2-zb-h1-compiled-between": (4, 1, "zb-h1", (1,), {}, False),
-    "2x2-mb2-1f1b": (2, 2, "1f1b", (1,), {}, False),
-    "1x4-mb2-1f1b-sharded": (1, 4, "1f1b", (1,), {"shard_optimizer": True}, False),
-    "1x4-mb2-1f1b-unsharded": (1, 4, "1f1b", (1,), {"shard_optimizer": False}, False),
-    "4x1-mb2-1f1b-fp16": (4, 1, "1f1b", (1,), {"precision": "fp16"}, False),
-    "4x1-mb2-1f1b-recompute": (4, 1, "1f1b", (1,), {"recompute": True}, False),
-    "1x1-mb2-tensor-4": (1, 1, "1f1b", (4,), {}, True),
-    "2x1-mb2-tensor-2": (2, 1, "1f1b", (2,), {}, True),
+    "4x1-mb2-1f1b": Case(4, 1, "1f1b"),
+    "4x1-mb2-gpipe": Case(4, 1, "gpipe"),
+    "4x1-mb2-zb-h1": Case(4, 1, "zb-h1", eager=True),
+    "4x1-mb2-zb-h1-compiled-between": Case(4, 1, "zb-h1"),
+    "2x2-mb2-1f1b": Case(2, 2, "1f1b"),
+    "1x4-mb2-1f1b-sharded": Case(1, 4, "1f1b", overrides={"shard_optimizer": True}),
+    "1x4-mb2-1f1b-unsharded": Case(1, 4, "1f1b", overrides={"shard_optimizer": False}),
+    "4x1-mb2-1f1b-fp16": Case(4, 1, "1f1b", overrides={"precision": "fp16"}),
+    "4x1-mb2-1f1b-recompute": Case(4, 1, "1f1b", overrides={"recompute": True}),
+    "1x1-mb2-tensor-4": Case(1, 1, "1f1b", tensor=(4,), eager=True),
+    "2x1-mb2-tensor-2": Case(2, 1, "1f1b", tensor=(2,), eager=True),
     # A member of a group of t runs 1/t of each matrix product: at micro-batch 2 the launches, not
     # the GPUs, set the pace; at t times the micro-batch each member's products are the plain ones'.
-    "1x1-mb8-tensor-4": (1, 1, "1f1b", (4,), {"micro_batch_size": 8}, False),
-    "2x1-mb4-tensor-2": (2, 1, "1f1b", (2,), {"micro_batch_size": 4}, False),
-    "1x1-mb4-tensor-4": (1, 1, "1f1b", (4,), {"micro_batch_size": 4}, False),
-    "1x1-mb2-tensor-4-compiled": (1, 1, "1f1b", (4,), {}, False),
-    "2x1-mb2-tensor-2-compiled": (2, 1, "1f1b", (2,), {}, False),
-    "1x2-mb4-tensor-2": (1, 2, "1f1b", (2,), {"micro_batch_size": 4}, False),
-    "4x1-mb2-1f1b-interleaved-v2": (4, 1, "1f1b", (1,), {"virtual_stages": 2}, False),
+    "1x1-mb8-tensor-4": Case(1, 1, "1f1b", tensor=(4,), overrides={"micro_batch_size": 8}),
+    "2x1-mb4-tensor-2": Case(2, 1, "1f1b", tensor=(2,), overrides={"micro_batch_size": 4}),
+    "1x1-mb4-tensor-4": Case(1, 1, "1f1b", tensor=(4,), overrides={"micro_batch_size": 4}),
+    "1x1-mb2-tensor-4-compiled": Case(1, 1, "1f1b", tensor=(4,)),
+    "2x1-mb2-tensor-2-compiled": Case(2, 1, "1f1b", tensor=(2,)),
+    "1x2-mb4-tensor-2": Case(1, 2, "1f1b", tensor=(2,), overrides={"micro_batch_size": 4}),
+    "4x1-mb2-1f1b-interleaved-v2": Case(4, 1, "1f1b", overrides={"virtual_stages": 2}),
 }
 
 # The 4-stage runs as ``plan launch`` runs each schedule by default (compiled; ZB-H1 between its linears).
@@ -343,35 +313,51 @@ def _calibrated(topology_path: str, path: Path, compile: str):
     return calibration, replace(base, topology=apply_calibration(base.topology, calibration))
 
 
+def gpu(out: Path, iterations: int, warmup: int, seed: int, only: tuple = ()) -> dict:
+    """2 GPUs: ``GPU_CASES`` (``gpu_cases``)."""
+    return gpu_cases(out, GPU_TOPOLOGY, GPU_CASES, GPU_SCHEDULE_ROWS, iterations, warmup, seed, only)
+
+
 def gpu4(out: Path, iterations: int, warmup: int, seed: int, only: tuple = ()) -> dict:
-    """Calibrate (compiled and eager blocks), then run ``GPU4_CASES`` on 4 GPUs; rows of an earlier
-    run in ``out`` are kept unless rerun (``only``), so the cases can be split over several calls;
-    then the schedule ``schedule: auto`` picks for 4 stages against the fastest measured one."""
+    """4 GPUs: ``GPU4_CASES`` (``gpu_cases``)."""
+    return gpu_cases(out, GPU4_TOPOLOGY, GPU4_CASES, GPU4_SCHEDULE_ROWS, iterations, warmup, seed, only)
+
+
+def gpu_cases(out: Path, topology_path: str, all_cases: dict, schedule_rows: tuple, iterations: int, warmup: int,
+              seed: int, only: tuple = ()) -> dict:
+    """Calibrate (compiled blocks, and eager ones if an eager case runs), then run the cases (``only``:
+    just those labels); rows of an earlier run in ``out`` are kept unless rerun, and a calibration it
+    left is reused, so the cases can be split over several calls; then the schedule ``schedule: auto``
+    picks for the schedule rows' stages against the fastest measured one."""
     from planner.runtime.launch import LaunchOptions, launch
     from planner.search.front import SearchOptions, search
 
     out.mkdir(parents=True, exist_ok=True)
-    compiled, compiled_job = _calibrated(GPU4_TOPOLOGY, out / "calibration.yaml", "auto")
-    cases = {label: case for label, case in GPU4_CASES.items() if not only or label in only}
-    eager, eager_job = _calibrated(GPU4_TOPOLOGY, out / "calibration-eager.yaml", "off") \
-        if any(case[-1] for case in cases.values()) else (None, None)
+    compiled, compiled_job = _calibrated(topology_path, out / "calibration.yaml", "auto")
+    cases = {label: all_cases[label] for label in only if label in all_cases} if only else dict(all_cases)  # in only's order
+    eager, eager_job = _calibrated(topology_path, out / "calibration-eager.yaml", "off") \
+        if any(case.eager for case in cases.values()) else (None, None)
     partial = out / "partial.json"
     report = json.loads(partial.read_text()) if partial.exists() else {"rows": [], "memory": []}
-    for label, (stages, replicas, schedule, tensor, overrides, is_eager) in cases.items():
-        job = eager_job if is_eager else compiled_job
-        training = replace(job.training, **{"micro_batch_size": 2, "schedule": schedule, **overrides})
+    for label, case in cases.items():
+        job = eager_job if case.eager else compiled_job
+        training = replace(job.training, **{"micro_batch_size": 2, "schedule": case.schedule, **case.overrides})
         pinned = replace(job, training=training)
         # The search plans one chunk per device; an interleaved case splits its stages after.
         plan = search(pinned.topology, pinned.model, replace(training, virtual_stages=1),
-                      SearchOptions(seed=seed, time_limit_s=10, stages=stages, replicas=replicas,
-                                    tensor_degrees=tensor)).plan
+                      SearchOptions(seed=seed, time_limit_s=10, stages=case.stages, replicas=case.replicas,
+                                    tensor_degrees=case.tensor)).plan
+        if case.layer_bounds:
+            plan = replace(plan, layer_bounds=case.layer_bounds)
+        if case.micro_batches:
+            plan = replace(plan, micro_batches=case.micro_batches)
         if training.virtual_stages > 1:
             plan = interleave_plan(plan, training.virtual_stages)
-        path = _write(plan, pinned, GPU4_TOPOLOGY, out / "plans" / f"{label}.yaml", eager if is_eager else compiled)
+        path = _write(plan, pinned, topology_path, out / "plans" / f"{label}.yaml", eager if case.eager else compiled)
         results = launch(path, LaunchOptions(iterations=iterations, warmup=warmup, out_dir=str(out / label),
-                                             compile="off" if is_eager else "auto"), log=lambda s: None)
+                                             compile="off" if case.eager else "auto"), log=lambda s: None)
         row = {**run_row(results, label), "compiled": results["run"].get("compiled"),
-               "graphs": results["run"].get("graphs")}
+               "graphs": results["run"].get("graphs"), "graphed_stages": results["run"].get("graphed_stages")}
         report["rows"] = [r for r in report["rows"] if r["label"] != label] + [row]
         report["memory"] = [m for m in report["memory"] if m["run"] != label] + [
             {"run": label, "device": device, "predicted_bytes": predicted, "measured_bytes": measured,
@@ -380,20 +366,21 @@ def gpu4(out: Path, iterations: int, warmup: int, seed: int, only: tuple = ()) -
         partial.write_text(json.dumps(report, indent=1, default=float) + "\n")
         print(f"{label:34} predicted {row['predicted_s']:.4f} s  measured {row['measured_s']:.4f} s  "
               f"{100 * row['error']:+6.1f}%", flush=True)
-    # Which schedule auto picks for 4 stages on the compiled calibration, against the measurements.
+    # Which schedule auto picks for these stages on the compiled calibration, against the measurements.
     # Picked with one chunk per device (the default) and with interleaving searched too.
+    stages = all_cases[schedule_rows[0]].stages
     picks = {}
     for virtual_stages in (1, "auto"):
         training = replace(compiled_job.training, micro_batch_size=2, schedule="auto", virtual_stages=virtual_stages)
         pick = search(compiled_job.topology, compiled_job.model, training,
-                      SearchOptions(seed=seed, time_limit_s=10, stages=4, replicas=1, tensor_degrees=(1,))).plan
+                      SearchOptions(seed=seed, time_limit_s=10, stages=stages, replicas=1, tensor_degrees=(1,))).plan
         picks[f"virtual_stages {virtual_stages}"] = {"schedule": str(pick.schedule),
                                                      "virtual_stages": pick.virtual_stages}
-    four = [r for r in report["rows"] if r["label"] in GPU4_SCHEDULE_ROWS]
-    if four:
-        fastest = min(four, key=lambda r: r["measured_s"])
-        report["schedule_pick"] = {"auto_picks": picks, "fastest_measured": fastest["label"],
-                                   "measured_s": {r["label"]: r["measured_s"] for r in four}}
+    measured = [r for r in report["rows"] if r["label"] in schedule_rows]
+    if measured:
+        fastest = min(measured, key=lambda r: r["measured_s"])
+        report["schedule_pick"] = {"stages": stages, "auto_picks": picks, "fastest_measured": fastest["label"],
+                                   "measured_s": {r["label"]: r["measured_s"] for r in measured}}
     report["calibration"] = compiled.document
     if eager is not None:
         report["calibration_eager"] = eager.document
@@ -441,7 +428,7 @@ def main() -> int:
               "plan that fits in memory")
     if "schedule_pick" in report:
         p = report["schedule_pick"]
-        print(f"4 stages: schedule auto picks {p['auto_picks']}; fastest measured {p['fastest_measured']}")
+        print(f"{p.get('stages', 4)} stages: schedule auto picks {p['auto_picks']}; fastest measured {p['fastest_measured']}")
     for m in report.get("memory", []):
         print(f"memory {m['run']:34} {m['device']:8} predicted {m['predicted_bytes'] / 1e9:6.2f} GB "
               f"measured {m['measured_bytes'] / 1e9:6.2f} GB {100 * m['error']:+6.1f}%")

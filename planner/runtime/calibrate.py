@@ -53,7 +53,7 @@ import numpy as np
 from planner.inputs.calibration import CALIBRATION_FORMAT, write_calibration
 from planner.inputs.catalog import peak_for
 from planner.errors import InputError
-from planner.runtime.graphs import graphed_stages, stage_graphed
+from planner.runtime.graphs import graphed_stages, release_graphs, stage_graphed
 from planner.runtime.spawn import RankFailure, gather_from_ranks
 
 __all__ = ["CalibrateOptions", "CalibrationFailure", "calibrate", "fit_latency_bandwidth", "OPTIMIZER_PROBE_PARAMETERS",
@@ -378,6 +378,8 @@ def _measure(rank, world, job, options, queue, device, threads, degrees) -> None
             report["tensor_blocks"] = table
         queue.put((rank, report))
     finally:
+        if cuda:  # the tensor probes' graphs captured the group's all-reduces
+            release_graphs(device)
         dist.destroy_process_group()
 
 

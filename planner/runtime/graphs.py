@@ -30,7 +30,8 @@ zeroes flat buffers of its own: ZeRO-1) at its step, and the step ends every ite
 
 from enum import Enum
 
-__all__ = ["Graphed", "COMPILE_CHOICES", "compiles", "graphed_stages", "stage_graphed", "calibration_disagrees"]
+__all__ = ["Graphed", "COMPILE_CHOICES", "compiles", "graphed_stages", "stage_graphed", "calibration_disagrees",
+           "release_graphs"]
 
 COMPILE_CHOICES = ("auto", "on", "off", "graphs")  # ``--compile`` of plan launch and plan calibrate
 
@@ -104,3 +105,19 @@ def calibration_disagrees(device_types: dict, used_types, degrees: tuple, compil
 def _check(choice: str) -> None:
     if choice not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, not {choice!r}")
+
+
+def release_graphs(device) -> None:
+    """Free the CUDA graphs torch.compile recorded in this process, before its process group goes:
+    NCCL's ``ncclCommDestroy`` waits while a graph that captured one of the communicator's
+    collectives is alive, so a tensor group's ranks (their all-reduces inside the graphs) hung at exit
+    after training (pytorch/pytorch issue 115388, "destroy_process_group() hangs after CUDA graph
+    capture of NCCL operations": freeing the graphs first is the workaround given there)."""
+    import gc
+
+    import torch
+    from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+    torch.cuda.synchronize(device)
+    reset_cudagraph_trees()
+    gc.collect()

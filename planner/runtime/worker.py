@@ -31,7 +31,7 @@ from planner.runtime.emulation import Emulator, SharedResources, now_s, slowed_j
 from planner.runtime.engine import Layout, StageExecutor, make_groups, split_parameters
 from planner.runtime.gpt import ChunkedStage, build_stage, compile_between_linears, compile_stage, lm_loss
 from planner.runtime.inputs import RunInputs, emulated_model, load_run_inputs
-from planner.runtime.graphs import Graphed, stage_graphed
+from planner.runtime.graphs import Graphed, release_graphs, stage_graphed
 from planner.runtime.gradient_sync import route_matters, sync_route
 from planner.runtime.local_steps import LocalSteps, master_copies
 from planner.runtime.optimizer import make_optimizer
@@ -119,7 +119,10 @@ def _train(rank: int, world: int, config: WorkerConfig, rendezvous: dict, device
     try:
         _run(rank, config, inputs, layout, replica, stage, device, shared, member)
     finally:
+        if device.type == "cuda" and config.graphs != Graphed.NONE.value:
+            release_graphs(device)
         dist.destroy_process_group()
+
 
 
 def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, device, shared, member=0) -> None:
