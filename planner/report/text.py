@@ -1,5 +1,6 @@
 """Human-readable rendering of a plan (what ``plan TOPOLOGY`` prints)."""
 
+from cost_models.schedule import Schedule
 from planner.inputs.units import format_bytes, format_flops, format_seconds
 from planner.plan.plan import CostModel
 from planner.prediction.predict import communication_bytes
@@ -16,6 +17,13 @@ __all__ = ["render_plan", "render_moves"]
 UNCALIBRATED_ERROR = ("uncalibrated predictions of GPT-3 XL on 2x H100 ran 12% below to 20% above the measured time, "
                       "calibrated ones within 1.3% there and 0.4-3.5% on 4x H100 (recomputation and tensor groups "
                       "up to 11% below): run 'plan calibrate' on the cluster")
+
+# What a ZB-H1 prediction is worth, from the calibrated GPU runs (benchmarks/results/accuracy_gpu_h200x2.json
+# and accuracy_gpu_h200x2_zb.json, 2x H200; accuracy_gpu4_h200*.json, 4x H200): the runtime's split
+# backward is issued by the host about as fast as the device runs it, so the hosts' speed sets it.
+ZERO_BUBBLE_ERROR = ("ZB-H1's split backward is host-bound: the same 2-stage GPT-3 XL plan ran 0.327 s and 0.417 s "
+                     "on two 2x H200 hosts where 1F1B ran 0.305-0.308 s, and calibrated predictions of ZB-H1 ran "
+                     "27% below to 20% above the measured time; compare with 1F1B on your cluster")
 
 
 def _table(header: list, rows: list) -> list:
@@ -147,6 +155,7 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
            + (f" interleaved over {plan.virtual_stages} virtual stages per device (Narayanan et al. 2021, sec. 2.2.2: "
               f"the bubble shrinks {plan.virtual_stages}x, {plan.virtual_stages}x the pipeline messages)"
               if plan.virtual_stages > 1 else "")
+           + (f" ({ZERO_BUBBLE_ERROR})" if plan.schedule == Schedule.ZERO_BUBBLE else "")
            + f", micro-batch size {plan.micro_batch_size}"
            + (f", in accumulation rounds of {plan.micro_batches_per_round} micro-batches (each its own fill and "
               f"drain)" if plan.micro_batches_per_round else "")
