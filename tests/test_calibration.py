@@ -123,6 +123,10 @@ def test_topology_takes_measured_links_from_a_calibration(tmp_path, write_yaml):
     (lambda d: d["device_types"]["T4"].update(tensor_block_s={2: {0: 0.003}}), "device_types.T4.tensor_block_s.2"),
     (lambda d: d["device_types"]["T4"].update(tensor_block_s={2: {1: -1}}), "device_types.T4.tensor_block_s.2.1"),
     (lambda d: d["device_types"]["T4"].update(tensor_block_s={2: "fast"}), "device_types.T4.tensor_block_s.2"),
+    (lambda d: d["device_types"]["T4"].update(tensor_block_received_s={2: {1: -1}}),
+     "device_types.T4.tensor_block_received_s.2.1"),
+    (lambda d: d["device_types"]["T4"].update(tensor_block_received_issue_s="1ms"),
+     "device_types.T4.tensor_block_received_issue_s"),
     # how the blocks were run: what a launch compares with its own --compile
     (lambda d: d["device_types"]["T4"].update(measured="compiled"), "device_types.T4.measured"),
     (lambda d: d["device_types"]["T4"].update(measured={"compiled": "false"}), "device_types.T4.measured.compiled"),
@@ -331,6 +335,60 @@ def test_a_calibrated_timed_block_sets_a_tensor_plan_s_blocks(tmp_path, write_ya
                  "--micro-batch-size", "1", "--calibration", str(cal), "-o", str(out), "--time-limit", "5"]) == 0
     assert json.loads(out.read_text())["prediction"]["iteration_s"] == pytest.approx(times[1], rel=1e-6)
     assert "A100-80GB group of 2: a block timed at 30 ms (micro-batch 1)" in capsys.readouterr().out
+
+
+def test_a_later_stage_s_group_is_priced_by_its_received_timings(tmp_path, write_yaml, capsys):
+    """``plan calibrate --compile auto`` times a group's block as CUDA graphs (a first stage's group,
+    which a launch graphs) and again without (``tensor_block_received_s``: a later stage's group,
+    which receives its input and runs without graphs, ``planner.runtime.graphs.stage_graphed``). A
+    2-stage plan on groups of 2 prices its first stage's group by the first table and its second's by
+    the second; the report says which is which."""
+    from planner.plan.plan import Plan
+    from planner.plan.tensor import groups_of_plan
+    from planner.prediction.predict import predict
+
+    job = load_job(write_yaml({**PAIR, "devices": [{"name": "a", "count": 4, "type": "A100-80GB", "host": "node"}]}))
+    plan = Plan(layer_bounds=(0, 2, 4), assignment=(("a-0", "a-2"),), micro_batches=(16,), micro_batch_size=1,
+                schedule="1f1b", topology_name=job.topology.name, topology_sha256=job.topology.sha256,
+                tensor_groups=(("a-0", "a-1"), ("a-2", "a-3")))
+    cal = _floor_calibration(tmp_path / "cal.yaml", 0.001)
+    document = yaml.safe_load(cal.read_text())
+    document["device_types"]["A100-80GB"]["tensor_block_s"] = {2: {1: 0.02, 4: 0.04}}
+
+    def predicted(received):
+        entry = document["device_types"]["A100-80GB"]
+        entry.pop("tensor_block_received_s", None)
+        entry.pop("tensor_block_received_issue_s", None)
+        if received is not None:
+            entry["tensor_block_received_s"] = {2: {1: received, 4: 2 * received}}
+            entry["tensor_block_received_issue_s"] = 0.002
+        path = tmp_path / f"cal-{received}.yaml"
+        path.write_text(yaml.safe_dump(document))
+        topology = apply_calibration(job.topology, read_calibration(path))
+        groups = groups_of_plan(topology, plan)
+        assign = [[groups.virtual.index(name) for name in row] for row in plan.assignment]
+        return groups.placed(assign, 1), predict(plan, topology, job.model, job.training)[0].iteration_s
+
+    (issue, timed), alike = predicted(None)
+    assert timed.tolist() == [[0.02, 0.02]] and issue.tolist() == [[0.001, 0.001]]
+    (issue, timed), same = predicted(0.02)
+    assert timed.tolist() == [[0.02, 0.02]] and issue.tolist() == [[0.001, 0.002]]
+    assert same == pytest.approx(alike, rel=1e-12)
+    (_, timed), slower = predicted(0.03)
+    assert timed.tolist() == [[0.02, 0.03]]
+    # The second stage's 2 blocks a micro-batch take 10 ms more each: the pipeline's pace is its.
+    assert slower - alike == pytest.approx(16 * 2 * 0.01, rel=0.05)
+    # Read from the file, refused in one line where wrong.
+    kind = read_calibration(tmp_path / "cal-0.03.yaml").device_types["A100-80GB"]
+    assert kind["tensor_block_received_s"] == ((2, ((1, 0.03), (4, 0.06))),)
+    assert kind["tensor_block_received_issue_s"] == 0.002
+    out = tmp_path / "plan.json"
+    assert main([str(write_yaml({**PAIR, "devices": [{"name": "a", "count": 4, "type": "A100-80GB", "host": "node"}]})),
+                 "--stages", "2", "--replicas", "1", "--tensor-degrees", "2", "--micro-batch-size", "1",
+                 "--calibration", str(tmp_path / "cal-0.03.yaml"), "-o", str(out), "--time-limit", "5"]) == 0
+    text = capsys.readouterr().out
+    assert "A100-80GB group of 2: a block timed at 20 ms (micro-batch 1)" in text
+    assert "A100-80GB group of 2 receiving its input: a block timed at 30 ms (micro-batch 1)" in text
 
 
 @pytest.mark.parametrize("compile, warned", [("auto", False), ("graphs", False), ("on", True), ("off", True)])

@@ -92,3 +92,14 @@ def test_a_calibration_file_knows_exactly_the_graphed_values():
     from planner.inputs.calibration import GRAPHED_VALUES
 
     assert GRAPHED_VALUES == tuple(g.value for g in Graphed)
+
+
+def test_a_calibration_that_timed_received_groups_apart_agrees_with_a_launch_of_later_stage_groups():
+    """``plan calibrate --compile auto`` now times a group again without graphs, as a later stage's
+    group runs (``tensor_block_received_s``): a launch of 2 stages on groups of 2 (the second
+    ungraphed) or of virtual stages is then timed as it runs; ``--compile on`` still is not."""
+    apart = _types(compiled=True, graphs="tensor", tensor_block_received_s=((2, ((1, 0.003),)),))
+    assert calibration_disagrees(apart, USED, (2, 2), True, Graphed.TENSOR) is None
+    assert calibration_disagrees(apart, USED, (2,), True, Graphed.TENSOR, virtual_stages=2) is None
+    assert calibration_disagrees(apart, USED, (2, 2), True, Graphed.NONE) == (
+        "timed H100-SXM's blocks compiled, stage(s) 0 as CUDA graphs; this launch runs them compiled")

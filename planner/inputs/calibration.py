@@ -7,7 +7,10 @@ and, where it was measured (a host with two or more devices of the type), the ca
 ``tensor_block_issue`` (``tensor_block_issue_s``: the least time a tensor group's block takes per
 micro-batch, ``cost_models.comm.tensor_block_issue_s``) and adds the group's block timed at a few
 micro-batches per degree (``tensor_block_s``, degree -> micro-batch -> seconds, which the cost model
-interpolates for groups of a timed degree, ``cost_models.comm.measured_tensor_block_s``); adds ``head_efficiency`` (the same for the
+interpolates for groups of a timed degree, ``cost_models.comm.measured_tensor_block_s``), and both
+again for a group that receives its input (``tensor_block_received_issue_s``,
+``tensor_block_received_s``: a later stage's group, which ``plan launch --compile auto`` runs
+compiled but not as CUDA graphs, ``planner.runtime.graphs``) where they were timed apart; adds ``head_efficiency`` (the same for the
 LM head and loss, often far lower: a large, odd-sized vocabulary and a memory-bound softmax) and,
 where they were measured, ``recompute_efficiency`` (the same for a block that recomputes its
 forward in backward, counted at 4 forwards' FLOPs; a compiled block's recomputation costs less than
@@ -50,6 +53,8 @@ class Calibration:
     device_types: dict  # type name -> {"efficiency", "head_efficiency", "memory_bandwidth_bytes_per_s",
     #                                    "recompute_efficiency", "split_backward_efficiency"[, "tensor_block_issue_s",
     #                                    "tensor_block_s": ((degree, ((micro-batch, seconds), ...)), ...),
+    #                                    "tensor_block_received_issue_s", "tensor_block_received_s" (the
+    #                                    same for a group that receives its input, where timed apart),
     #                                    "compiled": bool, "graphs": "none" | "tensor" | "all" (how the
     #                                    blocks were run, where the file says)]}
     network: dict | None  # {"devices": [...], "latency_s": NxN, "bandwidth_bytes_per_s": NxN} or None
@@ -126,14 +131,15 @@ def read_calibration(path) -> Calibration:
                 raise InputError(f"{recompute!r} would make a recomputed block (4 forwards' FLOPs) faster than a plain "
                                  f"one (3 forwards' FLOPs at efficiency {plain!r}): it may be at most 4/3 of the "
                                  "efficiency; measure again with 'plan calibrate'", field=e.path("recompute_efficiency"))
-            if e.has("tensor_block_issue_s"):
-                issue = e.raw("tensor_block_issue_s")
-                if isinstance(issue, bool) or not isinstance(issue, (int, float)) or not 0 <= issue < 1:
-                    raise InputError(f"must be seconds in [0, 1), got {issue!r}: measure again with 'plan calibrate'",
-                                     field=e.path("tensor_block_issue_s"))
-                types[str(name)]["tensor_block_issue_s"] = float(issue)
-            if e.has("tensor_block_s"):
-                types[str(name)]["tensor_block_s"] = _tensor_blocks(e.raw("tensor_block_s"), e.path("tensor_block_s"))
+            for prefix in ("tensor_block", "tensor_block_received"):  # received: a later stage's group
+                if e.has(f"{prefix}_issue_s"):
+                    issue = e.raw(f"{prefix}_issue_s")
+                    if isinstance(issue, bool) or not isinstance(issue, (int, float)) or not 0 <= issue < 1:
+                        raise InputError(f"must be seconds in [0, 1), got {issue!r}: measure again with "
+                                         "'plan calibrate'", field=e.path(f"{prefix}_issue_s"))
+                    types[str(name)][f"{prefix}_issue_s"] = float(issue)
+                if e.has(f"{prefix}_s"):
+                    types[str(name)][f"{prefix}_s"] = _tensor_blocks(e.raw(f"{prefix}_s"), e.path(f"{prefix}_s"))
             types[str(name)].update(_how_timed(e.raw("measured", {}), e.path("measured")))
             e.finish()
         network = None
@@ -209,7 +215,9 @@ def apply_calibration(topology, calibration: Calibration):
                         memory_bandwidth_bytes_per_s=measured["memory_bandwidth_bytes_per_s"],
                         codec_bandwidth_bytes_per_s=d.codec_bandwidth,
                         tensor_block_issue_s=measured.get("tensor_block_issue_s", d.tensor_block_issue_s),
-                        tensor_block_s=measured.get("tensor_block_s", d.tensor_block_s))
+                        tensor_block_s=measured.get("tensor_block_s", d.tensor_block_s),
+                        tensor_block_received_issue_s=measured.get("tensor_block_received_issue_s"),
+                        tensor_block_received_s=measured.get("tensor_block_received_s"))
         devices.append(d)
     return replace(topology, devices=tuple(devices))
 

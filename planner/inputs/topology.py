@@ -46,6 +46,11 @@ class Device:
     tensor_block_issue_s: float = 0.0  # a tensor group member's least time per block (catalog, file or calibration)
     # a tensor group member's block timed by plan calibrate: ((degree, ((micro-batch, seconds), ...)), ...)
     tensor_block_s: tuple = ()
+    # the same for a group that receives its input (a later stage, or virtual stages), where
+    # ``plan launch --compile auto`` runs the blocks compiled but not as CUDA graphs
+    # (planner.runtime.graphs): None where not timed apart (the group is timed one way)
+    tensor_block_received_issue_s: float | None = None
+    tensor_block_received_s: tuple | None = None
     recompute_efficiency: float = 0.0  # measured efficiency of a recomputed block at 4 forwards' FLOPs; 0: as the blocks
     split_backward_efficiency: float = 0.0  # measured efficiency of ZB-H1's split-backward block; 0: as the blocks
     codec_bandwidth_bytes_per_s: float = 0.0  # what the codecs' shares refer to (codec_bandwidth); 0: memory bandwidth

@@ -45,16 +45,35 @@ class TensorGroups:
     # per virtual device: its members' block timed at a few micro-batches for its degree (their
     # type's calibrated tensor_block_s: ((micro-batch, seconds), ...); () alone or not timed)
     timed_blocks: tuple
-    _timed: dict = field(default_factory=dict, repr=False)  # micro-batch -> timed_block_s's array
+    # the same two for a group that receives its input (any stage but the first, or virtual stages):
+    # the type's tensor_block_received_* where the calibration timed them apart, else as above
+    received_issue_s: np.ndarray = None
+    received_blocks: tuple = None
+    _timed: dict = field(default_factory=dict, repr=False)  # (micro-batch, received) -> timed_block_s's array
 
-    def timed_block_s(self, micro_batch_size: int) -> np.ndarray:
+    def timed_block_s(self, micro_batch_size: int, received: bool = False) -> np.ndarray:
         """Per virtual device: seconds its group's block takes per micro-batch of
         ``micro_batch_size`` as timed (``cost_models.comm.measured_tensor_block_s``), 0 where its
-        degree was not timed (or a group of one)."""
-        if micro_batch_size not in self._timed:
-            self._timed[micro_batch_size] = np.array([measured_tensor_block_s(table, micro_batch_size)
-                                                      for table in self.timed_blocks])
-        return self._timed[micro_batch_size]
+        degree was not timed (or a group of one); ``received``: as a group that receives its input."""
+        key = (micro_batch_size, received)
+        if key not in self._timed:
+            tables = self.received_blocks if received and self.received_blocks is not None else self.timed_blocks
+            self._timed[key] = np.array([measured_tensor_block_s(table, micro_batch_size) for table in tables])
+        return self._timed[key]
+
+    def placed(self, assign, micro_batch_size: int, virtual_stages: int = 1) -> tuple:
+        """(floor seconds, timed seconds) of each placed group's block, ``assign`` (replicas x
+        stages) of virtual devices: a group on the first stage of a plan without virtual stages
+        takes its input from its own embedding and runs as ``plan calibrate`` timed ``timed_blocks``
+        (CUDA graphs under ``--compile auto``); any other receives it and is priced by its received
+        timings, as ``planner.runtime.graphs.stage_graphed`` runs it."""
+        assign = np.asarray(assign)
+        received = np.arange(assign.shape[-1]) > 0 if virtual_stages <= 1 else np.ones(assign.shape[-1], dtype=bool)
+        received_issue = self.issue_s if self.received_issue_s is None else self.received_issue_s
+        issue = np.where(received, received_issue[assign], self.issue_s[assign])
+        timed = np.where(received, self.timed_block_s(micro_batch_size, True)[assign],
+                         self.timed_block_s(micro_batch_size)[assign])
+        return issue, timed
 
     @property
     def grouped(self) -> tuple:
@@ -88,7 +107,8 @@ def group_devices(topology, groups) -> TensorGroups:
                              message_overhead_s=topology.message_overhead_s, sha256=topology.sha256,
                              source=topology.source)
     per_byte, latency, issue = np.zeros(len(members)), np.zeros(len(members)), np.zeros(len(members))
-    timed = [()] * len(members)
+    received_issue = np.zeros(len(members))
+    timed, received = [()] * len(members), [()] * len(members)
     network = topology.network
     for k, m in enumerate(members):
         if len(m) > 1:
@@ -97,9 +117,13 @@ def group_devices(topology, groups) -> TensorGroups:
             lead = topology.devices[order[0]]  # one type: the same floor and timings on every member
             issue[k] = lead.tensor_block_issue_s
             timed[k] = dict(lead.tensor_block_s).get(len(m), ())
+            received_issue[k] = (lead.tensor_block_issue_s if lead.tensor_block_received_issue_s is None
+                                 else lead.tensor_block_received_issue_s)
+            received[k] = timed[k] if lead.tensor_block_received_s is None else \
+                dict(lead.tensor_block_received_s).get(len(m), ())
     return TensorGroups(topology=topology, virtual=virtual, members=members, degree=degree,
                         allreduce_per_byte_s=per_byte, allreduce_latency_s=latency, issue_s=issue,
-                        timed_blocks=tuple(timed))
+                        timed_blocks=tuple(timed), received_issue_s=received_issue, received_blocks=tuple(received))
 
 
 def groups_of_plan(topology, plan) -> TensorGroups:

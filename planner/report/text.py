@@ -1,5 +1,7 @@
 """Human-readable rendering of a plan (what ``plan TOPOLOGY`` prints)."""
 
+import numpy as np
+
 from cost_models.schedule import Schedule
 from planner.inputs.units import format_bytes, format_flops, format_seconds
 from planner.plan.plan import CostModel
@@ -127,13 +129,22 @@ def _compression_lines(plan) -> list:
 
 def _timed_block_text(plan, topology) -> list:
     """Per tensor-group degree and device type of ``plan`` whose block the calibration timed: the
-    time per block the prediction takes at the plan's micro-batch (``TensorGroups.timed_block_s``)."""
+    time per block the prediction takes at the plan's micro-batch (``TensorGroups.placed``: a group
+    that receives its input, on a later stage, by its received timings where they were taken apart)."""
     groups = groups_of_plan(topology, plan)
-    timed = groups.timed_block_s(plan.micro_batch_size)
-    seen = {(topology.devices[topology.index(members[0])].type_name, len(members)): float(seconds)
-            for members, seconds in zip(groups.members, timed) if seconds > 0}
-    return [f"; {kind} group of {t}: a block timed at {1e3 * seconds:.3g} ms (micro-batch {plan.micro_batch_size})"
-            for (kind, t), seconds in sorted(seen.items())]
+    assign = np.array([[groups.virtual.index(name) for name in row] for row in plan.assignment])
+    timed = groups.placed(assign, plan.micro_batch_size, plan.virtual_stages)[1]
+    seen = {}
+    for r, row in enumerate(assign):
+        for s, k in enumerate(row):
+            members = groups.members[k]
+            if timed[r, s] > 0:
+                kind = topology.devices[topology.index(members[0])].type_name
+                received = s > 0 or plan.virtual_stages > 1
+                seen[(kind, len(members), received)] = float(timed[r, s])
+    return [f"; {kind} group of {t}{' receiving its input' if received else ''}: a block timed at "
+            f"{1e3 * seconds:.3g} ms (micro-batch {plan.micro_batch_size})"
+            for (kind, t, received), seconds in sorted(seen.items())]
 
 
 def _cell(plan, name: str) -> str:

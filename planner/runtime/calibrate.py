@@ -35,7 +35,13 @@
   cannot time the model keeps ``max(M, floor)``: ``M`` the members' share of the compute at the
   efficiency measured above plus the all-reduces over the measured links (``stage_model.tensor_layer_s``
   without a floor), the floor ``device_types.<type>.tensor_block_issue_s``: the largest timed
-  group's block at micro-batch 1 where it exceeds ``M`` (it is then issue-bound), else 0.
+  group's block at micro-batch 1 where it exceeds ``M`` (it is then issue-bound), else 0. Where
+  ``--compile`` replays a first stage's group as CUDA graphs (``auto``), each degree is timed again
+  without graphs, as a launch runs a group that receives its input (a later stage's, or any with
+  virtual stages: ``planner.runtime.graphs.stage_graphed``), into ``tensor_block_received_s`` and
+  its floor ``tensor_block_received_issue_s``; the cost model prices such groups by them
+  (``planner.plan.tensor.TensorGroups.placed``). On 4x H200 a group of 4 at micro-batch 2 took
+  1.37 ms a block graphed and 3.29 ms compiled (``benchmarks/results/cuda_graphs_h200x4.json``).
 
 Writes a calibration file (``planner.calibration``) saying when, where and how it was measured.
 """
@@ -220,6 +226,9 @@ def calibrate(topology_path, options: CalibrateOptions, *, log=print) -> dict:
         for t, row in entry["tensor_block_s"].items():
             log(f"tensor group of {t}: a block took " + ", ".join(f"{1e3 * seconds:.3f} ms at micro-batch {b}"
                                                                   for b, seconds in row.items()))
+        for t, row in entry.get("tensor_block_received_s", {}).items():
+            log(f"tensor group of {t} receiving its input (a later stage's, without CUDA graphs): a block took "
+                + ", ".join(f"{1e3 * seconds:.3f} ms at micro-batch {b}" for b, seconds in row.items()))
     m = entry["measured"]
     plain = m["block_forward_s"] + m["block_backward_s"]
     log(f"a block took {1e3 * plain:.3f} ms forward and backward, {1e3 * m['recomputed_block_forward_backward_s']:.3f} "
@@ -298,18 +307,23 @@ def _document(job, kind, backend, names, reports, options) -> dict:
     }
     n = len(names)
     if reports[0].get("tensor_blocks"):
-        table = reports[0]["tensor_blocks"]  # degree -> micro-batch -> seconds per block
-        t = max(table)
-        ring = [(i, (i + 1) % t) for i in range(t)]
-        hops = [fit_latency_bandwidth(*reports[0]["links"][pair]) for pair in ring]
-        one = table[t][min(table[t])]
-        floor, modelled = tensor_block_floor(model, training, min(table[t]), t, peak,
-                                             min(achieved / peak, 1.0), [h[0] for h in hops], [h[1] for h in hops], one)
         entry = document["device_types"][kind]
-        entry["tensor_block_issue_s"] = floor
-        entry["tensor_block_s"] = {degree: dict(sorted(row.items())) for degree, row in sorted(table.items())}
-        entry["measured"].update(tensor_degree=t, tensor_micro_batch_size=min(table[t]), tensor_block_s=one,
-                                 tensor_block_model_s=modelled, tensor_block_excess_s=max(one - modelled, 0.0))
+        # degree -> micro-batch -> seconds per block; then the same without graphs where they differ
+        for prefix, table in (("tensor_block", reports[0]["tensor_blocks"]),
+                              ("tensor_block_received", reports[0].get("tensor_blocks_received"))):
+            if not table:
+                continue
+            t = max(table)
+            ring = [(i, (i + 1) % t) for i in range(t)]
+            hops = [fit_latency_bandwidth(*reports[0]["links"][pair]) for pair in ring]
+            one = table[t][min(table[t])]
+            floor, modelled = tensor_block_floor(model, training, min(table[t]), t, peak, min(achieved / peak, 1.0),
+                                                 [h[0] for h in hops], [h[1] for h in hops], one)
+            entry[f"{prefix}_issue_s"] = floor
+            entry[f"{prefix}_s"] = {degree: dict(sorted(row.items())) for degree, row in sorted(table.items())}
+            if prefix == "tensor_block":
+                entry["measured"].update(tensor_degree=t, tensor_micro_batch_size=min(table[t]), tensor_block_s=one,
+                                         tensor_block_model_s=modelled, tensor_block_excess_s=max(one - modelled, 0.0))
     if n > 1:
         latency, bandwidth = np.zeros((n, n)), np.zeros((n, n))
         overheads = []
@@ -367,15 +381,19 @@ def _measure(rank, world, job, options, queue, device, threads, degrees) -> None
         sizes = _SIZES_GPU if cuda else _SIZES_CPU
         report["sizes"] = sizes
         report["links"] = _link_probe(rank, world, sizes, max(options.repeats, _LINK_REPEATS), device)
-        table = {}
+        table, received = {}, {}
         for degree in degrees:
             group = dist.new_group(list(range(degree)))  # every process takes part in making it
             if rank < degree:
-                table[degree] = {b: tensor_probe(job, options, device, group, rank, degree, b)
-                                 for b in tensor_probe_micro_batches(job, device, degree)}
+                sizes = tensor_probe_micro_batches(job, device, degree)
+                table[degree] = {b: tensor_probe(job, options, device, group, rank, degree, b) for b in sizes}
+                if _graphs(options, device, degree):  # a group that receives its input runs without graphs
+                    received[degree] = {b: tensor_probe(job, options, device, group, rank, degree, b, graphs=False)
+                                        for b in sizes}
             dist.barrier()
         if rank == 0:
             report["tensor_blocks"] = table
+            report["tensor_blocks_received"] = received
         queue.put((rank, report))
     finally:
         if cuda:  # the tensor probes' graphs captured the group's all-reduces
@@ -627,13 +645,14 @@ def tensor_probe_micro_batches(job, device, degree: int) -> tuple:
 
 
 def tensor_probe(job, options, device, group, member: int, degree: int,
-                 micro_batch_size: int = TENSOR_PROBE_MICRO_BATCH) -> float:
+                 micro_batch_size: int = TENSOR_PROBE_MICRO_BATCH, graphs: bool | None = None) -> float:
     """Seconds per block of the runtime's tensor-parallel block (this member's share,
     ``planner.runtime.tensor_parallel.shard_stage``) forward and backward at ``micro_batch_size``,
     ``PROBE_BLOCKS`` chained as a stage runs them (one block timed alone adds its host's launch
     latency to every block: on 4x H200 a group of 4 at micro-batch 2 took 3.27 ms a block alone and
-    about 2.7 ms inside the runtime), compiled as ``plan launch`` compiles blocks; every member of
-    ``group`` calls it (the all-reduces)."""
+    about 2.7 ms inside the runtime), compiled as ``plan launch`` compiles blocks (as CUDA graphs where
+    it graphs a first stage's group, unless ``graphs`` says otherwise); every member of ``group``
+    calls it (the all-reduces)."""
     import torch
     from torch import nn
 
@@ -651,7 +670,7 @@ def tensor_probe(job, options, device, group, member: int, degree: int,
     holder = nn.Module()
     holder.blocks = nn.ModuleDict({str(i): Block(model) for i in range(PROBE_BLOCKS)})
     blocks = list(shard_stage(holder, group, member, degree).to(device=device, dtype=dtype).blocks.values())
-    graphs = _graphs(options, device, degree)
+    graphs = _graphs(options, device, degree) if graphs is None else graphs
     if compiles(options.compile, "nccl" if device.type == "cuda" else "gloo"):
         # A run compiles its blocks for its one micro-batch; compiled after other sizes, the blocks
         # would get a graph for any size (torch.compile's automatic dynamic shapes), whose kernels

@@ -77,11 +77,12 @@ def calibration_disagrees(device_types: dict, used_types, degrees: tuple, compil
     a calibration (its ``device_types``, as ``planner.inputs.calibration.read_calibration`` reads
     them: ``compiled`` and ``graphs`` where the file says) timed those of ``used_types``, for a plan
     whose stages have tensor ``degrees`` (the first stage first) under ZB-H1 or not and with
-    ``virtual_stages``: the plan's predicted time describes the calibrated run. ``plan calibrate``
-    times a tensor group's blocks graphed wherever its ``--compile`` graphs groups, while a launch
-    graphs only a group that receives no message (``stage_graphed``), so a later stage's group
-    calibrated under ``auto`` is said here too. None where they agree (a file written before graphs
-    existed timed none)."""
+    ``virtual_stages``: the plan's predicted time describes the calibrated run. A launch graphs only
+    a group that receives no message (``stage_graphed``); ``plan calibrate`` times a group's blocks
+    graphed wherever its ``--compile`` graphs groups and, where it did, once more without graphs as a
+    group that receives its input (``tensor_block_received_s``, which prices the later stages' groups),
+    so only a file without those (written before they were timed) is said for a later stage's group.
+    None where they agree (a file written before graphs existed timed none)."""
     def how(is_compiled: bool, stages) -> str:
         if not is_compiled:
             return "eager"
@@ -94,7 +95,9 @@ def calibration_disagrees(device_types: dict, used_types, degrees: tuple, compil
         if "compiled" not in entry:
             continue
         timed_graphs = entry.get("graphs", "none") if entry["compiled"] else "none"
-        timed = [(s, stage_graphed(timed_graphs, d)) for s, d in enumerate(degrees)]
+        apart = "tensor_block_received_s" in entry  # received groups timed as a launch runs them
+        timed = [(s, stage_graphed(timed_graphs, d, receives=apart and (s > 0 or virtual_stages > 1)))
+                 for s, d in enumerate(degrees)]
         run = [(s, compiled and stage_graphed(graphed, d, zero_bubble=zero_bubble,
                                               receives=s > 0 or virtual_stages > 1)) for s, d in enumerate(degrees)]
         if entry["compiled"] != compiled or timed != run:
