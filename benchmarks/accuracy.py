@@ -334,7 +334,7 @@ def gpu_cases(out: Path, topology_path: str, all_cases: dict, schedule_rows: tup
 
     out.mkdir(parents=True, exist_ok=True)
     compiled, compiled_job = _calibrated(topology_path, out / "calibration.yaml", "auto")
-    cases = {label: all_cases[label] for label in only if label in all_cases} if only else dict(all_cases)  # in only's order
+    cases = {label: all_cases[label] for label in only} if only else dict(all_cases)  # in only's order
     eager, eager_job = _calibrated(topology_path, out / "calibration-eager.yaml", "off") \
         if any(case.eager for case in cases.values()) else (None, None)
     partial = out / "partial.json"
@@ -401,6 +401,10 @@ def main() -> int:
                         help="run only these plans (emulated: also a label without its topology or a dimension, "
                              f"one of {', '.join(DIMENSIONS)}; the other rows of the last run are kept)")
     args = parser.parse_args()
+    cases = {"gpu": GPU_CASES, "gpu4": GPU4_CASES}.get(args.mode)
+    unknown = [label for label in args.only if cases is not None and label not in cases]
+    if unknown:
+        parser.error(f"--only: {', '.join(unknown)} not among the {args.mode} cases ({', '.join(cases)})")
     out = Path(args.out)
     runs = out / f"accuracy_{args.mode}"
     if args.mode == "gpu":

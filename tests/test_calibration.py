@@ -723,6 +723,31 @@ def _split_block_rederived(calibration):
         3 * block / split / m["peak_flops"], kind["efficiency"]))})
 
 
+@pytest.mark.runtime
+def test_the_split_block_is_priced_at_the_lower_of_two_issue_medians(tmp_path, monkeypatch):
+    """``plan calibrate``'s compute probe takes the host's issue time of the split block twice and
+    keeps the lower (``calibrate.least_issued``): with the first median of each call read at 4 ms and
+    the next at 3 ms, the split block's issue time is 3 ms over the probe's blocks."""
+    torch = pytest.importorskip("torch")
+    from planner.runtime import calibrate
+    from tests.runtime_helpers import cpu_topology
+
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    document = yaml.safe_load(topology.read_text())
+    document.update(model="tiny", training={"global_batch": 8, "micro_batch_size": 2, "precision": "fp32"})
+    topology.write_text(yaml.safe_dump(document))
+    takes = {}
+
+    def issued(fn, repeats, device):  # the first median of each call slow, the later ones not
+        takes[fn] = takes.get(fn, 0) + 1
+        return 4e-3 if takes[fn] == 1 else 3e-3
+
+    monkeypatch.setattr(calibrate, "issued", issued)
+    compute = calibrate._compute_probe(load_job(topology), calibrate.CalibrateOptions(repeats=1, compile="off"),
+                                       torch.device("cpu"), 1)
+    assert compute["split_block_issue_s"] == pytest.approx(3e-3 / calibrate.PROBE_BLOCKS)
+
+
 def test_the_lower_of_two_issue_times_predicts_the_recorded_zero_bubble_run():
     """2x H200 (``benchmarks/results/accuracy_gpu_h200x2``): the calibration took the split block's
     issue time twice, 3.494 ms and then 3.048 ms for the same call, and priced the block at the first;

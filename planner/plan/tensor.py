@@ -24,6 +24,7 @@ import numpy as np
 
 from cost_models.comm import measured_tensor_block_s
 from cost_models.links import take
+from planner.runtime.graphs import receives_input
 
 __all__ = ["TENSOR_DEGREES", "TensorGroups", "group_devices", "groups_of_plan", "tensor_degree_problem",
            "groupings", "grouping_groups"]
@@ -65,10 +66,12 @@ class TensorGroups:
         """(floor seconds, timed seconds) of each placed group's block, ``assign`` (replicas x
         stages) of virtual devices: a group on the first stage of a plan without virtual stages
         takes its input from its own embedding and runs as ``plan calibrate`` timed ``timed_blocks``
-        (CUDA graphs under ``--compile auto``); any other receives it and is priced by its received
-        timings, as ``planner.runtime.graphs.stage_graphed`` runs it."""
+        (CUDA graphs under ``--compile auto``); any other receives it
+        (``planner.runtime.graphs.receives_input``), runs without graphs and is priced by its
+        received timings. (ZB-H1, which the runtime never graphs, still prices a first stage's group
+        by ``timed_blocks``.)"""
         assign = np.asarray(assign)
-        received = np.arange(assign.shape[-1]) > 0 if virtual_stages <= 1 else np.ones(assign.shape[-1], dtype=bool)
+        received = np.array([receives_input(s, virtual_stages) for s in range(assign.shape[-1])])
         received_issue = self.issue_s if self.received_issue_s is None else self.received_issue_s
         issue = np.where(received, received_issue[assign], self.issue_s[assign])
         timed = np.where(received, self.timed_block_s(micro_batch_size, True)[assign],

@@ -8,6 +8,7 @@ from planner.plan.plan import CostModel
 from planner.prediction.predict import communication_bytes
 from planner.plan.sync_groups import outer_weights
 from planner.plan.tensor import groups_of_plan
+from planner.runtime.graphs import receives_input
 from planner.search.deadline import plan_simulation_s
 
 __all__ = ["render_plan", "render_moves"]
@@ -134,14 +135,8 @@ def _timed_block_text(plan, topology) -> list:
     groups = groups_of_plan(topology, plan)
     assign = np.array([[groups.virtual.index(name) for name in row] for row in plan.assignment])
     timed = groups.placed(assign, plan.micro_batch_size, plan.virtual_stages)[1]
-    seen = {}
-    for r, row in enumerate(assign):
-        for s, k in enumerate(row):
-            members = groups.members[k]
-            if timed[r, s] > 0:
-                kind = topology.devices[topology.index(members[0])].type_name
-                received = s > 0 or plan.virtual_stages > 1
-                seen[(kind, len(members), received)] = float(timed[r, s])
+    seen = {(groups.virtual.devices[k].type_name, len(groups.members[k]), receives_input(s, plan.virtual_stages)):
+            float(timed[r, s]) for (r, s), k in np.ndenumerate(assign) if timed[r, s] > 0}
     return [f"; {kind} group of {t}{' receiving its input' if received else ''}: a block timed at "
             f"{1e3 * seconds:.3g} ms (micro-batch {plan.micro_batch_size})"
             for (kind, t, received), seconds in sorted(seen.items())]

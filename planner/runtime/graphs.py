@@ -30,8 +30,8 @@ zeroes flat buffers of its own: ZeRO-1) at its step, and the step ends every ite
 
 from enum import Enum
 
-__all__ = ["Graphed", "COMPILE_CHOICES", "compiles", "graphed_stages", "stage_graphed", "calibration_disagrees",
-           "release_graphs"]
+__all__ = ["Graphed", "COMPILE_CHOICES", "compiles", "graphed_stages", "stage_graphed", "receives_input",
+           "calibration_disagrees", "release_graphs"]
 
 COMPILE_CHOICES = ("auto", "on", "off", "graphs")  # ``--compile`` of plan launch and plan calibrate
 
@@ -58,6 +58,13 @@ def graphed_stages(choice: str, backend: str) -> Graphed:
     if backend != "nccl" or not compiles(choice, backend):
         return Graphed.NONE
     return {"graphs": Graphed.ALL, "auto": Graphed.TENSOR}.get(choice, Graphed.NONE)
+
+
+def receives_input(stage: int, virtual_stages: int) -> bool:
+    """Whether ``stage``'s blocks take their input from a received pipeline message rather than the
+    stage's own embedding: every stage but the first, and every stage of a plan with virtual stages
+    (the first stage's later chunks receive from the last stage). ``stage_graphed``'s ``receives``."""
+    return stage > 0 or virtual_stages > 1
 
 
 def stage_graphed(graphed: Graphed | str, degree: int, *, zero_bubble: bool = False, cuda: bool = True,
@@ -96,10 +103,10 @@ def calibration_disagrees(device_types: dict, used_types, degrees: tuple, compil
             continue
         timed_graphs = entry.get("graphs", "none") if entry["compiled"] else "none"
         apart = "tensor_block_received_s" in entry  # received groups timed as a launch runs them
-        timed = [(s, stage_graphed(timed_graphs, d, receives=apart and (s > 0 or virtual_stages > 1)))
+        timed = [(s, stage_graphed(timed_graphs, d, receives=apart and receives_input(s, virtual_stages)))
                  for s, d in enumerate(degrees)]
         run = [(s, compiled and stage_graphed(graphed, d, zero_bubble=zero_bubble,
-                                              receives=s > 0 or virtual_stages > 1)) for s, d in enumerate(degrees)]
+                                              receives=receives_input(s, virtual_stages))) for s, d in enumerate(degrees)]
         if entry["compiled"] != compiled or timed != run:
             return f"timed {type_name}'s blocks {how(entry['compiled'], timed)}; this launch runs them {how(compiled, run)}"
     return None

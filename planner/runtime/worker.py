@@ -31,7 +31,7 @@ from planner.runtime.emulation import Emulator, SharedResources, now_s, slowed_j
 from planner.runtime.engine import Layout, StageExecutor, make_groups, split_parameters
 from planner.runtime.gpt import ChunkedStage, build_stage, compile_between_linears, compile_stage, lm_loss
 from planner.runtime.inputs import RunInputs, emulated_model, load_run_inputs
-from planner.runtime.graphs import Graphed, release_graphs, stage_graphed
+from planner.runtime.graphs import Graphed, receives_input, release_graphs, stage_graphed
 from planner.runtime.gradient_sync import route_matters, sync_route
 from planner.runtime.local_steps import LocalSteps, master_copies
 from planner.runtime.optimizer import make_optimizer
@@ -119,9 +119,11 @@ def _train(rank: int, world: int, config: WorkerConfig, rendezvous: dict, device
     try:
         _run(rank, config, inputs, layout, replica, stage, device, shared, member)
     finally:
-        if device.type == "cuda" and config.graphs != Graphed.NONE.value:
-            release_graphs(device)
-        dist.destroy_process_group()
+        try:  # a failing release (a sticky CUDA error) neither hides the rank's error nor skips the destroy
+            if device.type == "cuda" and config.graphs != Graphed.NONE.value:
+                release_graphs(device)
+        finally:
+            dist.destroy_process_group()
 
 
 
@@ -173,7 +175,7 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     zero_bubble = plan.schedule == Schedule.ZERO_BUBBLE
     graphed = config.compile and stage_graphed(config.graphs, degree, zero_bubble=zero_bubble,
                                                cuda=device.type == "cuda",
-                                               receives=stage > 0 or plan.virtual_stages > 1)
+                                               receives=receives_input(stage, plan.virtual_stages))
     if config.compile:  # a split backward (ZB-H1) needs eager linear layers
         loss = compile_between_linears(module) if zero_bubble else compile_stage(module, graphs=graphed)
     executor = StageExecutor(module=module, optimizer=optimizer, plan=plan, layout=layout, replica=replica,
