@@ -300,45 +300,46 @@ GPU4_CASES = {
 GPU4_SCHEDULE_ROWS = ("4x1-mb2-1f1b", "4x1-mb2-gpipe", "4x1-mb2-zb-h1-compiled-between", "4x1-mb2-1f1b-interleaved-v2")
 
 
-def _calibrated(topology_path: str, path: Path, compile: str):
-    """The calibration at ``path`` (measured there first unless a previous run left it) and the
-    topology's job with it applied."""
+def _calibrated(topology_path: str, path: Path, compile: str, resume: bool = False):
+    """The calibration measured into ``path`` (``resume``: the one a previous run left there, where
+    there is one) and the topology's job with it applied."""
     from planner.inputs.calibration import apply_calibration, read_calibration
     from planner.runtime.calibrate import CalibrateOptions, calibrate
 
-    if not path.exists():
+    if not (resume and path.exists()):
         calibrate(ROOT / topology_path, CalibrateOptions(out=str(path), compile=compile), log=print)
     calibration = read_calibration(path)
     base = load_job(ROOT / topology_path)
     return calibration, replace(base, topology=apply_calibration(base.topology, calibration))
 
 
-def gpu(out: Path, iterations: int, warmup: int, seed: int, only: tuple = ()) -> dict:
+def gpu(out: Path, iterations: int, warmup: int, seed: int, only: tuple = (), resume: bool = False) -> dict:
     """2 GPUs: ``GPU_CASES`` (``gpu_cases``)."""
-    return gpu_cases(out, GPU_TOPOLOGY, GPU_CASES, GPU_SCHEDULE_ROWS, iterations, warmup, seed, only)
+    return gpu_cases(out, GPU_TOPOLOGY, GPU_CASES, GPU_SCHEDULE_ROWS, iterations, warmup, seed, only, resume)
 
 
-def gpu4(out: Path, iterations: int, warmup: int, seed: int, only: tuple = ()) -> dict:
+def gpu4(out: Path, iterations: int, warmup: int, seed: int, only: tuple = (), resume: bool = False) -> dict:
     """4 GPUs: ``GPU4_CASES`` (``gpu_cases``)."""
-    return gpu_cases(out, GPU4_TOPOLOGY, GPU4_CASES, GPU4_SCHEDULE_ROWS, iterations, warmup, seed, only)
+    return gpu_cases(out, GPU4_TOPOLOGY, GPU4_CASES, GPU4_SCHEDULE_ROWS, iterations, warmup, seed, only, resume)
 
 
 def gpu_cases(out: Path, topology_path: str, all_cases: dict, schedule_rows: tuple, iterations: int, warmup: int,
-              seed: int, only: tuple = ()) -> dict:
-    """Calibrate (compiled blocks, and eager ones if an eager case runs), then run the cases (``only``:
-    just those labels); rows of an earlier run in ``out`` are kept unless rerun, and a calibration it
-    left is reused, so the cases can be split over several calls; then the schedule ``schedule: auto``
-    picks for the schedule rows' stages against the fastest measured one."""
+              seed: int, only: tuple = (), resume: bool = False) -> dict:
+    """Calibrate on this host (compiled blocks, and eager ones if an eager case runs), then run the
+    cases (``only``: just those labels); then the schedule ``schedule: auto`` picks for the schedule
+    rows' stages against the fastest measured one. ``resume``: the calibration and rows an earlier
+    run on this host left in ``out`` are kept (rows unless rerun), so the cases can be split over
+    several calls; without it a calibration from another host is never reused."""
     from planner.runtime.launch import LaunchOptions, launch
     from planner.search.front import SearchOptions, search
 
     out.mkdir(parents=True, exist_ok=True)
-    compiled, compiled_job = _calibrated(topology_path, out / "calibration.yaml", "auto")
+    compiled, compiled_job = _calibrated(topology_path, out / "calibration.yaml", "auto", resume)
     cases = {label: all_cases[label] for label in only} if only else dict(all_cases)  # in only's order
-    eager, eager_job = _calibrated(topology_path, out / "calibration-eager.yaml", "off") \
+    eager, eager_job = _calibrated(topology_path, out / "calibration-eager.yaml", "off", resume) \
         if any(case.eager for case in cases.values()) else (None, None)
     partial = out / "partial.json"
-    report = json.loads(partial.read_text()) if partial.exists() else {"rows": [], "memory": []}
+    report = json.loads(partial.read_text()) if resume and partial.exists() else {"rows": [], "memory": []}
     for label, case in cases.items():
         job = eager_job if case.eager else compiled_job
         training = replace(job.training, **{"micro_batch_size": 2, "schedule": case.schedule, **case.overrides})
@@ -400,6 +401,9 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", default=(), metavar="LABEL",
                         help="run only these plans (emulated: also a label without its topology or a dimension, "
                              f"one of {', '.join(DIMENSIONS)}; the other rows of the last run are kept)")
+    parser.add_argument("--resume", action="store_true",
+                        help="gpu, gpu4: keep the calibration and rows an earlier run on this host left in the "
+                             "out folder (split the cases over several calls); without it, calibrate anew")
     args = parser.parse_args()
     cases = {"gpu": GPU_CASES, "gpu4": GPU4_CASES}.get(args.mode)
     unknown = [label for label in args.only if cases is not None and label not in cases]
@@ -408,9 +412,9 @@ def main() -> int:
     out = Path(args.out)
     runs = out / f"accuracy_{args.mode}"
     if args.mode == "gpu":
-        report = gpu(runs, args.iterations, args.warmup, args.seed, tuple(args.only))
+        report = gpu(runs, args.iterations, args.warmup, args.seed, tuple(args.only), args.resume)
     elif args.mode == "gpu4":
-        report = gpu4(runs, args.iterations, args.warmup, args.seed, tuple(args.only))
+        report = gpu4(runs, args.iterations, args.warmup, args.seed, tuple(args.only), args.resume)
     else:
         report = emulated(runs, args.iterations, args.warmup, args.seed, tuple(args.only), args.seconds)
     rows = report["rows"]

@@ -123,3 +123,23 @@ def test_emulated_dimension_plans_are_valid_plans(tmp_path, pick, expected):
         assert ran.stages == plan.stages and ran.replicas == plan.replicas
         assert _wanted(f"{inputs.topology.name}--{label}", dimension, (dimension,))
         assert not _wanted(f"{inputs.topology.name}--{label}", dimension, ("tensor",))
+
+
+@pytest.mark.parametrize("resume, calibrated", [(False, 1), (True, 0)])
+def test_the_gpu_benchmark_calibrates_on_its_host_unless_told_to_resume(tmp_path, monkeypatch, resume, calibrated):
+    """``accuracy.py gpu`` measures its calibration on the host it runs on, over whatever file an
+    earlier run (of another host, or the committed results) left in its out folder; ``--resume``
+    keeps that file, to split the cases over several calls on one host."""
+    import shutil
+
+    from benchmarks import accuracy
+    from planner.runtime import calibrate
+
+    root = Path(__file__).resolve().parent.parent
+    path = tmp_path / "calibration.yaml"
+    shutil.copy(root / "benchmarks" / "results" / "accuracy_gpu_h200x2" / "calibration.yaml", path)
+    calls = []
+    monkeypatch.setattr(calibrate, "calibrate", lambda topology, options, log: calls.append(options.out))
+    calibration, job = accuracy._calibrated(accuracy.GPU_TOPOLOGY, path, "auto", resume)
+    assert calls == [str(path)] * calibrated
+    assert calibration.document["device_types"] and job.topology.devices[0].tensor_block_s

@@ -2,6 +2,7 @@
 refusals, and a real ``plan calibrate`` on this machine's CPU."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -342,7 +343,7 @@ def test_a_later_stage_s_group_is_priced_by_its_received_timings(tmp_path, write
     which a launch graphs) and again without (``tensor_block_received_s``: a later stage's group,
     which receives its input and runs without graphs, ``planner.runtime.graphs.stage_graphed``). A
     2-stage plan on groups of 2 prices its first stage's group by the first table and its second's by
-    the second; the report says which is which."""
+    the second; the report says which is which. Under ZB-H1, which graphs no group, both by the second."""
     from planner.plan.plan import Plan
     from planner.plan.tensor import groups_of_plan
     from planner.prediction.predict import predict
@@ -388,7 +389,20 @@ def test_a_later_stage_s_group_is_priced_by_its_received_timings(tmp_path, write
                  "--calibration", str(tmp_path / "cal-0.03.yaml"), "-o", str(out), "--time-limit", "5"]) == 0
     text = capsys.readouterr().out
     assert "A100-80GB group of 2: a block timed at 20 ms (micro-batch 1)" in text
-    assert "A100-80GB group of 2 receiving its input: a block timed at 30 ms (micro-batch 1)" in text
+    assert "A100-80GB group of 2 run without graphs: a block timed at 30 ms (micro-batch 1)" in text
+    # ZB-H1 runs every group without graphs: both stages' groups are priced by the received timings.
+    zero_bubble = replace(plan, schedule="zb-h1")
+    groups = groups_of_plan(job.topology, zero_bubble)
+    assign = [[groups.virtual.index(name) for name in row] for row in zero_bubble.assignment]
+    topology = apply_calibration(job.topology, read_calibration(tmp_path / "cal-0.03.yaml"))
+    assert groups_of_plan(topology, zero_bubble).placed(assign, 1, 1, True)[1].tolist() == [[0.03, 0.03]]
+    assert main([str(write_yaml({**PAIR, "devices": [{"name": "a", "count": 4, "type": "A100-80GB", "host": "node"}]})),
+                 "--stages", "2", "--replicas", "1", "--tensor-degrees", "2", "--micro-batch-size", "1",
+                 "--schedule", "zb-h1", "--calibration", str(tmp_path / "cal-0.03.yaml"), "-o", str(out),
+                 "--time-limit", "5"]) == 0
+    text = capsys.readouterr().out
+    assert "group of 2: a block timed" not in text
+    assert "A100-80GB group of 2 run without graphs: a block timed at 30 ms (micro-batch 1)" in text
 
 
 @pytest.mark.parametrize("compile, warned", [("auto", False), ("graphs", False), ("on", True), ("off", True)])

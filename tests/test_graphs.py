@@ -101,5 +101,7 @@ def test_a_calibration_that_timed_received_groups_apart_agrees_with_a_launch_of_
     apart = _types(compiled=True, graphs="tensor", tensor_block_received_s=((2, ((1, 0.003),)),))
     assert calibration_disagrees(apart, USED, (2, 2), True, Graphed.TENSOR) is None
     assert calibration_disagrees(apart, USED, (2,), True, Graphed.TENSOR, virtual_stages=2) is None
+    # ZB-H1 never graphs; its first stage's group is priced by the received timings too.
+    assert calibration_disagrees(apart, USED, (2, 2), True, Graphed.TENSOR, zero_bubble=True) is None
     assert calibration_disagrees(apart, USED, (2, 2), True, Graphed.NONE) == (
         "timed H100-SXM's blocks compiled, stage(s) 0 as CUDA graphs; this launch runs them compiled")

@@ -459,3 +459,30 @@ def test_the_lower_bound_holds_for_groups_faster_as_timed_than_modelled(monkeypa
     assert bounds._pair_bounds_s(fast, job.model, job.training)[1][0] <= simulated
     monkeypatch.setattr(bounds, "_timed_speedups", lambda *a: {})
     assert bounds._pair_bounds_s(fast, job.model, job.training)[1][0] > simulated
+
+
+def test_the_lower_bound_takes_a_group_s_received_timing_where_it_is_the_faster():
+    """A ZB-H1 plan's group runs without graphs and is priced by its calibration's received timings
+    (``tensor_block_received_s``): where those are faster than the graphed ones, the bound's
+    tensor speed-up takes them, so the plan stays above the bound."""
+    from planner.search import bounds
+    from planner.search.bounds import lower_bound_s
+
+    job = load_job(ROOT / "topologies" / "local" / "h100-x4.yaml")
+    group = tuple(job.topology.names)
+    plan = Plan(layer_bounds=(0, job.model.layers), assignment=((group[0],),), micro_batches=(16,),
+                micro_batch_size=2, schedule="zb-h1", tensor_groups=(group,))
+    costs = layer_costs(job.model, job.training, 2, 1)
+    alone_s = costs.layer_flops / job.topology.effective_flops(job.training.precision)[0]
+    graphed = ((4, ((1, alone_s / 1.5), (2, alone_s / 1.2))),)  # slower than the model's share
+    received = ((4, ((1, alone_s / 7.0), (2, alone_s / 3.9))),)
+    topology = replace(job.topology, devices=tuple(replace(d, tensor_block_s=graphed, tensor_block_received_s=received)
+                                                   for d in job.topology.devices))
+    simulated = predict(plan, topology, job.model, job.training)[0].iteration_s
+    assert simulated < predict(replace(plan, schedule="1f1b"), topology, job.model, job.training)[0].iteration_s
+    # per sequence, the received table's least time is at micro-batch 2: alone_s / 3.9 / 2, a 3.9x group
+    per_sequence = layer_costs(job.model, job.training, 1, 1)
+    assert bounds._timed_speedups(topology, per_sequence, topology.effective_flops(job.training.precision))[4] == \
+        pytest.approx(3.9, rel=1e-9)
+    assert lower_bound_s(topology, job.model, job.training) <= simulated
+    assert bounds._pair_bounds_s(topology, job.model, job.training)[1][0] <= simulated

@@ -24,7 +24,7 @@ import numpy as np
 
 from cost_models.comm import measured_tensor_block_s
 from cost_models.links import take
-from planner.runtime.graphs import receives_input
+from planner.runtime.graphs import group_ungraphed
 
 __all__ = ["TENSOR_DEGREES", "TensorGroups", "group_devices", "groups_of_plan", "tensor_degree_problem",
            "groupings", "grouping_groups"]
@@ -62,16 +62,15 @@ class TensorGroups:
             self._timed[key] = np.array([measured_tensor_block_s(table, micro_batch_size) for table in tables])
         return self._timed[key]
 
-    def placed(self, assign, micro_batch_size: int, virtual_stages: int = 1) -> tuple:
+    def placed(self, assign, micro_batch_size: int, virtual_stages: int = 1, zero_bubble: bool = False) -> tuple:
         """(floor seconds, timed seconds) of each placed group's block, ``assign`` (replicas x
-        stages) of virtual devices: a group on the first stage of a plan without virtual stages
-        takes its input from its own embedding and runs as ``plan calibrate`` timed ``timed_blocks``
-        (CUDA graphs under ``--compile auto``); any other receives it
-        (``planner.runtime.graphs.receives_input``), runs without graphs and is priced by its
-        received timings. (ZB-H1, which the runtime never graphs, still prices a first stage's group
-        by ``timed_blocks``.)"""
+        stages) of virtual devices: a group on the first stage of a plan without virtual stages or
+        ZB-H1 takes its input from its own embedding and runs as ``plan calibrate`` timed
+        ``timed_blocks`` (CUDA graphs under ``--compile auto``); any other runs without graphs
+        (``planner.runtime.graphs.group_ungraphed``: it receives its input, or ZB-H1 splits its
+        backward) and is priced by its received timings."""
         assign = np.asarray(assign)
-        received = np.array([receives_input(s, virtual_stages) for s in range(assign.shape[-1])])
+        received = np.array([group_ungraphed(s, virtual_stages, zero_bubble) for s in range(assign.shape[-1])])
         received_issue = self.issue_s if self.received_issue_s is None else self.received_issue_s
         issue = np.where(received, received_issue[assign], self.issue_s[assign])
         timed = np.where(received, self.timed_block_s(micro_batch_size, True)[assign],

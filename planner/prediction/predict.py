@@ -82,7 +82,8 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
     # A group's block beyond its compute (all-reduces or issue floor), split as its all-reduces are.
     beyond = tensor_layer_s(costs, groups.allreduce_per_byte_s[device], groups.allreduce_latency_s[device],
                             costs.layer_flops * block_slowdown / speed, tensor,
-                            *groups.placed(device, costs.micro_batch_size, plan.virtual_stages), block_slowdown)
+                            *groups.placed(device, costs.micro_batch_size, plan.virtual_stages,
+                                          plan.schedule == Schedule.ZERO_BUBBLE), block_slowdown)
     forward_share = costs.tensor_allreduces_forward / (costs.tensor_allreduces_forward + costs.tensor_allreduces_backward)
     tensor_forward = profile.layer_counts[None, :] * forward_share * beyond
     tensor_backward = profile.layer_counts[None, :] * (1.0 - forward_share) * beyond

@@ -8,7 +8,7 @@ from planner.plan.plan import CostModel
 from planner.prediction.predict import communication_bytes
 from planner.plan.sync_groups import outer_weights
 from planner.plan.tensor import groups_of_plan
-from planner.runtime.graphs import receives_input
+from planner.runtime.graphs import group_ungraphed
 from planner.search.deadline import plan_simulation_s
 
 __all__ = ["render_plan", "render_moves"]
@@ -131,13 +131,16 @@ def _compression_lines(plan) -> list:
 def _timed_block_text(plan, topology) -> list:
     """Per tensor-group degree and device type of ``plan`` whose block the calibration timed: the
     time per block the prediction takes at the plan's micro-batch (``TensorGroups.placed``: a group
-    that receives its input, on a later stage, by its received timings where they were taken apart)."""
+    that runs without graphs, on a later stage or under ZB-H1, by its received timings where they
+    were taken apart)."""
     groups = groups_of_plan(topology, plan)
     assign = np.array([[groups.virtual.index(name) for name in row] for row in plan.assignment])
-    timed = groups.placed(assign, plan.micro_batch_size, plan.virtual_stages)[1]
-    seen = {(groups.virtual.devices[k].type_name, len(groups.members[k]), receives_input(s, plan.virtual_stages)):
+    zero_bubble = plan.schedule == Schedule.ZERO_BUBBLE
+    timed = groups.placed(assign, plan.micro_batch_size, plan.virtual_stages, zero_bubble)[1]
+    seen = {(groups.virtual.devices[k].type_name, len(groups.members[k]),
+             group_ungraphed(s, plan.virtual_stages, zero_bubble)):
             float(timed[r, s]) for (r, s), k in np.ndenumerate(assign) if timed[r, s] > 0}
-    return [f"; {kind} group of {t}{' receiving its input' if received else ''}: a block timed at "
+    return [f"; {kind} group of {t}{' run without graphs' if received else ''}: a block timed at "
             f"{1e3 * seconds:.3g} ms (micro-batch {plan.micro_batch_size})"
             for (kind, t, received), seconds in sorted(seen.items())]
 

@@ -31,7 +31,7 @@ zeroes flat buffers of its own: ZeRO-1) at its step, and the step ends every ite
 from enum import Enum
 
 __all__ = ["Graphed", "COMPILE_CHOICES", "compiles", "graphed_stages", "stage_graphed", "receives_input",
-           "calibration_disagrees", "release_graphs"]
+           "group_ungraphed", "calibration_disagrees", "release_graphs"]
 
 COMPILE_CHOICES = ("auto", "on", "off", "graphs")  # ``--compile`` of plan launch and plan calibrate
 
@@ -67,6 +67,14 @@ def receives_input(stage: int, virtual_stages: int) -> bool:
     return stage > 0 or virtual_stages > 1
 
 
+def group_ungraphed(stage: int, virtual_stages: int, zero_bubble: bool = False) -> bool:
+    """Whether a tensor group on ``stage`` runs without CUDA graphs under every ``--compile``: it
+    receives its input (``receives_input``) or ZB-H1 splits its backward (``stage_graphed``). Such a
+    group is priced by its calibration's received timings, which ``plan calibrate`` takes without
+    graphs (``planner.plan.tensor.TensorGroups.placed``)."""
+    return zero_bubble or receives_input(stage, virtual_stages)
+
+
 def stage_graphed(graphed: Graphed | str, degree: int, *, zero_bubble: bool = False, cuda: bool = True,
                   receives: bool = False) -> bool:
     """Whether a stage whose tensor group has ``degree`` members replays its blocks as CUDA graphs:
@@ -88,7 +96,8 @@ def calibration_disagrees(device_types: dict, used_types, degrees: tuple, compil
     a group that receives no message (``stage_graphed``); ``plan calibrate`` times a group's blocks
     graphed wherever its ``--compile`` graphs groups and, where it did, once more without graphs as a
     group that receives its input (``tensor_block_received_s``, which prices the later stages' groups),
-    so only a file without those (written before they were timed) is said for a later stage's group.
+    so only a file without those (written before they were timed) is said for a later stage's group
+    or a ZB-H1 plan's group (``group_ungraphed``).
     None where they agree (a file written before graphs existed timed none)."""
     def how(is_compiled: bool, stages) -> str:
         if not is_compiled:
@@ -103,7 +112,7 @@ def calibration_disagrees(device_types: dict, used_types, degrees: tuple, compil
             continue
         timed_graphs = entry.get("graphs", "none") if entry["compiled"] else "none"
         apart = "tensor_block_received_s" in entry  # received groups timed as a launch runs them
-        timed = [(s, stage_graphed(timed_graphs, d, receives=apart and receives_input(s, virtual_stages)))
+        timed = [(s, stage_graphed(timed_graphs, d, receives=apart and group_ungraphed(s, virtual_stages, zero_bubble)))
                  for s, d in enumerate(degrees)]
         run = [(s, compiled and stage_graphed(graphed, d, zero_bubble=zero_bubble,
                                               receives=receives_input(s, virtual_stages))) for s, d in enumerate(degrees)]

@@ -580,7 +580,7 @@ def _tensor_speedup(per_sequence, most: int, layer_flops: float, slowest_flops: 
 
 def _timed_speedups(topology, per_sequence, flops: np.ndarray) -> dict:
     """``{t: speedup}`` for each degree whose block a calibration timed on some device type
-    (``Device.tensor_block_s``): how many times one member's speed the group runs at most, its
+    (``Device.tensor_block_s``, and ``tensor_block_received_s`` where timed apart): how many times one member's speed the group runs at most, its
     plain block's FLOPs per sequence over the member's speed and the least time per sequence of the
     timings (``comm.measured_tensor_block_s`` is linear between them and proportional above them,
     so its time per sequence is least at a timed size); recomputation and a split backward scale
@@ -590,7 +590,8 @@ def _timed_speedups(topology, per_sequence, flops: np.ndarray) -> dict:
     plain = per_sequence.layer_forward_flops * training_flops_multiplier(False)
     timed = {}
     for device, speed in zip(topology.devices, flops):
-        for t, table in device.tensor_block_s:
+        # a group that receives its input (or runs ZB-H1) runs as its received timings say
+        for t, table in device.tensor_block_s + (device.tensor_block_received_s or ()):
             least = min(seconds / b for b, seconds in table)
             timed[t] = max(timed.get(t, 1.0), plain / (speed * least))
     return timed

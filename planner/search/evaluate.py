@@ -61,7 +61,8 @@ class SearchContext:
         all-reduces or its issue floor (``stage_model.tensor_layer_s``; 0 for one device)."""
         return tensor_layer_s(costs, self.groups.allreduce_per_byte_s[assign], self.groups.allreduce_latency_s[assign],
                               self.block_s(costs, assign, schedule), self.tensor[assign],
-                              *self.groups.placed(assign, costs.micro_batch_size), self.slowdown(schedule)[assign])
+                              *self.groups.placed(assign, costs.micro_batch_size, zero_bubble=schedule == Schedule.ZERO_BUBBLE),
+                              self.slowdown(schedule)[assign])
 
     def block_s(self, costs, assign, schedule) -> np.ndarray:
         """Seconds of one block's forward and backward per micro-batch on each placed device (a
