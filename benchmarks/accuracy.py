@@ -252,7 +252,7 @@ GPU_CASES = {
     "2x1-mb1-gpipe": Case(2, 1, "gpipe", overrides={"micro_batch_size": 1}),
     "2x1-mb2-gpipe": Case(2, 1, "gpipe"),
     "2x1-mb2-zb-h1": Case(2, 1, "zb-h1", eager=True),
-    "2x1-mb2-zb-h1-compiled-between": Case(2, 1, "zb-h1"),
+    "2x1-mb2-zb-h1-compiled": Case(2, 1, "zb-h1"),
     "2x1-mb2-1f1b-interleaved-v2": Case(2, 1, "1f1b", overrides={"virtual_stages": 2}),
     "1x2-mb2-1f1b": Case(1, 2, "1f1b"),  # the topology's training: optimizer state sharded
     "2x1-mb4-1f1b": Case(2, 1, "1f1b", overrides={"micro_batch_size": 4}),
@@ -268,16 +268,18 @@ GPU_CASES = {
     # CUDA graphs): at micro-batch 2 the host's launches set the pace, at 4 the products.
     "1x1-mb2-tensor-2": Case(1, 1, "1f1b", tensor=(2,)),
     "1x1-mb4-tensor-2": Case(1, 1, "1f1b", tensor=(2,), overrides={"micro_batch_size": 4}),
+    # The group under ZB-H1, which graphs no group: priced by the calibration's ungraphed timing.
+    "1x1-mb2-tensor-2-zb-h1": Case(1, 1, "zb-h1", tensor=(2,)),
 }
-# The 2-stage runs as ``plan launch`` runs each schedule by default (compiled; ZB-H1 between its linears).
-GPU_SCHEDULE_ROWS = ("2x1-mb2-1f1b", "2x1-mb2-gpipe", "2x1-mb2-zb-h1-compiled-between", "2x1-mb2-1f1b-interleaved-v2")
+# The 2-stage runs as ``plan launch`` runs each schedule by default (compiled; ZB-H1 with its products split).
+GPU_SCHEDULE_ROWS = ("2x1-mb2-1f1b", "2x1-mb2-gpipe", "2x1-mb2-zb-h1-compiled", "2x1-mb2-1f1b-interleaved-v2")
 
 GPU4_TOPOLOGY = "topologies/local/h100-x4.yaml"
 GPU4_CASES = {
     "4x1-mb2-1f1b": Case(4, 1, "1f1b"),
     "4x1-mb2-gpipe": Case(4, 1, "gpipe"),
     "4x1-mb2-zb-h1": Case(4, 1, "zb-h1", eager=True),
-    "4x1-mb2-zb-h1-compiled-between": Case(4, 1, "zb-h1"),
+    "4x1-mb2-zb-h1-compiled": Case(4, 1, "zb-h1"),
     "2x2-mb2-1f1b": Case(2, 2, "1f1b"),
     "1x4-mb2-1f1b-sharded": Case(1, 4, "1f1b", overrides={"shard_optimizer": True}),
     "1x4-mb2-1f1b-unsharded": Case(1, 4, "1f1b", overrides={"shard_optimizer": False}),
@@ -296,8 +298,8 @@ GPU4_CASES = {
     "4x1-mb2-1f1b-interleaved-v2": Case(4, 1, "1f1b", overrides={"virtual_stages": 2}),
 }
 
-# The 4-stage runs as ``plan launch`` runs each schedule by default (compiled; ZB-H1 between its linears).
-GPU4_SCHEDULE_ROWS = ("4x1-mb2-1f1b", "4x1-mb2-gpipe", "4x1-mb2-zb-h1-compiled-between", "4x1-mb2-1f1b-interleaved-v2")
+# The 4-stage runs as ``plan launch`` runs each schedule by default (compiled; ZB-H1 with its products split).
+GPU4_SCHEDULE_ROWS = ("4x1-mb2-1f1b", "4x1-mb2-gpipe", "4x1-mb2-zb-h1-compiled", "4x1-mb2-1f1b-interleaved-v2")
 
 
 def _calibrated(topology_path: str, path: Path, compile: str, resume: bool = False):

@@ -55,13 +55,17 @@ def test_nccl_training_with_cuda_graphs_equals_single_process(tmp_path, shape):
     assert results["measured"]["loss"] == pytest.approx(losses, rel=1e-4)
 
 
-def test_nccl_zero_bubble_training_equals_single_process(tmp_path):
+@pytest.mark.parametrize("shape", ["pipeline", "tensor-group"])
+def test_nccl_zero_bubble_training_equals_single_process(tmp_path, shape):
+    """ZB-H1 on 2 GPUs, each block compiled whole with its products split (``--compile auto``): 2
+    stages, or one stage on a tensor group of 2 (the group's all-reduces in the same graphs)."""
     topology = cpu_topology(tmp_path / "topology.yaml")
-    plan = write_test_plan(tmp_path, topology, assignment=[["a0", "a1"]], layer_bounds=[0, 2, 4], micro_batches=[4],
-                           micro_batch_size=2, schedule="zb-h1")
+    layout = {"pipeline": {"assignment": [["a0", "a1"]], "layer_bounds": [0, 2, 4]},
+              "tensor-group": {"assignment": [["a0"]], "tensor_groups": [["a0", "a1"]], "layer_bounds": [0, 4]}}[shape]
+    plan = write_test_plan(tmp_path, topology, micro_batches=[4], micro_batch_size=2, schedule="zb-h1", **layout)
     results = launch(plan, LaunchOptions(iterations=3, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=0.05,
                                          backend="nccl"), log=lambda line: None)
-    assert results["run"]["compiled"] is True  # auto on GPUs: compiled between the linear layers
+    assert results["run"]["compiled"] is True and not results["run"].get("graphed_stages")
     losses, _ = train_single_process(model_preset("tiny"), global_batch=8, iterations=3, learning_rate=0.05)
     assert results["measured"]["loss"] == pytest.approx(losses, rel=1e-4)
 

@@ -183,21 +183,40 @@ def test_deferred_weight_gradients_equal_the_whole_backward(recompute):
 
 
 @pytest.mark.slow
-def test_blocks_compiled_between_their_linear_layers_train_like_eager_ones():
-    """``compile_between_linears`` compiles norms, attention and activations, not the linear layers
-    (their backward stays splittable), and gives the eager block's outputs and gradients."""
+@pytest.mark.parametrize("recompute", [False, True])
+def test_whole_compiled_blocks_defer_their_weight_gradients_like_eager_ones(recompute):
+    """``compile_split_stage`` compiles each block whole with its linear layers as the split op:
+    three micro-batches' input passes, then more forwards, then the weight passes give the eager
+    whole backward's gradients (a compiled graph that wrote over a deferred input or output
+    gradient, as inductor's buffer reuse does, would not)."""
     torch = pytest.importorskip("torch")
     from planner.inputs.model import model_preset
-    from planner.runtime.gpt import build_stage, compile_between_linears
+    from planner.runtime.gpt import build_stage, compile_split_stage
+    from planner.runtime.split_backward import defer_weight_gradients
 
     spec = model_preset("tiny")
+    torch._dynamo.reset()
     results = []
     for compiled in (False, True):
-        module = build_stage(spec, 1, spec.layers, seed=3)
+        module = build_stage(spec, 1, spec.layers, seed=3, recompute=recompute)
+        store = defer_weight_gradients(module)
         if compiled:
-            compile_between_linears(module)
-        store, x, y, work = _input_pass(torch, module, spec, defer=True)
-        assert len(work) == 4 * (spec.layers - 1) + 1  # every linear layer's dW still deferred
-        store.apply(work)
-        results.append([y.detach(), x.grad] + [p.grad for p in module.parameters()])
+            compile_split_stage(module)
+        inputs, work = [], []
+        for mb in range(3):
+            x = torch.randn(2, spec.sequence, spec.hidden, generator=torch.Generator().manual_seed(10 + mb),
+                            requires_grad=True)
+            y = module(x)
+            store.deferring = compiled  # the eager run takes its weight gradients at once
+            torch.autograd.backward(y, torch.randn(y.shape, generator=torch.Generator().manual_seed(20 + mb)))
+            store.deferring = False
+            inputs.append(x)
+            work.append(store.take())
+            assert len(work[-1]) == (4 * (spec.layers - 1) + 1 if compiled else 0)  # 4 a block and the head
+        with torch.no_grad():
+            for _ in range(2):  # more graphs run before the weight pass
+                module(torch.randn(2, spec.sequence, spec.hidden))
+        for pending in work:
+            store.apply(pending)
+        results.append([x.grad for x in inputs] + [p.grad for p in module.parameters()])
     assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(*results))

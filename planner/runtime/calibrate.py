@@ -7,9 +7,9 @@
   and head efficiency the same for the head; the recompute efficiency the same for the runtime's block
   with full recomputation (its forward re-run in backward, compiled as ``plan launch`` compiles it)
   timed forward and backward and counted at 4 forwards' FLOPs (``flops.training_flops_multiplier``);
-  the split-backward efficiency the same for the block as a ZB-H1 plan runs it (its linear layers
-  eager with their weight gradients deferred, ``planner.runtime.split_backward``, what lies between
-  them compiled as ``plan launch`` compiles it): forward, input gradients, then the weight
+  the split-backward efficiency the same for the block as a ZB-H1 plan runs it (its linear layers'
+  weight gradients deferred, ``planner.runtime.split_backward``, the block compiled as ``plan
+  launch`` compiles it): forward, input gradients, then the weight
   gradients, counted at 3 forwards' FLOPs; its time is the plain block's times the ratio of the
   two on the device alone (``device_timed``: kernels queued behind a device-side wait), or the
   host's time to issue it where that is longer (``split_block_s``).
@@ -599,19 +599,20 @@ def split_block_s(plain_queued_s: float, plain_device_s: float, split_device_s: 
 
 def split_backward_step(model, x, grad, compiled: bool, blocks: int = 1):
     """One forward, input gradients and deferred weight gradients of ``blocks`` chained blocks as a
-    ZB-H1 stage runs them (``planner.runtime.engine``: ``bwd_input`` then ``bwd_weight``; the
-    linear layers eager, what lies between them compiled when ``compiled``), as a callable."""
+    ZB-H1 stage runs them (``planner.runtime.engine``: ``bwd_input`` then ``bwd_weight``; each
+    block compiled whole with its products split when ``compiled``, ``gpt.compile_split_stage``), as
+    a callable."""
     import torch
 
-    from planner.runtime.gpt import Block, compile_between_linears
+    from planner.runtime.gpt import Block, compile_split_stage
     from planner.runtime.split_backward import defer_weight_gradients
 
-    holder = torch.nn.Module()  # compile_between_linears walks a stage's ``blocks``
+    holder = torch.nn.Module()  # compile_split_stage walks a stage's ``blocks``
     holder.blocks = torch.nn.ModuleDict({str(i): Block(model) for i in range(blocks)}).to(device=x.device,
                                                                                           dtype=x.dtype)
     store = defer_weight_gradients(holder)
     if compiled:
-        compile_between_linears(holder)
+        compile_split_stage(holder)
 
     def step():
         store.deferring = True

@@ -15,8 +15,6 @@ pads): the extra rows start at zero, are never looked up, and their logits are d
 loss, so they receive no gradient and training equals that of the unpadded model.
 """
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from cost_models.flops import padded_vocabulary
 
 __all__ = ["StageModule", "ChunkedStage", "build_stage", "vocabulary_logits", "lm_loss", "compile_stage",
-           "compile_between_linears", "INIT_STD"]
+           "compile_split_stage", "SPLIT_BACKWARD_OPTIONS", "INIT_STD"]
 
 INIT_STD = 0.02  # GPT-2's initialisation scale
 
@@ -62,9 +60,6 @@ class Block(nn.Module):
             self.gate = nn.Linear(h, f, bias=spec.biases)
         self.fc2 = nn.Linear(f, h, bias=spec.biases)
 
-        # The work between the linear layers, as functions of tensors only, so that
-        # ``compile_between_linears`` can compile it apart from them (one graph for every block).
-        self.attend, self.activate = _attend, _activate
         # What enters the column-parallel layers (qkv; fc1 and gate): the identity, or a tensor
         # group's ``f`` operator (``planner.runtime.tensor_parallel.shard_stage``).
         self.enter = _identity
@@ -83,35 +78,15 @@ class Block(nn.Module):
 
     def layers(self, x: torch.Tensor) -> torch.Tensor:
         """The block's computation: attention, then the MLP, each with its residual."""
-        qkv = self.qkv(self.enter(self.pre_attention(x)))
-        x, y = self.pre_mlp(x, self.proj(self.attend(qkv, self.heads, self.rotary)))
-        y = self.enter(y)
-        y = self.activate(self.fc1(y), self.gate(y) if self.gated else None)
+        qkv = self.qkv(self.enter(self.norm1(x)))
+        x = x + self.proj(_attend(qkv, self.heads, self.rotary))
+        y = self.enter(self.norm2(x))
+        y = _activate(self.fc1(y), self.gate(y) if self.gated else None)
         return x + self.fc2(y)
-
-    def pre_attention(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm1(x)
-
-    def pre_mlp(self, x: torch.Tensor, attention_out: torch.Tensor) -> tuple:
-        """The attention's residual, then the MLP's norm: (residual stream, normalised)."""
-        x = x + attention_out
-        return x, self.norm2(x)
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
-
-
-def _norm_tensors(norm: nn.Module) -> tuple:
-    """(weight, bias or None, eps) of a LayerNorm or an RMSNorm."""
-    return norm.weight, getattr(norm, "bias", None), norm.eps
-
-
-def _normalise(x, weight, bias, eps) -> torch.Tensor:
-    """LayerNorm where there is a bias (GPT), RMSNorm otherwise (LLaMA)."""
-    if bias is not None:
-        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
-    return F.rms_norm(x, x.shape[-1:], weight, eps)
 
 
 def _attend(qkv: torch.Tensor, heads: int, rotary: bool) -> torch.Tensor:
@@ -122,12 +97,6 @@ def _attend(qkv: torch.Tensor, heads: int, rotary: bool) -> torch.Tensor:
     if rotary:
         q, k = _rotary(q), _rotary(k)
     return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
-
-
-def _add_norm(x, attention_out, weight, bias, eps) -> tuple:
-    """The attention's residual, then the MLP's norm: (residual stream, normalised)."""
-    x = x + attention_out
-    return x, _normalise(x, weight, bias, eps)
 
 
 def _activate(up: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
@@ -219,25 +188,24 @@ def head_rows(spec) -> int:
     return spec.classes if spec.head == "classification" else padded_vocabulary(spec.vocabulary)
 
 
-def compile_between_linears(module: "StageModule"):
-    """Compile what lies between the linear layers of each block (norms, attention, activation,
-    residuals: one graph each, shared by every block) and return the compiled ``lm_loss``; the
-    linear layers stay eager, so that their backward can be split (``planner.runtime.split_backward``)."""
-    attend, activate = torch.compile(_attend), torch.compile(_activate)
-    normalise, add_norm = torch.compile(_normalise), torch.compile(_add_norm)
+# Inductor writes a kernel's output over an input it no longer needs, and hands a buffer past its
+# last use to a later tensor: a split linear layer's backward (``planner.runtime.split_backward``)
+# keeps its input and output gradient for the weight pass, which the compiled graph cannot see, so
+# the blocks of a split backward compile without either (a reused buffer changed the deferred
+# gradients by up to 0.24 on the tiny model: ``tests/test_zero_bubble.py``).
+SPLIT_BACKWARD_OPTIONS = {"inplace_buffers": False, "allow_buffer_reuse": False}
+
+
+def compile_split_stage(module: "StageModule"):
+    """Compile each block of ``module`` whole, as ``compile_stage`` does (identical blocks share one
+    graph), for a split backward (ZB-H1): its linear layers are ``split_linear``, an op the compiler
+    calls as it is, whose backward defers the weights' gradients
+    (``planner.runtime.split_backward.defer_weight_gradients`` routes them, before or after this);
+    returns the compiled ``lm_loss``. One graph a block: the host issues a block's forward in one
+    call instead of five compiled pieces and four eager products."""
     for block in module.blocks.values():
-        block.attend, block.activate = attend, activate
-        block.pre_attention = functools.partial(_tensor_norm, normalise, block.norm1)
-        block.pre_mlp = functools.partial(_tensor_add_norm, add_norm, block.norm2)
+        block.compile(options=SPLIT_BACKWARD_OPTIONS)
     return torch.compile(lm_loss)
-
-
-def _tensor_norm(normalise, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return normalise(x, *_norm_tensors(norm))
-
-
-def _tensor_add_norm(add_norm, norm: nn.Module, x: torch.Tensor, attention_out: torch.Tensor) -> tuple:
-    return add_norm(x, attention_out, *_norm_tensors(norm))
 
 
 def compile_stage(module: "StageModule", *, graphs: bool = False):

@@ -10,7 +10,8 @@ products are larger, 3.31 -> 3.27 ms) with the same gradients (``benchmarks/cuda
 whole GPU's block, issued in 36-72% of its GPU time, gained 1.5-3.6% (2.63 -> 2.59 ms at
 micro-batch 2), within the host's run-to-run spread, and its graphs' pool took 1-16% more memory,
 so ``auto`` leaves it compiled without graphs; ``graphs`` graphs every compiled stage. ZB-H1's split
-backward keeps its linear layers eager (``compile_between_linears``) and is never graphed.
+backward (``planner.runtime.gpt.compile_split_stage``) is never graphed: its weight pass reads
+tensors of the input pass's graphs after later micro-batches' graphs have run.
 
 A tensor group is graphed only on the first stage of a plan without virtual stages, whose input is
 the stage's own embedding, not a received message: on 4x H100 (``accuracy.py gpu4``, 2 stages x
@@ -47,7 +48,7 @@ class Graphed(str, Enum):
 def compiles(choice: str, backend: str) -> bool:
     """Whether the ranks compile their blocks and loss: ``auto`` compiles on GPUs (NCCL), where it
     pays (``benchmarks/runtime_gpu.py``), and not on CPUs, where tests and emulation run eager. Under
-    ZB-H1 the linear layers stay eager (``planner.runtime.gpt.compile_between_linears``)."""
+    ZB-H1 the blocks compile with their products split (``planner.runtime.gpt.compile_split_stage``)."""
     _check(choice)
     return choice in ("on", "graphs") or (choice == "auto" and backend == "nccl")
 

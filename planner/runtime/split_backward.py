@@ -10,11 +10,20 @@ autograd graph in Python for every micro-batch to find the weights' nodes; on 2x
 12 blocks a stage) that host work left the GPUs waiting: a zb-h1 iteration took 0.34-0.54 s against
 0.355 s for 1F1B (``benchmarks/runtime_gpu.py``), so the split is done at the linear layers instead.
 Norms and embeddings, a small share of the FLOPs, keep their weight gradients in the input pass.
-A compiled block's backward is one node that cannot be split: under ZB-H1 ``plan launch`` compiles
-only what lies between the linear layers (``planner.runtime.gpt.compile_between_linears``).
+
+The split product is a custom op (``split_linear``, ``torch.library``) rather than an
+``autograd.Function``: a compiled block's backward is one graph, and the compiler traces an
+``autograd.Function``'s backward into it (which cannot hand ``(X, dY)`` to a store) or breaks the
+block around it, while it calls an opaque op as it is, backward included. So under ZB-H1 each block
+compiles whole (``planner.runtime.gpt.compile_split_stage``). Compiled between its linear layers
+instead (five compiled pieces and four eager products a block), a ZB-H1 stage's forward took its
+host 0.151-0.175 s an iteration against 0.060 s for 1F1B's whole compiled blocks (2x H200, GPT-3
+XL, 12 blocks at micro-batch 2, ``plan launch --profile``), and the host set the iteration's pace.
 """
 
 import types
+import weakref
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -56,41 +65,100 @@ def _accumulate(parameter: torch.Tensor, grad: torch.Tensor) -> None:
         parameter.grad.add_(grad)
 
 
-class _SplitLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, store):
-        ctx.save_for_backward(x, weight)
-        # The parameters themselves: under recomputation saved tensors come back as other tensors.
-        ctx.weight, ctx.bias, ctx.store = weight, bias, store
-        return F.linear(x, weight, bias)
+# Each product's backward finds its layer by its weight's storage (``_layer``): inside a compiled
+# graph the op sees tensors, not the module's parameters. A parameter's storage may move after it
+# was registered (a tensor group's whole parameters join a flat buffer at the first broadcast,
+# ``planner.runtime.tensor_parallel``), so a miss looks the registered layers up again. Weak
+# references, so that a stage (or a ``plan calibrate`` probe) that goes frees its layers.
+_REGISTERED = []  # (store, weight, bias or None), each a weakref.ref
+_BY_STORAGE = {}  # weight.data_ptr() -> its entry of _REGISTERED, as last looked up
 
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        grad_x = grad @ weight
-        if not ctx.needs_input_grad[1]:  # a weight that takes no gradient (a tensor group's follower's head)
-            return grad_x, None, None, None
-        if ctx.store.deferring:
-            ctx.store.pending.append((ctx.weight, ctx.bias, x, grad))
-            return grad_x, None, None, None
-        grad_bias = grad.flatten(0, -2).sum(0) if ctx.bias is not None else None
-        return grad_x, _weight_grad(x, grad), grad_bias, None
+
+@torch.library.custom_op("planner::split_linear", mutates_args=())
+def split_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``F.linear`` whose backward gives the input's gradient only and defers or adds the weights'
+    itself (``_input_gradient``); opaque to ``torch.compile``, so a compiled block keeps it whole."""
+    return F.linear(x, weight, bias)
+
+
+@split_linear.register_fake
+def _(x, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("planner::split_linear_input_gradient", mutates_args=())
+def _input_gradient(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``dX = dY W``; while the layer's store defers, ``(X, dY)`` wait in it for the weight pass,
+    else ``dW`` (and ``db``) are added to the layer's parameters at once."""
+    store, parameter, bias = _layer(weight)
+    if parameter.requires_grad:
+        bias = bias if bias is not None and bias.requires_grad else None
+        if store.deferring:
+            store.pending.append((parameter, bias, x, grad))
+        else:
+            store.apply([(parameter, bias, x, grad)])
+    return grad @ weight
+
+
+@_input_gradient.register_fake
+def _(grad, x, weight):
+    return x.new_empty(x.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, _ = inputs
+    ctx.save_for_backward(x, weight)
+
+
+def _backward(ctx, grad):
+    x, weight = ctx.saved_tensors
+    return _input_gradient(grad, x, weight), None, None
+
+
+split_linear.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _register(store: WeightGradients, weight: nn.Parameter, bias) -> None:
+    _REGISTERED.append(tuple(weakref.ref(t) if t is not None else _none for t in (store, weight, bias)))
+
+
+def _none():
+    return None
+
+
+def _layer(weight: torch.Tensor) -> tuple:
+    """(store, weight parameter, bias parameter or None) of the layer whose weight is ``weight``."""
+    entry = _BY_STORAGE.get(weight.data_ptr())
+    layer = tuple(ref() for ref in entry) if entry is not None else (None, None, None)
+    if layer[1] is None or layer[1].data_ptr() != weight.data_ptr():
+        _REGISTERED[:] = [e for e in _REGISTERED if e[1]() is not None]
+        _BY_STORAGE.clear()
+        _BY_STORAGE.update((e[1]().data_ptr(), e) for e in _REGISTERED)
+        entry = _BY_STORAGE.get(weight.data_ptr())
+        if entry is None:
+            raise RuntimeError("split_linear: a weight of no layer that defer_weight_gradients routed")
+        layer = tuple(ref() for ref in entry)
+    return layer
 
 
 def defer_weight_gradients(module: nn.Module) -> WeightGradients:
     """Route every linear layer of ``module`` (its LM head's ``head_linear`` and row-parallel layers'
-    ``matmul`` too) through the split
-    backward; returns the store whose ``deferring`` flag holds their weight gradients back."""
+    ``matmul`` too) through ``split_linear``; returns the store whose ``deferring`` flag holds their
+    weight gradients back. Call it after anything that moves the parameters' storage (ZeRO-1's flat
+    buffers, ``planner.runtime.sharded``)."""
     store = WeightGradients()
 
     def linear(x, weight, bias=None):
-        return _SplitLinear.apply(x, weight, bias, store)
+        return split_linear(x, weight, bias)
 
     for layer in module.modules():
         if isinstance(layer, nn.Linear):
+            _register(store, layer.weight, layer.bias)
             layer.forward = types.MethodType(lambda self, x: linear(x, self.weight, self.bias), layer)
         elif callable(getattr(layer, "matmul", None)):  # a layer that names its product (a row-parallel one)
+            _register(store, layer.weight, None)
             layer.matmul = linear
-    if hasattr(module, "head_linear"):
+    if getattr(module, "is_last", False) and hasattr(module, "head_linear"):
+        _register(store, module.head.weight if hasattr(module, "head") else module.embed.weight, None)
         module.head_linear = linear
     return store

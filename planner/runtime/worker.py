@@ -29,7 +29,7 @@ from planner.plan.sync_groups import outer_weights
 from planner.runtime.checkpoint import checkpoint_due, checkpoint_meta, save_checkpoint
 from planner.runtime.emulation import Emulator, SharedResources, now_s, slowed_job
 from planner.runtime.engine import Layout, StageExecutor, make_groups, split_parameters
-from planner.runtime.gpt import ChunkedStage, build_stage, compile_between_linears, compile_stage, lm_loss
+from planner.runtime.gpt import ChunkedStage, build_stage, compile_split_stage, compile_stage, lm_loss
 from planner.runtime.inputs import RunInputs, emulated_model, load_run_inputs
 from planner.runtime.graphs import Graphed, receives_input, release_graphs, stage_graphed
 from planner.runtime.gradient_sync import route_matters, sync_route
@@ -176,8 +176,8 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     graphed = config.compile and stage_graphed(config.graphs, degree, zero_bubble=zero_bubble,
                                                cuda=device.type == "cuda",
                                                receives=receives_input(stage, plan.virtual_stages))
-    if config.compile:  # a split backward (ZB-H1) needs eager linear layers
-        loss = compile_between_linears(module) if zero_bubble else compile_stage(module, graphs=graphed)
+    if config.compile:  # a split backward (ZB-H1): its linear layers as an op the compiler keeps whole
+        loss = compile_split_stage(module) if zero_bubble else compile_stage(module, graphs=graphed)
     executor = StageExecutor(module=module, optimizer=optimizer, plan=plan, layout=layout, replica=replica,
                              stage=stage, device=device, groups=groups, seed=config.seed,
                              dtype=dtype, emulator=emulator, loss=loss, member=member, graphed=graphed)
