@@ -268,7 +268,8 @@ GPU_CASES = {
     # CUDA graphs): at micro-batch 2 the host's launches set the pace, at 4 the products.
     "1x1-mb2-tensor-2": Case(1, 1, "1f1b", tensor=(2,)),
     "1x1-mb4-tensor-2": Case(1, 1, "1f1b", tensor=(2,), overrides={"micro_batch_size": 4}),
-    # The group under ZB-H1, which graphs no group: priced by the calibration's ungraphed timing.
+    # The group under ZB-H1, which graphs no group: priced by the calibration's ungraphed timing. A
+    # first stage: its backwards run whole (ZB-H1 splits those of later stages only).
     "1x1-mb2-tensor-2-zb-h1": Case(1, 1, "zb-h1", tensor=(2,)),
 }
 # The 2-stage runs as ``plan launch`` runs each schedule by default (compiled; ZB-H1 with its products split).

@@ -58,7 +58,9 @@ def test_nccl_training_with_cuda_graphs_equals_single_process(tmp_path, shape):
 @pytest.mark.parametrize("shape", ["pipeline", "tensor-group"])
 def test_nccl_zero_bubble_training_equals_single_process(tmp_path, shape):
     """ZB-H1 on 2 GPUs, each block compiled whole with its products split (``--compile auto``): 2
-    stages, or one stage on a tensor group of 2 (the group's all-reduces in the same graphs)."""
+    stages (the second defers its weight gradients), or one stage on a tensor group of 2 (the
+    group's all-reduces in the same graphs; a first stage's backwards run whole, the weight
+    gradients added inside them)."""
     topology = cpu_topology(tmp_path / "topology.yaml")
     layout = {"pipeline": {"assignment": [["a0", "a1"]], "layer_bounds": [0, 2, 4]},
               "tensor-group": {"assignment": [["a0"]], "tensor_groups": [["a0", "a1"]], "layer_bounds": [0, 4]}}[shape]

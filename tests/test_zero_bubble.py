@@ -1,8 +1,9 @@
 """ZB-H1 (Qi et al. 2024): the op lists, the simulator's bubble, the search's estimate, the memory
-model, the plan file, the split backward and the blocks compiled between their linear layers. Its training equivalence is in
+model, the plan file, the split backward and the blocks compiled whole with it. Its training equivalence is in
 ``tests/test_runtime.py`` (``zb-h1-three-stages-uneven-batch``)."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -188,39 +189,91 @@ def test_deferred_weight_gradients_equal_the_whole_backward(recompute):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recompute", [False, True])
-def test_whole_compiled_blocks_defer_their_weight_gradients_like_eager_ones(recompute):
-    """``compile_split_stage`` compiles each block whole with its linear layers as the split op:
-    three micro-batches' input passes, then more forwards, then the weight passes give the eager
-    whole backward's gradients (a compiled graph that wrote over a deferred input or output
-    gradient, as inductor's buffer reuse does, would not)."""
+@pytest.mark.parametrize("llama", [False, True])
+def test_whole_compiled_blocks_defer_their_weight_gradients_like_eager_ones(recompute, llama):
+    """``compile_split_stage`` compiles each block whole (one graph, no break) with its linear
+    layers as the split op: three micro-batches' input passes, each graph running before the last
+    one's weights are done, then the weight passes give the eager whole backward's gradients (a
+    compiled graph that wrote over a deferred input or output gradient, as inductor's buffer reuse
+    does, would not), and so does the compiled backward that adds the weight gradients at once (a
+    ZB-H1 first stage's). GPT's blocks and LLaMA's (SwiGLU, RMSNorm, rotary, no biases)."""
     torch = pytest.importorskip("torch")
+    from torch import nn
+    from torch._dynamo.utils import counters
+
     from planner.inputs.model import model_preset
     from planner.runtime.gpt import build_stage, compile_split_stage
     from planner.runtime.split_backward import defer_weight_gradients
 
     spec = model_preset("tiny")
+    if llama:
+        spec = replace(spec, gated_mlp=True, biases=False, learned_positions=False)
     torch._dynamo.reset()
+    counters.clear()
     results = []
-    for compiled in (False, True):
+    for compiled, deferred in ((False, False), (True, True), (True, False)):
         module = build_stage(spec, 1, spec.layers, seed=3, recompute=recompute)
         store = defer_weight_gradients(module)
         if compiled:
             compile_split_stage(module)
+        products = sum(isinstance(m, nn.Linear) for m in module.blocks.modules()) + 1  # the blocks' and the head
         inputs, work = [], []
         for mb in range(3):
             x = torch.randn(2, spec.sequence, spec.hidden, generator=torch.Generator().manual_seed(10 + mb),
                             requires_grad=True)
             y = module(x)
-            store.deferring = compiled  # the eager run takes its weight gradients at once
+            store.deferring = deferred
             torch.autograd.backward(y, torch.randn(y.shape, generator=torch.Generator().manual_seed(20 + mb)))
             store.deferring = False
             inputs.append(x)
             work.append(store.take())
-            assert len(work[-1]) == (4 * (spec.layers - 1) + 1 if compiled else 0)  # 4 a block and the head
-        with torch.no_grad():
-            for _ in range(2):  # more graphs run before the weight pass
-                module(torch.randn(2, spec.sequence, spec.hidden))
+            assert len(work[-1]) == (products if deferred else 0)
         for pending in work:
             store.apply(pending)
         results.append([x.grad for x in inputs] + [p.grad for p in module.parameters()])
-    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(*results))
+    assert not counters["graph_break"]
+    for other in results[1:]:
+        assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(results[0], other))
+
+
+@pytest.mark.slow
+def test_a_compiled_product_whose_input_takes_no_gradient_still_gives_its_weight_s():
+    """The split op's input-gradient half is a side effect: compiled, with an input that takes no
+    gradient (nobody uses its ``dX``), it still runs, so the weight gradient is deferred or added."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from planner.runtime.split_backward import defer_weight_gradients
+
+    from planner.runtime.gpt import SPLIT_BACKWARD_OPTIONS
+
+    for deferring in (False, True):
+        torch._dynamo.reset()
+        module = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+        store = defer_weight_gradients(module)
+        module.compile(options=SPLIT_BACKWARD_OPTIONS)
+        y = module(torch.randn(4, 8))  # the input takes no gradient
+        store.deferring = deferring
+        y.sum().backward()
+        store.deferring = False
+        pending = store.take()
+        assert (len(pending), module[0].weight.grad is None) == ((1, True) if deferring else (0, False))
+
+
+def test_a_module_routed_again_sends_its_weight_gradients_to_the_new_store():
+    """Routing a module through ``defer_weight_gradients`` twice: the second store takes its
+    deferred gradients; a store the module no longer holds is not used."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from planner.runtime.split_backward import defer_weight_gradients
+
+    module = nn.Sequential(nn.Linear(8, 8))
+    first = defer_weight_gradients(module)
+    module(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    assert module[0].weight.grad is not None and not first.pending
+    module[0].weight.grad = None
+    second = defer_weight_gradients(module)
+    first.deferring = second.deferring = True
+    module(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    assert len(second.pending) == 1 and not first.pending and module[0].weight.grad is None

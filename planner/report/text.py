@@ -27,7 +27,7 @@ UNCALIBRATED_ERROR = ("uncalibrated predictions of GPT-3 XL on 2x H100 ran 12% b
 ZERO_BUBBLE_ERROR = ("ZB-H1 runs at about its host's issue rate: calibrated, the 2-stage GPT-3 XL plan on 2x H200 "
                      "was predicted within 0.1% (0.2985 s; 1F1B 0.3098 s), but 4 stages on 4x H200 ran 0.375 s "
                      "(iterations 0.31-0.41 s; 1F1B 0.339 s), predicted 15% low, and one stage on a tensor group of "
-                     "2 21% low; compare with 1F1B on your cluster")
+                     "2 (no graphs) 21% low; compare with 1F1B on your cluster")
 
 
 def _table(header: list, rows: list) -> list:

@@ -105,6 +105,11 @@ def _(grad, x, weight):
     return x.new_empty(x.shape)
 
 
+# Its weight gradients are a side effect: a compiled graph whose ``dX`` nobody uses (an input that
+# takes no gradient) must still call it, not drop it as dead code.
+torch.fx.node.has_side_effect(torch.ops.planner.split_linear_input_gradient.default)
+
+
 def _setup_context(ctx, inputs, output):
     x, weight, _ = inputs
     ctx.save_for_backward(x, weight)
@@ -119,7 +124,9 @@ split_linear.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _register(store: WeightGradients, weight: nn.Parameter, bias) -> None:
-    _REGISTERED.append(tuple(weakref.ref(t) if t is not None else _none for t in (store, weight, bias)))
+    entry = tuple(weakref.ref(t) if t is not None else _none for t in (store, weight, bias))
+    _REGISTERED.append(entry)
+    _BY_STORAGE[weight.data_ptr()] = entry  # routed again: the latest store takes the gradients
 
 
 def _none():
@@ -129,24 +136,38 @@ def _none():
 def _layer(weight: torch.Tensor) -> tuple:
     """(store, weight parameter, bias parameter or None) of the layer whose weight is ``weight``."""
     entry = _BY_STORAGE.get(weight.data_ptr())
-    layer = tuple(ref() for ref in entry) if entry is not None else (None, None, None)
-    if layer[1] is None or layer[1].data_ptr() != weight.data_ptr():
-        _REGISTERED[:] = [e for e in _REGISTERED if e[1]() is not None]
+    layer = _live(entry, weight)
+    if layer is None:  # its storage moved (or another layer's went): look every live layer up again
+        _REGISTERED[:] = [e for e in _REGISTERED if e[0]() is not None and e[1]() is not None]
         _BY_STORAGE.clear()
-        _BY_STORAGE.update((e[1]().data_ptr(), e) for e in _REGISTERED)
-        entry = _BY_STORAGE.get(weight.data_ptr())
-        if entry is None:
+        for e in _REGISTERED:  # the latest registration of a weight wins, as in ``_register``
+            _BY_STORAGE[e[1]().data_ptr()] = e
+        layer = _live(_BY_STORAGE.get(weight.data_ptr()), weight)
+        if layer is None:
             raise RuntimeError("split_linear: a weight of no layer that defer_weight_gradients routed")
-        layer = tuple(ref() for ref in entry)
+    return layer
+
+
+def _live(entry, weight: torch.Tensor):
+    """The entry's (store, weight, bias) where its store and weight live and the weight is ``weight``'s
+    tensor (the same storage, shape and type), else None."""
+    if entry is None:
+        return None
+    layer = tuple(ref() for ref in entry)
+    store, parameter = layer[0], layer[1]
+    if store is None or parameter is None or parameter.data_ptr() != weight.data_ptr() \
+            or parameter.shape != weight.shape or parameter.dtype != weight.dtype:
+        return None
     return layer
 
 
 def defer_weight_gradients(module: nn.Module) -> WeightGradients:
     """Route every linear layer of ``module`` (its LM head's ``head_linear`` and row-parallel layers'
     ``matmul`` too) through ``split_linear``; returns the store whose ``deferring`` flag holds their
-    weight gradients back. Call it after anything that moves the parameters' storage (ZeRO-1's flat
-    buffers, ``planner.runtime.sharded``)."""
+    weight gradients back (the module keeps it alive, as ``weight_gradients``; routed again, a new
+    store takes them)."""
     store = WeightGradients()
+    module.weight_gradients = store  # the registry holds stores weakly
 
     def linear(x, weight, bias=None):
         return split_linear(x, weight, bias)
