@@ -11,7 +11,7 @@ from planner.inputs.job import load_job
 from planner.plan.plan import Plan
 from planner.prediction.predict import predict
 from planner.search.evaluate import (Candidate, _drain_s, evaluate_placement, make_context, score_split,
-                                     split_ends_s)
+                                     split_ends_s, stage_costs)
 from planner.search.front import SearchOptions, search
 from planner.search.refine import leximin_better, refine_split
 
@@ -41,15 +41,17 @@ def test_leximin_orders_by_the_latest_end_then_the_next():
 
 def test_drain_counts_each_boundarys_gradient_and_latency_upstream(mini):
     _, ctx, assign = mini
+    costs = stage_costs(ctx, 4, 4, 2)
+    assert costs.boundary_bytes == 4 * 2048 * 2048 * 2  # 4 sequences of 2,048 tokens x 2,048 in fp16
     tau = np.ones((2, 4))  # 1 s a stage, 0.75 s of it backward (recompute: 3 of 4)
-    busy = np.array([[0.5, 0.25, 0.125], [0.5, 0.25, 0.125]])
-    # Backward latencies from the file: Oregon -> Tokyo 96 ms, Virginia -> Oregon 67 ms,
-    # Frankfurt -> Virginia 90 ms; no message overhead.
+    # Backward links from the file: Oregon -> Tokyo 96 ms at 0.523 Gbit/s, Virginia -> Oregon 67 ms
+    # at 0.79, Frankfurt -> Virginia 90 ms at 1.02; no message overhead.
+    bits = 8 * 4 * 2048 * 2048 * 2
     first = 0.0
-    second = first + 0.75 + 0.5 + 0.096
-    third = second + 0.75 + 0.25 + 0.067
-    fourth = third + 0.75 + 0.125 + 0.090
-    assert _drain_s(ctx, assign, tau, busy) == pytest.approx(np.array([[first, second, third, fourth]] * 2))
+    second = first + 0.75 + bits / 0.523e9 + 0.096
+    third = second + 0.75 + bits / 0.79e9 + 0.067
+    fourth = third + 0.75 + bits / 1.02e9 + 0.090
+    assert _drain_s(ctx, assign, costs, tau) == pytest.approx(np.array([[first, second, third, fourth]] * 2))
 
 
 def test_estimate_ranks_the_splits_as_the_simulator_does(mini):

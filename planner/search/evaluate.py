@@ -297,37 +297,38 @@ def _sync_s(ctx, sync: Sync, members, message_bytes: float) -> float:
     return ctx.routes[memo]
 
 
-def _drain_s(ctx, assign, tau, backward_busy) -> np.ndarray:
+def _drain_s(ctx, assign, costs, tau) -> np.ndarray:
     """(R, S) seconds from stage s's last backward to stage 0's, per replica: the last micro-batch's
-    gradient crosses each boundary upstream of s (its busy time, ``_links``' backward, and its
-    latency) and runs the backward of each stage upstream of s (``backward_share`` of ``tau``), one
-    after the other (the pipeline's drain, ``cost_models.schedule``). Where slow links sit
-    between the stages, the downstream stages end their backward that much before stage 0 does, and
-    their gradient syncs start that much earlier."""
+    gradient crosses each boundary upstream of s (its link's busy time, ``Network.busy_s``, and
+    latency; a shared NIC's queue is not counted, as ``planner.search.cpsat_placement`` does not
+    count it) and runs the backward of each stage upstream of s (``backward_share`` of ``tau``), one
+    after the other (the pipeline's drain, ``cost_models.schedule``). Where slow links sit between
+    the stages, the downstream stages end their backward that much before stage 0 does, and their
+    gradient syncs start that much earlier."""
     R, S = assign.shape
     if S == 1:
         return np.zeros((R, 1))
-    back = tau[:, :-1] * backward_share(ctx.training) + backward_busy \
-        + ctx.network.latency_s[assign[:, 1:], assign[:, :-1]]
+    a, b = assign[:, :-1], assign[:, 1:]
+    back = tau[:, :-1] * backward_share(ctx.training) + ctx.network.busy_s(b, a, costs.boundary_bytes) \
+        + ctx.network.latency_s[b, a]
     return np.concatenate([np.zeros((R, 1)), np.cumsum(back, axis=1)], axis=1)
 
 
-def _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck, backward_busy) -> float:
+def _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck) -> float:
     """The slowest stage's end (``_stage_ends_s``)."""
-    return float(_stage_ends_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck, backward_busy).max())
+    return float(_stage_ends_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck).max())
 
 
-def _stage_ends_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck, backward_busy) -> np.ndarray:
+def _stage_ends_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck) -> np.ndarray:
     """(S,) each stage's end: each replica's makespan ``fill + (M - 1) * bottleneck``, then each
     stage's gradient sync after its last backward (the makespan less the drain upstream of it,
     ``_drain_s``; queued behind earlier ones on a shared NIC), then its optimizer step. With
     ``training.sync`` auto, under the algorithm of those the job allows
-    (``planner.plan.sync.syncs_for``) whose slowest stage ends first (the first of them on a tie).
-    ``backward_busy``: (R, S - 1), ``_links``' backward busy times."""
+    (``planner.plan.sync.syncs_for``) whose slowest stage ends first (the first of them on a tie)."""
     R, S = assign.shape
     pipeline = _rounds_makespan(np.asarray(micro_batches), costs.micro_batches_per_round, fill, bottleneck)  # (R,)
     # Stage s finishes its last backward before the stages upstream of it do theirs.
-    upstream = _drain_s(ctx, assign, tau, backward_busy)
+    upstream = _drain_s(ctx, assign, costs, tau)
     finish = (pipeline[:, None] - upstream).max(axis=0)  # (S,)
     step = _step(ctx, assign, costs, counts).max(axis=0)
     if R == 1:
@@ -489,7 +490,7 @@ def split_ends_s(ctx: SearchContext, assign: np.ndarray, counts, micro_batches, 
     tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, links)
     if virtual_stages > 1 and S > 1:
         fill, bottleneck = interleaved_shape(ctx, assign, costs, counts, tau, links, virtual_stages)
-    return _stage_ends_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck, links[2])
+    return _stage_ends_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck)
 
 
 def evaluate_placement(ctx: SearchContext, assign: np.ndarray, micro_batch_size: int, schedule: str,
@@ -543,7 +544,7 @@ def _evaluate(ctx, assign, micro_batch_size, schedule, micro_batches, split) -> 
         micro_batches = new
     if total != int(np.sum(micro_batches)):
         return None
-    score = _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck, links[2])
+    score = _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck)
     return Candidate(assign=assign, layer_counts=tuple(int(c) for c in counts),
                      micro_batches=tuple(int(m) for m in micro_batches), micro_batch_size=micro_batch_size,
                      schedule=schedule, score_s=score)
