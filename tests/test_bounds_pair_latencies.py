@@ -77,6 +77,7 @@ def test_spread_prices_the_pure_groups_crossings_at_the_least_distinct_pairs():
     assert seen["lam"][0, 2, 3] == pytest.approx(0.001 + (0.01 - 0.001) / 3)  # 2 clusters: one crossing
 
 
+@pytest.mark.slow
 def test_generated_thousand_devices_stage_per_region_plans_stay_above_their_pair_bounds():
     """GPT-3 6.7B on the generated 1,024 devices: plans with each stage in a region of its own
     (``construct._stage_regions``, and its stages in a random order), GPipe and 1F1B, simulated never
