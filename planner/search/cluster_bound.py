@@ -38,13 +38,13 @@ latencies. ``C``: the blocks' work over the most FLOP/s the plan's cells reach t
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from planner.search.crossing_link import crossing_link_s
 from planner.search.link_clusters import (clusters_at, fastest_both_ways_between, least_latency_between,
-                                          link_thresholds, slower_way_between)
+                                          link_thresholds, pair_latencies_between, slower_way_between)
 from planner.search.stage_split import stage_split_s
 
 __all__ = ["MAX_CLUSTERS", "ClusterLevel", "Crossing", "cluster_levels", "cluster_bound"]
@@ -67,6 +67,9 @@ class ClusterLevel:
     memory_bytes: np.ndarray  # (K,) each cluster's largest device memory
     speed: np.ndarray  # (K, M) FLOP/s of each cluster's k + 1 fastest devices (its total past its size)
     cluster_sizes: np.ndarray  # devices per cluster, every cluster (none merged)
+    # each pair of clusters' least latency, ascending, every cluster (none merged); empty: not looked
+    # up (``link_clusters.pair_latencies_between``), every pair then at least ``latency_s``
+    pair_latencies_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,7 +121,8 @@ def cluster_levels(topology, training) -> list:
         levels.append(ClusterLevel(tau_bytes_per_s=float(tau), latency_s=least_latency_between(network, labels),
                                    both_ways_bytes_per_s=both_ways,
                                    slower_way_bytes_per_s=min(float(tau), slower_way_between(network, labels)),
-                                   sizes=sizes, memory_bytes=most, speed=speed, cluster_sizes=every_size))
+                                   sizes=sizes, memory_bytes=most, speed=speed, cluster_sizes=every_size,
+                                   pair_latencies_s=pair_latencies_between(network, labels)))
     return levels
 
 

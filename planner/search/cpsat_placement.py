@@ -10,8 +10,8 @@ replica's micro-batch count) and minimises the search's own estimate
 - per replica the flow-shop makespan ``fill_r + (M_r - 1) * period_r`` with the pipeline links
   as extra machines: under 1F1B the slowest stage or link and the in-flight round-trip limit, under
   GPipe the forward phase's period plus the backward phase's (formulas.md, Pipeline schedules);
-- each stage's last backward ``backward_share * tau`` after its downstream stages', then its
-  gradient all-reduce over the ring the search would use for that set of devices (one Boolean per
+- each stage's last backward ``backward_share * tau`` and the gradient's busy time and latency over
+  each boundary after its downstream stages' (``evaluate._drain_s``), then its gradient all-reduce over the ring the search would use for that set of devices (one Boolean per
   candidate set, so the ring's cost is exact whatever its order), then each worker's optimizer step;
 - memory: state plus in-flight activations (``M_r`` under GPipe, ``min(S - s, M_r)`` under 1F1B)
   on every placed device.
@@ -155,6 +155,7 @@ class _PlacementModel:
         self.round_trip_ns = _ns(one_way + one_way.T + lat + lat.T).ravel().tolist()  # index a * n + b
         self.forward_busy_ns = _ns(one_way).ravel().tolist()  # activation a -> b
         self.backward_busy_ns = _ns(one_way.T).ravel().tolist()  # gradient b -> a
+        self.backward_latency_ns = _ns(lat.T).ravel().tolist()  # gradient b -> a
         share = Fraction(backward_share(ctx.training)).limit_denominator(12)
         self.share_num, self.share_den = share.numerator, share.denominator
         self.capacity_bytes = np.floor(ctx.capacity).astype(np.int64)
@@ -196,7 +197,7 @@ class _PlacementModel:
 
     def _add_links(self):
         m, n = self.model, self.n
-        self.trip, self.forward, self.backward = {}, {}, {}
+        self.trip, self.forward, self.backward, self.backward_latency = {}, {}, {}, {}
         for r, s in itertools.product(range(self.R), range(self.S - 1)):
             pair = m.new_int_var(0, n * n - 1, f"link_r{r}_s{s}")
             m.add(pair == n * self.device[r, s] + self.device[r, s + 1])
@@ -206,6 +207,8 @@ class _PlacementModel:
             m.add_element(pair, self.round_trip_ns, self.trip[r, s])
             m.add_element(pair, self.forward_busy_ns, self.forward[r, s])
             m.add_element(pair, self.backward_busy_ns, self.backward[r, s])
+            self.backward_latency[r, s] = m.new_int_var(0, max(self.backward_latency_ns), f"backward_latency_r{r}_s{s}")
+            m.add_element(pair, self.backward_latency_ns, self.backward_latency[r, s])
 
     def _add_pipelines(self):
         m, R, S = self.model, self.R, self.S
@@ -328,9 +331,12 @@ class _PlacementModel:
                                        + self.step_horizon_ns, "iteration_ns")
         for s in range(S):
             finish = m.new_int_var(0, (self.total + S) * self.horizon_ns, f"last_backward_end_s{s}")
-            for r in range(R):  # stage s ends backward_share of the upstream stages' tau before the replica does
+            for r in range(R):  # stage s ends backward_share of the upstream stages' tau, and the gradient's
+                # transfers and latencies over the boundaries upstream, before the replica does
                 upstream = sum(self.tau[r, k] for k in range(s))
-                m.add(self.share_den * finish >= self.share_den * self.pipeline[r] - self.share_num * upstream)
+                links = sum(self.backward[r, k] + self.backward_latency[r, k] for k in range(s))
+                m.add(self.share_den * finish >= self.share_den * (self.pipeline[r] - links)
+                      - self.share_num * upstream)
             for r in range(R):
                 m.add(self.iteration >= finish + self.sync[s] + self.step[r, s])
         m.minimize(self.iteration)
@@ -340,7 +346,7 @@ class _PlacementModel:
         """A model bound in seconds, lowered by the most the rounding of its coefficients to whole
         nanoseconds can add along one replica's makespan and one all-reduce, so it bounds the
         unrounded estimate (the optimizer step's rounding included)."""
-        allowance_ns = (self.total + self.S + 1) * (self.L + 2 * self.S + 2) + self.L + 1
+        allowance_ns = (self.total + self.S + 1) * (self.L + 2 * self.S + 2) + self.L + 2 * self.S + 1
         return max(0.0, (bound_ns - allowance_ns) * RESOLUTION_S)
 
     def add_hint(self, hint: Candidate):

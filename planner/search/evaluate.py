@@ -24,8 +24,8 @@ from planner.prediction.stage_model import (layer_costs, message_codec_s, optimi
 from planner.search.balance import split_batch, split_layers
 from planner.search.locality import best_ring
 
-__all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "score_split", "fits", "stage_costs",
-           "ring_cost", "sync_route", "asked_groups", "charges_groups", "gradient_bytes", "step_seconds",
+__all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "score_split", "split_ends_s", "fits",
+           "stage_costs", "ring_cost", "sync_route", "asked_groups", "charges_groups", "gradient_bytes", "step_seconds",
            "backward_share", "interleaved_shape"]
 
 
@@ -297,20 +297,42 @@ def _sync_s(ctx, sync: Sync, members, message_bytes: float) -> float:
     return ctx.routes[memo]
 
 
+def _drain_s(ctx, assign, costs, tau) -> np.ndarray:
+    """(R, S) seconds from stage s's last backward to stage 0's, per replica: the last micro-batch's
+    gradient crosses each boundary upstream of s (its link's busy time, ``Network.busy_s``, and
+    latency; a shared NIC's queue is not counted, as ``planner.search.cpsat_placement`` does not
+    count it) and runs the backward of each stage upstream of s (``backward_share`` of ``tau``), one
+    after the other (the pipeline's drain, ``cost_models.schedule``). Where slow links sit between
+    the stages, the downstream stages end their backward that much before stage 0 does, and their
+    gradient syncs start that much earlier."""
+    R, S = assign.shape
+    if S == 1:
+        return np.zeros((R, 1))
+    a, b = assign[:, :-1], assign[:, 1:]
+    back = tau[:, :-1] * backward_share(ctx.training) + ctx.network.busy_s(b, a, costs.boundary_bytes) \
+        + ctx.network.latency_s[b, a]
+    return np.concatenate([np.zeros((R, 1)), np.cumsum(back, axis=1)], axis=1)
+
+
 def _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck) -> float:
-    """Each replica's makespan ``fill + (M - 1) * bottleneck``, then each stage's gradient sync
-    after its last backward (queued behind earlier ones on a shared NIC), then its optimizer step;
-    the slowest stage's end. With ``training.sync`` auto, the fastest of the algorithms the job allows
-    (``planner.plan.sync.syncs_for``)."""
+    """The slowest stage's end (``_stage_ends_s``)."""
+    return float(_stage_ends_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck).max())
+
+
+def _stage_ends_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck) -> np.ndarray:
+    """(S,) each stage's end: each replica's makespan ``fill + (M - 1) * bottleneck``, then each
+    stage's gradient sync after its last backward (the makespan less the drain upstream of it,
+    ``_drain_s``; queued behind earlier ones on a shared NIC), then its optimizer step. With
+    ``training.sync`` auto, under the algorithm of those the job allows
+    (``planner.plan.sync.syncs_for``) whose slowest stage ends first (the first of them on a tie)."""
     R, S = assign.shape
     pipeline = _rounds_makespan(np.asarray(micro_batches), costs.micro_batches_per_round, fill, bottleneck)  # (R,)
     # Stage s finishes its last backward before the stages upstream of it do theirs.
-    upstream = np.concatenate([np.zeros((R, 1)), np.cumsum(tau[:, :-1] * backward_share(ctx.training), axis=1)],
-                              axis=1)
+    upstream = _drain_s(ctx, assign, costs, tau)
     finish = (pipeline[:, None] - upstream).max(axis=0)  # (S,)
     step = _step(ctx, assign, costs, counts).max(axis=0)
     if R == 1:
-        return float((finish + step).max())
+        return finish + step
     grads = gradient_bytes(costs, counts, ctx.tensor[assign].max(axis=0))
     H = costs.sync_every  # local steps: the whole sync, latency included, once every H iterations
     groups = asked_groups(ctx, assign)
@@ -318,13 +340,15 @@ def _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottlenec
         timed = [_grouped_sync(ctx, assign[:, s], groups, float(grads[s]) * H, H) for s in range(S)]
         sync = np.array([t for t, _ in timed])
         start = _queued_starts(finish, [holds for _, holds in timed]) if ctx.network.has_shared_nics else finish
-        return float((start + sync + step).max())
-    best = np.inf
+        return start + sync + step
+    best = None
     for algorithm in syncs_for(ctx.training, R):
         sync = np.array([_sync_s(ctx, algorithm, assign[:, s], grads[s] * H) / H for s in range(S)])
         start = _queued_sync_starts(ctx, assign, finish, sync, grads, algorithm) if ctx.network.has_shared_nics \
             else finish
-        best = min(best, float((start + sync + step).max()))
+        ends = start + sync + step
+        if best is None or ends.max() < best.max():
+            best = ends
     return best
 
 
@@ -446,6 +470,14 @@ def score_split(ctx: SearchContext, assign: np.ndarray, counts, micro_batches, m
     fit or the counts are invalid): the objective ``evaluate_placement`` minimises over the splits.
     ``virtual_stages`` v > 1: the same split under interleaved 1F1B, each stage's layers in v chunks
     (``interleaved_shape``)."""
+    ends = split_ends_s(ctx, assign, counts, micro_batches, micro_batch_size, schedule, virtual_stages)
+    return None if ends is None else float(ends.max())
+
+
+def split_ends_s(ctx: SearchContext, assign: np.ndarray, counts, micro_batches, micro_batch_size: int,
+                 schedule: str, virtual_stages: int = 1) -> np.ndarray | None:
+    """(S,) each stage's end under the estimate (``_stage_ends_s``), whose largest is ``score_split``'s
+    estimate; None where ``score_split`` gives None."""
     R, S = assign.shape
     costs = stage_costs(ctx, micro_batch_size, S, R)
     total = ctx.training.global_batch // micro_batch_size
@@ -458,7 +490,7 @@ def score_split(ctx: SearchContext, assign: np.ndarray, counts, micro_batches, m
     tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, links)
     if virtual_stages > 1 and S > 1:
         fill, bottleneck = interleaved_shape(ctx, assign, costs, counts, tau, links, virtual_stages)
-    return _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck)
+    return _stage_ends_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck)
 
 
 def evaluate_placement(ctx: SearchContext, assign: np.ndarray, micro_batch_size: int, schedule: str,

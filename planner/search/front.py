@@ -110,6 +110,7 @@ class SearchResult:
 EXACT_DEVICES = 12  # CP-SAT placement is tried on topologies up to this size
 STARTS = 3  # distinct shapes improved by local search
 KEEP_UNREFINED = 2  # leading candidates simulated with their unrefined splits as well
+LEXIMIN_GAIN = 1e-9  # relative drop of the estimate for which a split refined in leximin order is simulated
 
 
 def _micro_batch_sizes(training, options) -> list:
@@ -720,6 +721,45 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
 
     choices, interleaved = virtual_stage_choices(training), set()  # the v tried, and (candidate, v) simulated
     estimated = None  # the first finalist at its estimate, where the clock cut its simulation
+    simulated_splits = []  # (simulated seconds, order, candidate) of each candidate simulated at one chunk, fitting
+    simulated_keys = set()  # the candidates simulated (``Candidate.key``)
+
+    def try_candidate(candidate) -> bool:
+        """Simulate ``candidate`` (and its interleaved variants); False where the share is spent."""
+        nonlocal best_plan, best_time, estimated
+        if not more(simulating=True, reserve_s=sync_reserve_s):
+            return False
+        plain, run = candidate_to_plan(ctx, candidate), training
+        if auto_sync:
+            sync = estimated_sync(ctx, candidate)
+            plain, run = plan_with_sync(plain, real, sync), sync_training(training, sync, plain.replicas)
+        plain = with_asked_groups(plain, real, run)  # ``cluster`` / ``one``: simulated in their groups
+        # Interleaved 1F1B: the candidate's variants with v > 1 chunks per device, simulated too
+        # (planner.search.interleave); with virtual_stages fixed above 1 only they may win.
+        variants = [(candidate.score_s, plain)] if 1 in choices else []
+        variants += [(e, p) for e, p in interleaved_variants(ctx, candidate, plain, choices)
+                     if (candidate.key(), p.virtual_stages) not in interleaved]
+        interleaved.update((candidate.key(), p.virtual_stages) for _, p in variants)
+        for estimate, plan in variants:
+            if plan is not plain and not more(simulating=True, reserve_s=sync_reserve_s):
+                break
+            prediction = simulate(plan, run)
+            if prediction is None:  # the clock cut it: the first plan keeps its estimate, the rest stop
+                if best_plan is None and estimated is None:
+                    estimated = plan.with_prediction(estimated_prediction(plan, real, model, run, estimate))
+                break
+            finalists.append({"stages": plan.stages, "replicas": plan.replicas, "estimate_s": float(estimate),
+                              "simulated_s": float(prediction.iteration_s), "fits": prediction.fits,
+                              **({"virtual_stages": plan.virtual_stages} if plan.virtual_stages > 1 else {})})
+            if prediction.fits and not math.isfinite(prediction.iteration_s):
+                unfinished.append(prediction.iteration_s)
+            elif prediction.fits and prediction.iteration_s < best_time:
+                best_plan, best_time = plan.with_prediction(prediction), prediction.iteration_s
+            if plan is plain and prediction.fits and math.isfinite(prediction.iteration_s):
+                simulated_splits.append((prediction.iteration_s, len(simulated_splits), candidate))
+        simulated_keys.add(candidate.key())
+        return True
+
     for rank, c in enumerate(unique):
         if not more(reserve_s=sync_reserve_s):
             break
@@ -740,34 +780,30 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
             tries = [better, c] if rank < KEEP_UNREFINED and better is not c else [better]
             best_estimate = min(best_estimate, better.score_s)
         for candidate in tries:
-            if not more(simulating=True, reserve_s=sync_reserve_s):
+            if not try_candidate(candidate):
                 break
-            plain, run = candidate_to_plan(ctx, candidate), training
-            if auto_sync:
-                sync = estimated_sync(ctx, candidate)
-                plain, run = plan_with_sync(plain, real, sync), sync_training(training, sync, plain.replicas)
-            plain = with_asked_groups(plain, real, run)  # ``cluster`` / ``one``: simulated in their groups
-            # Interleaved 1F1B: the candidate's variants with v > 1 chunks per device, simulated too
-            # (planner.search.interleave); with virtual_stages fixed above 1 only they may win.
-            variants = [(candidate.score_s, plain)] if 1 in choices else []
-            variants += [(e, p) for e, p in interleaved_variants(ctx, candidate, plain, choices)
-                         if (candidate.key(), p.virtual_stages) not in interleaved]
-            interleaved.update((candidate.key(), p.virtual_stages) for _, p in variants)
-            for estimate, plan in variants:
-                if plan is not plain and not more(simulating=True, reserve_s=sync_reserve_s):
-                    break
-                prediction = simulate(plan, run)
-                if prediction is None:  # the clock cut it: the first plan keeps its estimate, the rest stop
-                    if best_plan is None and estimated is None:
-                        estimated = plan.with_prediction(estimated_prediction(plan, real, model, run, estimate))
-                    break
-                finalists.append({"stages": plan.stages, "replicas": plan.replicas, "estimate_s": float(estimate),
-                                  "simulated_s": float(prediction.iteration_s), "fits": prediction.fits,
-                                  **({"virtual_stages": plan.virtual_stages} if plan.virtual_stages > 1 else {})})
-                if prediction.fits and not math.isfinite(prediction.iteration_s):
-                    unfinished.append(prediction.iteration_s)
-                elif prediction.fits and prediction.iteration_s < best_time:
-                    best_plan, best_time = plan.with_prediction(prediction), prediction.iteration_s
+    # What the finalists' share leaves: the simulated splits, fastest first, refined again in leximin
+    # order (``planner.search.refine``: where several stages end together no single move lowers the
+    # estimate); a split whose estimate that lowers is simulated too. The pass above is the same
+    # without it, so this only adds plans.
+    refined_keys = set()
+    for _, _, c in sorted(simulated_splits, key=lambda t: (t[0], t[1])):
+        if best_plan is None or not more(simulating=True, reserve_s=sync_reserve_s):
+            break
+        if c.key() in refined_keys:
+            continue
+        refined_keys.add(c.key())
+        refine_rate = REFINE_ESTIMATES_PER_S / construct_units(c.assign.size)
+        refine_budget = min(REFINE_EVALUATIONS, max(1, int(refine_rate * max(allowed_s - sync_reserve_s - work_s,
+                                                                              0.0))))
+        better, used = refine_split(ctx, c, budget=refine_budget, deadline=budget.end("finalists"), leximin=True)
+        budget.note_cut("finalists", used < refine_budget and time.perf_counter() >= budget.end("finalists"))
+        evaluations += used
+        work_s += used / refine_rate
+        if better.score_s < c.score_s * (1.0 - LEXIMIN_GAIN) and better.key() not in simulated_keys:
+            best_estimate = min(best_estimate, better.score_s)
+            if not try_candidate(better):
+                break
     sync_record = {}
     if auto_sync and best_plan is not None:  # the best plan with every other algorithm, while the share holds
         tried, untried = {str(best_plan.sync): best_time}, []

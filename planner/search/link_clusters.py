@@ -22,10 +22,11 @@ from scipy.sparse.csgraph import connected_components
 
 from cost_models.links import LevelMatrix
 
-__all__ = ["least_latency_between", "fastest_both_ways_between", "slower_way_between", "MAX_THRESHOLDS",
-           "link_thresholds", "clusters_at"]
+__all__ = ["least_latency_between", "pair_latencies_between", "fastest_both_ways_between", "slower_way_between",
+           "MAX_THRESHOLDS", "MAX_PAIRED_CLUSTERS", "link_thresholds", "clusters_at"]
 
 MAX_THRESHOLDS = 8  # thresholds tried per topology (each gives a valid bound; more only tighten)
+MAX_PAIRED_CLUSTERS = 64  # past this many clusters, no pair's own latency is looked up (K^2 pairs)
 
 
 def link_thresholds(network) -> np.ndarray:
@@ -118,6 +119,43 @@ def least_latency_between(network, labels: np.ndarray) -> float:
     values = np.concatenate(candidates)
     values = values[np.isfinite(values)]
     return float(values.min()) if values.size else 0.0
+
+
+def pair_latencies_between(network, labels: np.ndarray) -> np.ndarray:
+    """Each pair of clusters' (``labels``) least latency, either way, the per-message overhead
+    included: ``K (K - 1) / 2`` values in ascending order; empty past ``MAX_PAIRED_CLUSTERS`` clusters.
+    By levels, a pair takes the least of the region table over the regions its two clusters hold
+    devices in, the host latency where they share a region, and its pair entries: no more than the
+    pair's least (a device pair the table lists may not exist), never N x N."""
+    labels = np.asarray(labels)
+    k = int(labels.max()) + 1
+    if k < 2 or k > MAX_PAIRED_CLUSTERS:
+        return np.zeros(0)
+    latency = network.latency_s
+    least = np.full((k, k), np.inf)
+    if not isinstance(latency, LevelMatrix):
+        dense = np.array(latency, dtype=float)
+        for c in range(k):
+            row = dense[labels == c].min(axis=0)  # (N,) from cluster c to every device
+            np.minimum.at(least[c], labels, row)
+    else:
+        regions = latency.table.shape[0]
+        inside = np.zeros((k, regions), dtype=bool)
+        inside[labels, latency.region] = True
+        table = np.asarray(latency.table, dtype=float)
+        for a in range(regions):
+            for b in range(regions):
+                if np.isfinite(table[a, b]):
+                    both = inside[:, a][:, None] & inside[:, b][None, :]
+                    least = np.where(both, np.minimum(least, table[a, b]), least)
+        if np.isfinite(latency.host_value):  # NaN: no two devices share a host
+            shared = (inside[:, None, :] & inside[None, :, :]).any(axis=2)
+            least = np.where(shared, np.minimum(least, float(latency.host_value)), least)
+        for (a, b), value in latency.overrides.items():
+            least[labels[a], labels[b]] = min(least[labels[a], labels[b]], float(value))
+    least = np.minimum(least, least.T)
+    upper = least[np.triu_indices(k, 1)]
+    return np.sort(upper[np.isfinite(upper)]) if np.isfinite(upper).all() else np.zeros(0)
 
 
 def fastest_both_ways_between(network, labels: np.ndarray) -> float:

@@ -23,7 +23,12 @@ clusters (``g = 0`` where none is pure). Then:
   the work at ``V_xg``, ``gpipe_idle.gpipe_idle_s``) price ``g - 1`` of the ``S - 1`` boundaries
   between clusters each way, as ``slow_crossings`` prices its hops; and every stage's sync, a
   crossing one's too, follows the busiest replica's chain of them to the last stage
-  (``round_trip.last_sync_s``);
+  (``round_trip.last_sync_s``). Those ``g - 1`` crossings' latencies add up to at least the
+  ``g - 1`` least of the clusters' pair latencies (``crossings_latency_s``): the pairs of clusters a
+  replica's boundaries join connect the ``g`` clusters it visits, so ``g - 1`` of them at least are
+  distinct pairs, and a boundary between two clusters takes at least that pair's least latency (and
+  the clusters' least, ``level.latency_s``); the trips are linear in the summed latency (``2 (S - 1)
+  lambda`` a trip), so the ``S - 1`` hops take the sum's average each;
 - the pairs ``(x, g)`` a plan may have: ``x = 0`` with ``g`` at least the fewest clusters that hold
   S pure groups (``slow_crossings.fewest_clusters``); ``x >= 1`` (two replicas or more) with the
   ``g`` largest clusters holding ``S - x`` pure groups (``g = 0`` where ``x = S``); ``g <= S - x``
@@ -47,7 +52,7 @@ import numpy as np
 from planner.search.slow_crossings import (MAX_CLUSTERS_CROSSED, crossing_extras, crossing_sync_share,
                                            fewest_pure_clusters)
 
-__all__ = ["cluster_totals", "spread_floors_s"]
+__all__ = ["cluster_totals", "crossings_latency_s", "spread_floors_s"]
 
 
 def cluster_totals(level) -> np.ndarray:
@@ -59,6 +64,21 @@ def cluster_totals(level) -> np.ndarray:
     if merged > 1:
         totals = np.append(totals, np.full(merged - 1, totals[-1]))
     return np.sort(totals)[::-1]
+
+
+def crossings_latency_s(level, hops: np.ndarray, latency_s: float) -> np.ndarray:
+    """Seconds at least that ``hops`` (an int array) crossings between distinct pairs of ``level``'s
+    clusters add to ``hops`` hops at the least latency ``latency_s``: the ``hops`` least pair
+    latencies (``level.pair_latencies_s``; past them, or where none were looked up, the clusters' least
+    ``level.latency_s``), each at least ``level.latency_s``, less ``latency_s`` each."""
+    least = float(level.latency_s)
+    pairs = np.maximum(np.asarray(getattr(level, "pair_latencies_s", np.zeros(0)), dtype=float), least)
+    hops = np.asarray(hops, dtype=np.int64)
+    most = int(hops.max(initial=0))
+    each = np.full(most, least)
+    each[:min(most, pairs.size)] = pairs[:most]
+    summed = np.concatenate([[0.0], np.cumsum(np.maximum(each - latency_s, 0.0))])
+    return summed[hops]
 
 
 def spread_floors_s(level, counts, *, stages: int, replicas: np.ndarray, work_flops: float, cells_flops: np.ndarray,
@@ -112,7 +132,8 @@ def spread_floors_s(level, counts, *, stages: int, replicas: np.ndarray, work_fl
     crossed = hops > 0
     with np.errstate(divide="ignore"):
         cells_work_s = work_flops / speed
-    trips = round_trips(boundary_s + share * extra_b, latency_s + share * extra_l,
+    hops_latency = crossings_latency_s(level, hops, latency_s)  # (2, G, D): the crossings' latencies, summed
+    trips = round_trips(boundary_s + share * extra_b, latency_s + hops_latency / (stages - 1),
                         np.where(crossed, boundary_s + extra_b, boundary_s),
                         np.where(crossed, latency_s + extra_l, latency_s), np.broadcast_to(sync, speed.shape),
                         cells_work_s=cells_work_s)
