@@ -74,18 +74,6 @@ _REGISTERED = []  # (store, weight, bias or None), each a weakref.ref
 _BY_STORAGE = {}  # weight.data_ptr() -> its entry of _REGISTERED, as last looked up
 
 
-@torch.library.custom_op("planner::split_linear", mutates_args=())
-def split_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """``F.linear`` whose backward gives the input's gradient only and defers or adds the weights'
-    itself (``_input_gradient``); opaque to ``torch.compile``, so a compiled block keeps it whole."""
-    return F.linear(x, weight, bias)
-
-
-@split_linear.register_fake
-def _(x, weight, bias):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
 @torch.library.custom_op("planner::split_linear_input_gradient", mutates_args=())
 def _input_gradient(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``dX = dY W``; while the layer's store defers, ``(X, dY)`` wait in it for the weight pass,
@@ -110,17 +98,25 @@ def _(grad, x, weight):
 torch.fx.node.has_side_effect(torch.ops.planner.split_linear_input_gradient.default)
 
 
-def _setup_context(ctx, inputs, output):
-    x, weight, _ = inputs
-    ctx.save_for_backward(x, weight)
+class _SplitLinear(torch.autograd.Function):
+    """``F.linear`` whose backward is ``_input_gradient``: the input's gradient, the weights' deferred
+    or added by the op itself. The compiler traces both halves into the block's graphs: the product
+    in forward as its own kernel, the op in backward as an opaque call."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        return _input_gradient(grad, x, weight), None, None
 
 
-def _backward(ctx, grad):
-    x, weight = ctx.saved_tensors
-    return _input_gradient(grad, x, weight), None, None
-
-
-split_linear.register_autograd(_backward, setup_context=_setup_context)
+def split_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``F.linear`` whose backward gives the input's gradient and defers or adds the weights'."""
+    return _SplitLinear.apply(x, weight, bias)
 
 
 def _register(store: WeightGradients, weight: nn.Parameter, bias) -> None:
