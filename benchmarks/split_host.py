@@ -3,11 +3,13 @@ it (``gpt.compile_split_stage``, its linear layers' weight gradients deferred an
 this machine's CPU with blocks so small that the calls, not the arithmetic, take the time: what a
 ZB-H1 stage adds to its host's issue work, the quantity that sets a host-bound stage's pace on GPUs.
 
-    python benchmarks/split_host.py [--repeats 300] [--label NAME] [--out benchmarks/results]
+    python benchmarks/split_host.py [--repeats 500] [--label NAME] [--out benchmarks/results]
 
 Prints a table (microseconds per block: forward alone, and forward + backward + the weight pass) and
 writes ``split_host.json`` (one entry per ``--label``; other labels' entries kept). Each kind is
-measured twice, alternating, and the lower of the two taken (a shared machine's load only adds).
+measured ``ROUNDS`` times, alternating, and the least taken (a shared machine's load only adds;
+on the 2-core machine of ``benchmarks/results/split_host.json`` one kind's rounds still spread by
+up to 40%, so compare the two kinds of one run, not runs).
 """
 
 import argparse
@@ -29,6 +31,7 @@ from planner.runtime.split_backward import defer_weight_gradients  # noqa: E402
 # Small enough that a block's arithmetic takes the CPU a few microseconds.
 SPEC = replace(model_preset("tiny"), hidden=32, heads=2, sequence=8, ffn_hidden=64)
 WARMUP = 5
+ROUNDS = 4  # each kind measured this many times, alternating; the least taken
 
 
 def per_block_us(split: bool, repeats: int) -> tuple:
@@ -64,13 +67,13 @@ def per_block_us(split: bool, repeats: int) -> tuple:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="Host time per block, 1F1B's compiled block against ZB-H1's.")
-    parser.add_argument("--repeats", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=500)
     parser.add_argument("--label", default="current")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     runs = {"1f1b": [], "zb-h1": []}
-    for _ in range(2):
+    for _ in range(ROUNDS):
         for kind in runs:
             runs[kind].append(per_block_us(kind == "zb-h1", args.repeats))
     rows = {kind: {"forward_us": min(r[0] for r in got), "step_us": min(r[1] for r in got)}

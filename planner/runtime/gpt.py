@@ -198,8 +198,8 @@ SPLIT_BACKWARD_OPTIONS = {"inplace_buffers": False, "allow_buffer_reuse": False}
 
 def compile_split_stage(module: "StageModule"):
     """Compile each block of ``module`` whole, as ``compile_stage`` does (identical blocks share one
-    graph), for a split backward (ZB-H1): its linear layers are ``split_linear``, an op the compiler
-    calls as it is, whose backward defers the weights' gradients
+    graph), for a split backward (ZB-H1): its linear layers are ``split_linear``, whose backward is
+    an op the compiler calls as it is, deferring the weights' gradients
     (``planner.runtime.split_backward.defer_weight_gradients`` routes them, before or after this);
     returns the compiled ``lm_loss``. One graph a block: the host issues a block's forward in one
     call instead of five compiled pieces and four eager products."""

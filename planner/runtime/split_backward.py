@@ -11,14 +11,16 @@ autograd graph in Python for every micro-batch to find the weights' nodes; on 2x
 0.355 s for 1F1B (``benchmarks/runtime_gpu.py``), so the split is done at the linear layers instead.
 Norms and embeddings, a small share of the FLOPs, keep their weight gradients in the input pass.
 
-The split product is a custom op (``split_linear``, ``torch.library``) rather than an
-``autograd.Function``: a compiled block's backward is one graph, and the compiler traces an
-``autograd.Function``'s backward into it (which cannot hand ``(X, dY)`` to a store) or breaks the
-block around it, while it calls an opaque op as it is, backward included. So under ZB-H1 each block
-compiles whole (``planner.runtime.gpt.compile_split_stage``). Compiled between its linear layers
-instead (five compiled pieces and four eager products a block), a ZB-H1 stage's forward took its
-host 0.151-0.175 s an iteration against 0.060 s for 1F1B's whole compiled blocks (2x H200, GPT-3
-XL, 12 blocks at micro-batch 2, ``plan launch --profile``), and the host set the iteration's pace.
+The split product's backward is a custom op (``split_linear_input_gradient``, ``torch.library``):
+the compiler traces an ``autograd.Function``'s backward into the block's backward graph, where it
+could not hand ``(X, dY)`` to a store, but calls an opaque op as it is, side effects included, so
+each block compiles whole (``planner.runtime.gpt.compile_split_stage``) and the product itself, in
+forward, is the graph's own kernel (``split_linear``: an ``autograd.Function`` around ``F.linear``).
+Compiled between its linear layers instead (five compiled pieces and four eager products a block),
+a ZB-H1 stage's forward took its host 0.151-0.175 s an iteration against 0.060 s for 1F1B's whole
+compiled blocks (2x H200, GPT-3 XL, 12 blocks at micro-batch 2, ``plan launch --profile``), and the
+host set the iteration's pace; with the product a custom op in forward too, 0.067 s
+(``benchmarks/split_host.py`` times the host's share on a CPU).
 """
 
 import types
@@ -47,15 +49,16 @@ class WeightGradients:
     @staticmethod
     @torch.no_grad()
     def apply(work: list) -> None:
-        """Add ``dW = dY^T X`` and ``db = sum dY`` of every deferred layer to its ``.grad``."""
+        """Add ``dW = dY^T X`` and ``db = sum dY`` of every deferred layer to its ``.grad``: a
+        gradient already there takes the product in place (one ``addmm_``, no product tensor)."""
         for weight, bias, x, grad in work:
-            _accumulate(weight, _weight_grad(x, grad))
+            grad, x = grad.flatten(0, -2), x.flatten(0, -2)
+            if weight.grad is not None and weight.grad.dtype == grad.dtype == x.dtype:
+                weight.grad.addmm_(grad.t(), x)
+            else:
+                _accumulate(weight, grad.t() @ x)
             if bias is not None:
-                _accumulate(bias, grad.flatten(0, -2).sum(0))
-
-
-def _weight_grad(x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    return grad.flatten(0, -2).t() @ x.flatten(0, -2)
+                _accumulate(bias, grad.sum(0))
 
 
 def _accumulate(parameter: torch.Tensor, grad: torch.Tensor) -> None:
