@@ -143,3 +143,21 @@ def test_the_gpu_benchmark_calibrates_on_its_host_unless_told_to_resume(tmp_path
     calibration, job = accuracy._calibrated(accuracy.GPU_TOPOLOGY, path, "auto", resume)
     assert calls == [str(path)] * calibrated
     assert calibration.document["device_types"] and job.topology.devices[0].tensor_block_s
+
+
+def test_host_time_sums_a_trace_per_stage_and_op():
+    """``benchmarks/host_time.py`` adds each op's ``host_s`` and device span per (stage, kind); the
+    committed ZB-H1 run compiled between its linear layers issued 0.137 s of forward on stage 0."""
+    import json
+
+    from benchmarks.host_time import per_op
+
+    root = Path(__file__).resolve().parent.parent
+    results = json.loads((root / "benchmarks" / "results" / "zero_bubble_split_op" / "16d2bdb-between-linears.json")
+                         .read_text())
+    table = per_op(results)
+    trace = results["measured"]["trace"]
+    assert sum(count for _, _, count in table.values()) == len(trace)
+    host, device, count = table[(0, "fwd")]
+    assert count == 8 and round(host, 3) == 0.137 and device > 0
+    assert sum(h for h, _, _ in table.values()) == pytest.approx(sum(op.get("host_s") or 0.0 for op in trace))
