@@ -254,6 +254,7 @@ GPU_CASES = {
     "2x1-mb2-zb-h1": Case(2, 1, "zb-h1", eager=True),
     "2x1-mb2-zb-h1-compiled": Case(2, 1, "zb-h1"),
     "2x1-mb2-1f1b-interleaved-v2": Case(2, 1, "1f1b", overrides={"virtual_stages": 2}),
+    "2x1-mb2-1f1b-interleaved-v4": Case(2, 1, "1f1b", overrides={"virtual_stages": 4}),
     "1x2-mb2-1f1b": Case(1, 2, "1f1b"),  # the topology's training: optimizer state sharded
     "2x1-mb4-1f1b": Case(2, 1, "1f1b", overrides={"micro_batch_size": 4}),
     "1x1-mb2-1f1b": Case(1, 1, "1f1b"),
@@ -273,7 +274,8 @@ GPU_CASES = {
     "1x1-mb2-tensor-2-zb-h1": Case(1, 1, "zb-h1", tensor=(2,)),
 }
 # The 2-stage runs as ``plan launch`` runs each schedule by default (compiled; ZB-H1 with its products split).
-GPU_SCHEDULE_ROWS = ("2x1-mb2-1f1b", "2x1-mb2-gpipe", "2x1-mb2-zb-h1-compiled", "2x1-mb2-1f1b-interleaved-v2")
+GPU_SCHEDULE_ROWS = ("2x1-mb2-1f1b", "2x1-mb2-gpipe", "2x1-mb2-zb-h1-compiled", "2x1-mb2-1f1b-interleaved-v2",
+                     "2x1-mb2-1f1b-interleaved-v4")
 
 GPU4_TOPOLOGY = "topologies/local/h100-x4.yaml"
 GPU4_CASES = {
@@ -297,10 +299,12 @@ GPU4_CASES = {
     "2x1-mb2-tensor-2-compiled": Case(2, 1, "1f1b", tensor=(2,)),
     "1x2-mb4-tensor-2": Case(1, 2, "1f1b", tensor=(2,), overrides={"micro_batch_size": 4}),
     "4x1-mb2-1f1b-interleaved-v2": Case(4, 1, "1f1b", overrides={"virtual_stages": 2}),
+    "4x1-mb2-1f1b-interleaved-v4": Case(4, 1, "1f1b", overrides={"virtual_stages": 4}),
 }
 
 # The 4-stage runs as ``plan launch`` runs each schedule by default (compiled; ZB-H1 with its products split).
-GPU4_SCHEDULE_ROWS = ("4x1-mb2-1f1b", "4x1-mb2-gpipe", "4x1-mb2-zb-h1-compiled", "4x1-mb2-1f1b-interleaved-v2")
+GPU4_SCHEDULE_ROWS = ("4x1-mb2-1f1b", "4x1-mb2-gpipe", "4x1-mb2-zb-h1-compiled", "4x1-mb2-1f1b-interleaved-v2",
+                      "4x1-mb2-1f1b-interleaved-v4")
 
 
 def _calibrated(topology_path: str, path: Path, compile: str, resume: bool = False):

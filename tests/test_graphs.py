@@ -15,6 +15,7 @@ def test_compile_choice_names_the_graphed_stages(choice, backend, expected):
 
 def test_graphs_compile_wherever_they_run():
     assert compiles("graphs", "gloo") and compiles("graphs", "nccl")  # on CPUs compiled, without graphs
+    assert compiles("auto", "nccl") is True and compiles("auto", "gloo") is False  # auto: compiled on GPUs
 
 
 @pytest.mark.parametrize("graphed, degree, zero_bubble, cuda, expected", [

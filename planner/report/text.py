@@ -21,13 +21,13 @@ UNCALIBRATED_ERROR = ("uncalibrated predictions of GPT-3 XL on 2x H100 ran 12% b
                       "calibrated ones within 1.3% there and 0.4-3.5% on 4x H100 (recomputation and tensor groups "
                       "up to 11% below): run 'plan calibrate' on the cluster")
 
-# What a ZB-H1 prediction is worth, from the calibrated GPU runs (benchmarks/results/accuracy_gpu_h200x2.json
-# and accuracy_gpu_h200x2_zb.json, 2x H200; accuracy_gpu4_h200*.json, 4x H200): the runtime's split
-# backward is issued by the host about as fast as the device runs it, so the hosts' speed sets it.
-ZERO_BUBBLE_ERROR = ("ZB-H1 runs at about its host's issue rate: calibrated, the 2-stage GPT-3 XL plan on 2x H200 "
-                     "was predicted within 0.1% (0.2985 s; 1F1B 0.3098 s), but 4 stages on 4x H200 ran 0.375 s "
-                     "(iterations 0.31-0.41 s; 1F1B 0.339 s), predicted 15% low, and one stage on a tensor group of "
-                     "2 (no graphs) 21% low; compare with 1F1B on your cluster")
+# What a ZB-H1 prediction is worth, from the calibrated GPU runs (benchmarks/results/
+# accuracy_gpu_h200x2_traced*.json, 2x H200; accuracy_gpu4_h200_whole.json, 4x H200, run before the
+# split product's forward was traced into the block's graph).
+ZERO_BUBBLE_ERROR = ("calibrated on 2x H200, the 2-stage GPT-3 XL plan was predicted within 2.2% (0.2918 and "
+                     "0.2984 s on two hosts; 1F1B 0.3084 s) and one stage on a tensor group of 2 within 2.5%; "
+                     "4 stages on 4x H200 ran 15% slower than predicted on the runtime before its split product "
+                     "was compiled into the blocks, not yet measured since: compare with 1F1B on your cluster")
 
 
 def _table(header: list, rows: list) -> list:
