@@ -15,6 +15,7 @@ __all__ = [
     "layer_forward_flops",
     "head_forward_flops",
     "layer_weight_gradient_flops",
+    "ZERO_BUBBLE_TRIP_SHARE",
     "training_flops_multiplier",
     "megatron_iteration_flops",
 ]
@@ -96,6 +97,14 @@ def layer_weight_gradient_flops(b: int, s: int, h: int, f: int, *, gated_mlp: bo
     """
     mlp_matrices = 3 if gated_mlp else 2
     return 2.0 * b * s * (4 * h * h + mlp_matrices * h * f)
+
+
+# The least share of a round trip's forward and backward FLOPs that ZB-H1 leaves in the trip (Qi et
+# al. 2024, sec. 3.1: the weight gradients W run apart, the forward F and input gradients B stay):
+# W is at most the forward's FLOPs (``layer_weight_gradient_flops``; the head's dW is one product of
+# its forward's size) and the backward at least twice them (``training_flops_multiplier``), so
+# F + B >= (F + B + W) - F >= 2/3 (F + B + W); 3/4 with recomputation.
+ZERO_BUBBLE_TRIP_SHARE = 2.0 / 3.0
 
 
 def head_forward_flops(b: int, s: int, h: int, v: int) -> float:

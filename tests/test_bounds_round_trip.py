@@ -56,15 +56,17 @@ def test_round_trips_stay_below_random_plans_under_every_schedule():
     assert raised >= 8
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
 def test_two_stages_over_a_slow_line_by_hand(schedule):
     """Two RTX 4090s in two homes on a 0.1 Gbit/s, 40 ms line, GPT-3 XL, 8 sequences of one, one
     replica (no sync). 1F1B: the first stage chains micro-batches 0, 2, 4, 6, four round trips of
     one sequence, each its compute ``c`` and two messages of ``2048 x 2048`` fp16 values (8 MiB,
     0.671 s) and 40 ms: ``4 (c + 2 x 0.671) + 8 x 0.04``, ``c`` the sequence's FLOPs over one 4090
-    (twice the work bound over two, over 8 sequences). GPipe: the 8 activations cross before the 8
-    gradients: ``16 x 0.671 + 2 x 0.04``. The simulated 1 x 2 plan takes at least that and at most
-    15% more."""
+    (twice the work bound over two, over 8 sequences). ZB-H1 the same with ``2/3 c``
+    (``ZERO_BUBBLE_TRIP_SHARE``: the weight gradients leave the trip). GPipe: the 8 activations
+    cross before the 8 gradients: ``16 x 0.671 + 2 x 0.04``. The simulated 1 x 2 plan takes at
+    least that and at most 15% more (ZB-H1 20%: its first stage's backwards stay whole, which the
+    share, the least over every layer split, does not count)."""
     from planner.prediction.predict import predict
     from planner.search.bounds import _pair_bounds_s, work_bound_s
     from planner.search.evaluate import evaluate_placement, make_context
@@ -77,13 +79,14 @@ def test_two_stages_over_a_slow_line_by_hand(schedule):
                                "network": {"region": {"latency": "40ms", "bandwidth": "0.1Gbps"}}}, name="homes")
     message_s = 2048 * 2048 * 2 / (0.1e9 / 8)
     c = 2.0 * work_bound_s(topology, model, training) / 8
-    by_hand = 4 * (c + 2 * message_s) + 8 * 0.040 if schedule == "1f1b" else 16 * message_s + 2 * 0.040
+    trip_c = {"1f1b": c, "zb-h1": 2.0 / 3.0 * c}.get(schedule)
+    by_hand = 4 * (trip_c + 2 * message_s) + 8 * 0.040 if trip_c is not None else 16 * message_s + 2 * 0.040
     bound = _pair_bounds_s(topology, model, training)[2][0]
     assert abs(bound - by_hand) <= 1e-9 * by_hand
     ctx = make_context(topology, model, training)
     candidate = evaluate_placement(ctx, np.arange(2).reshape(1, 2), 1, schedule)
     predicted = predict(candidate_to_plan(ctx, candidate), topology, model, training)[0].iteration_s
-    assert bound <= predicted <= 1.15 * bound
+    assert bound <= predicted <= (1.2 if schedule == "zb-h1" else 1.15) * bound
 
 
 def test_gpipe_counts_only_where_its_activations_fit():

@@ -88,7 +88,7 @@ class TrainingSpec:
     optimizer: str = "adam"
     recompute: bool | str = False  # "auto": the search plans with and without and keeps the faster
     flash_attention: bool = False
-    schedule: str = "auto"  # "auto": the search picks gpipe or 1f1b, its 1f1b finalists scored again as zb-h1
+    schedule: str = "auto"  # "auto": the search picks gpipe or 1f1b; "zb-h1" only by name
     # ZeRO stage 1 over each stage's replicas: "auto" (and True) shard wherever a stage has two or
     # more replicas (same bytes on the wire as an all-reduce, less memory, a shorter step); False never.
     shard_optimizer: bool | str = "auto"

@@ -8,6 +8,7 @@ import numpy as np
 
 from cost_models.compression import BLOCK_VALUES, SCALE_BYTES, MessageCompression
 from cost_models.network import Sync
+from cost_models.flops import ZERO_BUBBLE_TRIP_SHARE
 from cost_models.schedule import Schedule
 from planner.plan.sync import syncs_for
 from planner.plan.sync_groups import REPLICA
@@ -461,8 +462,9 @@ def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_b
     least over the schedules ``training`` allows (``schedule_windows``; GPipe only where its
     activations fit, ``gpipe_fits``; and never below ``gpipe_phases_s``, its first boundary's message
     and latency ``phases_boundary_s`` and ``phases_latency_s``, ``boundary_s`` and ``latency_s``
-    unless given; ``fits``: ``gpipe_fits``'s answer where the caller has it). ZB-H1's chain runs only
-    the input gradients' share of the backwards, so it counts no compute. Given ``cells_work_s``
+    unless given; ``fits``: ``gpipe_fits``'s answer where the caller has it). ZB-H1's chain runs the
+    forwards and the input gradients' share of the backwards (``ZERO_BUBBLE_TRIP_SHARE`` of the
+    compute at least). Given ``cells_work_s``
     (the work over the cells' speed), GPipe (one chunk a device) is never below ``gpipe_idle_s``
     either, whose crossings every replica pays: the boundary prices given here must hold for every
     replica."""
@@ -471,7 +473,7 @@ def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_b
     least = [np.full(np.shape(busiest), np.inf) for _ in crossing_sets]
     one_chunk = training.virtual_stages != "auto" and training.fixed_virtual_stages == 1
     for schedule, window in schedule_windows(training, stages).items():
-        compute_s = 0.0 if schedule == Schedule.ZERO_BUBBLE else sequence_s
+        compute_s = sequence_s * (ZERO_BUBBLE_TRIP_SHARE if schedule == Schedule.ZERO_BUBBLE else 1.0)
         floor = last_sync_s(stages=stages, busiest=busiest, window=window, micro_batch=micro_batch,
                             sequence_s=compute_s, boundary_s=boundary_s, latency_s=latency_s,
                             deepest_sync_s=deepest_sync_s)
@@ -509,8 +511,9 @@ def work_flops(topology, model, training) -> float:
 
 def _least_block_slowdown(topology, training) -> float:
     """The smallest ``Device.block_slowdown`` of the topology under ``training``'s recomputation and
-    schedule (ZB-H1's split backward where it is the schedule asked for)."""
-    return float(topology.block_slowdowns(training.recompute, training.schedule == Schedule.ZERO_BUBBLE).min())
+    the schedules a plan may run (ZB-H1's split backward where it is one of them)."""
+    return min(float(topology.block_slowdowns(training.recompute, split).min())
+               for split in {schedule == Schedule.ZERO_BUBBLE for schedule in training.schedules})
 
 
 def _most_tensor_devices(topology, model, training) -> int:

@@ -54,7 +54,6 @@ from planner.search.no_plan import (BudgetKnob, OutOfBudget, network_error, no_d
                                     out_of_budget_error, stage_memory_floor, too_few_micro_batches_error,
                                     too_large_error)
 from planner.search.refine import REFINE_EVALUATIONS, refine_split
-from planner.search.zero_bubble import zero_bubble_variants
 
 __all__ = ["SearchOptions", "SearchResult", "search"]
 
@@ -720,7 +719,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         work_s += predicted_s
         return prediction
 
-    choices, interleaved = virtual_stage_choices(training), set()  # the v tried, and (candidate, v, schedule) simulated
+    choices, interleaved = virtual_stage_choices(training), set()  # the v tried, and (candidate, v) simulated
     estimated = None  # the first finalist at its estimate, where the clock cut its simulation
     simulated_splits = []  # (simulated seconds, order, candidate) of each candidate simulated at one chunk, fitting
     simulated_keys = set()  # the candidates simulated (``Candidate.key``)
@@ -738,11 +737,9 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         # Interleaved 1F1B: the candidate's variants with v > 1 chunks per device, simulated too
         # (planner.search.interleave); with virtual_stages fixed above 1 only they may win.
         variants = [(candidate.score_s, plain)] if 1 in choices else []
-        # ZB-H1 under ``schedule: auto``: the same split with the backward split (planner.search.zero_bubble).
-        variants += [(e, p) for e, p in (interleaved_variants(ctx, candidate, plain, choices)
-                                         + zero_bubble_variants(ctx, candidate, plain, choices))
-                     if (candidate.key(), p.virtual_stages, p.schedule) not in interleaved]
-        interleaved.update((candidate.key(), p.virtual_stages, p.schedule) for _, p in variants)
+        variants += [(e, p) for e, p in interleaved_variants(ctx, candidate, plain, choices)
+                     if (candidate.key(), p.virtual_stages) not in interleaved]
+        interleaved.update((candidate.key(), p.virtual_stages) for _, p in variants)
         for estimate, plan in variants:
             if plan is not plain and not more(simulating=True, reserve_s=sync_reserve_s):
                 break
@@ -753,8 +750,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
                 break
             finalists.append({"stages": plan.stages, "replicas": plan.replicas, "estimate_s": float(estimate),
                               "simulated_s": float(prediction.iteration_s), "fits": prediction.fits,
-                              **({"virtual_stages": plan.virtual_stages} if plan.virtual_stages > 1 else {}),
-                              **({"schedule": str(plan.schedule)} if plan.schedule != candidate.schedule else {})})
+                              **({"virtual_stages": plan.virtual_stages} if plan.virtual_stages > 1 else {})})
             if prediction.fits and not math.isfinite(prediction.iteration_s):
                 unfinished.append(prediction.iteration_s)
             elif prediction.fits and prediction.iteration_s < best_time:

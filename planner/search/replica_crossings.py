@@ -20,7 +20,7 @@ crossings and the batch split between them:
   under each of these (the plan takes at least the largest):
   - under a chained schedule (1F1B, ZB-H1: window ``w``), its first stage chains ``b / w``
     sequences' round trips at least (``round_trip.round_trip_s`` with ``busiest = b``), each sequence
-    running every stage's forward and backward (no compute under ZB-H1), crossing ``2 (S - 1)``
+    running every stage's forward and backward (``ZERO_BUBBLE_TRIP_SHARE`` of them under ZB-H1), crossing ``2 (S - 1)``
     boundaries at the fastest link and, ``c`` of them each way, paying a crossing's extra
     (``round_trip.crossing_extra_s``; per trip, its latencies, at least ``b / (m w)`` trips of ``m``
     sequences at most); then the first stage syncs (after every replica's last backward there), and
@@ -73,6 +73,7 @@ import math
 
 import numpy as np
 
+from cost_models.flops import ZERO_BUBBLE_TRIP_SHARE
 from cost_models.schedule import Schedule
 from planner.plan.tensor import TENSOR_DEGREES
 from planner.search.cell_gains import grouped_sequences_per_s, least_chained_time_s
@@ -298,7 +299,7 @@ def replica_crossings_s(level, training, *, stages: int, replicas: np.ndarray, b
         window = windows[schedule]
         bound = np.zeros(D.shape)
         if math.isfinite(window):
-            bound = chain_s(window, 0.0 if schedule == Schedule.ZERO_BUBBLE else sequence_s)
+            bound = chain_s(window, sequence_s * (ZERO_BUBBLE_TRIP_SHARE if schedule == Schedule.ZERO_BUBBLE else 1.0))
         if schedule == Schedule.GPIPE:  # it only matters below the other schedules' least, where it fits
             if not np.any(gpipe_fits):
                 continue

@@ -16,14 +16,14 @@ one after the other, and a stage's sync starts after the stage's last op of ever
   on the last stage) on one cell no faster than the fastest, and then syncs ``l_k`` blocks'
   gradients (and the embeddings on the first stage, the head on the last): ``T_k + busiest (l_k w +
   [k = S-1] h) + y(l_k)``;
-- *chain* (1F1B, and ZB-H1 without compute): stage ``k`` runs ``S - k - 1`` warm-up forwards, then
+- *chain* (1F1B, and ZB-H1 without its weight gradients): stage ``k`` runs ``S - k - 1`` warm-up forwards, then
   one forward and one backward (``cost_models.schedule.stage_ops``), so its forward of micro-batch
   ``i + S - k`` follows its backward of micro-batch ``i``, which follows that micro-batch's trip
   through the ``S - k - 1`` stages downstream and back: ``round_trip.round_trip_s``'s chain over the
   ``S - k`` stages from ``k``, window ``min(S - k, K)`` (``K``: an accumulation round's
   micro-batches), each sequence's trip running ``L - P_k`` blocks and the head; then ``y(l_k)``.
   ZB-H1 keeps that order for its forwards and input gradients (``_zero_bubble_round``) and counts
-  no compute, as ``round_trip`` does;
+  ``cost_models.flops.ZERO_BUBBLE_TRIP_SHARE`` of the compute, as ``round_trip`` does;
 - *GPipe* (where its activations fit): stage ``k`` runs every forward before any backward, and its
   first backward waits for the last forward's micro-batch to reach the last stage and the first
   one's gradient to come back, through ``2 (S - 1 - k)`` messages and a forward and a backward of
@@ -45,6 +45,7 @@ import math
 
 import numpy as np
 
+from cost_models.flops import ZERO_BUBBLE_TRIP_SHARE
 from cost_models.schedule import Schedule
 
 __all__ = ["stage_chains_s", "placed_stage_chains_s", "clustered_stage_chains_s", "pure_groups_s", "pure_groups_fill_both",
@@ -168,7 +169,8 @@ def _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round
                 trips = np.maximum(1.0, np.ceil(np.ceil(busiest / most) / window))
                 if fixed:
                     carried = np.maximum(carried, np.ceil(np.ceil(busiest / micro_batch) / window) * micro_batch)
-                compute = 0.0 if kind == Schedule.ZERO_BUBBLE else (layers - upstream) * layer_s + head_s
+                compute = ((layers - upstream) * layer_s + head_s) * (ZERO_BUBBLE_TRIP_SHARE if kind == Schedule.ZERO_BUBBLE
+                                                                      else 1.0)
                 terms.append((base + carried * (compute + 2 * hops * boundary_s + extra_sequence)
                               + trips * (2 * hops * latency_s + extra_trip), block_sync))
             if kind == "gpipe" and hops > 0:
