@@ -152,3 +152,40 @@ def test_a_shape_the_pins_leave_out_is_blamed_on_the_pin_not_the_budget(capsys):
     helps = [line for line in capsys.readouterr().out.splitlines() if "would help" in line]
     assert helps and all("(4 stages x 3 replicas)" in line and "--replicas 2 left this shape out" in line
                          and "budget missed it" not in line for line in helps), helps
+
+
+def test_binding_schedule_is_the_same_plan_simulated_under_zb_h1(write_yaml):
+    """A one-chunk 1F1B plan of two stages gets the schedule line: the same placement and splits
+    simulated under ZB-H1, its change exact; where ZB-H1's kept inputs do not fit, the line says
+    which device overflows; a ZB-H1 plan, a one-stage plan and an interleaved one get none."""
+    from planner.plan.plan import interleave_plan
+
+    job = _job(write_yaml, WHY)
+    plan = _plan(job, [["a", "weak"]], bounds=(0, 3, 4))
+    binding = {b.kind: b for b in binding_constraints(plan, job.topology, job.model, job.training)}
+    split = predict(replace(plan, schedule="zb-h1", prediction=None), job.topology, job.model, job.training)[0]
+    expected = (split.iteration_s - plan.prediction.iteration_s) / plan.prediction.iteration_s
+    assert binding["schedule"].change == pytest.approx(expected) and expected < 0
+    assert f"{plan.prediction.iteration_s:.3f} -> {split.iteration_s:.3f} s" in binding["schedule"].text
+    for other in (replace(plan, schedule="zb-h1"), _plan(job, [["a"]]), interleave_plan(plan, 2)):
+        kinds = {b.kind for b in binding_constraints(other.with_prediction(
+            predict(other, job.topology, job.model, job.training)[0]), job.topology, job.model, job.training)}
+        assert "schedule" not in kinds
+    # ZB-H1 keeps each micro-batch's weight-gradient inputs on the second stage: a capacity between
+    # its 1F1B peak and its ZB-H1 peak leaves the line saying so (peaks taken on a small device: a
+    # large one's peak counts a workspace a small one has not).
+    def on_weak(memory_bytes: int):
+        devices = [d if d["name"] != "weak" else {**d, "memory": f"{memory_bytes}B", "memory_reserved": "1B"}
+                   for d in WHY["devices"]]
+        job = _job(write_yaml, {**WHY, "devices": devices})
+        plan = _plan(job, [["a", "weak"]], bounds=(0, 3, 4))
+        return job, plan, predict(replace(plan, schedule="zb-h1", prediction=None), job.topology, job.model,
+                                  job.training)[0]
+
+    _, small, split = on_weak(64 * 10 ** 6)
+    one_f, zb = small.prediction.memory_bytes["weak"], split.memory_bytes["weak"]
+    assert zb > one_f
+    job, plan, split = on_weak(int((one_f + zb) / 2) + 1)
+    assert plan.prediction.fits and not split.fits
+    text = {b.kind: b for b in binding_constraints(plan, job.topology, job.model, job.training)}["schedule"].text
+    assert "would not fit (weak would need" in text

@@ -14,6 +14,8 @@ Idle devices (grouped by type and region, one representative re-evaluated per gr
 What binds (the plan as it is, changed in one place and simulated again, or estimated again):
 - memory: the fullest device, and the estimate with twice its memory;
 - the slowest link the plan uses (a pipeline hop or a ring hop), and the time with 10x its bandwidth;
+- the schedule: a one-chunk 1F1B plan of two stages or more simulated again under ZB-H1 (``schedule:
+  auto`` does not search it: ``cost_models.schedule.AUTO_SCHEDULES``);
 - the bubble and the gradient sync: their share of the critical device's timeline.
 
 A deadline (``time.perf_counter()`` value) caps the work: a simulation starts only while the time
@@ -31,6 +33,7 @@ import numpy as np
 from cost_models.links import LevelMatrix
 from planner.inputs.catalog import AUTO, runs
 from planner.inputs.units import format_bytes
+from cost_models.schedule import Schedule
 from cost_models.simulator import SimulationCut
 from planner.plan.plan import CostModel
 from planner.prediction.predict import predict
@@ -60,7 +63,7 @@ class IdleReason:
 
 @dataclass(frozen=True, kw_only=True)
 class Binding:
-    kind: str  # "memory", "link", "bubble", "gradient sync"
+    kind: str  # "memory", "link", "schedule", "bubble", "gradient sync"
     text: str
     change: float = float("nan")  # relative change of the iteration from the one change (negative: faster)
 
@@ -321,6 +324,8 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
             f"a {_gbit(bandwidth[a, b] * LINK_FACTOR)} link there would "
             f"{'cut' if change < 0 else 'change'} the iteration {100 * abs(change):.1f}% "
             f"({base:.3f} -> {faster:.3f} s)")))
+    if simulated:
+        out += _zero_bubble_binding(plan, topology, model, training, deadline)
     if not simulated:  # no timeline
         out.append(Binding(kind="bubble", text="bubble and gradient sync: not simulated (the plan's time is the "
                                                "search's estimate)"))
@@ -332,6 +337,30 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
                                                                         f"{max(plan.micro_batches)} micro-batches on the "
                                                                         "busiest replica)" if kind == "bubble" else "")))
     return out
+
+
+def _zero_bubble_binding(plan, topology, model, training, deadline: float) -> list:
+    """[Binding] of ``plan`` run under ZB-H1 instead (the same placement and splits), where it runs
+    one-chunk 1F1B over two stages or more and one simulation fits in the time left; else []."""
+    if (plan.schedule != Schedule.ONE_F_ONE_B or plan.stages < 2 or plan.virtual_stages > 1
+            or not _time_for_simulation(plan, deadline)):
+        return []
+    try:
+        split = predict(replace(plan, schedule=Schedule.ZERO_BUBBLE, prediction=None), topology, model, training,
+                        deadline=deadline)[0]
+    except SimulationCut:
+        return []
+    base = plan.prediction.iteration_s
+    if not split.fits:
+        fullest = max(split.memory_bytes, key=lambda d: split.memory_bytes[d] / split.capacity_bytes[d])
+        return [Binding(kind="schedule", text=(
+            f"schedule: under ZB-H1 (--schedule zb-h1) the same plan would not fit ({fullest} would need "
+            f"{format_bytes(split.memory_bytes[fullest])} of {format_bytes(split.capacity_bytes[fullest])})"))]
+    change = (split.iteration_s - base) / base
+    return [Binding(kind="schedule", change=change, text=(
+        f"schedule: under ZB-H1 (--schedule zb-h1, its backward split; auto searches 1F1B and GPipe) the same "
+        f"plan would {'cut' if change < 0 else 'change'} the iteration {100 * abs(change):.1f}% "
+        f"({base:.3f} -> {split.iteration_s:.3f} s)"))]
 
 
 def render_why(plan, topology, model, training, *, dollars=None, budget_s: float = math.inf,
