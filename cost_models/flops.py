@@ -15,7 +15,7 @@ __all__ = [
     "layer_forward_flops",
     "head_forward_flops",
     "layer_weight_gradient_flops",
-    "ZERO_BUBBLE_TRIP_SHARE",
+    "zero_bubble_trip_share",
     "training_flops_multiplier",
     "megatron_iteration_flops",
 ]
@@ -99,12 +99,21 @@ def layer_weight_gradient_flops(b: int, s: int, h: int, f: int, *, gated_mlp: bo
     return 2.0 * b * s * (4 * h * h + mlp_matrices * h * f)
 
 
-# The least share of a round trip's forward and backward FLOPs that ZB-H1 leaves in the trip (Qi et
-# al. 2024, sec. 3.1: the weight gradients W run apart, the forward F and input gradients B stay):
-# W is at most the forward's FLOPs (``layer_weight_gradient_flops``; the head's dW is one product of
-# its forward's size) and the backward at least twice them (``training_flops_multiplier``), so
-# F + B >= (F + B + W) - F >= 2/3 (F + B + W); 3/4 with recomputation.
-ZERO_BUBBLE_TRIP_SHARE = 2.0 / 3.0
+def zero_bubble_trip_share(least_block_slowdown: float) -> float:
+    """The least share of a round trip's forward and backward seconds, priced at the devices' least
+    block slowdown ``k`` (``Device.block_slowdown`` under ZB-H1), that ZB-H1 leaves in the trip (Qi
+    et al. 2024, sec. 3.1: the weight gradients W run apart, the forward F and the input gradients
+    stay): ``min(2/3, 1/2 + 1/(6 k))``.
+
+    W is at most the forward's FLOPs (``layer_weight_gradient_flops``; the head's dW is one product
+    of its forward's size) and the backward at least twice them (``training_flops_multiplier``). The
+    simulator runs a block's forward at its FLOPs and charges the slowdown's extra ``(k - 1)`` times
+    the block's FLOPs to its backward, which the input and weight passes split by FLOPs
+    (``cost_models.simulator.op_compute_s``). Per block of forward F on a device of slowdown
+    ``k' >= k``: without recomputation the trip keeps ``F + (3 k' F - F) / 2 >= (1/2 + 1/(6 k)) 3 k F``,
+    with it ``F + 2 (4 k' F - F) / 3 >= (2/3 + 1/(12 k)) 4 k F``; the head keeps 2/3 of its own.
+    Both are at least ``min(2/3, 1/2 + 1/(6 k))`` (2/3 at ``k <= 1``)."""
+    return min(2.0 / 3.0, 0.5 + 1.0 / (6.0 * least_block_slowdown))
 
 
 def head_forward_flops(b: int, s: int, h: int, v: int) -> float:

@@ -63,7 +63,7 @@ def test_two_stages_over_a_slow_line_by_hand(schedule):
     one sequence, each its compute ``c`` and two messages of ``2048 x 2048`` fp16 values (8 MiB,
     0.671 s) and 40 ms: ``4 (c + 2 x 0.671) + 8 x 0.04``, ``c`` the sequence's FLOPs over one 4090
     (twice the work bound over two, over 8 sequences). ZB-H1 the same with ``2/3 c``
-    (``ZERO_BUBBLE_TRIP_SHARE``: the weight gradients leave the trip). GPipe: the 8 activations
+    (``zero_bubble_trip_share`` at slowdown 1: the weight gradients leave the trip). GPipe: the 8 activations
     cross before the 8 gradients: ``16 x 0.671 + 2 x 0.04``. The simulated 1 x 2 plan takes at
     least that and at most 15% more (ZB-H1 20%: its first stage's backwards stay whole, which the
     share, the least over every layer split, does not count)."""
@@ -262,3 +262,39 @@ def test_fixed_micro_batches_carry_whole_micro_batches_by_hand():
     candidate = evaluate_placement(ctx, np.arange(2).reshape(1, 2), 2, "1f1b")
     predicted = predict(candidate_to_plan(ctx, candidate), topology, model, training)[0].iteration_s
     assert bound <= predicted
+
+
+def test_a_zero_bubble_bound_holds_where_the_split_backward_is_calibrated_slower():
+    """Eight RTX 4090s whose calibrated split backward runs at half the blocks' efficiency (block
+    slowdown 2 under ZB-H1), recomputation off, a 256-token GPT of hidden 4096 over a 1.6 Gbit/s
+    line: the simulator charges the slowdown's extra time to the backward, whose weight pass takes
+    its share of it, so the round trip keeps less than 2/3 of the bound's compute. The bound counts
+    ``zero_bubble_trip_share(2) = 7/12`` and stays below the simulated plan; with 2/3 it did not."""
+    import planner.search.bounds as bounds
+    from cost_models.flops import zero_bubble_trip_share
+    from planner.inputs.model import parse_model
+    from planner.prediction.predict import predict
+    from planner.search.evaluate import evaluate_placement, make_context
+    from planner.search.plans import candidate_to_plan
+
+    assert zero_bubble_trip_share(1.0) == pytest.approx(2 / 3) and zero_bubble_trip_share(0.9) == pytest.approx(2 / 3)
+    assert zero_bubble_trip_share(2.0) == pytest.approx(7 / 12)
+    model = parse_model({"layers": 32, "hidden": 4096, "heads": 32, "sequence": 256, "vocabulary": 512})
+    training = parse_training({"global_batch": 512, "micro_batch_size": 1, "schedule": "zb-h1", "precision": "fp16",
+                               "recompute": False, "sync": "ring"})
+    topology = parse_topology({"devices": [{"name": "home", "count": 8, "type": "RTX-4090", "region": "city"}],
+                               "network": {"region": {"latency": "0.1ms", "bandwidth": "1.6Gbps"}}}, name="homes")
+    topology = replace(topology, devices=tuple(replace(d, split_backward_efficiency=0.5 * d.efficiency)
+                                               for d in topology.devices))
+    assert np.allclose(topology.block_slowdowns(False, True), 2.0)
+    ctx = make_context(topology, model, training)
+    plan = candidate_to_plan(ctx, evaluate_placement(ctx, np.arange(8).reshape(1, 8), 1, "zb-h1"))
+    simulated = predict(plan, topology, model, training)[0].iteration_s
+    assert bounds.lower_bound_s(topology, model, training) <= bounds._pair_bounds_s(topology, model, training)[8][0] \
+        <= simulated
+    original = bounds.zero_bubble_trip_share
+    try:
+        bounds.zero_bubble_trip_share = lambda slowdown: 2 / 3
+        assert bounds._pair_bounds_s(topology, model, training)[8][0] > simulated
+    finally:
+        bounds.zero_bubble_trip_share = original

@@ -8,7 +8,7 @@ import numpy as np
 
 from cost_models.compression import BLOCK_VALUES, SCALE_BYTES, MessageCompression
 from cost_models.network import Sync
-from cost_models.flops import ZERO_BUBBLE_TRIP_SHARE
+from cost_models.flops import zero_bubble_trip_share
 from cost_models.schedule import Schedule
 from planner.plan.sync import syncs_for
 from planner.plan.sync_groups import REPLICA
@@ -237,7 +237,9 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     fewest_stages = max(1, math.ceil(state / float(memory.max())))
     layer_params = per_sequence.layer_params
     # a block's FLOPs as the fastest-counting device counts them (Device.block_slowdown)
-    sequence_layer_flops = per_sequence.layer_flops * _least_block_slowdown(topology, training)
+    least_slowdown = _least_block_slowdown(topology, training)
+    sequence_layer_flops = per_sequence.layer_flops * least_slowdown
+    zero_bubble_share = zero_bubble_trip_share(least_slowdown)  # of a trip's compute that ZB-H1 keeps
     gradient_bytes = _least_sync_bytes_per_param(model, training)
     boundary_bytes = _least_boundary_bytes(per_sequence, training)
     best_out = np.sort(topology.network.fastest_out_bytes_per_s())[::-1]  # each device's fastest outgoing link, best first
@@ -329,7 +331,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                             sequence_s=sequence_s, most_sequences=np.minimum(most_sequences, busiest),
                             micro_batch=training.micro_batch_size or math.inf,
                             first_sync_s=first_params * gradient_bytes * ring, fits=fits,
-                            cells_work_s=compute if spread else None)
+                            cells_work_s=compute if spread else None, zero_bubble_share=zero_bubble_share)
             deepest_sync_s = deepest * layer_params * gradient_bytes * ring
             both = trips(boundary_s=boundary_s, latency_s=latency_s, deepest_sync_s=deepest_sync_s,
                          crossing_sets=[every] + [every + (one,) for one in level_crossings(1)])
@@ -369,7 +371,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                           layer_sync_s=layer_params * gradient_bytes * ring,
                           first_sync_s=two_stages.first_params * gradient_bytes * ring,
                           last_sync_s=two_stages.last_params * gradient_bytes * ring,
-                          gpipe_fits=True if fits is None else fits)
+                          gpipe_fits=True if fits is None else fits, zero_bubble_share=zero_bubble_share)
             crossings.append(partial(stage_chains_s, **chains))
             plain = {k: v for k, v in chains.items() if k not in ("busiest", "gpipe_fits") and not k.endswith("sync_s")}
             crossings += [partial(pattern_chains_s, *link, replicas=replicas,
@@ -410,6 +412,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                for level in levels]
             largest_params = max(params / stages, deepest * layer_params, first_params)
             replica_terms = [partial(replica_crossings_s, level, training, stages=stages, replicas=replicas,
+                                     zero_bubble_share=zero_bubble_share,
                                      batch=batch, devices=n, sequence_s=work / batch / speed[0],
                                      heaviest_s=heaviest / speed[0],
                                      deepest_s=deepest * sequence_layer_flops / speed[0],
@@ -456,15 +459,15 @@ def _nested_pairs(levels) -> list:
 def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_bytes, *, sequence_s, boundary_s,
                    latency_s, most_sequences, micro_batch, first_sync_s, deepest_sync_s,
                    phases_boundary_s=None, phases_latency_s=None, fits=None, crossing_sets=((),),
-                   cells_work_s=None) -> list:
+                   cells_work_s=None, zero_bubble_share: float = 0.0) -> list:
     """(D,) ``round_trip_s`` under the schedule that allows the fewest round trips, one array for each
     of ``crossing_sets`` (what the clusterings add to a trip, ``round_trip.crossing_extra_s``): the
     least over the schedules ``training`` allows (``schedule_windows``; GPipe only where its
     activations fit, ``gpipe_fits``; and never below ``gpipe_phases_s``, its first boundary's message
     and latency ``phases_boundary_s`` and ``phases_latency_s``, ``boundary_s`` and ``latency_s``
     unless given; ``fits``: ``gpipe_fits``'s answer where the caller has it). ZB-H1's chain runs the
-    forwards and the input gradients' share of the backwards (``ZERO_BUBBLE_TRIP_SHARE`` of the
-    compute at least). Given ``cells_work_s``
+    forwards and the input gradients' share of the backwards: ``zero_bubble_share`` of the compute
+    at least (``cost_models.flops.zero_bubble_trip_share``; 0 counts none). Given ``cells_work_s``
     (the work over the cells' speed), GPipe (one chunk a device) is never below ``gpipe_idle_s``
     either, whose crossings every replica pays: the boundary prices given here must hold for every
     replica."""
@@ -473,7 +476,7 @@ def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_b
     least = [np.full(np.shape(busiest), np.inf) for _ in crossing_sets]
     one_chunk = training.virtual_stages != "auto" and training.fixed_virtual_stages == 1
     for schedule, window in schedule_windows(training, stages).items():
-        compute_s = sequence_s * (ZERO_BUBBLE_TRIP_SHARE if schedule == Schedule.ZERO_BUBBLE else 1.0)
+        compute_s = sequence_s * (zero_bubble_share if schedule == Schedule.ZERO_BUBBLE else 1.0)
         floor = last_sync_s(stages=stages, busiest=busiest, window=window, micro_batch=micro_batch,
                             sequence_s=compute_s, boundary_s=boundary_s, latency_s=latency_s,
                             deepest_sync_s=deepest_sync_s)

@@ -20,7 +20,8 @@ crossings and the batch split between them:
   under each of these (the plan takes at least the largest):
   - under a chained schedule (1F1B, ZB-H1: window ``w``), its first stage chains ``b / w``
     sequences' round trips at least (``round_trip.round_trip_s`` with ``busiest = b``), each sequence
-    running every stage's forward and backward (``ZERO_BUBBLE_TRIP_SHARE`` of them under ZB-H1), crossing ``2 (S - 1)``
+    running every stage's forward and backward (``zero_bubble_share`` of them under ZB-H1,
+    ``cost_models.flops.zero_bubble_trip_share``), crossing ``2 (S - 1)``
     boundaries at the fastest link and, ``c`` of them each way, paying a crossing's extra
     (``round_trip.crossing_extra_s``; per trip, its latencies, at least ``b / (m w)`` trips of ``m``
     sequences at most); then the first stage syncs (after every replica's last backward there), and
@@ -73,7 +74,6 @@ import math
 
 import numpy as np
 
-from cost_models.flops import ZERO_BUBBLE_TRIP_SHARE
 from cost_models.schedule import Schedule
 from planner.plan.tensor import TENSOR_DEGREES
 from planner.search.cell_gains import grouped_sequences_per_s, least_chained_time_s
@@ -143,7 +143,7 @@ def replica_crossings_s(level, training, *, stages: int, replicas: np.ndarray, b
                         largest_sync_bytes: float, fast_rate: np.ndarray, ring_only: bool,
                         sharded: bool, floor: np.ndarray | None = None, gpipe_fits=True,
                         spare_gain: float | None = None, ends: tuple | None = None,
-                        last_sync_bytes: float = 0.0) -> np.ndarray:
+                        last_sync_bytes: float = 0.0, zero_bubble_share: float = 0.0) -> np.ndarray:
     """(D,) the bound of the module description on plans of ``stages`` (S >= 2) stages and ``replicas``
     (D = 1 .. len) replicas at ``level`` (a ``cluster_bound.ClusterLevel``; its ``cluster_sizes``) of
     ``devices`` devices.
@@ -299,7 +299,7 @@ def replica_crossings_s(level, training, *, stages: int, replicas: np.ndarray, b
         window = windows[schedule]
         bound = np.zeros(D.shape)
         if math.isfinite(window):
-            bound = chain_s(window, sequence_s * (ZERO_BUBBLE_TRIP_SHARE if schedule == Schedule.ZERO_BUBBLE else 1.0))
+            bound = chain_s(window, sequence_s * (zero_bubble_share if schedule == Schedule.ZERO_BUBBLE else 1.0))
         if schedule == Schedule.GPIPE:  # it only matters below the other schedules' least, where it fits
             if not np.any(gpipe_fits):
                 continue

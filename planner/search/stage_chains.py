@@ -23,7 +23,8 @@ one after the other, and a stage's sync starts after the stage's last op of ever
   ``S - k`` stages from ``k``, window ``min(S - k, K)`` (``K``: an accumulation round's
   micro-batches), each sequence's trip running ``L - P_k`` blocks and the head; then ``y(l_k)``.
   ZB-H1 keeps that order for its forwards and input gradients (``_zero_bubble_round``) and counts
-  ``cost_models.flops.ZERO_BUBBLE_TRIP_SHARE`` of the compute, as ``round_trip`` does;
+  ``zero_bubble_share`` of the compute (``cost_models.flops.zero_bubble_trip_share``; 0 counts none),
+  as ``round_trip`` does;
 - *GPipe* (where its activations fit): stage ``k`` runs every forward before any backward, and its
   first backward waits for the last forward's micro-batch to reach the last stage and the first
   one's gradient to come back, through ``2 (S - 1 - k)`` messages and a forward and a backward of
@@ -45,7 +46,6 @@ import math
 
 import numpy as np
 
-from cost_models.flops import ZERO_BUBBLE_TRIP_SHARE
 from cost_models.schedule import Schedule
 
 __all__ = ["stage_chains_s", "placed_stage_chains_s", "clustered_stage_chains_s", "pure_groups_s", "pure_groups_fill_both",
@@ -59,7 +59,8 @@ def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, 
                    per_round: float, micro_batch: float, layer_s: float, head_s: float, boundary_s: float,
                    latency_s: float, layer_sync_s: np.ndarray, first_sync_s: np.ndarray, last_sync_s: np.ndarray,
                    gpipe_fits=True, crossings: tuple = (0, 0.0, 0.0), odd_sync: tuple | None = None,
-                   odd_wait: tuple | None = None, second_sync: tuple | None = None, seconds: int = 1) -> np.ndarray:
+                   odd_wait: tuple | None = None, second_sync: tuple | None = None, seconds: int = 1,
+                   zero_bubble_share: float = 0.0) -> np.ndarray:
     """(D,) seconds at least of any plan of ``stages`` (S >= 2) stages over ``layers`` blocks whose
     busiest replica runs ``busiest`` sequences (module description): ``layer_s``/``head_s`` one
     sequence's forward and backward of a block / the head on the fastest cell, ``boundary_s`` one
@@ -108,12 +109,13 @@ def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, 
                  for k in range(stages)]
     return _least_schedule_s(stages, layers, np.broadcast_to(busiest, shape), schedules, interleaved, per_round,
                              micro_batch, layer_s, head_s, boundary_s, latency_s, syncs, gpipe_fits,
-                             crossings, waits).min(axis=0)
+                             crossings, waits, zero_bubble_share=zero_bubble_share).min(axis=0)
 
 
 def placed_stage_chains_s(*, syncs: list, downstream: tuple, stages: int, layers: int, busiest: np.ndarray, schedules,
                           interleaved: bool, per_round: float, micro_batch: float, layer_s: float, head_s: float,
-                          boundary_s: float, latency_s: float, gpipe_fits=True) -> np.ndarray:
+                          boundary_s: float, latency_s: float, gpipe_fits=True,
+                          zero_bubble_share: float = 0.0) -> np.ndarray:
     """``stage_chains_s`` of plans whose stages' syncs and crossings are known stage by stage:
     ``syncs[k]`` stage ``k``'s (block, first, last) sync seconds, ``downstream`` ``(per sequence,
     per trip)``, each a list of what the busiest replica's boundaries downstream of stage ``k`` add
@@ -122,11 +124,13 @@ def placed_stage_chains_s(*, syncs: list, downstream: tuple, stages: int, layers
     busiest = np.asarray(busiest, dtype=float)
     syncs = [tuple(np.broadcast_to(y, busiest.shape) for y in stage) for stage in syncs]
     return _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round, micro_batch, layer_s, head_s,
-                             boundary_s, latency_s, syncs, gpipe_fits, (0, 0.0, 0.0), downstream=downstream)
+                             boundary_s, latency_s, syncs, gpipe_fits, (0, 0.0, 0.0), downstream=downstream,
+                             zero_bubble_share=zero_bubble_share)
 
 
 def _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round, micro_batch, layer_s, head_s,
-                      boundary_s, latency_s, syncs, gpipe_fits, crossings, waits=None, downstream=None) -> np.ndarray:
+                      boundary_s, latency_s, syncs, gpipe_fits, crossings, waits=None, downstream=None,
+                      zero_bubble_share: float = 0.0) -> np.ndarray:
     """``stage_chains_s`` with stage ``k``'s syncs ``syncs[k]`` (block, first, last), (D,) each, and
     (``waits``) its sync starting after ``waits[k]`` seconds at least; ``downstream``: what stage
     ``k``'s chain crosses, ``placed_stage_chains_s``'s, in place of ``crossings``'."""
@@ -169,7 +173,7 @@ def _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round
                 trips = np.maximum(1.0, np.ceil(np.ceil(busiest / most) / window))
                 if fixed:
                     carried = np.maximum(carried, np.ceil(np.ceil(busiest / micro_batch) / window) * micro_batch)
-                compute = ((layers - upstream) * layer_s + head_s) * (ZERO_BUBBLE_TRIP_SHARE if kind == Schedule.ZERO_BUBBLE
+                compute = ((layers - upstream) * layer_s + head_s) * (zero_bubble_share if kind == Schedule.ZERO_BUBBLE
                                                                       else 1.0)
                 terms.append((base + carried * (compute + 2 * hops * boundary_s + extra_sequence)
                               + trips * (2 * hops * latency_s + extra_trip), block_sync))
