@@ -166,7 +166,7 @@ def test_binding_schedule_is_the_same_plan_simulated_under_zb_h1(write_yaml):
     split = predict(replace(plan, schedule="zb-h1", prediction=None), job.topology, job.model, job.training)[0]
     expected = (split.iteration_s - plan.prediction.iteration_s) / plan.prediction.iteration_s
     assert binding["schedule"].change == pytest.approx(expected) and expected < 0
-    assert f"{plan.prediction.iteration_s:.3f} -> {split.iteration_s:.3f} s" in binding["schedule"].text
+    assert f"{plan.prediction.iteration_s:.4g} -> {split.iteration_s:.4g} s" in binding["schedule"].text
     for other in (replace(plan, schedule="zb-h1"), _plan(job, [["a"]]), interleave_plan(plan, 2)):
         kinds = {b.kind for b in binding_constraints(other.with_prediction(
             predict(other, job.topology, job.model, job.training)[0]), job.topology, job.model, job.training)}
@@ -189,3 +189,16 @@ def test_binding_schedule_is_the_same_plan_simulated_under_zb_h1(write_yaml):
     assert plan.prediction.fits and not split.fits
     text = {b.kind: b for b in binding_constraints(plan, job.topology, job.model, job.training)}["schedule"].text
     assert "would not fit (weak would need" in text
+
+
+def test_binding_schedule_says_when_the_report_ran_out_of_time(write_yaml):
+    """With the deadline passed, the schedule line says ZB-H1 was not re-evaluated, as the link
+    line does, instead of leaving it out."""
+    import time
+
+    job = _job(write_yaml, WHY)
+    plan = _plan(job, [["a", "weak"]], bounds=(0, 3, 4))
+    binding = {b.kind: b for b in binding_constraints(plan, job.topology, job.model, job.training,
+                                                      deadline=time.perf_counter() - 1.0)}
+    assert binding["schedule"].text.startswith("schedule: ZB-H1 not re-evaluated (the report's time ran out")
+    assert "not re-evaluated" in binding["link"].text

@@ -132,10 +132,16 @@ def _slowest_link_from(device: int, used: np.ndarray, topology) -> str:
             f"(region {peer.region})")
 
 
-def _time_for_simulation(plan, deadline: float) -> bool:
+def _time_for_simulation(plan, deadline: float, ops: float = 1.0) -> bool:
     """Whether one simulation of ``plan`` (as long as the search's longest, and as its size
-    predicts) ends before ``deadline``."""
-    return time.perf_counter() + max(plan.search.get("simulation_wall_s", 0.0), plan_simulation_s(plan)) <= deadline
+    predicts; ``ops`` times that for a variant with that many times its ops) ends before ``deadline``."""
+    return time.perf_counter() + ops * max(plan.search.get("simulation_wall_s", 0.0),
+                                           plan_simulation_s(plan)) <= deadline
+
+
+def _seconds(value: float) -> str:
+    """An iteration time in seconds to four significant digits (a 10 ms plan keeps its change)."""
+    return f"{value:.4g}"
 
 
 def idle_reasons(plan, topology, model, training, *, dollars=None, deadline: float = math.inf,
@@ -323,7 +329,7 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
             f"{'host ' + da.host if da.host == db.host else 'region ' + da.region if da.region == db.region else da.region + ' -> ' + db.region}); "
             f"a {_gbit(bandwidth[a, b] * LINK_FACTOR)} link there would "
             f"{'cut' if change < 0 else 'change'} the iteration {100 * abs(change):.1f}% "
-            f"({base:.3f} -> {faster:.3f} s)")))
+            f"({_seconds(base)} -> {_seconds(faster)} s)")))
     if simulated:
         out += _zero_bubble_binding(plan, topology, model, training, deadline)
     if not simulated:  # no timeline
@@ -339,28 +345,35 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
     return out
 
 
+ZERO_BUBBLE_OPS = 1.5  # a ZB-H1 plan's ops against 1F1B's: F, B and W a micro-batch on every stage but the first
+
+
 def _zero_bubble_binding(plan, topology, model, training, deadline: float) -> list:
     """[Binding] of ``plan`` run under ZB-H1 instead (the same placement and splits), where it runs
-    one-chunk 1F1B over two stages or more and one simulation fits in the time left; else []."""
-    if (plan.schedule != Schedule.ONE_F_ONE_B or plan.stages < 2 or plan.virtual_stages > 1
-            or not _time_for_simulation(plan, deadline)):
+    one-chunk 1F1B over two stages or more (else []); where no simulation of it fits in the time
+    left, a line that says so."""
+    if plan.schedule != Schedule.ONE_F_ONE_B or plan.stages < 2 or plan.virtual_stages > 1:
         return []
+    late = [Binding(kind="schedule", text="schedule: ZB-H1 not re-evaluated (the report's time ran out: a longer "
+                                          "--time-limit gives it more)")]
+    if not _time_for_simulation(plan, deadline, ZERO_BUBBLE_OPS):
+        return late
     try:
         split = predict(replace(plan, schedule=Schedule.ZERO_BUBBLE, prediction=None), topology, model, training,
                         deadline=deadline)[0]
     except SimulationCut:
-        return []
+        return late
     base = plan.prediction.iteration_s
+    asked = "--schedule zb-h1, its backward split, which schedule: auto does not search"
     if not split.fits:
         fullest = max(split.memory_bytes, key=lambda d: split.memory_bytes[d] / split.capacity_bytes[d])
         return [Binding(kind="schedule", text=(
-            f"schedule: under ZB-H1 (--schedule zb-h1) the same plan would not fit ({fullest} would need "
+            f"schedule: under ZB-H1 ({asked}) the same plan would not fit ({fullest} would need "
             f"{format_bytes(split.memory_bytes[fullest])} of {format_bytes(split.capacity_bytes[fullest])})"))]
     change = (split.iteration_s - base) / base
     return [Binding(kind="schedule", change=change, text=(
-        f"schedule: under ZB-H1 (--schedule zb-h1, its backward split; auto searches 1F1B and GPipe) the same "
-        f"plan would {'cut' if change < 0 else 'change'} the iteration {100 * abs(change):.1f}% "
-        f"({base:.3f} -> {split.iteration_s:.3f} s)"))]
+        f"schedule: under ZB-H1 ({asked}) the same plan would {'cut' if change < 0 else 'lengthen'} the "
+        f"iteration {100 * abs(change):.1f}% ({_seconds(base)} -> {_seconds(split.iteration_s)} s)"))]
 
 
 def render_why(plan, topology, model, training, *, dollars=None, budget_s: float = math.inf,
