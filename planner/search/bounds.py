@@ -1,6 +1,7 @@
 """Lower bounds on the iteration time of any plan, so every heuristic answer reports a gap."""
 
 import math
+from dataclasses import replace
 from collections import Counter
 from functools import lru_cache, partial
 
@@ -40,8 +41,28 @@ _END_GROUPS_DEVICES = 256
 
 def work_bound_s(topology, model, training) -> float:
     """Work bound: the iteration's training FLOPs spread perfectly over every device at its
-    calibrated speed, with free communication: ``W / sum_d speed_d``."""
+    calibrated speed (``_as_fast_as_groups``), with free communication: ``W / sum_d speed_d``."""
+    topology = _as_fast_as_groups(topology, model, training)
     return float(work_flops(topology, model, training) / np.sum(topology.effective_flops(training.precision)))
+
+
+def _as_fast_as_groups(topology, model, training):
+    """``topology``, or where a calibration timed a tensor group of ``t`` faster than ``t`` times one
+    member's speed (``_timed_speedups`` above ``t``: a table below the modelled compute), the same
+    devices with every efficiency ``f`` times theirs, ``f`` the most a timed group exceeds its
+    degree by: the bound's terms take a device's FLOP/s as the most it computes, alone or in a
+    group, and the timed speed-ups over the faster members come out ``f`` times smaller, the ratios
+    between a device's efficiencies (its slowdowns) unchanged."""
+    per_sequence = layer_costs(model, training, 1, 1)
+    timed = _timed_speedups(topology, per_sequence, topology.effective_flops(training.precision))
+    factor = max([1.0] + [speedup / t for t, speedup in timed.items()])
+    if factor <= 1.0:
+        return topology
+    faster = lambda value: value * factor if value else value  # 0: "as the blocks", kept
+    return replace(topology, devices=tuple(
+        replace(d, efficiency=d.efficiency * factor, head_efficiency=faster(d.head_efficiency),
+                recompute_efficiency=faster(d.recompute_efficiency),
+                split_backward_efficiency=faster(d.split_backward_efficiency)) for d in topology.devices))
 
 
 def lower_bound_s(topology, model, training) -> float:
@@ -221,6 +242,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     ``deferred``, the slow crossings' terms are left out of the bounds and put there instead, as
     ``{S: [callables giving (D,) seconds]}``. Without ``spread``, GPipe's idle and the stage
     groups' spread are left out (``pair_bounds_s``)."""
+    topology = _as_fast_as_groups(topology, model, training)
     work = work_flops(topology, model, training)
     flops = topology.effective_flops(training.precision)
     speed = np.sort(flops)[::-1]
