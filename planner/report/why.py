@@ -33,7 +33,7 @@ import numpy as np
 from cost_models.links import LevelMatrix
 from planner.inputs.catalog import AUTO, runs
 from planner.inputs.units import format_bytes
-from cost_models.schedule import Schedule
+from cost_models.schedule import Schedule, stage_ops
 from cost_models.simulator import SimulationCut
 from planner.plan.plan import CostModel
 from planner.prediction.predict import predict
@@ -330,12 +330,11 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
             f"a {_gbit(bandwidth[a, b] * LINK_FACTOR)} link there would "
             f"{'cut' if change < 0 else 'change'} the iteration {100 * abs(change):.1f}% "
             f"({_seconds(base)} -> {_seconds(faster)} s)")))
-    if simulated:
-        out += _zero_bubble_binding(plan, topology, model, training, deadline)
     if not simulated:  # no timeline
         out.append(Binding(kind="bubble", text="bubble and gradient sync: not simulated (the plan's time is the "
                                                "search's estimate)"))
         return out
+    out += _zero_bubble_binding(plan, topology, model, training, deadline)
     for key, kind in (("bubble_s", "bubble"), ("gradient_sync_s", "gradient sync")):
         share = p.breakdown_s.get(key, 0.0) / base
         out.append(Binding(kind=kind, change=share, text=f"{kind}: {100 * share:.1f}% of the critical device's "
@@ -345,7 +344,12 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
     return out
 
 
-ZERO_BUBBLE_OPS = 1.5  # a ZB-H1 plan's ops against 1F1B's: F, B and W a micro-batch on every stage but the first
+def _ops_ratio(plan, schedule) -> float:
+    """How many times ``plan``'s ops under ``schedule`` its own schedule's are (``stage_ops`` of its
+    busiest replica): a simulation's time goes with its ops."""
+    count = lambda kind: sum(len(stage_ops(kind, s, plan.stages, max(plan.micro_batches), plan.micro_batches_per_round))
+                             for s in range(plan.stages))
+    return count(schedule) / count(plan.schedule)
 
 
 def _zero_bubble_binding(plan, topology, model, training, deadline: float) -> list:
@@ -356,7 +360,7 @@ def _zero_bubble_binding(plan, topology, model, training, deadline: float) -> li
         return []
     late = [Binding(kind="schedule", text="schedule: ZB-H1 not re-evaluated (the report's time ran out: a longer "
                                           "--time-limit gives it more)")]
-    if not _time_for_simulation(plan, deadline, ZERO_BUBBLE_OPS):
+    if not _time_for_simulation(plan, deadline, _ops_ratio(plan, Schedule.ZERO_BUBBLE)):
         return late
     try:
         split = predict(replace(plan, schedule=Schedule.ZERO_BUBBLE, prediction=None), topology, model, training,

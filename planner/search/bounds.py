@@ -536,9 +536,8 @@ def work_flops(topology, model, training) -> float:
 
 def _least_block_slowdown(topology, training) -> float:
     """The smallest ``Device.block_slowdown`` of the topology under ``training``'s recomputation and
-    the schedules a plan may run (ZB-H1's split backward where it is one of them)."""
-    return min(float(topology.block_slowdowns(training.recompute, split).min())
-               for split in {schedule == Schedule.ZERO_BUBBLE for schedule in training.schedules})
+    schedule (ZB-H1's split backward where it is the schedule asked for)."""
+    return float(topology.block_slowdowns(training.recompute, training.schedule == Schedule.ZERO_BUBBLE).min())
 
 
 def _most_tensor_devices(topology, model, training) -> int:
