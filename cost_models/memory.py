@@ -4,7 +4,7 @@ import functools
 
 import numpy as np
 
-from cost_models.schedule import Schedule, interleaved_warmup, round_sizes, stage_ops
+from cost_models.schedule import Schedule, interleaved_warmup, one_f_one_b_warmup, round_sizes, stage_ops
 
 __all__ = [
     "state_bytes_per_parameter",
@@ -122,13 +122,14 @@ def final_norm_bytes(s: int, b: int, h: int, positions: int, dtype_bytes: int = 
 
 
 def peak_in_flight(schedule: str, stage, stages: int, micro_batches, per_round: int = 0, virtual_stages: int = 1,
-                   chunk_layers: tuple = ()):
+                   chunk_layers: tuple = (), warmup_depth: int = 1):
     """Micro-batches' activations that stage ``stage`` (0-based) of ``stages`` keeps at its peak, the
     most of any accumulation round (``cost_models.schedule.round_sizes``): a micro-batch's are kept
     from its forward to its backward, under ZB-H1 to its weight gradient.
 
     GPipe keeps a round's ``m`` (Huang et al. 2019); 1F1B ``min(S - i, m)`` (Narayanan et al. 2021,
-    PipeDream-Flush, sec. 2.2); ZB-H1 ``min(S, m)`` on every stage (Qi et al. 2024, sec. 3.1: the
+    PipeDream-Flush, sec. 2.2), with warm-up depth k ``min(k (S - i - 1) + 1, m)`` (its ``w`` warm-up
+    forwards and the steady step's, ``cost_models.schedule.one_f_one_b_warmup``); ZB-H1 ``min(S, m)`` on every stage (Qi et al. 2024, sec. 3.1: the
     peak of 1F1B's first stage; stage i defers i weight gradients); interleaved 1F1B (``virtual_stages``
     v > 1) ``w + 1`` chunk forwards of a round of ``m v`` with ``w`` warm-up ones
     (``cost_models.schedule.interleaved_warmup``; all ``m v`` when every forward is warm-up), each
@@ -138,11 +139,11 @@ def peak_in_flight(schedule: str, stage, stages: int, micro_batches, per_round: 
     chunks hold the most blocks, counted as ``sum_c n_c f_c / sum_c n_c`` micro-batches (the warm-up
     runs chunk 0 first: the larger first chunk is in flight more often). Vectorised over numpy
     arrays of stages and micro-batch counts."""
-    return _peak(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers)[0]
+    return _peak(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers, warmup_depth)[0]
 
 
 def held_messages(schedule: str, stage, stages: int, micro_batches, per_round: int = 0, virtual_stages: int = 1,
-                  chunk_layers: tuple = ()) -> tuple:
+                  chunk_layers: tuple = (), warmup_depth: int = 1) -> tuple:
     """(outputs, gradients): the pipeline messages stage ``stage`` has sent and still holds at its
     peak. The runtime keeps every tensor it hands to a send until the iteration's ``sync`` op waits
     on them (``planner.runtime.engine.StageExecutor.iteration``'s pending sends), so a stage holds
@@ -161,24 +162,25 @@ def held_messages(schedule: str, stage, stages: int, micro_batches, per_round: i
     1``, at most ``m``, where the peak is reached only when the drain begins, ``k <= i``); interleaved
     1F1B's last steady forward follows all ``m v`` chunk forwards and ``m v - w - 1`` chunk backwards.
     The last piece sends no output, the first no gradient. Vectorised like ``peak_in_flight``."""
-    return _peak(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers)[1:3]
+    return _peak(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers, warmup_depth)[1:3]
 
 
 def stage_peak(schedule: str, stage, stages: int, micro_batches, per_round: int = 0, virtual_stages: int = 1,
-               chunk_layers: tuple = ()) -> tuple:
+               chunk_layers: tuple = (), warmup_depth: int = 1) -> tuple:
     """(``peak_in_flight``, *``held_messages``) in one pass: in-flight micro-batches, outputs and
     gradients held, for the search's tables."""
-    return _peak(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers)
+    return _peak(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers, warmup_depth)
 
 
 def head_in_flight(schedule: str, stage, stages: int, micro_batches, per_round: int = 0,
-                   virtual_stages: int = 1, chunk_layers: tuple = ()):
+                   virtual_stages: int = 1, chunk_layers: tuple = (), warmup_depth: int = 1):
     """Micro-batches whose last-chunk activations stage ``stage`` keeps at the op of
     ``held_messages``: on the last stage, those whose logits and final norm (``logits_bytes``,
     ``final_norm_bytes``) are kept, which under interleaved 1F1B are only its last chunk's (the
     model's last piece, whose forward its backward soon follows), not ``peak_in_flight``'s."""
     if virtual_stages == 1:  # one chunk: all its in-flight micro-batches
-        return peak_in_flight(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers)
+        return peak_in_flight(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers,
+                              warmup_depth)
     walk = np.vectorize(lambda i, m: _walk(str(schedule), int(i), int(stages), int(m), int(per_round),
                                            int(virtual_stages), tuple(int(n) for n in chunk_layers))[3],
                         otypes=[float])
@@ -193,7 +195,7 @@ def one_f_one_b_held(stage, stages: int, micro_batches, in_flight) -> tuple:
     return micro_batches * (stage < stages - 1), (micro_batches - in_flight) * (stage > 0)
 
 
-def _peak(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers) -> tuple:
+def _peak(schedule, stage, stages, micro_batches, per_round, virtual_stages, chunk_layers, warmup_depth=1) -> tuple:
     """(in flight, outputs held, gradients held): in closed form (``_rounds_peak``) unless the chunks
     hold unequal layers, which are walked."""
     chunks = tuple(int(n) for n in chunk_layers)
@@ -201,10 +203,12 @@ def _peak(schedule, stage, stages, micro_batches, per_round, virtual_stages, chu
         walk = np.vectorize(lambda i, m: _walk(str(schedule), int(i), int(stages), int(m), int(per_round),
                                                int(virtual_stages), chunks)[:3], otypes=[float, float, float])
         return walk(stage, micro_batches)
-    return _rounds_peak(str(schedule), stage, int(stages), micro_batches, int(per_round), int(virtual_stages))
+    return _rounds_peak(str(schedule), stage, int(stages), micro_batches, int(per_round), int(virtual_stages),
+                        int(warmup_depth))
 
 
-def _rounds_peak(schedule: str, stage, stages: int, micro_batches, per_round: int, chunks: int) -> tuple:
+def _rounds_peak(schedule: str, stage, stages: int, micro_batches, per_round: int, chunks: int,
+                 depth: int = 1) -> tuple:
     """``_walk``'s (in flight, outputs, gradients) in closed form: the rounds are ``full`` of
     ``per_round`` and a ``rest`` (``round_sizes``); the in-flight peak is the larger of the two kinds'
     (``_round_peak``), and the messages are all of the rounds before the last (each micro-batch's
@@ -214,20 +218,20 @@ def _rounds_peak(schedule: str, stage, stages: int, micro_batches, per_round: in
     M = np.asarray(micro_batches, dtype=np.int64)
     shape = np.broadcast_shapes(i.shape, M.shape)  # GPipe's in-flight count, say, does not depend on the stage
     if per_round <= 0:  # one round
-        return tuple(np.broadcast_to(n, shape).astype(float) for n in _round_peak(schedule, i, stages, M, chunks))
+        return tuple(np.broadcast_to(n, shape).astype(float) for n in _round_peak(schedule, i, stages, M, chunks, depth))
     size = np.where((per_round > 0) & (per_round < M), per_round, M)
     rest = M % size
     last = np.where(rest > 0, rest, size)
-    f_full = _round_peak(schedule, i, stages, size, chunks)[0]
-    f_rest = np.where(rest > 0, _round_peak(schedule, i, stages, np.maximum(rest, 1), chunks)[0], 0.0)
-    _, outputs, gradients = _round_peak(schedule, i, stages, last, chunks)
+    f_full = _round_peak(schedule, i, stages, size, chunks, depth)[0]
+    f_rest = np.where(rest > 0, _round_peak(schedule, i, stages, np.maximum(rest, 1), chunks, depth)[0], 0.0)
+    _, outputs, gradients = _round_peak(schedule, i, stages, last, chunks, depth)
     before = M - last
     outputs = before * (chunks - (i == stages - 1)) + outputs
     gradients = before * (chunks - (i == 0)) + gradients
     return tuple(np.broadcast_to(n, shape).astype(float) for n in (np.maximum(f_full, f_rest), outputs, gradients))
 
 
-def _round_peak(schedule: str, i, S: int, m, v: int) -> tuple:
+def _round_peak(schedule: str, i, S: int, m, v: int, depth: int = 1) -> tuple:
     """(in flight, outputs sent, gradients sent) at the last op of one round of ``m`` micro-batches
     where its in-flight activations peak (``held_messages`` gives each schedule's count)."""
     sends_down = i < S - 1
@@ -242,7 +246,7 @@ def _round_peak(schedule: str, i, S: int, m, v: int) -> tuple:
     if schedule == Schedule.GPIPE:
         return m, m * sends_down, 0 * m
     if schedule == Schedule.ONE_F_ONE_B:
-        f = np.minimum(S - i, m)
+        f = np.minimum(one_f_one_b_warmup(i, S, m, depth) + 1, m)
         return (f, *one_f_one_b_held(i, S, m, f))
     if schedule == Schedule.ZERO_BUBBLE:
         k = m - np.minimum(S - i - 1, m)  # steady steps: forward, input gradient, a weight gradient after the i-th
@@ -253,7 +257,7 @@ def _round_peak(schedule: str, i, S: int, m, v: int) -> tuple:
 
 @functools.lru_cache(maxsize=4096)
 def _walk(schedule: str, stage: int, stages: int, micro_batches: int, per_round: int, virtual_stages: int,
-          chunk_layers: tuple) -> tuple:
+          chunk_layers: tuple, warmup_depth: int = 1) -> tuple:
     """(in-flight micro-batches, outputs held, gradients held, last chunk's in-flight micro-batches)
     on the op list: the in-flight peak of any op, weighted by ``chunk_layers`` (equal without), and
     the rest at the first op of the last round where the kept blocks plus the messages sent are the
@@ -269,7 +273,8 @@ def _walk(schedule: str, stage: int, stages: int, micro_batches: int, per_round:
     in_flight, peak, most = [0] * virtual_stages, -1, -1
     outputs = gradients = 0
     at_most = (0, 0, 0)
-    for kind, mb, chunk in stage_ops(Schedule(schedule), stage, stages, micro_batches, per_round, virtual_stages):
+    for kind, mb, chunk in stage_ops(Schedule(schedule), stage, stages, micro_batches, per_round, virtual_stages,
+                                     warmup_depth):
         if kind == "fwd":
             in_flight[chunk] += 1
         elif kind == frees:

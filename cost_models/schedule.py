@@ -18,8 +18,8 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["Schedule", "Op", "stage_ops", "round_sizes", "piece_of", "peer_stage", "interleaving_problem",
-           "interleaved_warmup", "OP_KINDS",
-           "COMPUTE_KINDS", "AUTO_SCHEDULES"]
+           "interleaved_warmup", "one_f_one_b_warmup", "warmup_depth_problem", "OP_KINDS",
+           "COMPUTE_KINDS", "AUTO_SCHEDULES", "AUTO_WARMUP_DEPTHS"]
 
 
 class Schedule(StrEnum):
@@ -36,6 +36,9 @@ class Schedule(StrEnum):
 # Interleaving 1F1B (``virtual_stages``) is not a schedule here: the search scores its 1F1B finalists
 # again with v > 1 chunks per device (``planner.search.interleave``).
 AUTO_SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
+# What ``warmup_depth: auto`` tries on 1F1B plans (``one_f_one_b_warmup``; ``planner.search.warmup``):
+# at 8 a stage waits 7 steady steps more per hop for its messages than PipeDream-Flush lets it.
+AUTO_WARMUP_DEPTHS = (1, 2, 3, 4, 6, 8)
 
 
 OP_KINDS = ("recv_fwd", "fwd", "send_fwd", "recv_bwd", "bwd", "bwd_input", "send_bwd", "bwd_weight", "sync",
@@ -93,6 +96,32 @@ def interleaved_warmup(stage, stages: int, micro_batches, chunks: int):
                     np.minimum(2 * (stages - np.asarray(stage) - 1) + (chunks - 1) * stages, total))
 
 
+def one_f_one_b_warmup(stage, stages: int, micro_batches, depth: int = 1):
+    """Warm-up forwards of ``stage`` in a 1F1B round of ``micro_batches``: ``min(k (S - s - 1), M)``
+    with warm-up depth ``k``. ``k = 1`` is PipeDream-Flush (Narayanan et al. 2021, sec. 2.2): stage s
+    keeps ``S - s`` micro-batches in flight, as many as the pipeline downstream of it holds, so a
+    message that takes longer than a stage's compute stalls it. Each further unit of depth keeps
+    one more micro-batch in flight per stage downstream, as ZB-H2 adds warm-up forwards for more
+    activation memory (Qi et al. 2024, sec. 3.1): stage s can then wait ``(k - 1)`` steady steps per
+    hop for the messages of its round trip before it runs dry. Vectorised over numpy arrays."""
+    return np.minimum(depth * (stages - np.asarray(stage) - 1), micro_batches)
+
+
+def warmup_depth_problem(schedule: str, depth: int, virtual_stages: int = 1) -> str:
+    """Why warm-up depth ``depth`` cannot run (empty when it can): a depth above 1 deepens plain
+    1F1B only (GPipe already runs every forward first; ZB-H1 and interleaving have their own
+    warm-ups)."""
+    if depth == 1:
+        return ""
+    if depth < 1:
+        return f"warm-up depth must be at least 1, got {depth}"
+    if schedule != Schedule.ONE_F_ONE_B or virtual_stages != 1:
+        what = f"{virtual_stages} virtual stages" if virtual_stages != 1 else f"schedule {schedule}"
+        return f"a warm-up depth above 1 deepens 1F1B with one chunk per device, not {what}: use schedule 1f1b " \
+               "with virtual stages 1, or warm-up depth 1"
+    return ""
+
+
 def _forward(stage: int, stages: int, mb: int) -> list:
     ops = [] if stage == 0 else [Op("recv_fwd", mb)]
     ops.append(Op("fwd", mb))
@@ -119,7 +148,7 @@ def round_sizes(micro_batches: int, per_round: int = 0) -> list:
 
 
 def stage_ops(schedule: str, stage: int, stages: int, micro_batches: int, per_round: int = 0,
-              virtual_stages: int = 1) -> list:
+              virtual_stages: int = 1, warmup_depth: int = 1) -> list:
     """The ordered ops of one device holding ``stage`` (0-based) of ``stages``, for ``micro_batches``.
 
     GPipe: all forwards, then all backwards, both in micro-batch order (Huang et al. 2019).
@@ -142,21 +171,25 @@ def stage_ops(schedule: str, stage: int, stages: int, micro_batches: int, per_ro
     With ``per_round`` > 0 the micro-batches run in accumulation rounds of that many (DTFM's runs
     accumulate in rounds of 64), each round its own pipeline fill and drain; gradients accumulate
     over the rounds and one sync and step end the iteration.
+    ``warmup_depth`` k > 1 (1F1B only) runs ``min(k (S - s - 1), M)`` warm-up forwards
+    (``one_f_one_b_warmup``): more micro-batches in flight, so slow messages overlap compute.
     """
     if not 0 <= stage < stages or micro_batches < 1:
         raise ValueError(f"bad stage {stage} of {stages} or micro_batches {micro_batches}")
-    problem = interleaving_problem(schedule, stages, [micro_batches], per_round, virtual_stages)
+    problem = interleaving_problem(schedule, stages, [micro_batches], per_round, virtual_stages) or \
+        warmup_depth_problem(schedule, warmup_depth, virtual_stages)
     if problem:
         raise ValueError(problem)
     ops, first = [], 0
     for size in round_sizes(micro_batches, per_round):
         ops += [Op(op.kind, first + op.microbatch, op.chunk)
-                for op in _one_round(schedule, stage, stages, size, virtual_stages)]
+                for op in _one_round(schedule, stage, stages, size, virtual_stages, warmup_depth)]
         first += size
     return ops + [Op("sync", -1), Op("step", -1)]
 
 
-def _one_round(schedule: str, stage: int, stages: int, micro_batches: int, virtual_stages: int = 1) -> list:
+def _one_round(schedule: str, stage: int, stages: int, micro_batches: int, virtual_stages: int = 1,
+               warmup_depth: int = 1) -> list:
     ops = []
     if virtual_stages > 1:
         ops = _interleaved_round(stage, stages, micro_batches, virtual_stages)
@@ -166,7 +199,7 @@ def _one_round(schedule: str, stage: int, stages: int, micro_batches: int, virtu
         for mb in range(micro_batches):
             ops += _backward(stage, stages, mb)
     elif schedule == Schedule.ONE_F_ONE_B:
-        warmup = min(stages - stage - 1, micro_batches)
+        warmup = int(one_f_one_b_warmup(stage, stages, micro_batches, warmup_depth))
         for mb in range(warmup):
             ops += _forward(stage, stages, mb)
         for i in range(micro_batches - warmup):

@@ -64,6 +64,7 @@ class PipelineJob:
     # the same size: ``boundary_bytes[0]`` prices the last stage -> first stage wrap too.
     virtual_stages: int = 1
     chunk_share: np.ndarray = None
+    warmup_depth: int = 1  # 1F1B's warm-up forwards per stage downstream (``cost_models.schedule.one_f_one_b_warmup``)
 
     @property
     def replicas(self) -> int:
@@ -147,7 +148,7 @@ def simulate(job: PipelineJob, *, keep_records: bool = True, deadline: float = m
     R, S = job.replicas, job.stages
     optimizer_s = job.optimizer_s if job.optimizer_s is not None else np.zeros((R, S))
     ops = {(r, s): stage_ops(job.schedule, s, S, int(job.micro_batches[r]), job.micro_batches_per_round,
-                             job.virtual_stages)
+                             job.virtual_stages, job.warmup_depth)
            for r in range(R) for s in range(S)}
     pointer = dict.fromkeys(ops, 0)
     parked_at = {}  # worker -> time it started waiting for a message

@@ -42,6 +42,11 @@ def _plan_parser(sub) -> None:
     p.add_argument("--virtual-stages", metavar="N|auto",
                    help="interleaved 1F1B: model chunks per device; auto: the search picks v per plan among 1, 2, "
                         "4, ... (default: the file's training.virtual_stages, else 1)")
+    p.add_argument("--warmup-depth", metavar="K|auto",
+                   help="1F1B's warm-up forwards per stage downstream: stage s runs min(K (S - s - 1), M) forwards "
+                        "before its first backward, so messages over slow links overlap compute (K - 1 more "
+                        "micro-batches' activations per stage downstream); auto: the search picks K per 1F1B plan "
+                        "(default: the file's training.warmup_depth, else 1)")
     p.add_argument("--micro-batches-per-round", type=int, metavar="K",
                    help="accumulation rounds: each replica's micro-batches run K at a time, each round its own "
                         "pipeline fill and drain (default: the file's training.micro_batches_per_round, else 0 = one round)")
@@ -260,6 +265,18 @@ def _virtual_stages(value):
     return int(value)
 
 
+def _warmup_depth(value):
+    """``--warmup-depth``: a whole number from 1 to ``MAX_WARMUP_DEPTH``, or auto (None: the file's)."""
+    from planner.inputs.model import MAX_WARMUP_DEPTH
+
+    if value is None or value == "auto":
+        return value
+    if not value.isdigit() or not 1 <= int(value) <= MAX_WARMUP_DEPTH:
+        raise InputError(f"must be a whole number from 1 to {MAX_WARMUP_DEPTH} or auto, got {value!r}",
+                         field="--warmup-depth")
+    return int(value)
+
+
 def _compression_overrides(args) -> dict:
     """The compression options as training overrides (None: the file's), each bad value one line."""
     from cost_models.compression import MAX_POWERSGD_RANK, GradientCompression, MessageCompression
@@ -360,6 +377,7 @@ def _make(args) -> int:
                  "micro_batch_size": _positive("--micro-batch-size", args.micro_batch_size), "schedule": args.schedule,
                  "sync_every": _sync_every(args.sync_every), "sync_groups": _sync_groups(args.sync_groups),
                  "virtual_stages": _virtual_stages(args.virtual_stages),
+                 "warmup_depth": _warmup_depth(args.warmup_depth),
                  "micro_batches_per_round": _non_negative_or_none("--micro-batches-per-round",
                                                                    args.micro_batches_per_round),
                  **_compression_overrides(args)}
@@ -510,7 +528,7 @@ def _replan(args) -> int:
     for flag, value in (("--model", args.model), ("--model-file", args.model_file),
                         ("--global-batch", args.global_batch), ("--sync-every", args.sync_every),
                         ("--sync-groups", args.sync_groups),
-                        ("--virtual-stages", args.virtual_stages),
+                        ("--virtual-stages", args.virtual_stages), ("--warmup-depth", args.warmup_depth),
                         ("--micro-batches-per-round", args.micro_batches_per_round),
                         ("--compress-messages", args.compress_messages),
                         ("--compress-gradients", args.compress_gradients), ("--powersgd-rank", args.powersgd_rank),

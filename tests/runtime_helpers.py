@@ -26,7 +26,8 @@ def cpu_topology(path: Path, *, cross_host: str = "1Gbps", slow_peak: str | None
 def write_test_plan(folder: Path, topology_path: Path, *, assignment, layer_bounds, micro_batches, micro_batch_size,
                     schedule, model=None, optimizer="sgd", name="plan.yaml", shard_optimizer=True,
                     recompute=False, micro_batches_per_round=0, tensor_groups=(), sync_every=1, sync="ring",
-                    ring_orders=(), virtual_stages=1, compress_gradients="off", powersgd_rank=4) -> Path:
+                    ring_orders=(), virtual_stages=1, compress_gradients="off", powersgd_rank=4,
+                    warmup_depth=1) -> Path:
     from planner.io import read_yaml
     from planner.inputs.topology import parse_topology
     from planner.plan.dims import Compression
@@ -38,7 +39,8 @@ def write_test_plan(folder: Path, topology_path: Path, *, assignment, layer_boun
                                "schedule": schedule, "shard_optimizer": shard_optimizer,
                                "recompute": recompute, "micro_batches_per_round": micro_batches_per_round,
                                "sync_every": sync_every, "sync": sync, "virtual_stages": virtual_stages,
-                               "compress_gradients": compress_gradients, "powersgd_rank": powersgd_rank})
+                               "compress_gradients": compress_gradients, "powersgd_rank": powersgd_rank,
+                               "warmup_depth": warmup_depth})
     used = {d for row in assignment for d in row} | {m for group in tensor_groups for m in group}
     plan = Plan(layer_bounds=tuple(layer_bounds), assignment=tuple(tuple(r) for r in assignment),
                 micro_batches=tuple(micro_batches), micro_batch_size=micro_batch_size, schedule=schedule,
@@ -47,7 +49,7 @@ def write_test_plan(folder: Path, topology_path: Path, *, assignment, layer_boun
                 micro_batches_per_round=micro_batches_per_round,
                 tensor_groups=tuple(tuple(group) for group in tensor_groups), sync_every=sync_every,
                 ring_orders=tuple(tuple(order) for order in ring_orders), virtual_stages=virtual_stages,
-                compression=Compression.of_training(training))
+                compression=Compression.of_training(training), warmup_depth=warmup_depth)
     if sync != "ring":  # the algorithm, and a parameter server per stage where it needs one
         from planner.search.sync_choice import plan_with_sync
 

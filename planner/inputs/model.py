@@ -15,7 +15,7 @@ from planner.plan.sync import SYNC_CHOICES
 from planner.plan.sync import _conflict as _sync_conflict
 from planner.plan.sync_groups import SYNC_GROUPINGS
 
-__all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "HEADS", "MAX_GLOBAL_BATCH", "MAX_SYNC_EVERY", "MAX_VIRTUAL_STAGES",
+__all__ = ["ModelSpec", "TrainingSpec", "SCHEDULES", "HEADS", "MAX_GLOBAL_BATCH", "MAX_SYNC_EVERY", "MAX_VIRTUAL_STAGES", "MAX_WARMUP_DEPTH",
            "MODEL_LIMITS", "parse_model", "parse_training", "model_preset", "preset_names"]
 
 SCHEDULES = tuple(s.value for s in Schedule)
@@ -25,6 +25,7 @@ HEADS = ("lm", "classification")
 MAX_GLOBAL_BATCH = 2**16
 MAX_SYNC_EVERY = 100_000  # local steps between syncs (DiLoCo's runs use up to 2,000)
 MAX_VIRTUAL_STAGES = 16  # model chunks per device (Megatron-LM's runs interleave 2 to 8)
+MAX_WARMUP_DEPTH = 64  # 1F1B warm-up forwards per stage downstream (the schema's maximum)
 MODEL_LIMITS = {"layers": 4096, "hidden": 2**20, "heads": 2**16, "sequence": 2**22, "vocabulary": 2**22,
                 "ffn_hidden": 2**22}
 # "auto": bf16 where every used device has it, else fp16 (``planner.plan.precision``); 16-bit either way.
@@ -119,6 +120,11 @@ class TrainingSpec:
     # Interleaved 1F1B (Narayanan et al. 2021, sec. 2.2.2): model chunks per device; 1: plain 1F1B;
     # "auto": the search chooses per plan among the values that can run (``planner.search.interleave``).
     virtual_stages: int | str = 1
+    # 1F1B's warm-up forwards per stage downstream (``cost_models.schedule.one_f_one_b_warmup``): 1
+    # is PipeDream-Flush; k > 1 keeps k - 1 more micro-batches in flight per stage downstream, so
+    # messages over slow links overlap compute; "auto": the search chooses per 1F1B plan
+    # (``planner.search.warmup``).
+    warmup_depth: int | str = 1
 
     def __post_init__(self):
         if self.global_batch < 1:
@@ -192,11 +198,30 @@ class TrainingSpec:
         if self.fixed_virtual_stages > 1 and self.compress_messages != "off":
             raise InputError(f"is {self.virtual_stages}, but interleaved 1F1B sends no int8 messages: set "
                              "compress_messages off or virtual_stages 1", field="training.virtual_stages")
+        self._check_warmup_depth()
         if not 0.0 < self.outer_learning_rate <= 10.0:
             raise InputError(f"{self.outer_learning_rate!r} is not in (0, 10]", field="training.outer_learning_rate")
         if isinstance(self.outer_momentum, bool) or not isinstance(self.outer_momentum, (int, float)) \
                 or not 0.0 <= self.outer_momentum < 1.0:
             raise InputError(f"{self.outer_momentum!r} is not in [0, 1)", field="training.outer_momentum")
+
+    def _check_warmup_depth(self) -> None:
+        k, field = self.warmup_depth, "training.warmup_depth"
+        if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_WARMUP_DEPTH):
+            raise InputError(f"{k!r} is not a whole number from 1 to {MAX_WARMUP_DEPTH} or auto", field=field)
+        if k == 1:
+            return
+        if self.schedule not in ("auto", Schedule.ONE_F_ONE_B):  # under auto: its 1F1B plans
+            raise InputError(f"is {k}, which deepens 1F1B's warm-up, but the schedule is {self.schedule}: set schedule "
+                             "1f1b or auto, or warmup_depth 1", field=field)
+        if k != "auto" and self.virtual_stages != 1:
+            raise InputError(f"is {k}, but virtual_stages is {self.virtual_stages}: interleaved 1F1B has its own "
+                             "warm-up; set virtual_stages 1 or warmup_depth 1", field=field)
+
+    @property
+    def fixed_warmup_depth(self) -> int:
+        """``warmup_depth`` when it is a number, 1 when the search chooses it (auto)."""
+        return 1 if self.warmup_depth == "auto" else self.warmup_depth
 
     @property
     def fixed_virtual_stages(self) -> int:
@@ -273,6 +298,7 @@ def parse_training(document, *, where: str = "training") -> TrainingSpec:
         powersgd_rank=f.raw("powersgd_rank", 4),
         sync=f.str("sync", "ring", choices=SYNC_CHOICES),
         virtual_stages=f.raw("virtual_stages", 1),
+        warmup_depth=f.raw("warmup_depth", 1),
     )
     f.finish()
     return result

@@ -41,6 +41,8 @@ def plan_to_document(plan: Plan, *, model=None, training=None, topology_source: 
     }
     if plan.virtual_stages != 1:  # interleaved 1F1B: each stage's chunks in ``stages[].chunks``
         doc["virtual_stages"] = plan.virtual_stages
+    if plan.warmup_depth != 1:  # 1F1B with more warm-up forwards: min(k (S - s - 1), M) on stage s
+        doc["warmup_depth"] = plan.warmup_depth
     if plan.sync_every != 1:  # local steps: data-parallel sync once every this many iterations
         doc["sync_every"] = plan.sync_every
     if plan.sync_groups:  # local steps: replicas that sync every iteration, as groups of replica indices
@@ -184,6 +186,7 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
             sync_groups=_sync_groups(f),
             micro_batches_per_round=f.int("micro_batches_per_round", 0, minimum=0),
             compression=_compression(f), virtual_stages=virtual_stages,
+            warmup_depth=f.int("warmup_depth", 1, minimum=1),
         )
         topo.raw("path", "")
         topo.finish()

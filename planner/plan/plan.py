@@ -7,7 +7,7 @@ from enum import StrEnum
 
 from planner.errors import InputError
 from planner.inputs.model import SCHEDULES
-from cost_models.schedule import interleaving_problem
+from cost_models.schedule import interleaving_problem, warmup_depth_problem
 from planner.plan.dims import Compression, Degrees, Schedule, Sync
 from planner.plan.precision import plan_precision_problem
 from planner.plan.sync import sync_problem
@@ -81,6 +81,9 @@ class Plan:
     compression: Compression = Compression()
     # Model chunks per device (interleaved 1F1B; 1: each stage holds one contiguous range of layers).
     virtual_stages: int = 1
+    # 1F1B's warm-up forwards per stage downstream (``cost_models.schedule.one_f_one_b_warmup``; 1:
+    # PipeDream-Flush).
+    warmup_depth: int = 1
 
     @property
     def stages(self) -> int:
@@ -190,6 +193,7 @@ def validate_plan(plan: Plan, topology, model, training) -> None:
         what = "chunk" if plan.virtual_stages > 1 else "stage"
         raise InputError(f"every {what} needs at least one layer, in order; got bounds {bounds}", field="stages")
     _check_virtual_stages(plan, model, training)
+    _check_warmup_depth(plan, training)
     if R < 1 or any(len(row) != S for row in plan.assignment):
         raise InputError(f"every replica needs exactly {S} devices, one per stage", field="replicas")
     leads = [d for row in plan.assignment for d in row]
@@ -257,6 +261,18 @@ def validate_plan(plan: Plan, topology, model, training) -> None:
                     key=lambda d: plan.prediction.memory_bytes[d] / plan.prediction.capacity_bytes[d])
         raise InputError(f"device {worst} needs {plan.prediction.memory_bytes[worst] / 1e9:.2f} GB of "
                          f"{plan.prediction.capacity_bytes[worst] / 1e9:.2f} GB", field="memory")
+
+
+def _check_warmup_depth(plan: Plan, training) -> None:
+    """A warm-up depth that the training asks for and the plan's schedule runs
+    (``cost_models.schedule.warmup_depth_problem``)."""
+    k, asked = plan.warmup_depth, getattr(training, "warmup_depth", 1)
+    if k != asked and asked != "auto" and plan.schedule == Schedule.ONE_F_ONE_B and plan.virtual_stages == 1:
+        raise InputError(f"is {k} but training.warmup_depth is {asked}: make both agree or plan again",
+                         field="warmup_depth")
+    problem = warmup_depth_problem(plan.schedule, k, plan.virtual_stages)
+    if problem:
+        raise InputError(problem, field="warmup_depth")
 
 
 def _check_virtual_stages(plan: Plan, model, training) -> None:

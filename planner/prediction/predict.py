@@ -109,7 +109,7 @@ def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts 
                        sync_links=tuple(links), sync_holds=tuple(holds), sync_bytes=profile.gradient_bytes,
                        micro_batches_per_round=plan.micro_batches_per_round,
                        weight_gradient_share=np.repeat(profile.weight_gradient_share[None, :], plan.replicas, axis=0),
-                       optimizer_s=optimizer, virtual_stages=plan.virtual_stages,
+                       optimizer_s=optimizer, virtual_stages=plan.virtual_stages, warmup_depth=plan.warmup_depth,
                        chunk_share=chunk_shares(plan, costs) if plan.virtual_stages > 1 else None)
 
 
@@ -205,9 +205,11 @@ def _prediction(plan, topology, model, training, costs, seconds: float, breakdow
             order = (plan.schedule, s, plan.stages, plan.micro_batches[r], plan.micro_batches_per_round,
                      plan.virtual_stages)
             chunks = tuple(end - first for first, end in plan.chunk_layers(s))
-            in_flight = memory.peak_in_flight(*order, chunk_layers=chunks)
-            outputs, gradients = memory.held_messages(*order, chunk_layers=chunks)
-            heads = memory.head_in_flight(*order, chunk_layers=chunks) if s == plan.stages - 1 else in_flight
+            depth = plan.warmup_depth
+            in_flight = memory.peak_in_flight(*order, chunk_layers=chunks, warmup_depth=depth)
+            outputs, gradients = memory.held_messages(*order, chunk_layers=chunks, warmup_depth=depth)
+            heads = memory.head_in_flight(*order, chunk_layers=chunks, warmup_depth=depth) \
+                if s == plan.stages - 1 else in_flight
             members = plan.members(name)
             for k, member in enumerate(members):  # the lead also steps the whole parameters
                 need = float(stage_memory_bytes(costs, counts[s], s, in_flight, len(members), lead=k == 0,

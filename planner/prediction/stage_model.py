@@ -92,6 +92,9 @@ class LayerCosts:
     sync_every: int = 1  # iterations between data-parallel syncs (local steps; 1: every iteration)
     layer_weight_gradient_flops: float = 0.0  # the weight gradients' part of a block's backward
     micro_batches_per_round: int = 0  # accumulation rounds (``cost_models.schedule.round_sizes``; 0: one round)
+    # 1F1B's warm-up depth the training fixes (``cost_models.schedule.one_f_one_b_warmup``; 1 under auto,
+    # whose deeper variants the search scores with their own depth)
+    warmup_depth: int = 1
     # Compressed messages (``cost_models.compression``): memory traffic to encode one and to decode one.
     boundary_encode_bytes: float = 0.0
     boundary_decode_bytes: float = 0.0
@@ -222,6 +225,7 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         state_bytes_per_param=state - sharded_state * (1.0 - 1.0 / shards),
         gradient_bytes_per_param=float(dtype) / H, sync_every=H,
         micro_batches_per_round=training.micro_batches_per_round,
+        warmup_depth=getattr(training, "fixed_warmup_depth", 1),
         layer_weight_gradient_flops=flops.layer_weight_gradient_flops(b, s, h, model.ffn_hidden,
                                                                       gated_mlp=model.gated_mlp),
         optimizer_bytes_per_param=step / shards, powersgd_pass_bytes_per_param=passes,
@@ -427,27 +431,32 @@ def stage_step_bytes(costs: LayerCosts, parameters, stage):
 
 
 def in_flight_table(schedule: str, stages: int, micro_batches, per_round: int = 0, virtual_stages: int = 1,
-                    chunk_layers=None) -> np.ndarray:
+                    chunk_layers=None, warmup_depth: int = 1) -> np.ndarray:
     """(R, S) in-flight micro-batches of every worker at its peak (``cost_models.memory.peak_in_flight``;
     ``per_round``: micro-batches per accumulation round, 0 for one round; ``virtual_stages``: chunks
-    per device of interleaved 1F1B; ``chunk_layers``: each stage's chunks' blocks, None for equal)."""
-    return _table(memory.peak_in_flight, schedule, stages, micro_batches, per_round, virtual_stages, chunk_layers)
+    per device of interleaved 1F1B; ``chunk_layers``: each stage's chunks' blocks, None for equal;
+    ``warmup_depth``: 1F1B's, ``cost_models.schedule.one_f_one_b_warmup``)."""
+    return _table(memory.peak_in_flight, schedule, stages, micro_batches, per_round, virtual_stages, chunk_layers,
+                  warmup_depth)
 
 
 def held_table(schedule: str, stages: int, micro_batches, per_round: int = 0, virtual_stages: int = 1,
-               chunk_layers=None) -> tuple:
+               chunk_layers=None, warmup_depth: int = 1) -> tuple:
     """(outputs, gradients), each (R, S): the messages every worker has sent and holds at its peak
     (``cost_models.memory.held_messages``), for ``stage_memory_bytes`` beside ``in_flight_table``."""
-    return _table(memory.held_messages, schedule, stages, micro_batches, per_round, virtual_stages, chunk_layers)
+    return _table(memory.held_messages, schedule, stages, micro_batches, per_round, virtual_stages, chunk_layers,
+                  warmup_depth)
 
 
-def _table(count, schedule, stages, micro_batches, per_round, virtual_stages, chunk_layers):
+def _table(count, schedule, stages, micro_batches, per_round, virtual_stages, chunk_layers, warmup_depth=1):
     """``count`` over every (replica, stage): one vectorised call where every stage's chunks are
     equal (closed forms), a call per stage where some are not (walked)."""
     m = np.asarray(micro_batches, dtype=np.int64)
     if chunk_layers is None or all(len(set(c)) <= 1 for c in chunk_layers):
-        return count(schedule, np.arange(stages)[None, :], stages, m[:, None], per_round, virtual_stages)
-    per_stage = [count(schedule, s, stages, m, per_round, virtual_stages, tuple(chunk_layers[s]))
+        return count(schedule, np.arange(stages)[None, :], stages, m[:, None], per_round, virtual_stages,
+                     warmup_depth=warmup_depth)
+    per_stage = [count(schedule, s, stages, m, per_round, virtual_stages, tuple(chunk_layers[s]),
+                       warmup_depth=warmup_depth)
                  for s in range(stages)]
     if isinstance(per_stage[0], tuple):
         return tuple(np.stack([p[k] for p in per_stage], axis=1) for k in range(len(per_stage[0])))
@@ -455,13 +464,13 @@ def _table(count, schedule, stages, micro_batches, per_round, virtual_stages, ch
 
 
 def peak_table(schedule: str, stages: int, micro_batches, per_round: int = 0, virtual_stages: int = 1,
-               chunk_layers=None) -> dict:
+               chunk_layers=None, warmup_depth: int = 1) -> dict:
     """``stage_memory_bytes``'s ``in_flight``, ``outputs``, ``gradients`` and ``heads``, each (R, S),
     of every worker at its peak (``in_flight_table``, ``held_table``, and the last stage's
     ``cost_models.memory.head_in_flight`` under interleaved 1F1B): what the prediction counts per
     device, for the search's memory checks."""
     in_flight, outputs, gradients = _table(memory.stage_peak, schedule, stages, micro_batches, per_round,
-                                           virtual_stages, chunk_layers)
+                                           virtual_stages, chunk_layers, warmup_depth)
     heads = in_flight.copy()
     if virtual_stages > 1:
         heads[:, -1] = memory.head_in_flight(schedule, stages - 1, stages, np.asarray(micro_batches, dtype=np.int64),

@@ -55,17 +55,20 @@ def _idle_reason(plan, devices: int) -> str:
 
 
 def _interleaving_lines(plan) -> list:
-    """Where the search tried interleaved 1F1B (``planner.search.interleave``), the best simulated
-    finalist of each chunk count it tried; nothing where it tried one count."""
-    best = {}
-    for finalist in plan.search.get("finalists", []):
-        if finalist.get("fits"):
-            v = finalist.get("virtual_stages", 1)
-            best[v] = min(best.get(v, float("inf")), finalist["simulated_s"])
-    if len(best) < 2:
-        return []
-    return ["Virtual stages tried (the best simulated finalist of each): "
-            + ", ".join(f"v = {v}: {seconds:.4g} s" for v, seconds in sorted(best.items()))]
+    """Where the search tried interleaved 1F1B (``planner.search.interleave``) or deeper 1F1B
+    warm-ups (``planner.search.warmup``), the best simulated finalist of each chunk count or depth it
+    tried; nothing for a dimension where it tried one value."""
+    lines = []
+    for key, label, symbol in (("virtual_stages", "Virtual stages", "v"), ("warmup_depth", "Warm-up depths", "k")):
+        best = {}
+        for finalist in plan.search.get("finalists", []):
+            if finalist.get("fits"):
+                value = finalist.get(key, 1)
+                best[value] = min(best.get(value, float("inf")), finalist["simulated_s"])
+        if len(best) >= 2:
+            lines.append(f"{label} tried (the best simulated finalist of each): "
+                         + ", ".join(f"{symbol} = {v}: {seconds:.4g} s" for v, seconds in sorted(best.items())))
+    return lines
 
 
 def _local_steps_lines(plan, training) -> list:
@@ -166,6 +169,9 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
            + (f" interleaved over {plan.virtual_stages} virtual stages per device (Narayanan et al. 2021, sec. 2.2.2: "
               f"the bubble shrinks {plan.virtual_stages}x, {plan.virtual_stages}x the pipeline messages)"
               if plan.virtual_stages > 1 else "")
+           + (f" with warm-up depth {plan.warmup_depth} (stage s runs {plan.warmup_depth} (S - s - 1) warm-up forwards: "
+              f"up to {min(plan.warmup_depth * (S - 1) + 1, max(plan.micro_batches))} micro-batches in flight on "
+              "stage 0, so that messages overlap compute)" if plan.warmup_depth > 1 else "")
            + (f" ({ZERO_BUBBLE_ERROR})" if plan.schedule == Schedule.ZERO_BUBBLE else "")
            + f", micro-batch size {plan.micro_batch_size}"
            + (f", in accumulation rounds of {plan.micro_batches_per_round} micro-batches (each its own fill and "

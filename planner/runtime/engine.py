@@ -194,7 +194,7 @@ class StageExecutor:
         self.loss = loss  # lm_loss, or its compiled form
         self.graphed = graphed  # the blocks replay as CUDA graphs (planner.runtime.gpt.compile_stage)
         self.ops = stage_ops(plan.schedule, stage, layout.stages, plan.micro_batches[replica],
-                             plan.micro_batches_per_round, plan.virtual_stages)
+                             plan.micro_batches_per_round, plan.virtual_stages, plan.warmup_depth)
         self.chunks = getattr(module, "chunks", [module])  # interleaved 1F1B: the module's chunks
         self.total_micro_batches = sum(plan.micro_batches)
         spec = module.spec

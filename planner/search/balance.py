@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from cost_models.schedule import Schedule
 from planner.prediction.stage_model import LayerCosts, peak_table, stage_memory_bytes
 
 __all__ = ["split_layers", "split_batch"]
@@ -76,7 +77,8 @@ def split_layers(costs: LayerCosts, schedule: str, speed: np.ndarray, capacity_b
         costs = replace(costs, head_flops=costs.head_flops * head_slowdown)
     tensor = np.ones((R, S)) if tensor is None else tensor
     limits = _stage_limits(costs, S, speed, capacity_bytes,
-                           peak_table(schedule, S, micro_batches, costs.micro_batches_per_round), tensor)
+                           peak_table(schedule, S, micro_batches, costs.micro_batches_per_round,
+                                      warmup_depth=costs.warmup_depth if schedule == Schedule.ONE_F_ONE_B else 1), tensor)
     slowest, by_memory = limits
     if even:  # the most even split memory allows, whatever the compute balance
         return _fill(costs, S, slowest, by_memory, np.inf)

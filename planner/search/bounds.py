@@ -388,6 +388,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
             chains = dict(stages=stages, layers=model.layers, busiest=busiest, schedules=training.schedules,
                           interleaved=training.virtual_stages != 1,
                           per_round=training.micro_batches_per_round or math.inf,
+                          warmup_depth=math.inf if training.warmup_depth == "auto" else training.warmup_depth,
                           micro_batch=training.micro_batch_size or math.inf, layer_s=sequence_layer_flops / cell_flops,
                           head_s=head_flops / cell_flops, boundary_s=boundary_s, latency_s=latency_s,
                           layer_sync_s=layer_params * gradient_bytes * ring,

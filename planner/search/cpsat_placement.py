@@ -232,9 +232,9 @@ class _PlacementModel:
                 m.add(period >= self.forward[r, s])
                 m.add(period >= self.backward[r, s])
             if self.schedule == Schedule.ONE_F_ONE_B and S > 1:
-                for s in range(S):  # S - s micro-batches in flight from stage s to the last and back
+                for s in range(S):  # k (S - s - 1) + 1 micro-batches in flight from stage s to the last and back
                     back = sum(self.tau[r, k] for k in range(s, S)) + sum(self.trip[r, k] for k in range(s, S - 1))
-                    m.add((S - s) * period >= back)
+                    m.add((self.costs.warmup_depth * (S - s - 1) + 1) * period >= back)
             steady = m.new_int_var(0, (self.total - 1) * self.horizon_ns, f"steady_r{r}")
             extra = m.new_int_var(0, self.total - 1, f"extra_micro_batches_r{r}")
             m.add(extra == self.micro[r] - 1)
@@ -246,7 +246,8 @@ class _PlacementModel:
         ``a + b n + c f + d n f``; its four coefficients come from the function itself, rounded down
         (every split that fits in floats fits here, so the heuristic's hint is always feasible;
         ``decode`` re-checks the answer in floats). The in-flight count is the largest round's
-        (``cost_models.memory.peak_in_flight``: GPipe ``min(M, p)``, 1F1B ``min(M, p, S - s)``, ZB-H1
+        (``cost_models.memory.peak_in_flight``: GPipe ``min(M, p)``, 1F1B ``min(M, p, k (S - s - 1) + 1)``
+        at warm-up depth k, ZB-H1
         ``min(M, p, S)``, ``p`` the round's micro-batches); the messages a stage holds until the sync
         (``cost_models.memory.held_messages``) are linear in M and f, 1F1B's count
         (``memory.one_f_one_b_held``; exact for equal rounds, and at most ZB-H1's and a last smaller
@@ -256,7 +257,8 @@ class _PlacementModel:
         message = math.floor(self.costs.boundary_bytes)
         per_round = self.costs.micro_batches_per_round
         for r, s in itertools.product(range(self.R), range(S)):
-            bound = {Schedule.GPIPE: self.total, Schedule.ZERO_BUBBLE: S}.get(self.schedule, S - s)
+            bound = {Schedule.GPIPE: self.total, Schedule.ZERO_BUBBLE: S}.get(
+                self.schedule, self.costs.warmup_depth * (S - s - 1) + 1)
             bound = min(bound, per_round) if per_round > 0 else bound
             in_flight = m.new_int_var(1, bound, f"in_flight_r{r}_s{s}")
             m.add_min_equality(in_flight, [self.micro[r], bound])

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cost_models.network import Sync
-from cost_models.schedule import Schedule
+from cost_models.schedule import AUTO_WARMUP_DEPTHS, Schedule
 from planner.plan.sync import syncs_for
 from planner.plan.sync_groups import CLUSTER, ONE, grouped_sync, grouping
 from planner.plan.tensor import group_devices
@@ -213,11 +213,13 @@ def interleaved_shape(ctx, assign, costs, counts, tau, links, virtual_stages: in
     return fill, bottleneck
 
 
-def _pipeline_shape(ctx, assign, costs, counts, schedule, links):
+def _pipeline_shape(ctx, assign, costs, counts, schedule, links, warmup_depth: int | None = None):
     """(tau, fill, bottleneck): per (replica, stage) forward+backward seconds per micro-batch, and per
     replica the flow-shop fill and steady-state period (links as extra machines).
 
-    1F1B interleaves forward and backward, so its period is the slowest stage or link. GPipe runs
+    1F1B interleaves forward and backward, so its period is the slowest stage or link, and stage s
+    admits a new micro-batch only when one of its ``k (S - s - 1) + 1`` in flight (warm-up depth k,
+    ``warmup_depth``, else the costs'; ``cost_models.schedule.one_f_one_b_warmup``) came back. GPipe runs
     every forward, then every backward: two flow shops in a row, so its period is the forward
     phase's slowest stage or downstream link plus the backward phase's slowest stage or upstream
     link (a slow link that hides behind ``f + b`` under 1F1B shows under GPipe).
@@ -240,12 +242,14 @@ def _pipeline_shape(ctx, assign, costs, counts, schedule, links):
         bottleneck = np.maximum(bottleneck, np.maximum(forward_busy, backward_busy).max(axis=1))
         bottleneck = np.maximum(bottleneck, nic_period)
     if schedule in (Schedule.ONE_F_ONE_B, Schedule.ZERO_BUBBLE) and S > 1:
-        # Stage s admits a new micro-batch only after one of its S - s in flight came back:
-        # throughput <= (S - s) / round trip from s to the last stage and back.
+        # Stage s admits a new micro-batch only after one of its k (S - s - 1) + 1 in flight came
+        # back: throughput <= that many / round trip from s to the last stage and back.
         hop = np.zeros((R, S))
         hop[:, :-1] = round_trip
         trip = np.cumsum((tau + hop)[:, ::-1], axis=1)[:, ::-1]  # (R, S): stage s .. S-1 and back
-        bottleneck = np.maximum(bottleneck, (trip / (S - np.arange(S))[None, :]).max(axis=1))
+        depth = 1 if schedule == Schedule.ZERO_BUBBLE else (warmup_depth or _ranking_depth(ctx, costs))
+        in_flight = depth * (S - 1 - np.arange(S)) + 1
+        bottleneck = np.maximum(bottleneck, (trip / in_flight[None, :]).max(axis=1))
     if schedule == Schedule.ZERO_BUBBLE and S > 1:
         # The first micro-batch's way back and the last one's drain carry input gradients only:
         # (S - 1)(F + B - W) instead of (S - 1)(F + B + W) (Qi et al. 2024, sec. 3.1). Stage s then
@@ -257,6 +261,15 @@ def _pipeline_shape(ctx, assign, costs, counts, schedule, links):
         late = (np.arange(S)[None, :] * weight - upstream_input)[:, 1:].max(axis=1) - weight[:, 0]
         fill = fill - 2.0 * weight[:, 1:].sum(axis=1) + np.maximum(late, 0.0)
     return tau, fill, bottleneck
+
+
+def _ranking_depth(ctx, costs) -> int:
+    """The warm-up depth the estimate's round trips assume when no caller names one: the training's,
+    or under ``auto`` the deepest the search tries (``AUTO_WARMUP_DEPTHS``), so that a placement whose
+    slow messages a deeper warm-up hides ranks as it would run; its memory is checked at the
+    training's fixed depth, and each finalist's depths are scored one by one
+    (``planner.search.warmup.deeper_variants``)."""
+    return AUTO_WARMUP_DEPTHS[-1] if getattr(ctx.training, "warmup_depth", 1) == "auto" else costs.warmup_depth
 
 
 def _weight_gradient_s(ctx, assign, costs, counts) -> np.ndarray:
@@ -449,14 +462,16 @@ def step_seconds(ctx, assign, costs, counts) -> np.ndarray:
 
 
 def fits(costs, schedule: str, counts, micro_batches, capacity: np.ndarray, tensor=None,
-         virtual_stages: int = 1) -> bool:
+         virtual_stages: int = 1, warmup_depth: int | None = None) -> bool:
     """Whether every placed device holds its stage with its in-flight micro-batches (``capacity``
     and ``tensor``, the placed devices' tensor degrees, (R, S); ``virtual_stages``: chunks per device
     of interleaved 1F1B, each stage's ``counts`` split as the plan will split them,
-    ``planner.plan.plan.chunk_sizes``): the prediction's count (``stage_model.peak_table``)."""
+    ``planner.plan.plan.chunk_sizes``; ``warmup_depth``: 1F1B's, else the costs'): the prediction's
+    count (``stage_model.peak_table``)."""
     R, S = capacity.shape
     chunks = [chunk_sizes(c, virtual_stages) for c in counts] if virtual_stages > 1 else None
-    peak = peak_table(schedule, S, micro_batches, costs.micro_batches_per_round, virtual_stages, chunks)
+    depth = (warmup_depth or costs.warmup_depth) if schedule == Schedule.ONE_F_ONE_B and virtual_stages == 1 else 1
+    peak = peak_table(schedule, S, micro_batches, costs.micro_batches_per_round, virtual_stages, chunks, depth)
     tensor = np.ones((R, S)) if tensor is None else tensor
     need = np.stack([stage_memory_bytes(costs, counts[s], s, peak["in_flight"][:, s], tensor[:, s],
                                         outputs=peak["outputs"][:, s], gradients=peak["gradients"][:, s],
@@ -465,17 +480,17 @@ def fits(costs, schedule: str, counts, micro_batches, capacity: np.ndarray, tens
 
 
 def score_split(ctx: SearchContext, assign: np.ndarray, counts, micro_batches, micro_batch_size: int,
-                schedule: str, virtual_stages: int = 1) -> float | None:
+                schedule: str, virtual_stages: int = 1, warmup_depth: int | None = None) -> float | None:
     """The estimate for a fully decided placement, layer split and batch split (None if it does not
     fit or the counts are invalid): the objective ``evaluate_placement`` minimises over the splits.
     ``virtual_stages`` v > 1: the same split under interleaved 1F1B, each stage's layers in v chunks
-    (``interleaved_shape``)."""
-    ends = split_ends_s(ctx, assign, counts, micro_batches, micro_batch_size, schedule, virtual_stages)
+    (``interleaved_shape``); ``warmup_depth``: 1F1B's warm-up depth, else the training's."""
+    ends = split_ends_s(ctx, assign, counts, micro_batches, micro_batch_size, schedule, virtual_stages, warmup_depth)
     return None if ends is None else float(ends.max())
 
 
 def split_ends_s(ctx: SearchContext, assign: np.ndarray, counts, micro_batches, micro_batch_size: int,
-                 schedule: str, virtual_stages: int = 1) -> np.ndarray | None:
+                 schedule: str, virtual_stages: int = 1, warmup_depth: int | None = None) -> np.ndarray | None:
     """(S,) each stage's end under the estimate (``_stage_ends_s``), whose largest is ``score_split``'s
     estimate; None where ``score_split`` gives None."""
     R, S = assign.shape
@@ -484,10 +499,11 @@ def split_ends_s(ctx: SearchContext, assign: np.ndarray, counts, micro_batches, 
     if (len(counts) != S or sum(counts) != costs.layers or min(counts) < 1 or len(micro_batches) != R
             or sum(micro_batches) != total or min(micro_batches) < 1):
         return None
-    if not fits(costs, schedule, counts, micro_batches, ctx.capacity[assign], ctx.tensor[assign], virtual_stages):
+    if not fits(costs, schedule, counts, micro_batches, ctx.capacity[assign], ctx.tensor[assign], virtual_stages,
+                warmup_depth):
         return None
     links = _links(ctx, assign, costs)
-    tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, links)
+    tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, links, warmup_depth)
     if virtual_stages > 1 and S > 1:
         fill, bottleneck = interleaved_shape(ctx, assign, costs, counts, tau, links, virtual_stages)
     return _stage_ends_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck)

@@ -43,6 +43,7 @@ from planner.search.evaluate import Candidate, charges_groups, evaluate_placemen
 from planner.search.genetic import POPULATION, alignment_s, genetic_search
 from planner.search.interleave import (interleaved_variants, interleaving_error, interleaving_refusal,
                                        virtual_stage_choices)
+from planner.search.warmup import deeper_variants, warmup_depth_choices
 from planner.search.local import iterated_local_search
 from planner.search.locality import bandwidth_clusters
 from planner.search.moves import Neighbourhood
@@ -353,7 +354,8 @@ def _resolved_training(plan, topology, model, training) -> tuple:
     speed), and ``shard_optimizer`` says whether this plan's stages shard their optimizer state."""
     precision = resolve_precision(topology, plan.used_devices, training.precision)
     shard = optimizer_shards(training, plan.replicas) > 1
-    resolved = replace(training, precision=precision, shard_optimizer=shard, virtual_stages=plan.virtual_stages)
+    resolved = replace(training, precision=precision, shard_optimizer=shard, virtual_stages=plan.virtual_stages,
+                       warmup_depth=plan.warmup_depth)
     if precision == training.precision:
         return resolved, plan
     devices = [topology.devices[topology.index(name)] for name in plan.used_devices]
@@ -719,13 +721,14 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         work_s += predicted_s
         return prediction
 
-    choices, interleaved = virtual_stage_choices(training), set()  # the v tried, and (candidate, v) simulated
+    choices, interleaved = virtual_stage_choices(training), set()  # the v tried, and (candidate, v, k) simulated
+    depths = warmup_depth_choices(training)  # 1F1B's warm-up depths k tried
     estimated = None  # the first finalist at its estimate, where the clock cut its simulation
     simulated_splits = []  # (simulated seconds, order, candidate) of each candidate simulated at one chunk, fitting
     simulated_keys = set()  # the candidates simulated (``Candidate.key``)
 
     def try_candidate(candidate) -> bool:
-        """Simulate ``candidate`` (and its interleaved variants); False where the share is spent."""
+        """Simulate ``candidate`` (and its interleaved and deeper variants); False where the share is spent."""
         nonlocal best_plan, best_time, estimated
         if not more(simulating=True, reserve_s=sync_reserve_s):
             return False
@@ -736,10 +739,12 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         plain = with_asked_groups(plain, real, run)  # ``cluster`` / ``one``: simulated in their groups
         # Interleaved 1F1B: the candidate's variants with v > 1 chunks per device, simulated too
         # (planner.search.interleave); with virtual_stages fixed above 1 only they may win.
-        variants = [(candidate.score_s, plain)] if 1 in choices else []
-        variants += [(e, p) for e, p in interleaved_variants(ctx, candidate, plain, choices)
-                     if (candidate.key(), p.virtual_stages) not in interleaved]
-        interleaved.update((candidate.key(), p.virtual_stages) for _, p in variants)
+        # 1F1B with more warm-up forwards where the search picks the depth (planner.search.warmup).
+        variants = interleaved_variants(ctx, candidate, plain, choices)
+        variants += deeper_variants(ctx, candidate, plain, depths) if 1 in choices else []
+        variants = [(e, p) for e, p in variants if (candidate.key(), p.virtual_stages, p.warmup_depth) not in interleaved]
+        variants = ([(candidate.score_s, plain)] if 1 in choices else []) + variants
+        interleaved.update((candidate.key(), p.virtual_stages, p.warmup_depth) for _, p in variants)
         for estimate, plan in variants:
             if plan is not plain and not more(simulating=True, reserve_s=sync_reserve_s):
                 break
@@ -750,7 +755,8 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
                 break
             finalists.append({"stages": plan.stages, "replicas": plan.replicas, "estimate_s": float(estimate),
                               "simulated_s": float(prediction.iteration_s), "fits": prediction.fits,
-                              **({"virtual_stages": plan.virtual_stages} if plan.virtual_stages > 1 else {})})
+                              **({"virtual_stages": plan.virtual_stages} if plan.virtual_stages > 1 else {}),
+                              **({"warmup_depth": plan.warmup_depth} if plan.warmup_depth > 1 else {})})
             if prediction.fits and not math.isfinite(prediction.iteration_s):
                 unfinished.append(prediction.iteration_s)
             elif prediction.fits and prediction.iteration_s < best_time:

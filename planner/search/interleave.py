@@ -81,7 +81,7 @@ def interleaved_variants(ctx, candidate: Candidate, plan: Plan, choices: tuple) 
         if estimate is not None:
             scored.append((estimate, v))
     scored.sort()
-    return [(estimate, interleave_plan(replace(plan, micro_batches=micro_batches, prediction=None), v))
+    return [(estimate, interleave_plan(replace(plan, micro_batches=micro_batches, prediction=None, warmup_depth=1), v))
             for estimate, v in scored[:VARIANTS_SIMULATED]]
 
 

@@ -67,12 +67,14 @@ def stage_memory_floor(model, training, micro_batch_size: int, stages: int, repl
 def _even_split_worst(model, training, micro_batch_size: int, stages: int, replicas: int) -> tuple:
     """(stage, bytes) of the stage that needs the most under an even layer split (``ceil(layers /
     stages)`` each) with the micro-batches its schedule keeps in flight (1F1B and ZB-H1: ``S - s`` at
-    most; GPipe: a round's; ``cost_models.memory.peak_in_flight``)."""
+    most, 1F1B at warm-up depth k ``k (S - s - 1) + 1``; GPipe: a round's;
+    ``cost_models.memory.peak_in_flight``)."""
     costs = layer_costs(model, training, micro_batch_size, stages, replicas)
     per_replica = max(1, training.global_batch // (micro_batch_size * replicas))
     schedule = training.schedules[0]  # under auto 1F1B, which keeps fewer in flight than GPipe
     needs = [stage_memory_bytes(costs, math.ceil(model.layers / stages), s,
-                                peak_in_flight(schedule, s, stages, per_replica, training.micro_batches_per_round))
+                                peak_in_flight(schedule, s, stages, per_replica, training.micro_batches_per_round,
+                                               warmup_depth=costs.warmup_depth if schedule == "1f1b" else 1))
              for s in range(stages)]
     worst = int(np.argmax(needs))
     return worst, float(needs[worst])

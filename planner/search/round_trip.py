@@ -15,8 +15,11 @@ al. 2024, sec. 3.1); so micro-batches ``0, S, 2S, ...`` make a chain of ``ceil(M
 Accumulation rounds of ``K`` micro-batches run one after the other, each with its own fill and
 drain, so each round holds a round trip of its own: ``ceil(M / K)`` of them whatever the schedule.
 GPipe in one round and interleaved 1F1B (whose ``v S`` pieces cross ``2 (v S - 1) >= 2 (S - 1)``
-boundaries a trip) hold one round trip at least. The *window* ``w`` is the most micro-batches a
-chain may skip (``S`` or ``K``, ``inf`` for one trip); ``ceil(M / w)`` trips at least.
+boundaries a trip) hold one round trip at least. 1F1B of warm-up depth ``k``
+(``cost_models.schedule.one_f_one_b_warmup``) runs ``k (S - 1)`` warm-up forwards on the first
+stage: its chain skips ``k (S - 1) + 1`` micro-batches (one trip where the search picks ``k``). The
+*window* ``w`` is the most micro-batches a chain may skip (``S``, ``k (S - 1) + 1`` or ``K``, ``inf``
+for one trip); ``ceil(M / w)`` trips at least.
 
 GPipe runs a round's forwards before its backwards on every stage, so the second stage sends its
 first gradient back only after the first stage's last activation of the round reached it: every
@@ -41,7 +44,7 @@ from cost_models.schedule import Schedule
 from planner.prediction.stage_model import layer_costs, stage_memory_bytes
 from planner.search.link_clusters import least_latency_between
 
-__all__ = ["schedule_windows", "gpipe_fits", "least_latency_s", "round_trip_s", "crossing_extra_s", "gpipe_phases_s",
+__all__ = ["schedule_windows", "one_f_one_b_window", "gpipe_fits", "least_latency_s", "round_trip_s", "crossing_extra_s", "gpipe_phases_s",
            "last_sync_s"]
 
 
@@ -53,9 +56,21 @@ def schedule_windows(training, stages: int) -> dict:
     rounds = training.micro_batches_per_round if training.micro_batches_per_round > 0 else math.inf
     windows = {}
     for schedule in schedules:
-        chained = schedule == Schedule.ZERO_BUBBLE or (schedule == Schedule.ONE_F_ONE_B and not interleaves)
-        windows[schedule] = min(stages, rounds) if chained else rounds
+        if schedule == Schedule.ZERO_BUBBLE:
+            windows[schedule] = min(stages, rounds)
+        elif schedule == Schedule.ONE_F_ONE_B and not interleaves:
+            windows[schedule] = min(one_f_one_b_window(training, stages), rounds)
+        else:
+            windows[schedule] = rounds
     return windows
+
+
+def one_f_one_b_window(training, stages: int) -> float:
+    """How many micro-batches 1F1B's first stage of ``stages`` keeps in flight under ``training``'s
+    warm-up depth k: ``k (S - 1) + 1`` (``cost_models.schedule.one_f_one_b_warmup``), ``inf`` where
+    the search picks k."""
+    depth = getattr(training, "warmup_depth", 1)
+    return math.inf if depth == "auto" else depth * (stages - 1) + 1
 
 
 def gpipe_fits(model, training, stages: int, busiest: np.ndarray, tensor: int, devices: int,

@@ -22,6 +22,8 @@ one after the other, and a stage's sync starts after the stage's last op of ever
   through the ``S - k - 1`` stages downstream and back: ``round_trip.round_trip_s``'s chain over the
   ``S - k`` stages from ``k``, window ``min(S - k, K)`` (``K``: an accumulation round's
   micro-batches), each sequence's trip running ``L - P_k`` blocks and the head; then ``y(l_k)``.
+  1F1B of warm-up depth ``d`` (``warmup_depth``; ``inf`` where the search picks it) runs ``d (S - k
+  - 1)`` warm-up forwards: window ``min(d (S - k - 1) + 1, K)``.
   ZB-H1 keeps that order for its forwards and input gradients (``_zero_bubble_round``) and counts
   ``zero_bubble_share`` of the compute (``cost_models.flops.zero_bubble_trip_share``; 0 counts none),
   as ``round_trip`` does;
@@ -60,7 +62,7 @@ def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, 
                    latency_s: float, layer_sync_s: np.ndarray, first_sync_s: np.ndarray, last_sync_s: np.ndarray,
                    gpipe_fits=True, crossings: tuple = (0, 0.0, 0.0), odd_sync: tuple | None = None,
                    odd_wait: tuple | None = None, second_sync: tuple | None = None, seconds: int = 1,
-                   zero_bubble_share: float = 0.0) -> np.ndarray:
+                   zero_bubble_share: float = 0.0, warmup_depth: float = 1) -> np.ndarray:
     """(D,) seconds at least of any plan of ``stages`` (S >= 2) stages over ``layers`` blocks whose
     busiest replica runs ``busiest`` sequences (module description): ``layer_s``/``head_s`` one
     sequence's forward and backward of a block / the head on the fastest cell, ``boundary_s`` one
@@ -68,7 +70,7 @@ def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, 
     block's gradient sync (D,), ``first_sync_s``/``last_sync_s`` the first / last stage's extra
     parameters' (D,); ``per_round`` an accumulation round's micro-batches (inf: one round),
     ``micro_batch`` the micro-batch size where the job fixes it (inf: searched), ``gpipe_fits``
-    False (or (D,) False) where GPipe's activations cannot fit.
+    False (or (D,) False) where GPipe's activations cannot fit, ``warmup_depth`` 1F1B's (inf: searched).
 
     ``crossings``: ``(q, per sequence, per trip)``: at least ``q`` of the busiest replica's
     boundaries cross between clusters, each adding those seconds to a trip across it
@@ -109,13 +111,14 @@ def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, 
                  for k in range(stages)]
     return _least_schedule_s(stages, layers, np.broadcast_to(busiest, shape), schedules, interleaved, per_round,
                              micro_batch, layer_s, head_s, boundary_s, latency_s, syncs, gpipe_fits,
-                             crossings, waits, zero_bubble_share=zero_bubble_share).min(axis=0)
+                             crossings, waits, zero_bubble_share=zero_bubble_share,
+                             warmup_depth=warmup_depth).min(axis=0)
 
 
 def placed_stage_chains_s(*, syncs: list, downstream: tuple, stages: int, layers: int, busiest: np.ndarray, schedules,
                           interleaved: bool, per_round: float, micro_batch: float, layer_s: float, head_s: float,
                           boundary_s: float, latency_s: float, gpipe_fits=True,
-                          zero_bubble_share: float = 0.0) -> np.ndarray:
+                          zero_bubble_share: float = 0.0, warmup_depth: float = 1) -> np.ndarray:
     """``stage_chains_s`` of plans whose stages' syncs and crossings are known stage by stage:
     ``syncs[k]`` stage ``k``'s (block, first, last) sync seconds, ``downstream`` ``(per sequence,
     per trip)``, each a list of what the busiest replica's boundaries downstream of stage ``k`` add
@@ -125,12 +128,12 @@ def placed_stage_chains_s(*, syncs: list, downstream: tuple, stages: int, layers
     syncs = [tuple(np.broadcast_to(y, busiest.shape) for y in stage) for stage in syncs]
     return _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round, micro_batch, layer_s, head_s,
                              boundary_s, latency_s, syncs, gpipe_fits, (0, 0.0, 0.0), downstream=downstream,
-                             zero_bubble_share=zero_bubble_share)
+                             zero_bubble_share=zero_bubble_share, warmup_depth=warmup_depth)
 
 
 def _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round, micro_batch, layer_s, head_s,
                       boundary_s, latency_s, syncs, gpipe_fits, crossings, waits=None, downstream=None,
-                      zero_bubble_share: float = 0.0) -> np.ndarray:
+                      zero_bubble_share: float = 0.0, warmup_depth: float = 1) -> np.ndarray:
     """``stage_chains_s`` with stage ``k``'s syncs ``syncs[k]`` (block, first, last), (D,) each, and
     (``waits``) its sync starting after ``waits[k]`` seconds at least; ``downstream``: what stage
     ``k``'s chain crosses, ``placed_stage_chains_s``'s, in place of ``crossings``'."""
@@ -168,7 +171,8 @@ def _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round
             else:
                 extra_sequence, extra_trip = downstream[0][k], downstream[1][k]
             if kind in (Schedule.ONE_F_ONE_B, Schedule.ZERO_BUBBLE) and hops > 0:
-                window = min(stages - k, per_round)
+                depth = warmup_depth if kind == Schedule.ONE_F_ONE_B else 1
+                window = min(depth * hops + 1, per_round)
                 carried = np.maximum(1.0, busiest / window)
                 trips = np.maximum(1.0, np.ceil(np.ceil(busiest / most) / window))
                 if fixed:

@@ -1,0 +1,51 @@
+"""1F1B's warm-up depth in the search (``cost_models.schedule.one_f_one_b_warmup``): which depths a
+plan may run, and each 1F1B finalist's deeper variant ranked by the estimate.
+
+Stage s of a 1F1B pipeline keeps ``k (S - s - 1) + 1`` micro-batches in flight at warm-up depth k.
+At k = 1 (PipeDream-Flush) a message that takes longer than a stage's compute stalls the stages
+upstream of it every step; each unit of depth lets a stage wait one more steady step per hop for
+its round trip, for one more micro-batch's activations per stage downstream. Under ``auto`` the
+placement search ranks 1F1B plans with the round trips of the deepest depth tried and the memory of
+depth 1 (``evaluate._ranking_depth``), so a placement behind slow links ranks as a deeper warm-up
+would run it; each 1F1B finalist is then scored at every depth of ``AUTO_WARMUP_DEPTHS`` above 1
+(``evaluate.score_split``: the in-flight count in the round-trip period and in the memory check),
+and the deeper variant with the best estimate, where it beats depth 1's, is simulated beside it.
+"""
+
+from dataclasses import replace
+
+from cost_models.schedule import AUTO_WARMUP_DEPTHS, Schedule
+from planner.plan.plan import Plan
+from planner.search.evaluate import Candidate, score_split
+
+__all__ = ["warmup_depth_choices", "deeper_variants"]
+
+
+def warmup_depth_choices(training) -> tuple:
+    """The depths the search may plan: ``AUTO_WARMUP_DEPTHS`` under ``auto``, else the one asked for."""
+    return AUTO_WARMUP_DEPTHS if training.warmup_depth == "auto" else (training.warmup_depth,)
+
+
+def deeper_variants(ctx, candidate: Candidate, plan: Plan, choices: tuple) -> list:
+    """[(estimate, plan)]: ``candidate`` (whose plan is ``plan``) at the depth of ``choices`` above 1
+    with the best estimate (the shallowest among equals), where that estimate is below the plan's
+    own depth's; empty for another schedule than 1F1B, interleaved chunks, a single stage, or
+    where no deeper variant fits in memory."""
+    R, S = candidate.assign.shape
+    if candidate.schedule != Schedule.ONE_F_ONE_B or plan.virtual_stages != 1 or S < 2:
+        return []
+    scored = []
+    for k in choices:
+        if k > max(1, plan.warmup_depth):
+            estimate = score_split(ctx, candidate.assign, candidate.layer_counts, candidate.micro_batches,
+                                   candidate.micro_batch_size, candidate.schedule, warmup_depth=k)
+            if estimate is not None:
+                scored.append((estimate, k))
+    if not scored:
+        return []
+    estimate, k = min(scored)
+    own = score_split(ctx, candidate.assign, candidate.layer_counts, candidate.micro_batches,
+                      candidate.micro_batch_size, candidate.schedule, warmup_depth=max(1, plan.warmup_depth))
+    if own is not None and estimate >= own:
+        return []
+    return [(estimate, replace(plan, warmup_depth=k, prediction=None))]
