@@ -70,7 +70,7 @@ def _write(plan, job, topology_path: str, path: Path, calibration=None) -> Path:
 
 # The plan space's dimensions run on each topology where they are legal (``_dimension_plans``).
 DIMENSIONS = ("tensor", "zero1-uneven", "rounds", "sync-hierarchical", "sync-parameter-server", "sync-sharded",
-              "zb-h1", "interleaved", "int8-messages", "powersgd", "local-steps")
+              "zb-h1", "interleaved", "int8-messages", "powersgd", "local-steps", "warmup-depth")
 
 
 def _hosts_of_two(topology) -> bool:
@@ -130,6 +130,17 @@ def _dimension_plans(pick, job, seed: int) -> dict:
                 interleave_plan(base, 2), trained(schedule="1f1b", virtual_stages=2), "interleaved")
         plans["int8-messages"] = (replace(pick, compression=Compression(messages="int8")),
                                   trained(compress_messages="int8"), "int8-messages")
+        # 1F1B at the warm-up depth of 2-4 that the simulator gives the shortest iteration that fits
+        deep = {}
+        for k in (2, 3, 4):
+            run = trained(schedule="1f1b", warmup_depth=k)
+            plan = replace(pick, schedule="1f1b", warmup_depth=k, prediction=None)
+            prediction = predict(plan, topology, job.model, run.training)[0]
+            if prediction.fits:
+                deep[k] = (prediction.iteration_s, plan, run)
+        if deep:
+            k = min(deep, key=lambda depth: deep[depth][0])
+            plans[f"1f1b-warmup-depth-{k}"] = (deep[k][1], deep[k][2], "warmup-depth")
     if _hosts_of_two(topology):
         for stages in (1, 2):
             pinned = trained(shard_optimizer="auto")
@@ -255,6 +266,7 @@ GPU_CASES = {
     "2x1-mb2-zb-h1-compiled": Case(2, 1, "zb-h1"),
     "2x1-mb2-1f1b-interleaved-v2": Case(2, 1, "1f1b", overrides={"virtual_stages": 2}),
     "2x1-mb2-1f1b-interleaved-v4": Case(2, 1, "1f1b", overrides={"virtual_stages": 4}),
+    "2x1-mb2-1f1b-warmup-depth-3": Case(2, 1, "1f1b", overrides={"warmup_depth": 3}),
     "1x2-mb2-1f1b": Case(1, 2, "1f1b"),  # the topology's training: optimizer state sharded
     "2x1-mb4-1f1b": Case(2, 1, "1f1b", overrides={"micro_batch_size": 4}),
     "1x1-mb2-1f1b": Case(1, 1, "1f1b"),
@@ -300,6 +312,7 @@ GPU4_CASES = {
     "1x2-mb4-tensor-2": Case(1, 2, "1f1b", tensor=(2,), overrides={"micro_batch_size": 4}),
     "4x1-mb2-1f1b-interleaved-v2": Case(4, 1, "1f1b", overrides={"virtual_stages": 2}),
     "4x1-mb2-1f1b-interleaved-v4": Case(4, 1, "1f1b", overrides={"virtual_stages": 4}),
+    "4x1-mb2-1f1b-warmup-depth-2": Case(4, 1, "1f1b", overrides={"warmup_depth": 2}),
 }
 
 # The 4-stage runs as ``plan launch`` runs each schedule by default (compiled; ZB-H1 with its products split).

@@ -69,7 +69,8 @@ def _run(topology, model, training, options) -> dict:
     return {"fits": True, "predicted_s": result.predicted_s, "stages": plan.stages, "replicas": plan.replicas,
             "used": len(plan.used_devices), "idle": len(plan.idle), "tensor_groups": [list(g) for g in plan.tensor_groups],
             "recompute": result.training.recompute, "shard_optimizer": result.training.shard_optimizer,
-            "precision": result.training.precision, "wall_s": time.perf_counter() - started}
+            "precision": result.training.precision, "schedule": str(plan.schedule), "warmup_depth": plan.warmup_depth,
+            "wall_s": time.perf_counter() - started}
 
 
 def main() -> int:

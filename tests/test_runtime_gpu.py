@@ -72,6 +72,18 @@ def test_nccl_zero_bubble_training_equals_single_process(tmp_path, shape):
     assert results["measured"]["loss"] == pytest.approx(losses, rel=1e-4)
 
 
+def test_nccl_deeper_warm_up_training_equals_single_process(tmp_path):
+    """2 stages at warm-up depth 4 on 2 GPUs: the first stage sends 5 forwards before its first
+    gradient comes back, over NCCL."""
+    topology = cpu_topology(tmp_path / "topology.yaml")
+    plan = write_test_plan(tmp_path, topology, assignment=[["a0", "a1"]], layer_bounds=[0, 2, 4],
+                           micro_batches=[8], micro_batch_size=1, schedule="1f1b", warmup_depth=4)
+    results = launch(plan, LaunchOptions(iterations=3, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=0.05,
+                                         backend="nccl"), log=lambda line: None)
+    losses, _ = train_single_process(model_preset("tiny"), global_batch=8, iterations=3, learning_rate=0.05)
+    assert results["measured"]["loss"] == pytest.approx(losses, rel=1e-4)
+
+
 def test_nccl_interleaved_training_with_compiled_chunks_equals_single_process(tmp_path):
     """2 stages x 2 chunks on 2 GPUs, each chunk's blocks compiled (auto on GPUs): the messages wrap
     from the last stage to the first over NCCL."""

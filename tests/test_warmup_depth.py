@@ -208,3 +208,24 @@ def test_training_at_a_deeper_warm_up_equals_single_process(tmp_path):
     first = [(op["kind"], op["microbatch"]) for op in results["measured"]["trace"]
              if op["rank"] == 0 and op["kind"] in ("fwd", "bwd")]  # the median iteration's
     assert first.index(("bwd", 0)) == 7  # 6 warm-up forwards and the first steady one
+
+
+def test_the_report_says_what_a_deeper_warm_up_would_buy(tmp_path):
+    """The slow line's depth-1 plan: 'What binds' simulates it again at deeper depths and names the
+    best one with its time, which the simulator gives for that depth."""
+    from planner.report.why import binding_constraints
+
+    topology = _slow_line(tmp_path)
+    model = replace(model_preset("small"), layers=6)
+    training = parse_training({"global_batch": 16, "micro_batch_size": 1, "precision": "bf16", "optimizer": "adam",
+                               "schedule": "1f1b"})
+    plan = _line_plan(1)
+    plan = plan.with_prediction(predict(plan, topology, model, training)[0])
+    lines = [b for b in binding_constraints(plan, topology, model, training) if b.kind == "warm-up"]
+    assert len(lines) == 1 and lines[0].change < -0.2
+    depth = int(lines[0].text.split("at depth ")[1].split()[0])
+    deeper = predict(replace(plan, warmup_depth=depth, prediction=None), topology, model, training)[0]
+    assert f"-> {deeper.iteration_s:.4g} s" in lines[0].text
+    deep_plan = replace(plan, warmup_depth=8, prediction=None)
+    deep_plan = deep_plan.with_prediction(predict(deep_plan, topology, model, training)[0])
+    assert not [b for b in binding_constraints(deep_plan, topology, model, training) if b.kind == "warm-up"]

@@ -33,7 +33,7 @@ import numpy as np
 from cost_models.links import LevelMatrix
 from planner.inputs.catalog import AUTO, runs
 from planner.inputs.units import format_bytes
-from cost_models.schedule import Schedule, stage_ops
+from cost_models.schedule import AUTO_WARMUP_DEPTHS, Schedule, stage_ops
 from cost_models.simulator import SimulationCut
 from planner.plan.plan import CostModel
 from planner.prediction.predict import predict
@@ -335,6 +335,7 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
                                                "search's estimate)"))
         return out
     out += _zero_bubble_binding(plan, topology, model, training, deadline)
+    out += _warmup_binding(plan, topology, model, training, deadline)
     for key, kind in (("bubble_s", "bubble"), ("gradient_sync_s", "gradient sync")):
         share = p.breakdown_s.get(key, 0.0) / base
         out.append(Binding(kind=kind, change=share, text=f"{kind}: {100 * share:.1f}% of the critical device's "
@@ -378,6 +379,50 @@ def _zero_bubble_binding(plan, topology, model, training, deadline: float) -> li
     return [Binding(kind="schedule", change=change, text=(
         f"schedule: under ZB-H1 ({asked}) the same plan would {'cut' if change < 0 else 'lengthen'} the "
         f"iteration {100 * abs(change):.1f}% ({_seconds(base)} -> {_seconds(split.iteration_s)} s)"))]
+
+
+WARMUP_WORTH_SHARE = 0.02  # pipeline transfers and bubble, of the iteration, for which deeper warm-ups are tried
+
+
+def _warmup_binding(plan, topology, model, training, deadline: float) -> list:
+    """[Binding] of ``plan`` at deeper 1F1B warm-ups (``cost_models.schedule.one_f_one_b_warmup``), the
+    same placement and splits, where it runs one-chunk 1F1B over two stages or more and its pipeline
+    transfers and bubble take ``WARMUP_WORTH_SHARE`` of the iteration or more: the depths of
+    ``AUTO_WARMUP_DEPTHS`` above its own, shallowest first, until one fails to cut the time or to fit
+    (else []); where the time ran out before the first, a line that says so."""
+    p = plan.prediction
+    exposed = p.breakdown_s.get("pipeline_transfer_s", 0.0) + p.breakdown_s.get("bubble_s", 0.0)
+    if (plan.schedule != Schedule.ONE_F_ONE_B or plan.stages < 2 or plan.virtual_stages > 1
+            or exposed < WARMUP_WORTH_SHARE * p.iteration_s):
+        return []
+    base, best, overflow = p.iteration_s, None, None
+    for k in (k for k in AUTO_WARMUP_DEPTHS if k > plan.warmup_depth):
+        if not _time_for_simulation(plan, deadline):
+            break
+        try:
+            deeper = predict(replace(plan, warmup_depth=k, prediction=None), topology, model, training,
+                             deadline=deadline)[0]
+        except SimulationCut:
+            break
+        if not deeper.fits:
+            overflow = (k, max(deeper.memory_bytes, key=lambda d: deeper.memory_bytes[d] / deeper.capacity_bytes[d]))
+            break
+        if deeper.iteration_s >= (best[1] if best else base) * (1 - 1e-9):
+            break
+        best = (k, deeper.iteration_s)
+    if best is None and overflow is None:
+        return [Binding(kind="warm-up", text="warm-up: deeper 1F1B warm-ups not re-evaluated (the report's time ran "
+                                             "out: a longer --time-limit gives it more)")] \
+            if not _time_for_simulation(plan, deadline) else []
+    if best is None:
+        k, device = overflow
+        return [Binding(kind="warm-up", text=f"warm-up: at depth {k} the same plan would not fit ({device})")]
+    k, seconds = best
+    change = (seconds - base) / base
+    return [Binding(kind="warm-up", change=change, text=(
+        f"warm-up: at depth {k} (--warmup-depth {k}, or auto to search it; stage s runs {k} (S - s - 1) warm-up "
+        f"forwards) the same plan would cut the iteration {100 * abs(change):.1f}% ({_seconds(base)} -> "
+        f"{_seconds(seconds)} s)" + (f"; depth {overflow[0]} would not fit on {overflow[1]}" if overflow else "")))]
 
 
 def render_why(plan, topology, model, training, *, dollars=None, budget_s: float = math.inf,

@@ -265,11 +265,32 @@ def _pipeline_shape(ctx, assign, costs, counts, schedule, links, warmup_depth: i
 
 def _ranking_depth(ctx, costs) -> int:
     """The warm-up depth the estimate's round trips assume when no caller names one: the training's,
-    or under ``auto`` the deepest the search tries (``AUTO_WARMUP_DEPTHS``), so that a placement whose
-    slow messages a deeper warm-up hides ranks as it would run; its memory is checked at the
-    training's fixed depth, and each finalist's depths are scored one by one
-    (``planner.search.warmup.deeper_variants``)."""
+    or under ``auto`` the deepest the search tries (``AUTO_WARMUP_DEPTHS``; the splits are tuned with
+    it, and the score takes the deepest that fits, ``fitting_depth``)."""
     return AUTO_WARMUP_DEPTHS[-1] if getattr(ctx.training, "warmup_depth", 1) == "auto" else costs.warmup_depth
+
+
+def _searches_depth(ctx, schedule, stages: int) -> bool:
+    """Whether the search picks this plan's 1F1B warm-up depth (``warmup_depth: auto``, 1F1B, S >= 2)."""
+    return getattr(ctx.training, "warmup_depth", 1) == "auto" and schedule == Schedule.ONE_F_ONE_B and stages > 1
+
+
+def fitting_depth(costs, counts, micro_batches, capacity: np.ndarray, tensor) -> int | None:
+    """The deepest 1F1B warm-up depth of ``AUTO_WARMUP_DEPTHS`` at which every placed worker holds its
+    stage (``fits``; memory grows with the depth), by bisection; None where depth 1 does not fit.
+    Under ``warmup_depth: auto`` the estimate scores a 1F1B placement at it: a deeper warm-up never
+    runs slower in the estimate, and a placement ranks as the deepest warm-up it can hold runs it."""
+    depths = AUTO_WARMUP_DEPTHS
+    if not fits(costs, Schedule.ONE_F_ONE_B, counts, micro_batches, capacity, tensor, 1, depths[0]):
+        return None
+    low, high = 0, len(depths)  # depths[low] fits; depths[high] (past the end) is unknown
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(costs, Schedule.ONE_F_ONE_B, counts, micro_batches, capacity, tensor, 1, depths[middle]):
+            low = middle
+        else:
+            high = middle
+    return depths[low]
 
 
 def _weight_gradient_s(ctx, assign, costs, counts) -> np.ndarray:
@@ -499,6 +520,10 @@ def split_ends_s(ctx: SearchContext, assign: np.ndarray, counts, micro_batches, 
     if (len(counts) != S or sum(counts) != costs.layers or min(counts) < 1 or len(micro_batches) != R
             or sum(micro_batches) != total or min(micro_batches) < 1):
         return None
+    if warmup_depth is None and virtual_stages == 1 and _searches_depth(ctx, schedule, S):
+        warmup_depth = fitting_depth(costs, counts, micro_batches, ctx.capacity[assign], ctx.tensor[assign])
+        if warmup_depth is None:
+            return None
     if not fits(costs, schedule, counts, micro_batches, ctx.capacity[assign], ctx.tensor[assign], virtual_stages,
                 warmup_depth):
         return None
@@ -560,6 +585,11 @@ def _evaluate(ctx, assign, micro_batch_size, schedule, micro_batches, split) -> 
         micro_batches = new
     if total != int(np.sum(micro_batches)):
         return None
+    if _searches_depth(ctx, schedule, S):  # scored at the deepest warm-up its memory holds
+        depth = fitting_depth(costs, counts, micro_batches, capacity, tensor)
+        if depth is None:
+            return None
+        tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, links, depth)
     score = _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck)
     return Candidate(assign=assign, layer_counts=tuple(int(c) for c in counts),
                      micro_batches=tuple(int(m) for m in micro_batches), micro_batch_size=micro_batch_size,

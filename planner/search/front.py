@@ -739,14 +739,16 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         plain = with_asked_groups(plain, real, run)  # ``cluster`` / ``one``: simulated in their groups
         # Interleaved 1F1B: the candidate's variants with v > 1 chunks per device, simulated too
         # (planner.search.interleave); with virtual_stages fixed above 1 only they may win.
-        # 1F1B with more warm-up forwards where the search picks the depth (planner.search.warmup).
-        variants = interleaved_variants(ctx, candidate, plain, choices)
-        variants += deeper_variants(ctx, candidate, plain, depths) if 1 in choices else []
-        variants = [(e, p) for e, p in variants if (candidate.key(), p.virtual_stages, p.warmup_depth) not in interleaved]
-        variants = ([(candidate.score_s, plain)] if 1 in choices else []) + variants
+        # 1F1B with more warm-up forwards where the search picks the depth (planner.search.warmup):
+        # a deeper variant the estimate puts ahead is simulated in the candidate's place.
+        deeper = deeper_variants(ctx, candidate, plain, depths) if 1 in choices else []
+        main = deeper[0][1] if deeper else plain
+        variants = [(e, p) for e, p in interleaved_variants(ctx, candidate, plain, choices)
+                    if (candidate.key(), p.virtual_stages, p.warmup_depth) not in interleaved]
+        variants = (deeper or ([(candidate.score_s, plain)] if 1 in choices else [])) + variants
         interleaved.update((candidate.key(), p.virtual_stages, p.warmup_depth) for _, p in variants)
         for estimate, plan in variants:
-            if plan is not plain and not more(simulating=True, reserve_s=sync_reserve_s):
+            if plan is not main and not more(simulating=True, reserve_s=sync_reserve_s):
                 break
             prediction = simulate(plan, run)
             if prediction is None:  # the clock cut it: the first plan keeps its estimate, the rest stop
@@ -761,7 +763,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
                 unfinished.append(prediction.iteration_s)
             elif prediction.fits and prediction.iteration_s < best_time:
                 best_plan, best_time = plan.with_prediction(prediction), prediction.iteration_s
-            if plan is plain and prediction.fits and math.isfinite(prediction.iteration_s):
+            if plan is main and prediction.fits and math.isfinite(prediction.iteration_s):
                 simulated_splits.append((prediction.iteration_s, len(simulated_splits), candidate))
         simulated_keys.add(candidate.key())
         return True
