@@ -44,7 +44,8 @@ def main() -> int:
     args = parser.parse_args()
     options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit, budget_s=args.budget)
     rows = []
-    paths = sorted((ROOT / "topologies" / "dtfm").glob("*.yaml")) + sorted((ROOT / "topologies" / "hetero").glob("*.yaml"))
+    paths = [*sorted((ROOT / "topologies" / "dtfm").glob("*.yaml")),
+             *sorted((ROOT / "topologies" / "hetero").glob("*.yaml"))]
     for path in paths:
         job = load_job(path)
         row = {"topology": job.topology.name, "devices": job.topology.size,

@@ -129,7 +129,8 @@ def peak_in_flight(schedule: str, stage, stages: int, micro_batches, per_round: 
 
     GPipe keeps a round's ``m`` (Huang et al. 2019); 1F1B ``min(S - i, m)`` (Narayanan et al. 2021,
     PipeDream-Flush, sec. 2.2), with warm-up depth k ``min(k (S - i - 1) + 1, m)`` (its ``w`` warm-up
-    forwards and the steady step's, ``cost_models.schedule.one_f_one_b_warmup``); ZB-H1 ``min(S, m)`` on every stage (Qi et al. 2024, sec. 3.1: the
+    forwards and the steady step's, ``cost_models.schedule.one_f_one_b_warmup``); ZB-H1 ``min(S, m)``
+    on every stage (Qi et al. 2024, sec. 3.1: the
     peak of 1F1B's first stage; stage i defers i weight gradients); interleaved 1F1B (``virtual_stages``
     v > 1) ``w + 1`` chunk forwards of a round of ``m v`` with ``w`` warm-up ones
     (``cost_models.schedule.interleaved_warmup``; all ``m v`` when every forward is warm-up), each
@@ -218,7 +219,8 @@ def _rounds_peak(schedule: str, stage, stages: int, micro_batches, per_round: in
     M = np.asarray(micro_batches, dtype=np.int64)
     shape = np.broadcast_shapes(i.shape, M.shape)  # GPipe's in-flight count, say, does not depend on the stage
     if per_round <= 0:  # one round
-        return tuple(np.broadcast_to(n, shape).astype(float) for n in _round_peak(schedule, i, stages, M, chunks, depth))
+        return tuple(np.broadcast_to(n, shape).astype(float)
+                     for n in _round_peak(schedule, i, stages, M, chunks, depth))
     size = np.where((per_round > 0) & (per_round < M), per_round, M)
     rest = M % size
     last = np.where(rest > 0, rest, size)

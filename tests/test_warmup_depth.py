@@ -145,7 +145,7 @@ def test_auto_picks_a_deeper_warm_up_where_the_line_is_slow(tmp_path, capsys):
     code, plain, _ = run_cli(args + ["-o", tmp_path / "plain.yaml"], capsys)
     assert code == 0
     code, deep, _ = run_cli(args + ["--warmup-depth", "auto", "-o", tmp_path / "deep.yaml"], capsys)
-    assert code == 0 and "with warm-up depth" in deep and "Warm-up depths tried" in deep
+    assert code == 0 and "with warm-up depth" in deep
 
     def seconds(text):
         return float(next(line for line in text.splitlines()

@@ -22,8 +22,8 @@ from planner.search.gpipe_idle import gpipe_idle_s
 from planner.search.pure_groups import spread_floors_s
 from planner.search.nested_crossings import nested_crossing_s
 from planner.search.replica_crossings import replica_crossings_s
-from planner.search.round_trip import (crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s, least_latency_s,
-                                      round_trip_s, schedule_windows)
+from planner.search.round_trip import (bound_depth, crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s,
+                                      least_latency_s, round_trip_s, schedule_windows)
 from planner.search.slow_crossings import every_group_crosses, group_counts, slow_crossing_s
 from planner.search.slow_uplinks import nic_rates_bytes_per_s, slowest_used_rate, uplink_chains_s
 from planner.search.stage_chains import clustered_stage_chains_s, stage_chains_s
@@ -388,7 +388,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
             chains = dict(stages=stages, layers=model.layers, busiest=busiest, schedules=training.schedules,
                           interleaved=training.virtual_stages != 1,
                           per_round=training.micro_batches_per_round or math.inf,
-                          warmup_depth=math.inf if training.warmup_depth == "auto" else training.warmup_depth,
+                          warmup_depth=bound_depth(training),
                           micro_batch=training.micro_batch_size or math.inf, layer_s=sequence_layer_flops / cell_flops,
                           head_s=head_flops / cell_flops, boundary_s=boundary_s, latency_s=latency_s,
                           layer_sync_s=layer_params * gradient_bytes * ring,

@@ -17,7 +17,8 @@ drain, so each round holds a round trip of its own: ``ceil(M / K)`` of them what
 GPipe in one round and interleaved 1F1B (whose ``v S`` pieces cross ``2 (v S - 1) >= 2 (S - 1)``
 boundaries a trip) hold one round trip at least. 1F1B of warm-up depth ``k``
 (``cost_models.schedule.one_f_one_b_warmup``) runs ``k (S - 1)`` warm-up forwards on the first
-stage: its chain skips ``k (S - 1) + 1`` micro-batches (one trip where the search picks ``k``). The
+stage: its chain skips ``k (S - 1) + 1`` micro-batches (``k`` the deepest the search tries where it
+picks ``k``). The
 *window* ``w`` is the most micro-batches a chain may skip (``S``, ``k (S - 1) + 1`` or ``K``, ``inf``
 for one trip); ``ceil(M / w)`` trips at least.
 
@@ -40,11 +41,11 @@ import math
 import numpy as np
 
 from cost_models.links import LevelMatrix
-from cost_models.schedule import Schedule
+from cost_models.schedule import AUTO_WARMUP_DEPTHS, Schedule
 from planner.prediction.stage_model import layer_costs, stage_memory_bytes
 from planner.search.link_clusters import least_latency_between
 
-__all__ = ["schedule_windows", "one_f_one_b_window", "gpipe_fits", "least_latency_s", "round_trip_s", "crossing_extra_s", "gpipe_phases_s",
+__all__ = ["schedule_windows", "one_f_one_b_window", "bound_depth", "gpipe_fits", "least_latency_s", "round_trip_s", "crossing_extra_s", "gpipe_phases_s",
            "last_sync_s"]
 
 
@@ -67,10 +68,16 @@ def schedule_windows(training, stages: int) -> dict:
 
 def one_f_one_b_window(training, stages: int) -> float:
     """How many micro-batches 1F1B's first stage of ``stages`` keeps in flight under ``training``'s
-    warm-up depth k: ``k (S - 1) + 1`` (``cost_models.schedule.one_f_one_b_warmup``), ``inf`` where
-    the search picks k."""
+    warm-up depth k: ``k (S - 1) + 1`` (``cost_models.schedule.one_f_one_b_warmup``), at the deepest
+    the search tries where it picks k (``AUTO_WARMUP_DEPTHS``)."""
+    return bound_depth(training) * (stages - 1) + 1
+
+
+def bound_depth(training) -> int:
+    """The deepest 1F1B warm-up a plan of ``training`` may run: its fixed depth, or under ``auto``
+    the deepest the search tries (``AUTO_WARMUP_DEPTHS``)."""
     depth = getattr(training, "warmup_depth", 1)
-    return math.inf if depth == "auto" else depth * (stages - 1) + 1
+    return AUTO_WARMUP_DEPTHS[-1] if depth == "auto" else depth
 
 
 def gpipe_fits(model, training, stages: int, busiest: np.ndarray, tensor: int, devices: int,

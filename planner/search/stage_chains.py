@@ -22,8 +22,8 @@ one after the other, and a stage's sync starts after the stage's last op of ever
   through the ``S - k - 1`` stages downstream and back: ``round_trip.round_trip_s``'s chain over the
   ``S - k`` stages from ``k``, window ``min(S - k, K)`` (``K``: an accumulation round's
   micro-batches), each sequence's trip running ``L - P_k`` blocks and the head; then ``y(l_k)``.
-  1F1B of warm-up depth ``d`` (``warmup_depth``; ``inf`` where the search picks it) runs ``d (S - k
-  - 1)`` warm-up forwards: window ``min(d (S - k - 1) + 1, K)``.
+  1F1B of warm-up depth ``d`` (``warmup_depth``; the deepest it tries where the search picks it,
+  ``round_trip.bound_depth``) runs ``d (S - k - 1)`` warm-up forwards: window ``min(d (S - k - 1) + 1, K)``.
   ZB-H1 keeps that order for its forwards and input gradients (``_zero_bubble_round``) and counts
   ``zero_bubble_share`` of the compute (``cost_models.flops.zero_bubble_trip_share``; 0 counts none),
   as ``round_trip`` does;
@@ -70,7 +70,7 @@ def stage_chains_s(*, stages: int, layers: int, busiest: np.ndarray, schedules, 
     block's gradient sync (D,), ``first_sync_s``/``last_sync_s`` the first / last stage's extra
     parameters' (D,); ``per_round`` an accumulation round's micro-batches (inf: one round),
     ``micro_batch`` the micro-batch size where the job fixes it (inf: searched), ``gpipe_fits``
-    False (or (D,) False) where GPipe's activations cannot fit, ``warmup_depth`` 1F1B's (inf: searched).
+    False (or (D,) False) where GPipe's activations cannot fit, ``warmup_depth`` 1F1B's deepest.
 
     ``crossings``: ``(q, per sequence, per trip)``: at least ``q`` of the busiest replica's
     boundaries cross between clusters, each adding those seconds to a trip across it
