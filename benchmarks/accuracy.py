@@ -138,9 +138,11 @@ def _dimension_plans(pick, job, seed: int) -> dict:
             prediction = predict(plan, topology, job.model, run.training)[0]
             if prediction.fits:
                 deep[k] = (prediction.iteration_s, plan, run)
-        if deep:
+        if deep:  # and the same plan at depth 1, measured beside it
             k = min(deep, key=lambda depth: deep[depth][0])
             plans[f"1f1b-warmup-depth-{k}"] = (deep[k][1], deep[k][2], "warmup-depth")
+            plans["1f1b-warmup-depth-1"] = (replace(pick, schedule="1f1b", warmup_depth=1, prediction=None),
+                                            trained(schedule="1f1b", warmup_depth=1), "warmup-depth")
     if _hosts_of_two(topology):
         for stages in (1, 2):
             pinned = trained(shard_optimizer="auto")

@@ -1,12 +1,13 @@
 """Where the 1,024-device plan's time goes, and what other layouts and a path-aware bound term give:
-the evidence behind issue 12's remaining gap (``benchmarks/bounds.py --generated 1024``).
+the evidence behind the 1,024-device gap (``benchmarks/bounds.py --generated 1024``).
 
     python benchmarks/generated_layouts.py [--devices 1024] [--budget 5] [--seed 0]
 
 On ``benchmarks/scale.py``'s generated topology (GPT-3 6.7B, two sequences a device, recomputation,
 ``precision: auto``), it prints and writes ``benchmarks/results/generated_layouts_<devices>.json``:
 - the search's plan (``--budget``, ``--seed``) and its simulated breakdown, with the regions its
-  first replica's stages sit in and their one-way latency;
+  first replica's stages sit in and their one-way latency, and the same search under
+  ``warmup_depth: auto`` (1F1B with more micro-batches in flight);
 - that plan re-split (``evaluate_placement``) without its V100 replicas, and without its V100 and
   RTX 4090 ones;
 - a region-local layout: a stage per device type (H100, A100-80GB, A100-40GB, RTX 4090, V100), a
@@ -23,6 +24,7 @@ import itertools
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +110,13 @@ def main() -> int:
                        "breakdown_s": {k: float(v) for k, v in plan.prediction.breakdown_s.items()},
                        "lower_bound_s": result.lower_bound_s, "first_replica_regions": path,
                        "first_replica_latency_s": float(sum(latency[a, b] for a, b in zip(assign[0], assign[0][1:])))}}
+    deep = search(topology, model, replace(training, warmup_depth="auto"),
+                  SearchOptions(seed=args.seed, time_limit_s=600, budget_s=args.budget))
+    report["plan_warmup_depth_auto"] = {
+        "stages": deep.plan.stages, "replicas": deep.plan.replicas, "schedule": str(deep.plan.schedule),
+        "warmup_depth": deep.plan.warmup_depth, "simulated_s": deep.plan.prediction.iteration_s,
+        "breakdown_s": {k: float(v) for k, v in deep.plan.prediction.breakdown_s.items()},
+        "lower_bound_s": deep.lower_bound_s}
     types = np.array([topology.devices[i].type_name for i in assign[:, 0]])
     for label, dropped in (("without V100 replicas", ("V100-32GB",)),
                            ("without V100 and RTX 4090 replicas", ("V100-32GB", "RTX-4090"))):
@@ -121,6 +130,9 @@ def main() -> int:
     print(f"plan {plan.stages} x {plan.replicas} {plan.schedule}: {plan.prediction.iteration_s:.3f} s "
           f"(bubble {plan.prediction.breakdown_s['bubble_s']:.3f} s), bound {result.lower_bound_s:.3f} s; "
           f"first replica through {path}, {report['plan']['first_replica_latency_s'] * 1e3:.1f} ms one way")
+    row = report["plan_warmup_depth_auto"]
+    print(f"warmup_depth auto: {row['stages']} x {row['replicas']} {row['schedule']} (depth {row['warmup_depth']}): "
+          f"{row['simulated_s']:.3f} s, bound {row['lower_bound_s']:.3f} s")
     for label in ("without V100 replicas", "without V100 and RTX 4090 replicas", "region-local, a stage per type"):
         row = report[label]
         print(f"{label:36} " + (f"{row['stages']} x {row['replicas']}: {row['simulated_s']:.3f} s, sync "
