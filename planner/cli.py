@@ -253,27 +253,12 @@ def _sync_groups(value):
     return value
 
 
-def _virtual_stages(value):
-    """``--virtual-stages``: a whole number from 1 to ``MAX_VIRTUAL_STAGES``, or auto (None: the file's)."""
-    from planner.inputs.model import MAX_VIRTUAL_STAGES
-
+def _whole_or_auto(flag: str, value, most: int):
+    """``flag``'s value: a whole number from 1 to ``most``, or auto (None: the file's)."""
     if value is None or value == "auto":
         return value
-    if not value.isdigit() or not 1 <= int(value) <= MAX_VIRTUAL_STAGES:
-        raise InputError(f"must be a whole number from 1 to {MAX_VIRTUAL_STAGES} or auto, got {value!r}",
-                         field="--virtual-stages")
-    return int(value)
-
-
-def _warmup_depth(value):
-    """``--warmup-depth``: a whole number from 1 to ``MAX_WARMUP_DEPTH``, or auto (None: the file's)."""
-    from planner.inputs.model import MAX_WARMUP_DEPTH
-
-    if value is None or value == "auto":
-        return value
-    if not value.isdigit() or not 1 <= int(value) <= MAX_WARMUP_DEPTH:
-        raise InputError(f"must be a whole number from 1 to {MAX_WARMUP_DEPTH} or auto, got {value!r}",
-                         field="--warmup-depth")
+    if not value.isdigit() or not 1 <= int(value) <= most:
+        raise InputError(f"must be a whole number from 1 to {most} or auto, got {value!r}", field=flag)
     return int(value)
 
 
@@ -368,6 +353,7 @@ def _make(args) -> int:
         if value is not None:
             raise InputError("belongs to a re-plan: add --from OLD_PLAN or drop it", field=flag)
     from planner.inputs.job import load_job
+    from planner.inputs.model import MAX_VIRTUAL_STAGES, MAX_WARMUP_DEPTH
     from planner.plan.document import plan_to_document
     from planner.report.text import render_plan
     from planner.search.front import SearchOptions, search
@@ -376,8 +362,8 @@ def _make(args) -> int:
     overrides = {"global_batch": _positive("--global-batch", args.global_batch),
                  "micro_batch_size": _positive("--micro-batch-size", args.micro_batch_size), "schedule": args.schedule,
                  "sync_every": _sync_every(args.sync_every), "sync_groups": _sync_groups(args.sync_groups),
-                 "virtual_stages": _virtual_stages(args.virtual_stages),
-                 "warmup_depth": _warmup_depth(args.warmup_depth),
+                 "virtual_stages": _whole_or_auto("--virtual-stages", args.virtual_stages, MAX_VIRTUAL_STAGES),
+                 "warmup_depth": _whole_or_auto("--warmup-depth", args.warmup_depth, MAX_WARMUP_DEPTH),
                  "micro_batches_per_round": _non_negative_or_none("--micro-batches-per-round",
                                                                    args.micro_batches_per_round),
                  **_compression_overrides(args)}
