@@ -154,6 +154,23 @@ def test_auto_picks_a_deeper_warm_up_where_the_line_is_slow(tmp_path, capsys):
     assert seconds(deep) < 0.8 * seconds(plain)
     written = yaml.safe_load((tmp_path / "deep.yaml").read_text())
     assert written["warmup_depth"] > 1 and written["training"]["warmup_depth"] == written["warmup_depth"]
+    # A re-plan after a device left picks the depth again (the file holds the depth chosen, not auto).
+    code, out, err = run_cli([path, "--from", tmp_path / "deep.yaml", "--lost", "d2", "--budget", "1", "--seed", "0",
+                              "-o", tmp_path / "re.yaml"], capsys)
+    assert code == 0, err
+    again = yaml.safe_load((tmp_path / "re.yaml").read_text())
+    assert again["training"]["warmup_depth"] == again.get("warmup_depth", 1)
+
+
+def test_a_re_plan_searches_the_depth_again_and_interleaving_resets_it():
+    from planner.plan.plan import interleave_plan
+    from planner.search.replan import _depth_searched_again
+
+    training = parse_training({"global_batch": 16, "schedule": "auto", "warmup_depth": 3})
+    assert _depth_searched_again(_line_plan(3), training).warmup_depth == "auto"
+    assert _depth_searched_again(replace(_line_plan(1), schedule="gpipe"),
+                                 parse_training({"global_batch": 16})).warmup_depth == 1
+    assert interleave_plan(_line_plan(3), 2).warmup_depth == 1
 
 
 @pytest.mark.slow

@@ -174,7 +174,7 @@ def interleave_plan(plan: Plan, virtual_stages: int) -> Plan:
     for piece in range(S * v):
         c, s = divmod(piece, S)
         bounds.append(bounds[-1] + sizes[s][c])
-    return replace(plan, layer_bounds=tuple(bounds), virtual_stages=v, prediction=None)
+    return replace(plan, layer_bounds=tuple(bounds), virtual_stages=v, warmup_depth=1, prediction=None)
 
 
 def validate_plan(plan: Plan, topology, model, training) -> None:

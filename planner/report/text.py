@@ -1,5 +1,7 @@
 """Human-readable rendering of a plan (what ``plan TOPOLOGY`` prints)."""
 
+import math
+
 import numpy as np
 
 from cost_models.schedule import Schedule
@@ -159,6 +161,7 @@ def _cell(plan, name: str) -> str:
 def render_plan(plan, topology, model, training, *, result=None) -> str:
     p = plan.prediction
     S, R = plan.stages, plan.replicas
+    in_flight = min(plan.warmup_depth * (S - 1) + 1, max(plan.micro_batches), plan.micro_batches_per_round or math.inf)
     out = [f"Plan for {topology.name}: {model.name} ({model.layers} layers, h {model.hidden}), "
            f"global batch {training.global_batch} x {model.sequence} tokens, {training.precision}",
            f"Degrees: {S} pipeline stage(s) x {R} data-parallel replica(s)"
@@ -169,9 +172,9 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
            + (f" interleaved over {plan.virtual_stages} virtual stages per device (Narayanan et al. 2021, sec. 2.2.2: "
               f"the bubble shrinks {plan.virtual_stages}x, {plan.virtual_stages}x the pipeline messages)"
               if plan.virtual_stages > 1 else "")
-           + (f" with warm-up depth {plan.warmup_depth} (stage s runs {plan.warmup_depth} (S - s - 1) warm-up forwards: "
-              f"up to {min(plan.warmup_depth * (S - 1) + 1, max(plan.micro_batches))} micro-batches in flight on "
-              "stage 0, so that messages overlap compute)" if plan.warmup_depth > 1 else "")
+           + (f" with warm-up depth {plan.warmup_depth} (stage s runs {plan.warmup_depth} (S - s - 1) warm-up "
+              f"forwards: up to {in_flight} micro-batches in flight on stage 0, so that messages overlap compute)"
+              if plan.warmup_depth > 1 else "")
            + (f" ({ZERO_BUBBLE_ERROR})" if plan.schedule == Schedule.ZERO_BUBBLE else "")
            + f", micro-batch size {plan.micro_batch_size}"
            + (f", in accumulation rounds of {plan.micro_batches_per_round} micro-batches (each its own fill and "

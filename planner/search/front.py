@@ -895,10 +895,14 @@ def _solve_exactly(ctx, hint: Candidate, work_limit: float, seconds: float) -> t
     # but its optimum and bound are the whole ring's, no proof.
     ring_only = R == 1 or (syncs_for(ctx.training, R) == (Sync.RING,) and not charges_groups(ctx.training, R))
     status = result.status if ring_only else f"{result.status} for a ring sync (candidate scored with the plan's)"
+    # Under ``warmup_depth: auto`` the model times 1F1B at depth 1 (the costs' fixed depth): its
+    # optimum and bound are depth 1's, which a deeper warm-up of the shape may beat.
+    depth_one = ctx.training.warmup_depth == "auto" and hint.schedule == Schedule.ONE_F_ONE_B and S > 1
+    status += " at warm-up depth 1 (candidate scored at its deepest)" if depth_one else ""
     return {"stages": S, "replicas": R, "micro_batch_size": hint.micro_batch_size, "schedule": hint.schedule,
             "status": status, "estimate_s": _finite(result.objective_s),
-            "bound_s": _finite(result.bound_s) if ring_only else None, "wall_s": round(result.wall_s, 3)}, \
-        result.candidate
+            "bound_s": _finite(result.bound_s) if ring_only and not depth_one else None,
+            "wall_s": round(result.wall_s, 3)}, result.candidate
 
 
 def _finite(value: float) -> float | None:

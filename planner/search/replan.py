@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from cost_models import flops, memory
+from cost_models.schedule import AUTO_WARMUP_DEPTHS, Schedule
 from planner.errors import InputError
 from planner.inputs.units import format_bytes
 from planner.plan.plan import Plan, validate_plan
@@ -462,6 +463,17 @@ def _kept_layouts(old: Plan, topology, lost: list, spares: list, scorer: _Scorer
     return options
 
 
+def _depth_searched_again(old: Plan, training):
+    """``training`` with ``warmup_depth: auto`` where ``old`` runs 1F1B at a depth the search may pick
+    (``AUTO_WARMUP_DEPTHS``): a plan file writes the depth its search chose, and the changed cluster
+    (more layers a stage, other links) may need another; the old layout's own depth stays allowed."""
+    depth = training.warmup_depth
+    if (old.schedule == Schedule.ONE_F_ONE_B and old.virtual_stages == 1 and depth != "auto" and depth > 1
+            and depth in AUTO_WARMUP_DEPTHS):
+        return replace(training, warmup_depth="auto")
+    return training
+
+
 def replan(old: Plan, topology, model, training, options, *, move_weight: float = DEFAULT_MOVE_WEIGHT, rng=None,
            callback=None) -> ReplanResult:
     """A plan for ``topology`` (the changed cluster) that ``old`` is running on: the lowest
@@ -476,6 +488,7 @@ def replan(old: Plan, topology, model, training, options, *, move_weight: float 
     added = tuple(d for d in topology.names if d not in set(named))
     used = set(old.used_devices)
     spares = [d for d in topology.names if d not in used]
+    training = _depth_searched_again(old, training)
     objective = MoveAwareTime(old, move_weight=move_weight)
     scorer = _Scorer(old, topology, model, training, objective)
     kept = _kept_layouts(old, topology, list(lost), spares, scorer)

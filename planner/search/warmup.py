@@ -5,11 +5,12 @@ Stage s of a 1F1B pipeline keeps ``k (S - s - 1) + 1`` micro-batches in flight a
 At k = 1 (PipeDream-Flush) a message that takes longer than a stage's compute stalls the stages
 upstream of it every step; each unit of depth lets a stage wait one more steady step per hop for
 its round trip, for one more micro-batch's activations per stage downstream. Under ``auto`` the
-placement search ranks 1F1B plans with the round trips of the deepest depth tried and the memory of
-depth 1 (``evaluate._ranking_depth``), so a placement behind slow links ranks as a deeper warm-up
-would run it; each 1F1B finalist is then scored at every depth of ``AUTO_WARMUP_DEPTHS`` above 1
+placement search scores each 1F1B placement at the deepest depth of ``AUTO_WARMUP_DEPTHS`` its
+memory holds (``evaluate.fitting_depth``), so a placement behind slow links ranks as a deeper
+warm-up would run it; each 1F1B finalist is then scored at every depth above 1
 (``evaluate.score_split``: the in-flight count in the round-trip period and in the memory check),
-and the deeper variant with the best estimate, where it beats depth 1's, is simulated beside it.
+and the deeper variant with the best estimate, where it beats depth 1's, is simulated in the
+candidate's place (depth 1 of that candidate is not simulated).
 """
 
 from dataclasses import replace
