@@ -9,8 +9,8 @@ placement search scores each 1F1B placement at the deepest depth of ``AUTO_WARMU
 memory holds (``evaluate.fitting_depth``), so a placement behind slow links ranks as a deeper
 warm-up would run it; each 1F1B finalist is then scored at every depth above 1
 (``evaluate.score_split``: the in-flight count in the round-trip period and in the memory check),
-and the deeper variant with the best estimate, where it beats depth 1's, is simulated in the
-candidate's place (depth 1 of that candidate is not simulated).
+and the deeper variant with the best estimate, where it is not above depth 1's, is simulated in
+the candidate's place (depth 1 of that candidate is not simulated).
 """
 
 from dataclasses import replace
@@ -29,8 +29,9 @@ def warmup_depth_choices(training) -> tuple:
 
 def deeper_variants(ctx, candidate: Candidate, plan: Plan, choices: tuple) -> list:
     """[(estimate, plan)]: ``candidate`` (whose plan is ``plan``) at the depth of ``choices`` above 1
-    with the best estimate (the shallowest among equals), where that estimate is below the plan's
-    own depth's; empty for another schedule than 1F1B, interleaved chunks, a single stage, or
+    with the best estimate (the shallowest among equals), where that estimate is not above the plan's
+    own depth's (on a tie the deeper one: the estimate's period misses the stalls a round trip longer
+    than the steady step causes, which only a deeper warm-up removes); empty for another schedule than 1F1B, interleaved chunks, a single stage, or
     where no deeper variant fits in memory."""
     R, S = candidate.assign.shape
     if candidate.schedule != Schedule.ONE_F_ONE_B or plan.virtual_stages != 1 or S < 2:
@@ -47,6 +48,6 @@ def deeper_variants(ctx, candidate: Candidate, plan: Plan, choices: tuple) -> li
     estimate, k = min(scored)
     own = score_split(ctx, candidate.assign, candidate.layer_counts, candidate.micro_batches,
                       candidate.micro_batch_size, candidate.schedule, warmup_depth=max(1, plan.warmup_depth))
-    if own is not None and estimate >= own:
+    if own is not None and estimate > own * (1 + 1e-9):
         return []
     return [(estimate, replace(plan, warmup_depth=k, prediction=None))]
