@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 PLANS = {2: {"pipeline (2 stages)": "benchmarks/plans/h100x2-pipeline.yaml",
              "pipeline, zb-h1 (2 stages)": "benchmarks/plans/h100x2-zero-bubble.yaml",
+             "pipeline, warm-up depth 3 (2 stages)": "benchmarks/plans/h100x2-warmup-depth-3.yaml",
              "pipeline, interleaved (2x2)": "benchmarks/plans/h100x2-interleaved.yaml",
              "pipeline, interleaved (2x4)": "benchmarks/plans/h100x2-interleaved-v4.yaml",
              "data parallel (2 replicas)": "benchmarks/plans/h100x2-data-parallel.yaml",
