@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["Schedule", "Op", "stage_ops", "round_sizes", "piece_of", "peer_stage", "interleaving_problem",
-           "interleaved_warmup", "one_f_one_b_warmup", "warmup_depth_problem", "OP_KINDS",
+           "interleaved_warmup", "one_f_one_b_warmup", "run_depth", "warmup_depth_problem", "OP_KINDS",
            "COMPUTE_KINDS", "AUTO_SCHEDULES", "AUTO_WARMUP_DEPTHS"]
 
 
@@ -105,6 +105,12 @@ def one_f_one_b_warmup(stage, stages: int, micro_batches, depth: int = 1):
     activation memory (Qi et al. 2024, sec. 3.1): stage s can then wait ``(k - 1)`` steady steps per
     hop for the messages of its round trip before it runs dry. Vectorised over numpy arrays."""
     return np.minimum(depth * (stages - np.asarray(stage) - 1), micro_batches)
+
+
+def run_depth(schedule: str, depth: int, virtual_stages: int = 1) -> int:
+    """The warm-up depth a plan of ``schedule`` runs with ``depth`` asked: ``depth`` under one-chunk
+    1F1B, 1 otherwise (the other schedules have their own warm-ups)."""
+    return depth if schedule == Schedule.ONE_F_ONE_B and virtual_stages == 1 else 1
 
 
 def warmup_depth_problem(schedule: str, depth: int, virtual_stages: int = 1) -> str:

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from cost_models.schedule import Schedule
+from cost_models.schedule import run_depth
 from planner.prediction.stage_model import LayerCosts, peak_table, stage_memory_bytes
 
 __all__ = ["split_layers", "split_batch"]
@@ -78,7 +78,7 @@ def split_layers(costs: LayerCosts, schedule: str, speed: np.ndarray, capacity_b
     tensor = np.ones((R, S)) if tensor is None else tensor
     limits = _stage_limits(costs, S, speed, capacity_bytes,
                            peak_table(schedule, S, micro_batches, costs.micro_batches_per_round,
-                                      warmup_depth=costs.warmup_depth if schedule == Schedule.ONE_F_ONE_B else 1), tensor)
+                                      warmup_depth=run_depth(schedule, costs.warmup_depth)), tensor)
     slowest, by_memory = limits
     if even:  # the most even split memory allows, whatever the compute balance
         return _fill(costs, S, slowest, by_memory, np.inf)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cost_models.network import Sync
-from cost_models.schedule import AUTO_WARMUP_DEPTHS, Schedule
+from cost_models.schedule import AUTO_WARMUP_DEPTHS, Schedule, run_depth
 from planner.plan.sync import syncs_for
 from planner.plan.sync_groups import CLUSTER, ONE, grouped_sync, grouping
 from planner.plan.tensor import group_devices
@@ -491,7 +491,7 @@ def fits(costs, schedule: str, counts, micro_batches, capacity: np.ndarray, tens
     count (``stage_model.peak_table``)."""
     R, S = capacity.shape
     chunks = [chunk_sizes(c, virtual_stages) for c in counts] if virtual_stages > 1 else None
-    depth = (warmup_depth or costs.warmup_depth) if schedule == Schedule.ONE_F_ONE_B and virtual_stages == 1 else 1
+    depth = run_depth(schedule, warmup_depth or costs.warmup_depth, virtual_stages)
     peak = peak_table(schedule, S, micro_batches, costs.micro_batches_per_round, virtual_stages, chunks, depth)
     tensor = np.ones((R, S)) if tensor is None else tensor
     need = np.stack([stage_memory_bytes(costs, counts[s], s, peak["in_flight"][:, s], tensor[:, s],
@@ -522,10 +522,10 @@ def split_ends_s(ctx: SearchContext, assign: np.ndarray, counts, micro_batches, 
         return None
     if warmup_depth is None and virtual_stages == 1 and _searches_depth(ctx, schedule, S):
         warmup_depth = fitting_depth(costs, counts, micro_batches, ctx.capacity[assign], ctx.tensor[assign])
-        if warmup_depth is None:
+        if warmup_depth is None:  # fitting_depth checked the memory at the depth it returns
             return None
-    if not fits(costs, schedule, counts, micro_batches, ctx.capacity[assign], ctx.tensor[assign], virtual_stages,
-                warmup_depth):
+    elif not fits(costs, schedule, counts, micro_batches, ctx.capacity[assign], ctx.tensor[assign], virtual_stages,
+                  warmup_depth):
         return None
     links = _links(ctx, assign, costs)
     tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, links, warmup_depth)

@@ -7,6 +7,7 @@ from enum import StrEnum
 import numpy as np
 
 from cost_models.memory import peak_in_flight
+from cost_models.schedule import run_depth
 from planner.errors import InputError
 from planner.inputs.units import format_bytes
 from planner.prediction.stage_model import layer_costs, stage_memory_bytes
@@ -74,7 +75,7 @@ def _even_split_worst(model, training, micro_batch_size: int, stages: int, repli
     schedule = training.schedules[0]  # under auto 1F1B, which keeps fewer in flight than GPipe
     needs = [stage_memory_bytes(costs, math.ceil(model.layers / stages), s,
                                 peak_in_flight(schedule, s, stages, per_replica, training.micro_batches_per_round,
-                                               warmup_depth=costs.warmup_depth if schedule == "1f1b" else 1))
+                                               warmup_depth=run_depth(schedule, costs.warmup_depth)))
              for s in range(stages)]
     worst = int(np.argmax(needs))
     return worst, float(needs[worst])
