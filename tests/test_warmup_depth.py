@@ -246,3 +246,23 @@ def test_the_report_says_what_a_deeper_warm_up_would_buy(tmp_path):
     deep_plan = replace(plan, warmup_depth=8, prediction=None)
     deep_plan = deep_plan.with_prediction(predict(deep_plan, topology, model, training)[0])
     assert not [b for b in binding_constraints(deep_plan, topology, model, training) if b.kind == "warm-up"]
+
+
+def test_the_bound_of_a_deeper_warm_up_lies_below_its_plan_where_depth_one_s_does_not(tmp_path):
+    """On the slow line, depth 1's bound (round trips S micro-batches apart) lies above the depth-4
+    plan's simulated time; with the training's depth 4, or auto, the chains skip ``k (S - 1) + 1``
+    micro-batches and the bound lies below it."""
+    from planner.search.bounds import _pair_bounds_s
+
+    topology = _slow_line(tmp_path)
+    model = replace(model_preset("small"), layers=6)
+
+    def bound(depth):
+        training = parse_training({"global_batch": 16, "micro_batch_size": 1, "precision": "bf16",
+                                   "optimizer": "adam", "schedule": "1f1b", "warmup_depth": depth})
+        return _pair_bounds_s(topology, model, training)[3][0]
+
+    training = parse_training({"global_batch": 16, "micro_batch_size": 1, "precision": "bf16", "optimizer": "adam",
+                               "schedule": "1f1b"})
+    deep = predict(_line_plan(4), topology, model, training)[0].iteration_s
+    assert bound(1) > deep >= bound(4) >= bound("auto")
