@@ -30,11 +30,11 @@ class Schedule(StrEnum):
     ZERO_BUBBLE = "zb-h1"  # ZB-H1, Qi et al. 2024, "Zero Bubble Pipeline Parallelism", sec. 3.1
 
 
-# What ``schedule: auto`` searches. ZB-H1 is asked for by name: it keeps up to S micro-batches'
-# activations on every stage, and a third schedule splits the search's budget three ways (with it,
-# tests/test_tensor_parallel.py's 8 x T4 + A100 cluster got 19.9 s instead of 15.7 s in 8 s).
-# Interleaving 1F1B (``virtual_stages``) is not a schedule here: the search scores its 1F1B finalists
-# again with v > 1 chunks per device (``planner.search.interleave``).
+# What ``schedule: auto``'s placement search ranks. ZB-H1 is not a third schedule there (it would split
+# the search's budget three ways: tests/test_tensor_parallel.py's 8 x T4 + A100 cluster got 19.9 s
+# instead of 15.7 s in 8 s); where a calibration measured every device's split backward, auto scores
+# its 1F1B finalists again as ZB-H1 (``planner.search.zero_bubble``), as interleaving scores them again
+# with v > 1 chunks per device (``planner.search.interleave``).
 AUTO_SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
 # What ``warmup_depth: auto`` tries on 1F1B plans (``one_f_one_b_warmup``; ``planner.search.warmup``):
 # at 8 a stage waits 7 steady steps more per hop for its messages than PipeDream-Flush lets it.

@@ -30,7 +30,7 @@ def _plan_parser(sub) -> None:
     p.add_argument("--global-batch", type=int, help="global batch in sequences")
     p.add_argument("--micro-batch-size", type=int, help="micro-batch size in sequences (default: searched)")
     p.add_argument("--schedule", choices=["1f1b", "gpipe", "zb-h1", "auto"],
-                   help="pipeline schedule (auto: 1f1b or gpipe; zb-h1 only when asked for)")
+                   help="pipeline schedule (auto: 1f1b or gpipe, and zb-h1 where a calibration measured every device's split backward)")
     p.add_argument("--sync-every", type=int, metavar="H",
                    help="local steps (DiLoCo): replicas sync parameter deltas every H iterations (default: the "
                         "file's training.sync_every, else 1); H > 1 changes the optimisation")

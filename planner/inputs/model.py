@@ -89,7 +89,7 @@ class TrainingSpec:
     optimizer: str = "adam"
     recompute: bool | str = False  # "auto": the search plans with and without and keeps the faster
     flash_attention: bool = False
-    schedule: str = "auto"  # "auto": the search picks gpipe or 1f1b; "zb-h1" only by name
+    schedule: str = "auto"  # "auto": the search picks gpipe or 1f1b, and zb-h1 where its blocks were measured
     # ZeRO stage 1 over each stage's replicas: "auto" (and True) shard wherever a stage has two or
     # more replicas (same bytes on the wire as an all-reduce, less memory, a shorter step); False never.
     shard_optimizer: bool | str = "auto"
@@ -125,6 +125,10 @@ class TrainingSpec:
     # messages over slow links overlap compute; "auto": the search chooses per 1F1B plan
     # (``planner.search.warmup``).
     warmup_depth: int | str = 1
+    # Not an input: set by the search from the topology (``planner.search.zero_bubble.measured_schedules``)
+    # where a calibration measured every device's split-backward block, so ``schedule: auto`` runs
+    # ZB-H1 too; plan files leave it out (``planner.plan.document``).
+    split_backward_measured: bool = False
 
     def __post_init__(self):
         if self.global_batch < 1:
@@ -230,9 +234,12 @@ class TrainingSpec:
 
     @property
     def schedules(self) -> tuple:
-        """The schedules a plan may run: the one asked, or GPipe and 1F1B under ``auto``
-        (``AUTO_SCHEDULES``, 1F1B first)."""
-        return AUTO_SCHEDULES if self.schedule == "auto" else (Schedule(self.schedule),)
+        """The schedules a plan may run: the one asked, or under ``auto`` 1F1B and GPipe
+        (``AUTO_SCHEDULES``, 1F1B first), then ZB-H1 where its split backward was measured
+        (``split_backward_measured``)."""
+        if self.schedule != "auto":
+            return (Schedule(self.schedule),)
+        return AUTO_SCHEDULES + ((Schedule.ZERO_BUBBLE,) if self.split_backward_measured else ())
 
     @property
     def activation_bytes(self) -> int:

@@ -59,7 +59,7 @@ def plan_to_document(plan: Plan, *, model=None, training=None, topology_source: 
     if model is not None:
         doc["model"] = asdict(model)
     if training is not None:
-        doc["training"] = asdict(training)
+        doc["training"] = {k: v for k, v in asdict(training).items() if k != "split_backward_measured"}
     if plan.prediction is not None:
         p = plan.prediction
         doc["prediction"] = {

@@ -14,8 +14,9 @@ Idle devices (grouped by type and region, one representative re-evaluated per gr
 What binds (the plan as it is, changed in one place and simulated again, or estimated again):
 - memory: the fullest device, and the estimate with twice its memory;
 - the slowest link the plan uses (a pipeline hop or a ring hop), and the time with 10x its bandwidth;
-- the schedule: a one-chunk 1F1B plan of two stages or more simulated again under ZB-H1 (``schedule:
-  auto`` does not search it: ``cost_models.schedule.AUTO_SCHEDULES``);
+- the schedule: a one-chunk 1F1B plan of two stages or more simulated again under ZB-H1 (which
+  ``schedule: auto`` runs only where a calibration measured every device's split backward:
+  ``planner.search.zero_bubble``);
 - the bubble and the gradient sync: their share of the critical device's timeline.
 
 A deadline (``time.perf_counter()`` value) caps the work: a simulation starts only while the time
@@ -41,6 +42,7 @@ from planner.search.deadline import plan_simulation_s
 from planner.search.evaluate import evaluate_placement, make_context
 from planner.search.no_plan import stage_memory_floor
 from planner.search.plans import candidate_to_plan
+from planner.search.zero_bubble import measured_schedules
 
 __all__ = ["IdleReason", "Binding", "idle_reasons", "binding_constraints", "render_why", "LINK_FACTOR"]
 
@@ -369,7 +371,9 @@ def _zero_bubble_binding(plan, topology, model, training, deadline: float) -> li
     except SimulationCut:
         return late
     base = plan.prediction.iteration_s
-    asked = "--schedule zb-h1, its backward split, which schedule: auto does not search"
+    asked = "--schedule zb-h1, its backward split" + (
+        "" if Schedule.ZERO_BUBBLE in measured_schedules(training, topology).schedules else
+        ", which schedule: auto runs only where a calibration measured every device's split backward")
     if not split.fits:
         fullest = max(split.memory_bytes, key=lambda d: split.memory_bytes[d] / split.capacity_bytes[d])
         return [Binding(kind="schedule", text=(

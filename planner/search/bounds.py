@@ -29,6 +29,7 @@ from planner.search.slow_uplinks import nic_rates_bytes_per_s, slowest_used_rate
 from planner.search.stage_chains import clustered_stage_chains_s, stage_chains_s
 from planner.search.stage_split import stage_split_s
 from planner.search.tensor_cells import gain_per_spare_device, most_cells_flops
+from planner.search.zero_bubble import measured_schedules
 
 __all__ = ["lower_bound_s", "pair_bounds_s", "work_bound_s", "work_flops"]
 
@@ -176,7 +177,7 @@ def lower_bound_s(topology, model, training) -> float:
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning
     applied to the devices a pair uses, so at least as tight as it.
     """
-    return _lower_bound_s(topology, model, training, clusters=True)
+    return _lower_bound_s(topology, model, measured_schedules(training, topology), clusters=True)
 
 
 @lru_cache(maxsize=4)
@@ -198,7 +199,7 @@ def pair_bounds_s(topology, model, training) -> dict:
     (``benchmarks/bounds.py --generated 1024 --budget 5``). Kept for the last few jobs (a search asks
     once per tensor grouping); read-only."""
     deferred = {}
-    table = _pair_bounds_s(topology, model, training, spread=False, deferred=deferred)
+    table = _pair_bounds_s(topology, model, measured_schedules(training, topology), spread=False, deferred=deferred)
     for stages, terms in deferred.items():
         kept = [term() for term in terms if term.func is slow_crossing_s]
         table[stages] = np.maximum.reduce([table[stages], *kept])
@@ -537,8 +538,9 @@ def work_flops(topology, model, training) -> float:
 
 def _least_block_slowdown(topology, training) -> float:
     """The smallest ``Device.block_slowdown`` of the topology under ``training``'s recomputation and
-    schedule (ZB-H1's split backward where it is the schedule asked for)."""
-    return float(topology.block_slowdowns(training.recompute, training.schedule == Schedule.ZERO_BUBBLE).min())
+    the schedules a plan may run (ZB-H1's split backward where it is one of them)."""
+    return min(float(topology.block_slowdowns(training.recompute, split).min())
+               for split in {schedule == Schedule.ZERO_BUBBLE for schedule in training.schedules})
 
 
 def _most_tensor_devices(topology, model, training) -> int:

@@ -44,6 +44,7 @@ from planner.search.genetic import POPULATION, alignment_s, genetic_search
 from planner.search.interleave import (interleaved_variants, interleaving_error, interleaving_refusal,
                                        virtual_stage_choices)
 from planner.search.warmup import deeper_variants, warmup_depth_choices
+from planner.search.zero_bubble import measured_schedules, placement_schedules, zero_bubble_variants
 from planner.search.local import iterated_local_search
 from planner.search.locality import bandwidth_clusters
 from planner.search.moves import Neighbourhood
@@ -123,7 +124,7 @@ def _micro_batch_sizes(training, options) -> list:
 def _schedules(training) -> list:
     if training.fixed_virtual_stages > 1:  # interleaving is a 1F1B schedule
         return [Schedule.ONE_F_ONE_B]
-    return list(training.schedules)
+    return placement_schedules(training)
 
 
 DENSE_DEVICES = 256  # up to this many devices every replica count is tried; above, a geometric grid
@@ -186,6 +187,7 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     refusal = interleaving_refusal(model, training, options, (objective or IterationTime()).engine)
     if refusal is not None:
         raise refusal
+    training = measured_schedules(training, topology)  # auto runs ZB-H1 where its blocks were measured
     if training.fixed_virtual_stages > 1:  # interleaved 1F1B runs no tensor groups
         options = replace(options, tensor_degrees=(1,))
     if training.recompute == "auto":
@@ -721,7 +723,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         work_s += predicted_s
         return prediction
 
-    choices, interleaved = virtual_stage_choices(training), set()  # the v tried, and (candidate, v, k) simulated
+    choices, interleaved = virtual_stage_choices(training), set()  # the v tried, and (candidate, v, k, schedule) simulated
     depths = warmup_depth_choices(training)  # 1F1B's warm-up depths k tried
     estimated = None  # the first finalist at its estimate, where the clock cut its simulation
     simulated_splits = []  # (simulated seconds, order, candidate) of each candidate simulated at one chunk, fitting
@@ -743,10 +745,12 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         # a deeper variant the estimate puts ahead is simulated in the candidate's place.
         deeper = deeper_variants(ctx, candidate, plain, depths) if 1 in choices else []
         main = deeper[0][1] if deeper else plain
-        variants = [(e, p) for e, p in interleaved_variants(ctx, candidate, plain, choices)
-                    if (candidate.key(), p.virtual_stages, p.warmup_depth) not in interleaved]
+        # ZB-H1 where auto runs it: the same split with its backward split (planner.search.zero_bubble).
+        variants = [(e, p) for e, p in (interleaved_variants(ctx, candidate, plain, choices)
+                                        + zero_bubble_variants(ctx, candidate, plain, choices))
+                    if (candidate.key(), p.virtual_stages, p.warmup_depth, p.schedule) not in interleaved]
         variants = (deeper or ([(candidate.score_s, plain)] if 1 in choices else [])) + variants
-        interleaved.update((candidate.key(), p.virtual_stages, p.warmup_depth) for _, p in variants)
+        interleaved.update((candidate.key(), p.virtual_stages, p.warmup_depth, p.schedule) for _, p in variants)
         for estimate, plan in variants:
             if plan is not main and not more(simulating=True, reserve_s=sync_reserve_s):
                 break
@@ -758,7 +762,8 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
             finalists.append({"stages": plan.stages, "replicas": plan.replicas, "estimate_s": float(estimate),
                               "simulated_s": float(prediction.iteration_s), "fits": prediction.fits,
                               **({"virtual_stages": plan.virtual_stages} if plan.virtual_stages > 1 else {}),
-                              **({"warmup_depth": plan.warmup_depth} if plan.warmup_depth > 1 else {})})
+                              **({"warmup_depth": plan.warmup_depth} if plan.warmup_depth > 1 else {}),
+                              **({"schedule": str(plan.schedule)} if plan.schedule != candidate.schedule else {})})
             if prediction.fits and not math.isfinite(prediction.iteration_s):
                 unfinished.append(prediction.iteration_s)
             elif prediction.fits and prediction.iteration_s < best_time:

@@ -22,6 +22,7 @@ from planner.search.dollars import Dollars, egress_bytes, plan_dollars, price_pe
 from planner.search.evaluate import evaluate_placement, make_context
 from planner.search.plans import candidate_to_plan
 from planner.search.refine import refine_split
+from planner.search.zero_bubble import placement_schedules
 
 __all__ = ["PoolEntry", "plan_pool", "pareto_front", "top_plans", "POOL_EVALUATIONS", "POOL_SIMULATIONS"]
 
@@ -112,7 +113,7 @@ def plan_pool(topology, model, training, options, seeds=(), *, charge_idle: bool
     prices = np.array([price_per_hour_usd(topology, [name]) for name in topology.names])
     sizes = ([training.micro_batch_size] if training.micro_batch_size else
              [b for b in options.micro_batch_sizes if training.global_batch % b == 0] or [1])
-    schedules = list(training.schedules)
+    schedules = placement_schedules(training)
     selections = [ctx.speed, _value(ctx.speed, prices)]
     best = {}  # key -> candidate with the best estimate
     spent = 0

@@ -1,0 +1,59 @@
+"""ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", sec. 3.1) under ``schedule: auto``.
+
+Which topologies: ZB-H1's blocks run the runtime's split backward (eager linear layers, the weight
+gradients deferred), whose cost only a calibration knows (``Device.split_backward_efficiency``).
+Uncalibrated, the model prices a split block as a plain one, and the runtime ran it slower than
+that: on this project's 2-core CPU 1561 us against 1F1B's 1061 us per block
+(``benchmarks/split_host.py``); on 4x H200, calibrated, 15% slower than predicted (0.375 s) before its
+forward was traced into the block's graph.
+So ``auto`` runs ZB-H1 only where a calibration measured every device's split-backward block
+(``measured_schedules``); there it was predicted within 2.6% on 2x and 4x H200 and measured the
+fastest one-chunk schedule (``benchmarks/results/accuracy_gpu4_h200_traced*.json``).
+
+How: ZB-H1 is not a third schedule of the placement search, which would split the search's budget
+three ways (``cost_models.schedule.AUTO_SCHEDULES``). It runs 1F1B's order with the weight passes
+moved into the bubble, on the same placement and splits, so like interleaving
+(``planner.search.interleave``) it is a variant of a 1F1B finalist: ``score_split`` charges the split
+block's time and the inputs each stage keeps for its weight passes, and the variant is simulated
+beside the plain plan where its estimate is the lower (``zero_bubble_variants``). The bound covers
+it wherever it is searched (``TrainingSpec.schedules``).
+"""
+
+from dataclasses import replace
+
+from cost_models.schedule import Schedule
+from planner.plan.plan import Plan
+from planner.search.evaluate import Candidate, score_split
+
+__all__ = ["measured_schedules", "placement_schedules", "zero_bubble_variants"]
+
+
+def measured_schedules(training, topology):
+    """``training`` with ``split_backward_measured`` set from ``topology``: under ``schedule: auto``,
+    whether a calibration measured every device's split-backward block (then auto runs ZB-H1 too)."""
+    measured = training.schedule == "auto" and all(d.split_backward_efficiency > 0 for d in topology.devices)
+    return training if measured == training.split_backward_measured else replace(
+        training, split_backward_measured=measured)
+
+
+def placement_schedules(training) -> list:
+    """The schedules a placement search ranks placements under: ``training.schedules``, but under
+    ``auto`` not ZB-H1, which is a variant of 1F1B's finalists (``zero_bubble_variants``)."""
+    if training.schedule == "auto":
+        return [s for s in training.schedules if s != Schedule.ZERO_BUBBLE]
+    return list(training.schedules)
+
+
+def zero_bubble_variants(ctx, candidate: Candidate, plan: Plan, choices: tuple) -> list:
+    """[(estimate, ZB-H1 plan)] of ``candidate`` (whose plan is ``plan``) where ``schedule: auto``
+    runs ZB-H1 and its estimate is below the candidate's: a 1F1B candidate of two stages or more with
+    one chunk per device among ``choices`` (the virtual-stage counts), that still fits; else []."""
+    R, S = candidate.assign.shape
+    if (ctx.training.schedule != "auto" or Schedule.ZERO_BUBBLE not in ctx.training.schedules
+            or candidate.schedule != Schedule.ONE_F_ONE_B or S < 2 or 1 not in choices):
+        return []
+    estimate = score_split(ctx, candidate.assign, candidate.layer_counts, candidate.micro_batches,
+                           candidate.micro_batch_size, Schedule.ZERO_BUBBLE)
+    if estimate is None or estimate >= candidate.score_s:
+        return []
+    return [(estimate, replace(plan, schedule=Schedule.ZERO_BUBBLE, warmup_depth=1, prediction=None))]
