@@ -137,6 +137,15 @@ def probe_layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int
     return probes
 
 
+def probe_fallback(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int) -> np.ndarray:
+    """The layout that judges a degree pair where no ``probe_layouts`` layout fits: the same devices
+    in locality order dealt out as stage groups (``layouts``' "stages-local"), so every pipeline
+    mixes the device types where whole pipelines of the smallest devices cannot hold the model
+    (two-datacenters-a100-v100-t4: four T4s of 16 GB in a row never fit a 4-stage pipeline)."""
+    chosen = choose_devices(speed, capacity, stages * replicas)
+    return locality_order(topology, chosen).reshape(stages, replicas).T.copy()
+
+
 def layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int,
             levels: list | None = None, cache: dict | None = None) -> dict:
     """Named (replicas, stages) arrays of device indices for one degree pair; ``levels``: the

@@ -33,7 +33,7 @@ from planner.plan.precision import resolve_precision
 from planner.plan.sync import AUTO, syncs_for
 from planner.plan.tensor import TENSOR_DEGREES, grouping_groups, groupings
 from planner.search.bounds import pair_bounds_s, work_flops
-from planner.search.construct import layouts, probe_layouts
+from planner.search.construct import layouts, probe_fallback, probe_layouts
 from planner.search.cpsat_placement import exact_placement, model_is_small_enough
 from planner.search.deadline import (CONSTRUCT_UNITS_PER_S, ESTIMATES_PER_S, EXACT_WORK_PER_S,
                                      REFINE_ESTIMATES_PER_S, SIMULATION_MARGIN, SMALL_SIMULATION_S, Budget,
@@ -417,6 +417,11 @@ def _probed_order(ctx, topology, pairs: list, micro_batch_size: int, schedule, b
             units += construct_units(stages * replicas)
             probe = evaluate_placement(ctx, assign, micro_batch_size, schedule)
             best = min(best, probe.score_s if probe is not None else np.inf)
+        if not np.isfinite(best) and stages > 1:  # none fits: pipelines that mix the device types
+            units += construct_units(stages * replicas)
+            probe = evaluate_placement(ctx, probe_fallback(topology, ctx.speed, ctx.capacity, stages, replicas),
+                                       micro_batch_size, schedule)
+            best = probe.score_s if probe is not None else np.inf
         scored.append((best, index))
     first = [i for score, i in sorted(scored)[:PROBE_FIRST] if np.isfinite(score)]
     chosen = set(first)
