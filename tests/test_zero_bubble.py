@@ -191,6 +191,26 @@ def test_it_is_measured_only_where_every_device_is():
     assert measured_schedules(replace(training, schedule="1f1b"), job.topology).schedules == ("1f1b",)
 
 
+def test_a_zb_h1_plan_started_where_a_split_backward_is_unmeasured_runs_1f1b():
+    """A ZB-H1 plan auto chose on the calibrated 4x H200, re-planned (or given as the search's start)
+    on the same GPUs with one device's split backward unmeasured, comes back under another schedule:
+    auto does not run ZB-H1 there and the bound there does not cover it."""
+    from planner.search.replan import replan
+
+    job, _ = _calibrated("accuracy_gpu4_h200_traced", "h100-x4")
+    training = replace(job.training, micro_batch_size=2, schedule="auto", virtual_stages=1)
+    options = SearchOptions(seed=0, time_limit_s=20, stages=4, replicas=1, tensor_degrees=(1,))
+    old = search(job.topology, job.model, training, options).plan
+    assert old.schedule == "zb-h1"
+    devices = list(job.topology.devices)
+    devices[-1] = replace(devices[-1], split_backward_efficiency=0.0)
+    partial = replace(job.topology, devices=tuple(devices))
+    assert search(partial, job.model, training, options, x0=old).plan.schedule != "zb-h1"
+    result = replan(old, partial, job.model, training, options)
+    assert result.plan.schedule != "zb-h1"
+    assert all(o.plan.schedule != "zb-h1" for o in result.options if o.plan is not None)
+
+
 def test_the_bound_of_auto_covers_zb_h1_where_it_is_measured():
     """DTFM case 1, whose ZB-H1 bound lies below its 1F1B and GPipe bounds (the weight passes leave
     the round trips): with every device's split backward measured (as fast as its plain block), the

@@ -44,7 +44,7 @@ from planner.search.genetic import POPULATION, alignment_s, genetic_search
 from planner.search.interleave import (interleaved_variants, interleaving_error, interleaving_refusal,
                                        virtual_stage_choices)
 from planner.search.warmup import deeper_variants, warmup_depth_choices
-from planner.search.zero_bubble import measured_schedules, placement_schedules, zero_bubble_variants
+from planner.search.zero_bubble import measured_schedules, placement_schedules, runnable_start, zero_bubble_variants
 from planner.search.local import iterated_local_search
 from planner.search.locality import bandwidth_clusters
 from planner.search.moves import Neighbourhood
@@ -188,6 +188,7 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
     if refusal is not None:
         raise refusal
     training = measured_schedules(training, topology)  # auto runs ZB-H1 where its blocks were measured
+    x0 = runnable_start(x0, training)
     if training.fixed_virtual_stages > 1:  # interleaved 1F1B runs no tensor groups
         options = replace(options, tensor_degrees=(1,))
     if training.recompute == "auto":

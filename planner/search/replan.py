@@ -35,6 +35,7 @@ from planner.plan.sync_groups import kept_groups
 from planner.prediction.predict import predict
 from planner.prediction.stage_model import head_outputs, optimizer_shards
 from planner.search.bounds import lower_bound_s
+from planner.search.zero_bubble import measured_schedules, runnable_start
 
 __all__ = ["DEFAULT_MOVE_WEIGHT", "Move", "Moves", "MoveAwareTime", "ReplanResult", "state_pieces", "holdings",
            "held_bytes", "plan_moves", "replan", "read_old_plan", "topology_without", "changed_topology"]
@@ -491,7 +492,9 @@ def replan(old: Plan, topology, model, training, options, *, move_weight: float 
     training = _depth_searched_again(old, training)
     objective = MoveAwareTime(old, move_weight=move_weight)
     scorer = _Scorer(old, topology, model, training, objective)
-    kept = _kept_layouts(old, topology, list(lost), spares, scorer)
+    # the old plan's schedule as auto may run it here (ZB-H1 only where every split backward is measured)
+    kept = _kept_layouts(runnable_start(old, measured_schedules(training, topology)), topology, list(lost), spares,
+                         scorer)
     runnable = sorted((o for o in kept if np.isfinite(o.score_s)), key=lambda o: o.score_s)
     start = runnable[0].plan if runnable else None
     try:

@@ -25,7 +25,7 @@ from cost_models.schedule import Schedule
 from planner.plan.plan import Plan
 from planner.search.evaluate import Candidate, score_split
 
-__all__ = ["measured_schedules", "placement_schedules", "zero_bubble_variants"]
+__all__ = ["measured_schedules", "placement_schedules", "runnable_start", "zero_bubble_variants"]
 
 
 def measured_schedules(training, topology):
@@ -34,6 +34,17 @@ def measured_schedules(training, topology):
     measured = training.schedule == "auto" and all(d.split_backward_efficiency > 0 for d in topology.devices)
     return training if measured == training.split_backward_measured else replace(
         training, split_backward_measured=measured)
+
+
+def runnable_start(plan: Plan | None, training) -> Plan | None:
+    """A plan to start from (a re-plan's old plan, ``search``'s ``x0``) as ``training`` (resolved by
+    ``measured_schedules``) may run it: a ZB-H1 plan chosen under ``auto`` where every device's split
+    backward was measured, started on a cluster where one is not, runs 1F1B on the same placement
+    (the bound there does not cover ZB-H1, and its split blocks would be priced as plain ones)."""
+    if (plan is None or training.schedule != "auto" or plan.schedule != Schedule.ZERO_BUBBLE
+            or Schedule.ZERO_BUBBLE in training.schedules):
+        return plan
+    return replace(plan, schedule=Schedule.ONE_F_ONE_B, warmup_depth=1, prediction=None)
 
 
 def placement_schedules(training) -> list:
