@@ -147,7 +147,8 @@ def _calibrated(name: str, topology: str) -> tuple:
 @pytest.mark.parametrize("name, topology, stages", [("accuracy_gpu_h200x2_traced", "h100-x2", 2),
                                                     ("accuracy_gpu4_h200_traced", "h100-x4", 4),
                                                     ("accuracy_gpu4_h200_traced_2", "h100-x4", 4),
-                                                    ("accuracy_gpu4_h200_auto", "h100-x4", 4)])
+                                                    ("accuracy_gpu4_h200_auto", "h100-x4", 4),
+                                                    ("accuracy_gpu_h200x2_auto", "h100-x2", 2)])
 def test_calibrated_schedule_auto_picks_zb_h1_which_measured_fastest(name, topology, stages):
     """On each calibration of real GPUs (2x H200; two 4x H200 hosts), ``schedule: auto`` with one
     chunk per device returns ZB-H1 for the GPT-3 XL pipeline, the fastest schedule measured there
