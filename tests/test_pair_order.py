@@ -37,7 +37,7 @@ def test_a_pair_whose_probes_do_not_fit_is_judged_by_pipelines_that_mix_the_type
     ctx = make_context(job.topology, job.model, training)
     probes = probe_layouts(job.topology, ctx.speed, ctx.capacity, 4, 8, [])
     assert all(evaluate_placement(ctx, a, 1, "1f1b") is None for a in probes)
-    fallback = probe_fallback(job.topology, ctx.speed, ctx.capacity, 4, 8)
+    fallback = probe_fallback(probes[0])
     assert sorted(fallback.ravel().tolist()) == list(range(32)) and fallback.shape == (8, 4)
     assert evaluate_placement(ctx, fallback, 1, "1f1b").score_s < 18.0
     result = search(job.topology, job.model, training, SearchOptions(seed=0, time_limit_s=120, budget_s=2.5))

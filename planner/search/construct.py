@@ -137,13 +137,20 @@ def probe_layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int
     return probes
 
 
-def probe_fallback(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int) -> np.ndarray:
-    """The layout that judges a degree pair where no ``probe_layouts`` layout fits: the same devices
-    in locality order dealt out as stage groups (``layouts``' "stages-local"), so every pipeline
-    mixes the device types where whole pipelines of the smallest devices cannot hold the model
-    (two-datacenters-a100-v100-t4: four T4s of 16 GB in a row never fit a 4-stage pipeline)."""
-    chosen = choose_devices(speed, capacity, stages * replicas)
-    return locality_order(topology, chosen).reshape(stages, replicas).T.copy()
+def stage_groups(ordered: np.ndarray, stages: int, replicas: int) -> np.ndarray:
+    """(replicas, stages): devices in ``ordered`` dealt out as stage groups of ``replicas``
+    consecutive ones (``layouts``' "stages-local"), so each pipeline takes one device of every group."""
+    return np.asarray(ordered).reshape(stages, replicas).T.copy()
+
+
+def probe_fallback(local_pipelines: np.ndarray) -> np.ndarray:
+    """The layout that judges a degree pair where no ``probe_layouts`` layout fits, from its first
+    (each pipeline local, ``local_pipelines``): the same devices in the same locality order dealt
+    out as stage groups, so every pipeline mixes the device types where whole pipelines of the
+    smallest devices cannot hold the model (two-datacenters-a100-v100-t4: four T4s of 16 GB in a
+    row never fit a 4-stage pipeline)."""
+    replicas, stages = local_pipelines.shape
+    return stage_groups(local_pipelines.ravel(), stages, replicas)
 
 
 def layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int,
@@ -155,7 +162,7 @@ def layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, repl
     ordered = locality_order(topology, chosen)
     result = {
         "pipelines-local": ordered.reshape(replicas, stages),
-        "stages-local": ordered.reshape(stages, replicas).T.copy(),
+        "stages-local": stage_groups(ordered, stages, replicas),
     }
     if len(np.unique(speed[chosen])) > 1:
         tiers = chosen[np.lexsort((np.arange(len(chosen)), -speed[chosen]))]

@@ -414,14 +414,14 @@ def _probed_order(ctx, topology, pairs: list, micro_batch_size: int, schedule, b
             scored += [(np.inf, i) for i in range(index, len(pairs))]
             break
         best = np.inf
-        for assign in probe_layouts(topology, ctx.speed, ctx.capacity, stages, replicas, levels, orders):
+        probes = probe_layouts(topology, ctx.speed, ctx.capacity, stages, replicas, levels, orders)
+        for assign in probes:
             units += construct_units(stages * replicas)
             probe = evaluate_placement(ctx, assign, micro_batch_size, schedule)
             best = min(best, probe.score_s if probe is not None else np.inf)
         if not np.isfinite(best) and stages > 1:  # none fits: pipelines that mix the device types
             units += construct_units(stages * replicas)
-            probe = evaluate_placement(ctx, probe_fallback(topology, ctx.speed, ctx.capacity, stages, replicas),
-                                       micro_batch_size, schedule)
+            probe = evaluate_placement(ctx, probe_fallback(probes[0]), micro_batch_size, schedule)
             best = probe.score_s if probe is not None else np.inf
         scored.append((best, index))
     first = [i for score, i in sorted(scored)[:PROBE_FIRST] if np.isfinite(score)]
