@@ -3,8 +3,9 @@
 Which topologies: ZB-H1's blocks run the runtime's split backward (eager linear layers, the weight
 gradients deferred), whose cost only a calibration knows (``Device.split_backward_efficiency``).
 Uncalibrated, the model prices a split block as a plain one, and the runtime ran it slower than
-that: on this project's 2-core CPU 1561 us against 1F1B's 1061 us per block
-(``benchmarks/split_host.py``); on 4x H200, calibrated, 15% slower than predicted (0.375 s) before its
+that: on this project's 2-core CPU a block's forward, input and weight passes took 1398 us against
+1F1B's forward and backward 1026 us (``python benchmarks/split_host.py``,
+``benchmarks/results/split_host.json``); on 4x H200, calibrated, 15% slower than predicted (0.375 s) before its
 forward was traced into the block's graph.
 So ``auto`` runs ZB-H1 only where a calibration measured every device's split-backward block
 (``measured_schedules``); there it was predicted within 2.6% on 2x and 4x H200 and measured the
