@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 PLANS = {2: {"pipeline (2 stages)": "benchmarks/plans/h100x2-pipeline.yaml",
              "pipeline, zb-h1 (2 stages)": "benchmarks/plans/h100x2-zero-bubble.yaml",
+             "pipeline, zb-h1 warm-up depth 2 (2 stages)": "benchmarks/plans/h100x2-zero-bubble-depth-2.yaml",
              "pipeline, warm-up depth 3 (2 stages)": "benchmarks/plans/h100x2-warmup-depth-3.yaml",
              "pipeline, interleaved (2x2)": "benchmarks/plans/h100x2-interleaved.yaml",
              "pipeline, interleaved (2x4)": "benchmarks/plans/h100x2-interleaved-v4.yaml",
@@ -37,21 +38,30 @@ PLANS = {2: {"pipeline (2 stages)": "benchmarks/plans/h100x2-pipeline.yaml",
              "2 stages x tensor 2, micro-batch 4": "benchmarks/plans/h100x4-pipeline-tensor-mb4.yaml"}}
 # Our runtime against pipelining on the pipeline plan's split: (schedule, compiled). torch ships no
 # ZB-H1 for one stage per rank, so zb-h1 is set against pipelining's 1F1B (compiled: both compiled).
-# ``interleaved`` runs the interleaved plan's pieces, ours and ``ScheduleInterleaved1F1B``.
+# ``interleaved`` runs the interleaved plan's pieces, ours and ``ScheduleInterleaved1F1B``;
+# ``zb-h1-depth-2`` ours at warm-up depth 2 (``cost_models.schedule.stage_ops``), against 1F1B too.
 COMPARISONS = ("1f1b:eager", "1f1b:compiled", "gpipe:compiled", "zb-h1:eager", "zb-h1:compiled",
-               "interleaved:compiled")
+               "zb-h1-depth-2:compiled", "interleaved:compiled")
 
 
-def _untied_copy(plan_path: str, folder: Path, schedule: str) -> Path:
-    """The same split with an untied head and ``schedule`` (pipelining cannot split a tied embedding)."""
+def _schedule_depth(name: str) -> tuple:
+    """(schedule, warm-up depth) of a comparison's schedule: ``zb-h1-depth-2`` is (zb-h1, 2)."""
+    schedule, _, depth = name.partition("-depth-")
+    return schedule, int(depth or 1)
+
+
+def _untied_copy(plan_path: str, folder: Path, schedule: str, depth: int = 1) -> Path:
+    """The same split with an untied head, ``schedule`` and warm-up ``depth`` (pipelining cannot split
+    a tied embedding)."""
     import yaml
 
     document = yaml.safe_load(Path(plan_path).read_text())
     document["model"]["tied_embeddings"] = False
     document["schedule"] = schedule
     document["training"]["schedule"] = schedule
+    document["warmup_depth"] = document["training"]["warmup_depth"] = depth
     document.pop("prediction", None)
-    path = folder / f"untied-{Path(plan_path).stem}-{schedule}.yaml"
+    path = folder / f"untied-{Path(plan_path).stem}-{schedule}{f'-depth-{depth}' if depth > 1 else ''}.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
 
@@ -103,16 +113,17 @@ def main() -> int:
               flush=True)
         _write(out, rows, [], args)
     comparison = []
-    for schedule, compiled in (c.split(":") for c in args.comparisons):
+    for name, compiled in (c.split(":") for c in args.comparisons):
         compiled = compiled == "compiled"
-        interleaved = schedule == "interleaved"
+        interleaved = name == "interleaved"
+        schedule, depth = _schedule_depth(name)
         source = next(p for label, p in plans.items() if "interleaved" in label) if interleaved \
             else plans[f"pipeline ({args.gpus} stages)"]
-        plan = _untied_copy(source, runs, "1f1b" if interleaved else schedule)
-        label = f"{schedule}{', compiled' if compiled else ''}"
+        plan = _untied_copy(source, runs, "1f1b" if interleaved else schedule, depth)
+        label = f"{name}{', compiled' if compiled else ''}"
         ours = launch(plan, LaunchOptions(iterations=args.iterations, warmup=args.warmup,
                                           compile="on" if compiled else "off",
-                                          out_dir=str(runs / f"ours-{schedule}{'-compiled' if compiled else ''}")),
+                                          out_dir=str(runs / f"ours-{name}{'-compiled' if compiled else ''}")),
                       log=print)
         document = json.loads(json.dumps(ours["plan"]))
         spec = parse_model(document["model"])
@@ -120,7 +131,7 @@ def main() -> int:
         pieces = sorted((c["chunk"] * len(document["stages"]) + s["index"], c["layers"])
                         for s in document["stages"] for c in (s.get("chunks") or [{"chunk": 0, "layers": s["layers"]}]))
         bounds = [layers[0] for _, layers in pieces] + [pieces[-1][1][1]]
-        row = {"schedule": schedule, "compiled": compiled, "ours_s": ours["measured"]["median_s"],
+        row = {"schedule": name, "compiled": compiled, "ours_s": ours["measured"]["median_s"],
                "ours_mfu": ours["measured"]["mfu"]}
         # The autocast recipe only eager: compiled, its fp32 weights cast in every block.
         for recipe in PIPELINING_RECIPES if not compiled else PIPELINING_RECIPES[:1]:
@@ -152,7 +163,7 @@ def main() -> int:
         cells = [f"{row[r]['pipelining_s']:16.4f} {100 * row[r]['mfu']:5.1f}% {row[r]['speedup']:8.3f}"
                  if r in row else f"{'-':>16} {'':6} {'':8}" for r in PIPELINING_RECIPES]
         label = f"{row['schedule']}{', compiled' if row['compiled'] else ', eager'}"
-        label += " (vs 1f1b)" if row["schedule"] == "zb-h1" else ""
+        label += " (vs 1f1b)" if row["schedule"].startswith("zb-h1") else ""
         print(f"{label:28} {row['ours_s']:8.4f} {100 * row['ours_mfu']:5.1f}% " + " ".join(cells))
     _write(out, rows, comparison, args)
     return 0

@@ -251,9 +251,11 @@ def _round_peak(schedule: str, i, S: int, m, v: int, depth: int = 1) -> tuple:
         f = np.minimum(one_f_one_b_warmup(i, S, m, depth) + 1, m)
         return (f, *one_f_one_b_held(i, S, m, f))
     if schedule == Schedule.ZERO_BUBBLE:
-        k = m - np.minimum(S - i - 1, m)  # steady steps: forward, input gradient, a weight gradient after the i-th
-        later = np.where(k >= i + 1, k, np.minimum(k + 1, m))
-        return np.minimum(S, m), m * sends_down, np.where(i == 0, 0 * m, later)
+        w, held = one_f_one_b_warmup(i, S, m, depth), depth * i  # warm-up forwards, weight gradients held back
+        k = m - w  # steady steps: forward, input gradient, a weight gradient after the first ``held``
+        later = np.where(k >= held + 1, k, np.minimum(k + 1, m))
+        # the warm-up, the step's forward and the held weight gradients: depth (S - 1) + 1 (S at depth 1)
+        return np.minimum(w + held + 1, m), m * sends_down, np.where(i == 0, 0 * m, later)
     raise ValueError(f"unknown schedule {schedule!r}")
 
 

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Schedule", "Op", "stage_ops", "round_sizes", "piece_of", "peer_stage", "interleaving_problem",
+__all__ = ["Schedule", "DEEPENED_SCHEDULES", "Op", "stage_ops", "round_sizes", "piece_of", "peer_stage", "interleaving_problem",
            "interleaved_warmup", "one_f_one_b_warmup", "run_depth", "warmup_depth_problem", "OP_KINDS",
            "COMPUTE_KINDS", "AUTO_SCHEDULES", "AUTO_WARMUP_DEPTHS"]
 
@@ -107,24 +107,27 @@ def one_f_one_b_warmup(stage, stages: int, micro_batches, depth: int = 1):
     return np.minimum(depth * (stages - np.asarray(stage) - 1), micro_batches)
 
 
+DEEPENED_SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.ZERO_BUBBLE)
+
+
 def run_depth(schedule: str, depth: int, virtual_stages: int = 1) -> int:
     """The warm-up depth a plan of ``schedule`` runs with ``depth`` asked: ``depth`` under one-chunk
-    1F1B, 1 otherwise (the other schedules have their own warm-ups)."""
-    return depth if schedule == Schedule.ONE_F_ONE_B and virtual_stages == 1 else 1
+    1F1B or ZB-H1, 1 otherwise (GPipe and interleaving have their own warm-ups)."""
+    return depth if schedule in DEEPENED_SCHEDULES and virtual_stages == 1 else 1
 
 
 def warmup_depth_problem(schedule: str, depth: int, virtual_stages: int = 1) -> str:
-    """Why warm-up depth ``depth`` cannot run (empty when it can): a depth above 1 deepens plain
-    1F1B only (GPipe already runs every forward first; ZB-H1 and interleaving have their own
-    warm-ups)."""
+    """Why warm-up depth ``depth`` cannot run (empty when it can): a depth above 1 deepens 1F1B and
+    ZB-H1 with one chunk per device (GPipe already runs every forward first; interleaving has its
+    own warm-up)."""
     if depth == 1:
         return ""
     if depth < 1:
         return f"warm-up depth must be at least 1, got {depth}"
-    if schedule != Schedule.ONE_F_ONE_B or virtual_stages != 1:
+    if schedule not in DEEPENED_SCHEDULES or virtual_stages != 1:
         what = f"{virtual_stages} virtual stages" if virtual_stages != 1 else f"schedule {schedule}"
-        return f"a warm-up depth above 1 deepens 1F1B with one chunk per device, not {what}: use schedule 1f1b " \
-               "with virtual stages 1, or warm-up depth 1"
+        return f"a warm-up depth above 1 deepens 1F1B or ZB-H1 with one chunk per device, not {what}: use " \
+               "schedule 1f1b or zb-h1 with virtual stages 1, or warm-up depth 1"
     return ""
 
 
@@ -214,21 +217,21 @@ def _one_round(schedule: str, stage: int, stages: int, micro_batches: int, virtu
         for mb in range(micro_batches - warmup, micro_batches):
             ops += _backward(stage, stages, mb)
     elif schedule == Schedule.ZERO_BUBBLE:
-        ops = _zero_bubble_round(stage, stages, micro_batches)
+        ops = _zero_bubble_round(stage, stages, micro_batches, warmup_depth)
     else:
         raise ValueError(f"unknown schedule {schedule!r}")
     return ops
 
 
-def _zero_bubble_round(stage: int, stages: int, micro_batches: int) -> list:
+def _zero_bubble_round(stage: int, stages: int, micro_batches: int, warmup_depth: int = 1) -> list:
     if stage == 0:
-        return _one_round(Schedule.ONE_F_ONE_B, stage, stages, micro_batches)
+        return _one_round(Schedule.ONE_F_ONE_B, stage, stages, micro_batches, warmup_depth=warmup_depth)
     ops, forwards, backwards, weights = [], 0, 0, 0
-    warmup = min(stages - stage - 1, micro_batches)
+    warmup = int(one_f_one_b_warmup(stage, stages, micro_batches, warmup_depth))
     for _ in range(warmup):
         ops += _forward(stage, stages, forwards)
         forwards += 1
-    deferred = stage  # weight gradients held back to fill the drain
+    deferred = stage * warmup_depth  # weight gradients held back to fill the drain
     while forwards < micro_batches:
         ops += _forward(stage, stages, forwards)
         forwards += 1

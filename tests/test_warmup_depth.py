@@ -38,6 +38,28 @@ def test_op_lists_warm_up_k_per_stage_downstream_and_run_every_micro_batch_once(
     assert stage_ops("1f1b", 1, 3, 7, warmup_depth=1) == stage_ops("1f1b", 1, 3, 7)
 
 
+@pytest.mark.parametrize("depth", [1, 2, 3, 5])
+def test_zero_bubble_op_lists_warm_up_k_per_stage_downstream_and_hold_k_weight_gradients_per_stage_up(depth):
+    """ZB-H1 at depth k: stage s runs ``k (S - s - 1)`` warm-up forwards and holds its first ``k s``
+    weight gradients back, so every stage keeps at most ``k (S - 1) + 1`` micro-batches (ZB-H2's
+    ``2 S - 1`` at k = 2, Qi et al. 2024, sec. 3.1); depth 1 is ZB-H1 as it was."""
+    S, M = 4, 11
+    for stage in range(S):
+        ops = stage_ops("zb-h1", stage, S, M, warmup_depth=depth)
+        backward = "bwd" if stage == 0 else "bwd_input"
+        kinds = [kind for kind, *_ in ops if kind in ("fwd", backward, "bwd_weight")]
+        for kind in ("fwd", backward) + (("bwd_weight",) if stage else ()):
+            assert [mb for k, mb, _ in ops if k == kind] == list(range(M)), (kind, stage)
+        warmup = min(depth * (S - stage - 1), M)
+        assert kinds.index(backward) == min(warmup + 1, M)
+        if stage:  # k s weight gradients held back, fewer where the drain comes first (M - warm-up steady steps)
+            assert kinds[:kinds.index("bwd_weight")].count(backward) == min(depth * stage + 1, M - warmup + 1, M)
+        peak = min(depth * (S - 1) + 1, M) if stage else min(warmup + 1, M)
+        assert held_peak(ops, released=("bwd_weight",) if stage else ("bwd",)) == peak
+        assert memory.peak_in_flight("zb-h1", stage, S, M, warmup_depth=depth) == peak
+    assert stage_ops("zb-h1", 2, 4, 7, warmup_depth=1) == stage_ops("zb-h1", 2, 4, 7)
+
+
 def test_the_closed_form_memory_matches_the_walked_op_lists():
     """In-flight micro-batches and held messages at every depth, stage, micro-batch count and round
     size: the closed form (``memory._rounds_peak``) against the walk of the op list (``memory._walk``)."""
@@ -46,9 +68,10 @@ def test_the_closed_form_memory_matches_the_walked_op_lists():
             for depth in (1, 2, 3, 7):
                 for per_round in (0, 3, 4):
                     for stage in range(S):
-                        walked = memory._walk("1f1b", stage, S, M, per_round, 1, (), depth)[:3]
-                        closed = memory._rounds_peak("1f1b", stage, S, M, per_round, 1, depth)
-                        assert walked == tuple(float(x) for x in closed), (S, M, depth, per_round, stage)
+                        for schedule in ("1f1b", "zb-h1"):
+                            walked = memory._walk(schedule, stage, S, M, per_round, 1, (), depth)[:3]
+                            closed = memory._rounds_peak(schedule, stage, S, M, per_round, 1, depth)
+                            assert walked == tuple(float(x) for x in closed), (schedule, S, M, depth, per_round, stage)
 
 
 def test_a_bad_depth_is_one_line():
@@ -56,12 +79,13 @@ def test_a_bad_depth_is_one_line():
         parse_training({"global_batch": 8, "warmup_depth": 0})
     with pytest.raises(InputError, match="training.warmup_depth.*whole number"):
         parse_training({"global_batch": 8, "warmup_depth": "deep"})
-    with pytest.raises(InputError, match="schedule is gpipe: set schedule 1f1b or auto"):
+    with pytest.raises(InputError, match="schedule is gpipe: set schedule 1f1b, zb-h1 or auto"):
         parse_training({"global_batch": 8, "warmup_depth": 3, "schedule": "gpipe"})
     with pytest.raises(InputError, match="virtual_stages is 2"):
         parse_training({"global_batch": 8, "warmup_depth": 3, "virtual_stages": 2, "schedule": "1f1b"})
-    with pytest.raises(ValueError, match="deepens 1F1B"):
-        stage_ops("zb-h1", 0, 2, 4, warmup_depth=2)
+    with pytest.raises(ValueError, match="deepens 1F1B or ZB-H1"):
+        stage_ops("gpipe", 0, 2, 4, warmup_depth=2)
+    assert parse_training({"global_batch": 8, "warmup_depth": 2, "schedule": "zb-h1"}).warmup_depth == 2
 
 
 def test_the_cli_refuses_a_bad_depth_in_one_line(capsys):
@@ -208,16 +232,18 @@ def test_the_bound_stays_below_random_deepened_plans():
 
 
 @pytest.mark.runtime
-def test_training_at_a_deeper_warm_up_equals_single_process(tmp_path):
-    """Three stages at depth 3 (stage 0 runs 6 warm-up forwards) on gloo: the same losses and
-    parameters as one process, and the trace shows the warm-up."""
+@pytest.mark.parametrize("schedule, depth", [("1f1b", 3), ("zb-h1", 3)])
+def test_training_at_a_deeper_warm_up_equals_single_process(tmp_path, schedule, depth):
+    """Three stages at depth 3 (stage 0 runs 6 warm-up forwards; under ZB-H1 stage s holds 3 s weight
+    gradients back) on gloo: the same losses and parameters as one process, and the trace shows the
+    warm-up."""
     pytest.importorskip("torch")
     from planner.runtime.launch import LaunchOptions, launch
     from tests.test_runtime import _assert_matches_single_process
 
     kwargs = dict(assignment=[["a0", "a1", "b0"]], layer_bounds=[0, 1, 2, 4], micro_batches=[8],
-                  micro_batch_size=1, schedule="1f1b")
-    plan = write_test_plan(tmp_path, cpu_topology(tmp_path / "topology.yaml"), **kwargs, warmup_depth=3)
+                  micro_batch_size=1, schedule=schedule)
+    plan = write_test_plan(tmp_path, cpu_topology(tmp_path / "topology.yaml"), **kwargs, warmup_depth=depth)
     out = tmp_path / "run"
     results = launch(plan, LaunchOptions(backend="gloo", iterations=3, warmup=0, out_dir=str(out), learning_rate=0.05,
                                          save_state=True), log=lambda line: None)

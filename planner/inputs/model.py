@@ -8,7 +8,7 @@ import yaml
 
 from cost_models.compression import MAX_POWERSGD_RANK, GradientCompression, MessageCompression
 from cost_models.network import Sync
-from cost_models.schedule import AUTO_SCHEDULES, Schedule
+from cost_models.schedule import AUTO_SCHEDULES, DEEPENED_SCHEDULES, Schedule
 from planner.errors import InputError
 from planner.fields import Fields
 from planner.plan.sync import SYNC_CHOICES
@@ -215,9 +215,9 @@ class TrainingSpec:
             raise InputError(f"{k!r} is not a whole number from 1 to {MAX_WARMUP_DEPTH} or auto", field=field)
         if k == 1:
             return
-        if self.schedule not in ("auto", Schedule.ONE_F_ONE_B):  # under auto: its 1F1B plans
-            raise InputError(f"is {k}, which deepens 1F1B's warm-up, but the schedule is {self.schedule}: set schedule "
-                             "1f1b or auto, or warmup_depth 1", field=field)
+        if self.schedule not in ("auto", *DEEPENED_SCHEDULES):  # under auto: its 1F1B and ZB-H1 plans
+            raise InputError(f"is {k}, which deepens the warm-up of 1F1B or ZB-H1, but the schedule is "
+                             f"{self.schedule}: set schedule 1f1b, zb-h1 or auto, or warmup_depth 1", field=field)
         if k != "auto" and self.virtual_stages != 1:
             raise InputError(f"is {k}, but virtual_stages is {self.virtual_stages}: interleaved 1F1B has its own "
                              "warm-up; set virtual_stages 1 or warmup_depth 1", field=field)

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from cost_models.schedule import Schedule
+from cost_models.schedule import run_depth
 from planner.plan.dims import Compression, Sync
 from planner.plan.plan import Plan
 from planner.plan.sync import AUTO
@@ -34,7 +34,7 @@ def candidate_to_plan(ctx, candidate: Candidate) -> Plan:
                 sync_every=ctx.training.sync_every,
                 micro_batches_per_round=ctx.training.micro_batches_per_round,
                 compression=Compression.of_training(ctx.training),
-                warmup_depth=ctx.training.fixed_warmup_depth if candidate.schedule == Schedule.ONE_F_ONE_B else 1)
+                warmup_depth=run_depth(candidate.schedule, ctx.training.fixed_warmup_depth))
     if ctx.training.sync not in (AUTO, Sync.RING):  # auto: resolved on the final plan (``choose_sync``)
         plan = plan_with_sync(plan, real, Sync(ctx.training.sync))
     return plan
