@@ -290,7 +290,7 @@ GPU_CASES = {
 }
 # The 2-stage runs as ``plan launch`` runs each schedule by default (compiled; ZB-H1 with its products split).
 GPU_SCHEDULE_ROWS = ("2x1-mb2-1f1b", "2x1-mb2-gpipe", "2x1-mb2-zb-h1-compiled", "2x1-mb2-1f1b-interleaved-v2",
-                     "2x1-mb2-1f1b-interleaved-v4")
+                     "2x1-mb2-1f1b-interleaved-v4", "2x1-mb2-zb-h1-depth-2")
 
 GPU4_TOPOLOGY = "topologies/local/h100-x4.yaml"
 GPU4_CASES = {
@@ -321,7 +321,7 @@ GPU4_CASES = {
 
 # The 4-stage runs as ``plan launch`` runs each schedule by default (compiled; ZB-H1 with its products split).
 GPU4_SCHEDULE_ROWS = ("4x1-mb2-1f1b", "4x1-mb2-gpipe", "4x1-mb2-zb-h1-compiled", "4x1-mb2-1f1b-interleaved-v2",
-                      "4x1-mb2-1f1b-interleaved-v4")
+                      "4x1-mb2-1f1b-interleaved-v4", "4x1-mb2-zb-h1-depth-2")
 
 
 def _calibrated(topology_path: str, path: Path, compile: str, resume: bool = False):
@@ -392,15 +392,18 @@ def gpu_cases(out: Path, topology_path: str, all_cases: dict, schedule_rows: tup
         print(f"{label:34} predicted {row['predicted_s']:.4f} s  measured {row['measured_s']:.4f} s  "
               f"{100 * row['error']:+6.1f}%", flush=True)
     # Which schedule auto picks for these stages on the compiled calibration, against the measurements.
-    # Picked with one chunk per device (the default) and with interleaving searched too.
+    # Picked with one chunk per device (the default), with interleaving searched too, and with the
+    # warm-up depth searched (one chunk).
     stages = all_cases[schedule_rows[0]].stages
     picks = {}
-    for virtual_stages in (1, "auto"):
-        training = replace(compiled_job.training, micro_batch_size=2, schedule="auto", virtual_stages=virtual_stages)
+    for name, virtual_stages, depth in (("virtual_stages 1", 1, 1), ("virtual_stages auto", "auto", 1),
+                                        ("warmup_depth auto", 1, "auto")):
+        training = replace(compiled_job.training, micro_batch_size=2, schedule="auto", virtual_stages=virtual_stages,
+                           warmup_depth=depth)
         pick = search(compiled_job.topology, compiled_job.model, training,
                       SearchOptions(seed=seed, time_limit_s=10, stages=stages, replicas=1, tensor_degrees=(1,))).plan
-        picks[f"virtual_stages {virtual_stages}"] = {"schedule": str(pick.schedule),
-                                                     "virtual_stages": pick.virtual_stages}
+        picks[name] = {"schedule": str(pick.schedule), "virtual_stages": pick.virtual_stages,
+                       "warmup_depth": pick.warmup_depth}
     measured = [r for r in report["rows"] if r["label"] in schedule_rows]
     if measured:
         fastest = min(measured, key=lambda r: r["measured_s"])

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from cost_models.schedule import Schedule
+from cost_models.schedule import Schedule, held_text
 from planner.inputs.units import format_bytes, format_flops, format_seconds
 from planner.plan.plan import CostModel
 from planner.prediction.predict import communication_bytes
@@ -171,7 +171,9 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
               f"the bubble shrinks {plan.virtual_stages}x, {plan.virtual_stages}x the pipeline messages)"
               if plan.virtual_stages > 1 else "")
            + (f" with warm-up depth {plan.warmup_depth} (stage s runs {plan.warmup_depth} (S - s - 1) warm-up "
-              f"forwards: up to {in_flight} micro-batches in flight on stage 0, so that messages overlap compute)"
+              f"forwards{held_text(plan.schedule, plan.warmup_depth)}: up to {in_flight} micro-batches in flight on "
+              f"{'every stage' if plan.schedule == Schedule.ZERO_BUBBLE else 'stage 0'}, so that messages and the "
+              "first backward's wait overlap compute)"
               if plan.warmup_depth > 1 else "")
            + (f" ({ZERO_BUBBLE_ERROR})" if plan.schedule == Schedule.ZERO_BUBBLE else "")
            + f", micro-batch size {plan.micro_batch_size}"

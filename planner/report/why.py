@@ -34,7 +34,7 @@ import numpy as np
 from cost_models.links import LevelMatrix
 from planner.inputs.catalog import AUTO, runs
 from planner.inputs.units import format_bytes
-from cost_models.schedule import AUTO_WARMUP_DEPTHS, Schedule, stage_ops
+from cost_models.schedule import AUTO_WARMUP_DEPTHS, DEEPENED_SCHEDULES, Schedule, held_text, stage_ops
 from cost_models.simulator import SimulationCut
 from planner.plan.plan import CostModel
 from planner.prediction.predict import predict
@@ -389,14 +389,14 @@ WARMUP_WORTH_SHARE = 0.02  # pipeline transfers and bubble, of the iteration, fo
 
 
 def _warmup_binding(plan, topology, model, training, deadline: float) -> list:
-    """[Binding] of ``plan`` at deeper 1F1B warm-ups (``cost_models.schedule.one_f_one_b_warmup``), the
-    same placement and splits, where it runs one-chunk 1F1B over two stages or more and its pipeline
+    """[Binding] of ``plan`` at deeper 1F1B or ZB-H1 warm-ups (``cost_models.schedule.stage_ops``), the
+    same placement and splits, where it runs one chunk over two stages or more and its pipeline
     transfers and bubble take ``WARMUP_WORTH_SHARE`` of the iteration or more: the depths of
     ``AUTO_WARMUP_DEPTHS`` above its own, shallowest first, until one fails to cut the time or to fit
     (else []); where the time ran out before the first, a line that says so."""
     p = plan.prediction
     exposed = p.breakdown_s.get("pipeline_transfer_s", 0.0) + p.breakdown_s.get("bubble_s", 0.0)
-    if (plan.schedule != Schedule.ONE_F_ONE_B or plan.stages < 2 or plan.virtual_stages > 1
+    if (plan.schedule not in DEEPENED_SCHEDULES or plan.stages < 2 or plan.virtual_stages > 1
             or exposed < WARMUP_WORTH_SHARE * p.iteration_s):
         return []
     base, best, overflow = p.iteration_s, None, None
@@ -415,8 +415,8 @@ def _warmup_binding(plan, topology, model, training, deadline: float) -> list:
             break
         best = (k, deeper.iteration_s)
     if best is None and overflow is None:
-        return [Binding(kind="warm-up", text="warm-up: deeper 1F1B warm-ups not re-evaluated (the report's time ran "
-                                             "out: a longer --time-limit gives it more)")] \
+        return [Binding(kind="warm-up", text=f"warm-up: deeper {plan.schedule} warm-ups not re-evaluated (the report's "
+                                             "time ran out: a longer --time-limit gives it more)")] \
             if not _time_for_simulation(plan, deadline) else []
     if best is None:
         k, device = overflow
@@ -425,7 +425,7 @@ def _warmup_binding(plan, topology, model, training, deadline: float) -> list:
     change = (seconds - base) / base
     return [Binding(kind="warm-up", change=change, text=(
         f"warm-up: at depth {k} (--warmup-depth {k}, or auto to search it; stage s runs {k} (S - s - 1) warm-up "
-        f"forwards) the same plan would cut the iteration {100 * abs(change):.1f}% ({_seconds(base)} -> "
+        f"forwards{held_text(plan.schedule, k)}) the same plan would cut the iteration {100 * abs(change):.1f}% ({_seconds(base)} -> "
         f"{_seconds(seconds)} s)" + (f"; depth {overflow[0]} would not fit on {overflow[1]}" if overflow else "")))]
 
 

@@ -248,7 +248,7 @@ class _PlacementModel:
         ``decode`` re-checks the answer in floats). The in-flight count is the largest round's
         (``cost_models.memory.peak_in_flight``: GPipe ``min(M, p)``, 1F1B ``min(M, p, k (S - s - 1) + 1)``
         at warm-up depth k, ZB-H1
-        ``min(M, p, S)``, ``p`` the round's micro-batches); the messages a stage holds until the sync
+        ``min(M, p, k (S - 1) + 1)``, ``p`` the round's micro-batches); the messages a stage holds until the sync
         (``cost_models.memory.held_messages``) are linear in M and f, 1F1B's count
         (``memory.one_f_one_b_held``; exact for equal rounds, and at most ZB-H1's and a last smaller
         round's, whose rounds before it sent every gradient); under GPipe the M outputs, the
@@ -257,7 +257,7 @@ class _PlacementModel:
         message = math.floor(self.costs.boundary_bytes)
         per_round = self.costs.micro_batches_per_round
         for r, s in itertools.product(range(self.R), range(S)):
-            bound = {Schedule.GPIPE: self.total, Schedule.ZERO_BUBBLE: S}.get(
+            bound = {Schedule.GPIPE: self.total, Schedule.ZERO_BUBBLE: self.costs.warmup_depth * (S - 1) + 1}.get(
                 self.schedule, self.costs.warmup_depth * (S - s - 1) + 1)
             bound = min(bound, per_round) if per_round > 0 else bound
             in_flight = m.new_int_var(1, bound, f"in_flight_r{r}_s{s}")

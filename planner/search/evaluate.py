@@ -247,14 +247,18 @@ def _pipeline_shape(ctx, assign, costs, counts, schedule, links, warmup_depth: i
         hop = np.zeros((R, S))
         hop[:, :-1] = round_trip
         trip = np.cumsum((tau + hop)[:, ::-1], axis=1)[:, ::-1]  # (R, S): stage s .. S-1 and back
-        depth = 1 if schedule == Schedule.ZERO_BUBBLE else (warmup_depth or _ranking_depth(ctx, costs))
+        ranking = costs.warmup_depth if schedule == Schedule.ZERO_BUBBLE else _ranking_depth(ctx, costs)
+        depth = warmup_depth or ranking
         in_flight = depth * (S - 1 - np.arange(S)) + 1
         bottleneck = np.maximum(bottleneck, (trip / in_flight[None, :]).max(axis=1))
     if schedule == Schedule.ZERO_BUBBLE and S > 1:
         # The first micro-batch's way back and the last one's drain carry input gradients only:
         # (S - 1)(F + B - W) instead of (S - 1)(F + B + W) (Qi et al. 2024, sec. 3.1). Stage s then
         # runs the s weight gradients it held back; it ends last if they outlast the input
-        # gradients still to come upstream of it.
+        # gradients still to come upstream of it. At warm-up depth k > 1 the in-flight window above
+        # is k's but this bubble stays depth 1's: the extra warm-up forwards and held weight gradients
+        # fill part of it, which the search leaves to the simulator (``zero_bubble.zero_bubble_variants``
+        # simulates depth 1 and the deeper one side by side).
         weight = _weight_gradient_s(ctx, assign, costs, counts)
         upstream_input = np.cumsum(tau * backward_share(ctx.training) - weight, axis=1) - \
             (tau * backward_share(ctx.training) - weight)  # (R, S): input gradients of stages < s

@@ -57,8 +57,8 @@ def schedule_windows(training, stages: int) -> dict:
     rounds = training.micro_batches_per_round if training.micro_batches_per_round > 0 else math.inf
     windows = {}
     for schedule in schedules:
-        if schedule == Schedule.ZERO_BUBBLE:
-            windows[schedule] = min(stages, rounds)
+        if schedule == Schedule.ZERO_BUBBLE:  # one chunk always; k (S - 1) + 1 on every stage
+            windows[schedule] = min(one_f_one_b_window(training, stages), rounds)
         elif schedule == Schedule.ONE_F_ONE_B and not interleaves:
             windows[schedule] = min(one_f_one_b_window(training, stages), rounds)
         else:
@@ -67,14 +67,14 @@ def schedule_windows(training, stages: int) -> dict:
 
 
 def one_f_one_b_window(training, stages: int) -> float:
-    """How many micro-batches 1F1B's first stage of ``stages`` keeps in flight under ``training``'s
-    warm-up depth k: ``k (S - 1) + 1`` (``cost_models.schedule.one_f_one_b_warmup``), at the deepest
-    the search tries where it picks k (``AUTO_WARMUP_DEPTHS``)."""
+    """How many micro-batches 1F1B's first stage of ``stages`` (any stage of ZB-H1) keeps in flight
+    under ``training``'s warm-up depth k: ``k (S - 1) + 1`` (``cost_models.schedule.one_f_one_b_warmup``),
+    at the deepest the search tries where it picks k (``AUTO_WARMUP_DEPTHS``)."""
     return bound_depth(training) * (stages - 1) + 1
 
 
 def bound_depth(training) -> int:
-    """The deepest 1F1B warm-up a plan of ``training`` may run: its fixed depth, or under ``auto``
+    """The deepest 1F1B or ZB-H1 warm-up a plan of ``training`` may run: its fixed depth, or under ``auto``
     the deepest the search tries (``AUTO_WARMUP_DEPTHS``)."""
     depth = getattr(training, "warmup_depth", 1)
     return AUTO_WARMUP_DEPTHS[-1] if depth == "auto" else depth
