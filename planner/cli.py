@@ -43,10 +43,11 @@ def _plan_parser(sub) -> None:
                    help="interleaved 1F1B: model chunks per device; auto: the search picks v per plan among 1, 2, "
                         "4, ... (default: the file's training.virtual_stages, else 1)")
     p.add_argument("--warmup-depth", metavar="K|auto",
-                   help="1F1B's warm-up forwards per stage downstream: stage s runs min(K (S - s - 1), M) forwards "
-                        "before its first backward, so messages over slow links overlap compute (K - 1 more "
-                        "micro-batches' activations per stage downstream); auto: the search picks K per 1F1B plan "
-                        "(default: the file's training.warmup_depth, else 1)")
+                   help="1F1B's or ZB-H1's warm-up forwards per stage downstream: stage s runs min(K (S - s - 1), M) "
+                        "forwards before its first backward (under ZB-H1 it also holds K s weight gradients back), "
+                        "so messages over slow links and the first backward's wait overlap compute (K - 1 more "
+                        "micro-batches' activations per stage downstream); auto: the search picks K per 1F1B or "
+                        "ZB-H1 plan (default: the file's training.warmup_depth, else 1)")
     p.add_argument("--micro-batches-per-round", type=int, metavar="K",
                    help="accumulation rounds: each replica's micro-batches run K at a time, each round its own "
                         "pipeline fill and drain (default: the file's training.micro_batches_per_round, else 0 = one round)")

@@ -198,9 +198,10 @@ def test_a_re_plan_searches_the_depth_again_and_interleaving_resets_it():
 
 
 @pytest.mark.slow
-def test_the_bound_stays_below_random_deepened_plans():
-    """Random 1F1B plans of two stages or more at depths 2-8 on random clustered topologies never
-    simulate below their pair's bound, with the training's depth fixed to theirs or left to auto."""
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_the_bound_stays_below_random_deepened_plans(schedule):
+    """Random 1F1B (or ZB-H1) plans of two stages or more at depths 2-8 on random clustered topologies
+    never simulate below their pair's bound, with the training's depth fixed to theirs or left to auto."""
     from planner.search.bounds import _pair_bounds_s
     from tests.test_bounds_clusters import _clustered_topology, _random_plan
 
@@ -210,7 +211,7 @@ def test_the_bound_stays_below_random_deepened_plans():
         topology, model = _clustered_topology(rng), model_preset(str(rng.choice(["small", "gpt3-xl"])))
         depth = int(rng.choice([2, 3, 4, 8]))
         training = parse_training({"global_batch": int(rng.choice([8, 16])), "micro_batch_size": int(rng.choice([1, 2])),
-                                   "schedule": "1f1b", "precision": "fp16", "warmup_depth": depth,
+                                   "schedule": schedule, "precision": "fp16", "warmup_depth": depth,
                                    "micro_batches_per_round": int(rng.choice([0, 0, 3])),
                                    "recompute": bool(rng.random() < 0.5)})
         try:

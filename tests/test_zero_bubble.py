@@ -179,6 +179,29 @@ def test_calibrated_schedule_auto_picks_zb_h1_which_measured_fastest(name, topol
         front.zero_bubble_variants = original
 
 
+def test_calibrated_auto_with_the_depth_searched_picks_zb_h1_at_depth_2_which_measured_fastest():
+    """On a 2x H200 calibration (``accuracy_gpu_h200x2_zb_depth``), ZB-H1 at warm-up depth 2 measured
+    0.2862 s against depth 1's 0.2942 s and 1F1B's 0.3103 s: with ``warmup_depth: auto`` the search
+    returns it, predicted within 3%, its bound below it; at the default depth 1 it returns ZB-H1 at
+    depth 1, and the report says what depth 2 would buy."""
+    from planner.report.why import render_why
+
+    job, measured = _calibrated("accuracy_gpu_h200x2_zb_depth", "h100-x2")
+    assert min(measured, key=measured.get) == "2x1-mb2-zb-h1-depth-2"
+    training = replace(job.training, micro_batch_size=2, schedule="auto", virtual_stages=1)
+    options = SearchOptions(seed=0, time_limit_s=20, stages=2, replicas=1, tensor_degrees=(1,))
+    deep = search(job.topology, job.model, replace(training, warmup_depth="auto"), options)
+    assert (deep.plan.schedule, deep.plan.warmup_depth) == ("zb-h1", 2)
+    assert deep.plan.prediction.iteration_s == pytest.approx(measured["2x1-mb2-zb-h1-depth-2"], rel=0.03)
+    assert deep.lower_bound_s <= deep.plan.prediction.iteration_s
+    shallow = search(job.topology, job.model, training, options)
+    assert (shallow.plan.schedule, shallow.plan.warmup_depth) == ("zb-h1", 1)
+    assert deep.plan.prediction.iteration_s < 0.99 * shallow.plan.prediction.iteration_s
+    why = render_why(shallow.plan, job.topology, job.model, measured_schedules(training, job.topology),
+                     budget_s=20)
+    assert "warm-up: at depth 2" in why and "holds 2 s weight gradients back" in why
+
+
 def test_it_is_measured_only_where_every_device_is():
     """One device without a measured split backward leaves ZB-H1 out of auto; a schedule named in
     the input is kept as it is."""
