@@ -12,6 +12,7 @@ import pytest
 from cost_models import memory
 from cost_models.schedule import Op, stage_ops
 from planner.errors import InputError
+from planner.inputs.job import load_job
 from planner.inputs.model import model_preset, parse_training
 from planner.inputs.topology import parse_topology
 from planner.plan.plan import Plan, validate_plan
@@ -192,9 +193,34 @@ def test_a_re_plan_searches_the_depth_again_and_interleaving_resets_it():
 
     training = parse_training({"global_batch": 16, "schedule": "auto", "warmup_depth": 3})
     assert _depth_searched_again(_line_plan(3), training).warmup_depth == "auto"
+    assert _depth_searched_again(replace(_line_plan(3), schedule="zb-h1"), training).warmup_depth == "auto"
     assert _depth_searched_again(replace(_line_plan(1), schedule="gpipe"),
                                  parse_training({"global_batch": 16})).warmup_depth == 1
     assert interleave_plan(_line_plan(3), 2).warmup_depth == 1
+
+
+def test_zb_h1_asked_by_name_gets_its_depth_searched_and_checked(tmp_path, capsys):
+    """``--schedule zb-h1 --warmup-depth auto`` on 2 H100s returns ZB-H1 at depth 2, faster than at
+    depth 1 (the first stage's wait for its first backward filled), with both depths simulated; a
+    plan file whose ZB-H1 depth differs from its training's is refused in one line."""
+    from planner.plan.document import plan_from_document
+
+    topology = TOPOLOGIES / "local" / "h100-x2.yaml"
+    args = [topology, "--schedule", "zb-h1", "--stages", "2", "--replicas", "1", "--micro-batch-size", "2",
+            "--seed", "0", "--no-exact"]
+    times = {}
+    for depth in ("1", "auto"):
+        code, out, err = run_cli(args + ["--warmup-depth", depth, "-o", tmp_path / f"{depth}.yaml"], capsys)
+        assert code == 0, err
+        times[depth] = __import__("yaml").safe_load((tmp_path / f"{depth}.yaml").read_text())
+    deep, shallow = plan_from_document(times["auto"]), plan_from_document(times["1"])
+    assert (deep.schedule, deep.warmup_depth, shallow.warmup_depth) == ("zb-h1", 2, 1)
+    assert times["auto"]["prediction"]["iteration_s"] < 0.98 * times["1"]["prediction"]["iteration_s"]
+    assert {f.get("warmup_depth", 1) for f in times["auto"]["search"]["finalists"]} == {1, 2}
+    job = load_job(topology)
+    training = replace(job.training, schedule="zb-h1", micro_batch_size=2, warmup_depth=1)
+    with pytest.raises(InputError, match="warmup_depth.*is 2 but training.warmup_depth is 1"):
+        validate_plan(replace(deep, topology_sha256=job.topology.sha256), job.topology, job.model, training)
 
 
 @pytest.mark.slow

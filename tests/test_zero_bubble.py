@@ -17,7 +17,7 @@ from planner.plan.document import plan_from_document, plan_to_document
 from planner.prediction.predict import predict
 from planner.search.evaluate import make_context, score_split
 from planner.search.front import SearchOptions, search
-from planner.search.zero_bubble import measured_schedules
+from planner.search.zero_bubble import measured_schedules, runnable_start
 from tests.conftest import ROOT
 from tests.op_lists import held_peak
 
@@ -233,6 +233,14 @@ def test_a_zb_h1_plan_started_where_a_split_backward_is_unmeasured_runs_1f1b():
     result = replan(old, partial, job.model, training, options)
     assert result.plan.schedule != "zb-h1"
     assert all(o.plan.schedule != "zb-h1" for o in result.options if o.plan is not None)
+    # At a deeper warm-up the old layout stays runnable: 1F1B at the same depth (its training's).
+    deep = replace(old, warmup_depth=2, prediction=None)
+    deep_training = replace(training, warmup_depth=2)
+    assert runnable_start(deep, measured_schedules(deep_training, partial)) == replace(
+        deep, schedule="1f1b", prediction=None)
+    unchanged = next(o for o in replan(deep, partial, job.model, deep_training, options).options
+                     if o.label == "old layout, unchanged")
+    assert unchanged.plan is not None and (unchanged.plan.schedule, unchanged.plan.warmup_depth) == ("1f1b", 2)
 
 
 def test_the_bound_of_auto_covers_zb_h1_where_it_is_measured():

@@ -7,7 +7,7 @@ from enum import StrEnum
 
 from planner.errors import InputError
 from planner.inputs.model import SCHEDULES
-from cost_models.schedule import interleaving_problem, warmup_depth_problem
+from cost_models.schedule import DEEPENED_SCHEDULES, interleaving_problem, warmup_depth_problem
 from planner.plan.dims import Compression, Degrees, Schedule, Sync
 from planner.plan.precision import plan_precision_problem
 from planner.plan.sync import sync_problem
@@ -267,7 +267,7 @@ def _check_warmup_depth(plan: Plan, training) -> None:
     """A warm-up depth that the training asks for and the plan's schedule runs
     (``cost_models.schedule.warmup_depth_problem``)."""
     k, asked = plan.warmup_depth, getattr(training, "warmup_depth", 1)
-    if k != asked and asked != "auto" and plan.schedule == Schedule.ONE_F_ONE_B and plan.virtual_stages == 1:
+    if k != asked and asked != "auto" and plan.schedule in DEEPENED_SCHEDULES and plan.virtual_stages == 1:
         raise InputError(f"is {k} but training.warmup_depth is {asked}: make both agree or plan again",
                          field="warmup_depth")
     problem = warmup_depth_problem(plan.schedule, k, plan.virtual_stages)

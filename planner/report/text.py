@@ -60,14 +60,15 @@ def _interleaving_lines(plan) -> list:
     tried; nothing for a dimension where it tried one value."""
     lines = []
     for key, label, symbol in (("virtual_stages", "Virtual stages", "v"), ("warmup_depth", "Warm-up depths", "k")):
-        best = {}
+        best = {}  # (value, the schedule where a variant ran another than its candidate's) -> seconds
         for finalist in plan.search.get("finalists", []):
             if finalist.get("fits"):
-                value = finalist.get(key, 1)
+                value = (finalist.get(key, 1), finalist.get("schedule", "") if key == "warmup_depth" else "")
                 best[value] = min(best.get(value, float("inf")), finalist["simulated_s"])
-        if len(best) >= 2:
+        if len({v for v, _ in best}) >= 2:
             lines.append(f"{label} tried (the best simulated finalist of each): "
-                         + ", ".join(f"{symbol} = {v}: {seconds:.4g} s" for v, seconds in sorted(best.items())))
+                         + ", ".join(f"{symbol} = {v}{f' ({schedule})' if schedule else ''}: {seconds:.4g} s"
+                                     for (v, schedule), seconds in sorted(best.items())))
     return lines
 
 

@@ -366,7 +366,7 @@ def _zero_bubble_binding(plan, topology, model, training, deadline: float) -> li
     if not _time_for_simulation(plan, deadline, _ops_ratio(plan, Schedule.ZERO_BUBBLE)):
         return late
     try:
-        split = predict(replace(plan, schedule=Schedule.ZERO_BUBBLE, warmup_depth=1, prediction=None), topology, model,
+        split = predict(replace(plan, schedule=Schedule.ZERO_BUBBLE, prediction=None), topology, model,
                         training, deadline=deadline)[0]
     except SimulationCut:
         return late

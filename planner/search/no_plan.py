@@ -67,8 +67,8 @@ def stage_memory_floor(model, training, micro_batch_size: int, stages: int, repl
 
 def _even_split_worst(model, training, micro_batch_size: int, stages: int, replicas: int) -> tuple:
     """(stage, bytes) of the stage that needs the most under an even layer split (``ceil(layers /
-    stages)`` each) with the micro-batches its schedule keeps in flight (1F1B and ZB-H1: ``S - s`` at
-    most, 1F1B at warm-up depth k ``k (S - s - 1) + 1``; GPipe: a round's;
+    stages)`` each) with the micro-batches its schedule keeps in flight (1F1B at warm-up depth k
+    ``k (S - s - 1) + 1`` at most, ZB-H1 ``k (S - 1) + 1``; GPipe: a round's;
     ``cost_models.memory.peak_in_flight``)."""
     costs = layer_costs(model, training, micro_batch_size, stages, replicas)
     per_replica = max(1, training.global_batch // (micro_batch_size * replicas))

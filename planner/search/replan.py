@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from cost_models import flops, memory
-from cost_models.schedule import AUTO_WARMUP_DEPTHS, Schedule
+from cost_models.schedule import AUTO_WARMUP_DEPTHS, DEEPENED_SCHEDULES
 from planner.errors import InputError
 from planner.inputs.units import format_bytes
 from planner.plan.plan import Plan, validate_plan
@@ -469,7 +469,7 @@ def _depth_searched_again(old: Plan, training):
     (``AUTO_WARMUP_DEPTHS``): a plan file writes the depth its search chose, and the changed cluster
     (more layers a stage, other links) may need another; the old layout's own depth stays allowed."""
     depth = training.warmup_depth
-    if (old.schedule == Schedule.ONE_F_ONE_B and old.virtual_stages == 1 and depth != "auto" and depth > 1
+    if (old.schedule in DEEPENED_SCHEDULES and old.virtual_stages == 1 and depth != "auto" and depth > 1
             and depth in AUTO_WARMUP_DEPTHS):
         return replace(training, warmup_depth="auto")
     return training

@@ -15,7 +15,7 @@ the candidate's place (depth 1 of that candidate is not simulated).
 
 from dataclasses import replace
 
-from cost_models.schedule import AUTO_WARMUP_DEPTHS, Schedule
+from cost_models.schedule import AUTO_WARMUP_DEPTHS, DEEPENED_SCHEDULES
 from planner.plan.plan import Plan
 from planner.search.evaluate import Candidate, score_split
 
@@ -31,10 +31,12 @@ def deeper_variants(ctx, candidate: Candidate, plan: Plan, choices: tuple) -> li
     """[(estimate, plan)]: ``candidate`` (whose plan is ``plan``) at the depth of ``choices`` above 1
     with the best estimate (the shallowest among equals), where that estimate is not above the plan's
     own depth's (on a tie the deeper one: the estimate's period misses the stalls a round trip longer
-    than the steady step causes, which only a deeper warm-up removes); empty for another schedule than 1F1B, interleaved chunks, a single stage, or
-    where no deeper variant fits in memory."""
+    than the steady step causes, which only a deeper warm-up removes); empty for another schedule than 1F1B or
+    ZB-H1, interleaved chunks, a single stage, or where no deeper variant fits in memory. Under ZB-H1 the
+    estimate times the deeper window but not the bubble the extra forwards fill
+    (``evaluate._pipeline_shape``), so the search simulates the depth-1 plan beside it."""
     R, S = candidate.assign.shape
-    if candidate.schedule != Schedule.ONE_F_ONE_B or plan.virtual_stages != 1 or S < 2:
+    if candidate.schedule not in DEEPENED_SCHEDULES or plan.virtual_stages != 1 or S < 2:
         return []
     scored = []
     for k in choices:

@@ -46,12 +46,13 @@ def measured_schedules(training, topology):
 def runnable_start(plan: Plan | None, training) -> Plan | None:
     """A plan to start from (a re-plan's old plan, ``search``'s ``x0``) as ``training`` (resolved by
     ``measured_schedules``) may run it: a ZB-H1 plan chosen under ``auto`` where every device's split
-    backward was measured, started on a cluster where one is not, runs 1F1B on the same placement
-    (the bound there does not cover ZB-H1, and its split blocks would be priced as plain ones)."""
+    backward was measured, started on a cluster where one is not, runs 1F1B on the same placement at
+    the same warm-up depth (the bound there does not cover ZB-H1, and its split blocks would be priced
+    as plain ones)."""
     if (plan is None or training.schedule != "auto" or plan.schedule != Schedule.ZERO_BUBBLE
             or Schedule.ZERO_BUBBLE in training.schedules):
         return plan
-    return replace(plan, schedule=Schedule.ONE_F_ONE_B, warmup_depth=1, prediction=None)
+    return replace(plan, schedule=Schedule.ONE_F_ONE_B, prediction=None)  # 1F1B runs the plan's depth too
 
 
 def placement_schedules(training) -> list:
