@@ -130,19 +130,21 @@ def _dimension_plans(pick, job, seed: int) -> dict:
                 interleave_plan(base, 2), trained(schedule="1f1b", virtual_stages=2), "interleaved")
         plans["int8-messages"] = (replace(pick, compression=Compression(messages="int8")),
                                   trained(compress_messages="int8"), "int8-messages")
-        # 1F1B at the warm-up depth of 2-4 that the simulator gives the shortest iteration that fits
-        deep = {}
-        for k in (2, 3, 4):
-            run = trained(schedule="1f1b", warmup_depth=k)
-            plan = replace(pick, schedule="1f1b", warmup_depth=k, prediction=None)
-            prediction = predict(plan, topology, job.model, run.training)[0]
-            if prediction.fits:
-                deep[k] = (prediction.iteration_s, plan, run)
-        if deep:  # and the same plan at depth 1, measured beside it
-            k = min(deep, key=lambda depth: deep[depth][0])
-            plans[f"1f1b-warmup-depth-{k}"] = (deep[k][1], deep[k][2], "warmup-depth")
-            plans["1f1b-warmup-depth-1"] = (replace(pick, schedule="1f1b", warmup_depth=1, prediction=None),
-                                            trained(schedule="1f1b", warmup_depth=1), "warmup-depth")
+        # 1F1B and ZB-H1 at the warm-up depth of 2-4 that the simulator gives the shortest iteration
+        # that fits
+        for schedule in ("1f1b", "zb-h1"):
+            deep = {}
+            for k in (2, 3, 4):
+                run = trained(schedule=schedule, warmup_depth=k)
+                plan = replace(pick, schedule=schedule, warmup_depth=k, prediction=None)
+                prediction = predict(plan, topology, job.model, run.training)[0]
+                if prediction.fits:
+                    deep[k] = (prediction.iteration_s, plan, run)
+            if deep:  # and the same plan at depth 1, measured beside it
+                k = min(deep, key=lambda depth: deep[depth][0])
+                plans[f"{schedule}-warmup-depth-{k}"] = (deep[k][1], deep[k][2], "warmup-depth")
+                plans[f"{schedule}-warmup-depth-1"] = (replace(pick, schedule=schedule, warmup_depth=1, prediction=None),
+                                                       trained(schedule=schedule, warmup_depth=1), "warmup-depth")
     if _hosts_of_two(topology):
         for stages in (1, 2):
             pinned = trained(shard_optimizer="auto")
