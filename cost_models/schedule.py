@@ -185,8 +185,11 @@ def stage_ops(schedule: str, stage: int, stages: int, micro_batches: int, per_ro
     With ``per_round`` > 0 the micro-batches run in accumulation rounds of that many (DTFM's runs
     accumulate in rounds of 64), each round its own pipeline fill and drain; gradients accumulate
     over the rounds and one sync and step end the iteration.
-    ``warmup_depth`` k > 1 (1F1B only) runs ``min(k (S - s - 1), M)`` warm-up forwards
-    (``one_f_one_b_warmup``): more micro-batches in flight, so slow messages overlap compute.
+    ``warmup_depth`` k > 1 (1F1B and ZB-H1) runs ``min(k (S - s - 1), M)`` warm-up forwards
+    (``one_f_one_b_warmup``): more micro-batches in flight, so slow messages overlap compute; ZB-H1's
+    stage s then holds its first ``k s`` weight gradients back (ZB-H2's memory at k = 2, Qi et al.
+    2024, sec. 3.1), so the first backward's wait is filled and the drain still carries input
+    gradients only.
     """
     if not 0 <= stage < stages or micro_batches < 1:
         raise ValueError(f"bad stage {stage} of {stages} or micro_batches {micro_batches}")

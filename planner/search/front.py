@@ -730,7 +730,7 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         return prediction
 
     choices, interleaved = virtual_stage_choices(training), set()  # the v tried, and (candidate, v, k, schedule) simulated
-    depths = warmup_depth_choices(training)  # 1F1B's warm-up depths k tried
+    depths = warmup_depth_choices(training)  # 1F1B's and ZB-H1's warm-up depths k tried
     estimated = None  # the first finalist at its estimate, where the clock cut its simulation
     simulated_splits = []  # (simulated seconds, order, candidate) of each candidate simulated at one chunk, fitting
     simulated_keys = set()  # the candidates simulated (``Candidate.key``)

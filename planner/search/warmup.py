@@ -10,7 +10,10 @@ memory holds (``evaluate.fitting_depth``), so a placement behind slow links rank
 warm-up would run it; each 1F1B finalist is then scored at every depth above 1
 (``evaluate.score_split``: the in-flight count in the round-trip period and in the memory check),
 and the deeper variant with the best estimate, where it is not above depth 1's, is simulated in
-the candidate's place (depth 1 of that candidate is not simulated).
+the candidate's place (depth 1 of that candidate is not simulated). A ZB-H1 finalist (the schedule
+asked for by name) gets its deeper variant the same way, but its depth-1 plan is simulated too: the
+estimate times the deeper window, not the bubble the extra forwards fill. ZB-H1 variants of 1F1B
+finalists under ``schedule: auto`` are ``zero_bubble.zero_bubble_variants``'.
 """
 
 from dataclasses import replace
