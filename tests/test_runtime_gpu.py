@@ -72,12 +72,14 @@ def test_nccl_zero_bubble_training_equals_single_process(tmp_path, shape):
     assert results["measured"]["loss"] == pytest.approx(losses, rel=1e-4)
 
 
-def test_nccl_deeper_warm_up_training_equals_single_process(tmp_path):
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_nccl_deeper_warm_up_training_equals_single_process(tmp_path, schedule):
     """2 stages at warm-up depth 4 on 2 GPUs: the first stage sends 5 forwards before its first
-    gradient comes back, over NCCL."""
+    gradient comes back, over NCCL; under ZB-H1 (compiled, its products split) the second stage holds
+    4 weight gradients back."""
     topology = cpu_topology(tmp_path / "topology.yaml")
     plan = write_test_plan(tmp_path, topology, assignment=[["a0", "a1"]], layer_bounds=[0, 2, 4],
-                           micro_batches=[8], micro_batch_size=1, schedule="1f1b", warmup_depth=4)
+                           micro_batches=[8], micro_batch_size=1, schedule=schedule, warmup_depth=4)
     results = launch(plan, LaunchOptions(iterations=3, warmup=0, out_dir=str(tmp_path / "run"), learning_rate=0.05,
                                          backend="nccl"), log=lambda line: None)
     losses, _ = train_single_process(model_preset("tiny"), global_batch=8, iterations=3, learning_rate=0.05)
