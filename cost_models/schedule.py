@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["Schedule", "DEEPENED_SCHEDULES", "Op", "stage_ops", "round_sizes", "piece_of", "peer_stage", "interleaving_problem",
-           "interleaved_warmup", "one_f_one_b_warmup", "run_depth", "held_text", "warmup_depth_problem", "OP_KINDS",
+           "interleaved_warmup", "one_f_one_b_warmup", "run_depth", "warmup_depth_problem", "OP_KINDS",
            "COMPUTE_KINDS", "AUTO_SCHEDULES", "AUTO_WARMUP_DEPTHS"]
 
 
@@ -114,11 +114,6 @@ def run_depth(schedule: str, depth: int, virtual_stages: int = 1) -> int:
     """The warm-up depth a plan of ``schedule`` runs with ``depth`` asked: ``depth`` under one-chunk
     1F1B or ZB-H1, 1 otherwise (GPipe and interleaving have their own warm-ups)."""
     return depth if schedule in DEEPENED_SCHEDULES and virtual_stages == 1 else 1
-
-
-def held_text(schedule: str, depth: int) -> str:
-    """What a ZB-H1 stage at warm-up ``depth`` holds back, for reports (empty under 1F1B)."""
-    return f" and holds {depth} s weight gradients back" if schedule == Schedule.ZERO_BUBBLE else ""
 
 
 def warmup_depth_problem(schedule: str, depth: int, virtual_stages: int = 1) -> str:

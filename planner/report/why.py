@@ -34,9 +34,10 @@ import numpy as np
 from cost_models.links import LevelMatrix
 from planner.inputs.catalog import AUTO, runs
 from planner.inputs.units import format_bytes
-from cost_models.schedule import AUTO_WARMUP_DEPTHS, DEEPENED_SCHEDULES, Schedule, held_text, stage_ops
+from cost_models.schedule import AUTO_WARMUP_DEPTHS, DEEPENED_SCHEDULES, Schedule, stage_ops
 from cost_models.simulator import SimulationCut
 from planner.plan.plan import CostModel
+from planner.report.text import held_text
 from planner.prediction.predict import predict
 from planner.search.deadline import plan_simulation_s
 from planner.search.evaluate import evaluate_placement, make_context

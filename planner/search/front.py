@@ -753,11 +753,9 @@ def _grouped_placement_search(topology, model, training, options, *, groups, rng
         main = deeper[0][1] if deeper else plain
         # ZB-H1 where auto runs it: the same split with its backward split (planner.search.zero_bubble).
         variants = [(e, p) for e, p in (interleaved_variants(ctx, candidate, plain, choices)
-                                        + zero_bubble_variants(ctx, candidate, main, choices, depths))
+                                        + zero_bubble_variants(ctx, candidate, plain, choices, depths))
                     if (candidate.key(), p.virtual_stages, p.warmup_depth, p.schedule) not in interleaved]
         variants = (deeper or ([(candidate.score_s, plain)] if 1 in choices else [])) + variants
-        if deeper and candidate.schedule == Schedule.ZERO_BUBBLE:  # its estimate misses the bubble depth fills
-            variants.append((candidate.score_s, plain))
         interleaved.update((candidate.key(), p.virtual_stages, p.warmup_depth, p.schedule) for _, p in variants)
         for estimate, plan in variants:
             if plan is not main and not more(simulating=True, reserve_s=sync_reserve_s):

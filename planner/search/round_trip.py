@@ -57,9 +57,8 @@ def schedule_windows(training, stages: int) -> dict:
     rounds = training.micro_batches_per_round if training.micro_batches_per_round > 0 else math.inf
     windows = {}
     for schedule in schedules:
-        if schedule == Schedule.ZERO_BUBBLE:  # one chunk always; k (S - 1) + 1 on every stage
-            windows[schedule] = min(one_f_one_b_window(training, stages), rounds)
-        elif schedule == Schedule.ONE_F_ONE_B and not interleaves:
+        # ZB-H1 runs one chunk always, with k (S - 1) + 1 in flight on every stage
+        if schedule == Schedule.ZERO_BUBBLE or (schedule == Schedule.ONE_F_ONE_B and not interleaves):
             windows[schedule] = min(one_f_one_b_window(training, stages), rounds)
         else:
             windows[schedule] = rounds

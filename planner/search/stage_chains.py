@@ -171,8 +171,7 @@ def _least_schedule_s(stages, layers, busiest, schedules, interleaved, per_round
             else:
                 extra_sequence, extra_trip = downstream[0][k], downstream[1][k]
             if kind in (Schedule.ONE_F_ONE_B, Schedule.ZERO_BUBBLE) and hops > 0:
-                depth = warmup_depth  # 1F1B's and ZB-H1's
-                window = min(depth * hops + 1, per_round)
+                window = min(warmup_depth * hops + 1, per_round)  # 1F1B's and ZB-H1's
                 carried = np.maximum(1.0, busiest / window)
                 trips = np.maximum(1.0, np.ceil(np.ceil(busiest / most) / window))
                 if fixed:

@@ -10,15 +10,15 @@ memory holds (``evaluate.fitting_depth``), so a placement behind slow links rank
 warm-up would run it; each 1F1B finalist is then scored at every depth above 1
 (``evaluate.score_split``: the in-flight count in the round-trip period and in the memory check),
 and the deeper variant with the best estimate, where it is not above depth 1's, is simulated in
-the candidate's place (depth 1 of that candidate is not simulated). A ZB-H1 finalist (the schedule
-asked for by name) gets its deeper variant the same way, but its depth-1 plan is simulated too: the
-estimate times the deeper window, not the bubble the extra forwards fill. ZB-H1 variants of 1F1B
-finalists under ``schedule: auto`` are ``zero_bubble.zero_bubble_variants``'.
+the candidate's place (depth 1 of that candidate is not simulated). A ZB-H1 finalist (asked for by
+name, or ``zero_bubble.zero_bubble_variants``' of a 1F1B finalist under ``schedule: auto``) gets its
+deeper variant the same way, but its own depth is simulated too: the estimate times the deeper
+window, not the bubble the extra forwards fill.
 """
 
 from dataclasses import replace
 
-from cost_models.schedule import AUTO_WARMUP_DEPTHS, DEEPENED_SCHEDULES
+from cost_models.schedule import AUTO_WARMUP_DEPTHS, DEEPENED_SCHEDULES, Schedule
 from planner.plan.plan import Plan
 from planner.search.evaluate import Candidate, score_split
 
@@ -37,7 +37,8 @@ def deeper_variants(ctx, candidate: Candidate, plan: Plan, choices: tuple) -> li
     than the steady step causes, which only a deeper warm-up removes); empty for another schedule than 1F1B or
     ZB-H1, interleaved chunks, a single stage, or where no deeper variant fits in memory. Under ZB-H1 the
     estimate times the deeper window but not the bubble the extra forwards fill
-    (``evaluate._pipeline_shape``), so the search simulates the depth-1 plan beside it."""
+    (``evaluate._pipeline_shape``), so ``plan`` at its own depth follows as a second variant, for the
+    simulator to judge both."""
     R, S = candidate.assign.shape
     if candidate.schedule not in DEEPENED_SCHEDULES or plan.virtual_stages != 1 or S < 2:
         return []
@@ -55,4 +56,5 @@ def deeper_variants(ctx, candidate: Candidate, plan: Plan, choices: tuple) -> li
                       candidate.micro_batch_size, candidate.schedule, warmup_depth=max(1, plan.warmup_depth))
     if own is not None and estimate > own * (1 + 1e-9):
         return []
-    return [(estimate, replace(plan, warmup_depth=k, prediction=None))]
+    beside = [(own, plan)] if candidate.schedule == Schedule.ZERO_BUBBLE and own is not None else []
+    return [(estimate, replace(plan, warmup_depth=k, prediction=None))] + beside

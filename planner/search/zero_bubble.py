@@ -25,14 +25,9 @@ from dataclasses import replace
 from cost_models.schedule import Schedule
 from planner.plan.plan import Plan
 from planner.search.evaluate import Candidate, score_split
+from planner.search.warmup import deeper_variants
 
-__all__ = ["measured_schedules", "placement_schedules", "runnable_start", "zero_bubble_variants", "ZERO_BUBBLE_DEPTH"]
-
-# The deeper warm-up ``schedule: auto`` tries ZB-H1 at under ``warmup_depth: auto``: stage s runs
-# 2 (S - s - 1) warm-up forwards and holds 2 s weight gradients back (``cost_models.schedule.stage_ops``).
-# On 2x H200 (GPT-3 XL, 2 stages) it measured 0.2846 s against depth 1's 0.2939 s
-# (benchmarks/results/runtime_gpu_x2_h200_zb_depth.json).
-ZERO_BUBBLE_DEPTH = 2
+__all__ = ["measured_schedules", "placement_schedules", "runnable_start", "zero_bubble_variants"]
 
 
 def measured_schedules(training, topology):
@@ -68,20 +63,19 @@ def zero_bubble_variants(ctx, candidate: Candidate, plan: Plan, choices: tuple, 
     runs ZB-H1 and its estimate is below the candidate's: a 1F1B candidate of two stages or more with
     one chunk per device among ``choices`` (the virtual-stage counts), that still fits; else [].
 
-    ``depths``: the warm-up depths the training allows (``warmup.warmup_depth_choices``). Under
-    ``warmup_depth: auto`` ZB-H1 is tried at depth 1 and at ``ZERO_BUBBLE_DEPTH`` (ZB-H2's memory,
-    ``2 S - 1`` micro-batches, Qi et al. 2024, sec. 3.1), and at ``plan``'s own depth where a slow link
-    made it deeper: the estimate times the deeper warm-up's window but not the bubble its extra
-    forwards and held weight gradients fill (``evaluate._pipeline_shape``), so each is simulated."""
+    ``depths``: the warm-up depths the training allows (``warmup.warmup_depth_choices``). The variant
+    runs the shallowest of them; where the search picks the depth, its deeper variant with the best
+    estimate follows it, as for a ZB-H1 finalist asked for by name (``warmup.deeper_variants``: both
+    simulated, the estimate missing the bubble a deeper warm-up fills; on 2x H200 depth 2 measured
+    0.2846 s against depth 1's 0.2939 s, ``benchmarks/results/runtime_gpu_x2_h200_zb_depth.json``)."""
     R, S = candidate.assign.shape
     if (ctx.training.schedule != "auto" or Schedule.ZERO_BUBBLE not in ctx.training.schedules
             or candidate.schedule != Schedule.ONE_F_ONE_B or S < 2 or 1 not in choices):
         return []
-    tried = sorted({1, ZERO_BUBBLE_DEPTH, plan.warmup_depth} & set(depths)) if len(depths) > 1 else list(depths)
-    variants = []
-    for k in tried:
-        estimate = score_split(ctx, candidate.assign, candidate.layer_counts, candidate.micro_batches,
-                               candidate.micro_batch_size, Schedule.ZERO_BUBBLE, warmup_depth=k)
-        if estimate is not None and estimate < candidate.score_s:
-            variants.append((estimate, replace(plan, schedule=Schedule.ZERO_BUBBLE, warmup_depth=k, prediction=None)))
-    return variants
+    estimate = score_split(ctx, candidate.assign, candidate.layer_counts, candidate.micro_batches,
+                           candidate.micro_batch_size, Schedule.ZERO_BUBBLE, warmup_depth=depths[0])
+    if estimate is None or estimate >= candidate.score_s:
+        return []
+    variant = replace(plan, schedule=Schedule.ZERO_BUBBLE, warmup_depth=depths[0], prediction=None)
+    deeper = deeper_variants(ctx, replace(candidate, schedule=Schedule.ZERO_BUBBLE, score_s=estimate), variant, depths)
+    return deeper or [(estimate, variant)]
