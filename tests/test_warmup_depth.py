@@ -134,6 +134,24 @@ def test_a_deeper_warm_up_hides_a_slow_line_in_the_simulator_and_the_estimate(tm
     assert deep.memory_bytes["d2"] == pytest.approx(shallow.memory_bytes["d2"])  # the last stage keeps one
 
 
+def test_the_bound_of_a_deeper_zb_h1_warm_up_lies_below_it_over_a_slow_line():
+    """ZB-H1 over three stages on 100 Mbit/s lines: at depth 4 its round trips overlap compute and it
+    runs in less than half depth 1's time; the pair's bound at the training's depth lies below each
+    (windows of ``k (S - 1) + 1`` in the bound's chains and round trips, as the plan keeps in flight)."""
+    from planner.search.bounds import _pair_bounds_s
+
+    topology, model = _slow_line(None), replace(model_preset("small"), layers=6)
+    seconds = {}
+    for depth in (1, 4):
+        training = parse_training({"global_batch": 16, "micro_batch_size": 1, "precision": "bf16", "optimizer": "adam",
+                                   "schedule": "zb-h1", "warmup_depth": depth})
+        prediction = predict(replace(_line_plan(depth), schedule="zb-h1"), topology, model, training)[0]
+        assert prediction.fits
+        seconds[depth] = prediction.iteration_s
+        assert _pair_bounds_s(topology, model, training)[3][0] <= prediction.iteration_s * (1 + 1e-9), depth
+    assert seconds[4] < 0.5 * seconds[1]
+
+
 def test_a_plan_file_carries_its_depth_and_is_checked(tmp_path):
     from planner.plan.document import plan_from_document, plan_to_document
 
