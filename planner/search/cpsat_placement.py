@@ -8,7 +8,8 @@ replica's micro-batch count) and minimises the search's own estimate
 
 - per-micro-batch stage time ``tau[r, s] = (n_s * layer + head) / speed`` of the placed device;
 - per replica the flow-shop makespan ``fill_r + (M_r - 1) * period_r`` with the pipeline links
-  as extra machines: under 1F1B the slowest stage or link and the in-flight round-trip limit, under
+  as extra machines: under 1F1B the slowest stage or link and the loops its in-flight windows allow
+  (``evaluate.window_period_s``), under
   GPipe the forward phase's period plus the backward phase's (formulas.md, Pipeline schedules);
 - each stage's last backward ``backward_share * tau`` and the gradient's busy time and latency over
   each boundary after its downstream stages' (``evaluate._drain_s``), then its gradient all-reduce over the ring the search would use for that set of devices (one Boolean per
@@ -232,9 +233,12 @@ class _PlacementModel:
                 m.add(period >= self.forward[r, s])
                 m.add(period >= self.backward[r, s])
             if self.schedule == Schedule.ONE_F_ONE_B and S > 1:
-                for s in range(S):  # k (S - s - 1) + 1 micro-batches in flight from stage s to the last and back
-                    back = sum(self.tau[r, k] for k in range(s, S)) + sum(self.trip[r, k] for k in range(s, S - 1))
-                    m.add((self.costs.warmup_depth * (S - s - 1) + 1) * period >= back)
+                # k (s' - s) + 1 micro-batches per loop from stage s to s' and back (evaluate.window_period_s)
+                for s in range(S):
+                    for last in range(s + 1, S):
+                        loop = (sum(self.tau[r, k] for k in range(s, last + 1))
+                                + sum(self.trip[r, k] for k in range(s, last)))
+                        m.add((self.costs.warmup_depth * (last - s) + 1) * period >= loop)
             steady = m.new_int_var(0, (self.total - 1) * self.horizon_ns, f"steady_r{r}")
             extra = m.new_int_var(0, self.total - 1, f"extra_micro_batches_r{r}")
             m.add(extra == self.micro[r] - 1)
