@@ -78,6 +78,13 @@ def _random_loops(rng):
         expected = [max((tau[r, s:last + 1].sum() + round_trip[r, s:last].sum()) / (depth * (last - s) + 1)
                         for s in range(S) for last in range(s + 1, S)) for r in range(R)]
         assert window_period_s(tau, round_trip, depth) == pytest.approx(expected, rel=1e-12)
+        # held work off the loop after s, and rounds of m: loops short of the last stage only from a
+        # stage that holds fewer than m
+        off, m = rng.uniform(0.0, 0.3, (R, S)) * tau, rng.integers(1, 12, R)  # a round size per replica
+        expected = [max((tau[r, s:last + 1].sum() - off[r, s + 1:last + 1].sum() + round_trip[r, s:last].sum())
+                        / (depth * (last - s) + 1) for s in range(S) for last in range(s + 1, S)
+                        if last == S - 1 or depth * (S - 1 - s) + 1 < m[r]) for r in range(R)]
+        assert window_period_s(tau, round_trip, depth, off, m) == pytest.approx(expected, rel=1e-12)
 
 
 def test_cpsat_prices_the_short_loops_as_the_estimate_does():
@@ -103,3 +110,24 @@ def test_cpsat_prices_the_short_loops_as_the_estimate_does():
     assert result.status == "optimal"
     assert result.objective_s == pytest.approx(expected, rel=1e-7)
     assert expected - 1e-6 <= result.bound_s <= expected  # within the 1 ns rounding allowance
+
+
+@pytest.mark.parametrize("schedule, extra, tolerance", [
+    ("zb-h1", {}, 0.02),
+    ("zb-h1", {"micro_batches_per_round": 4}, 0.05),
+    ("1f1b", {"micro_batches_per_round": 4}, 0.11),
+])
+def test_held_weight_gradients_and_short_rounds_stay_off_the_loops(schedule, extra, tolerance):
+    """GPT-3 XL on the four devices with a 20 ms link after stage 0, 64 micro-batches: ZB-H1's weight
+    gradients after stage s run off its loops, and in rounds of 4 micro-batches the stages that hold
+    4 or more never alternate, so their short loops do not bind. The estimate then lies within 2%,
+    5% and 11% of the simulation; with every stage's whole time on the loops and every loop taken,
+    +9.5%, +27.1% and +21.0%."""
+    topology = _slow_first_link(latency_ms=20.0)
+    model = model_preset("gpt3-xl")
+    training = parse_training({"global_batch": 64, "micro_batch_size": 1, "schedule": schedule, "precision": "bf16",
+                               **extra})
+    ctx = make_context(topology, model, training)
+    candidate = evaluate_placement(ctx, np.array([[0, 1, 2, 3]]), 1, schedule)
+    simulated_s = predict(candidate_to_plan(ctx, candidate), topology, model, training)[0].iteration_s
+    assert abs(candidate.score_s / simulated_s - 1.0) <= tolerance

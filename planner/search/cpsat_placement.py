@@ -233,12 +233,22 @@ class _PlacementModel:
                 m.add(period >= self.forward[r, s])
                 m.add(period >= self.backward[r, s])
             if self.schedule == Schedule.ONE_F_ONE_B and S > 1:
-                # k (s' - s) + 1 micro-batches per loop from stage s to s' and back (evaluate.window_period_s)
+                # k (s' - s) + 1 micro-batches per loop from stage s to s' and back (evaluate.window_period_s);
+                # a stage holding as many as its replica's micro-batches, or a round's, never alternates:
+                # its whole trip only
+                depth, per_round = self.costs.warmup_depth, self.costs.micro_batches_per_round
                 for s in range(S):
-                    for last in range(s + 1, S):
-                        loop = (sum(self.tau[r, k] for k in range(s, last + 1))
-                                + sum(self.trip[r, k] for k in range(s, last)))
-                        m.add((self.costs.warmup_depth * (last - s) + 1) * period >= loop)
+                    held = depth * (S - 1 - s) + 1
+                    never = per_round > 0 and held >= per_round
+                    alternates = m.new_bool_var(f"alternates_r{r}_s{s}")
+                    m.add(self.micro[r] >= held + 1).only_enforce_if(alternates)
+                    m.add(self.micro[r] <= held).only_enforce_if(alternates.Not())
+                    for last in range(S - 1 if never else s + 1, S):
+                        loop = (sum(self.tau[r, i] for i in range(s, last + 1))
+                                + sum(self.trip[r, i] for i in range(s, last)))
+                        constraint = m.add((depth * (last - s) + 1) * period >= loop)
+                        if last < S - 1:
+                            constraint.only_enforce_if(alternates)
             steady = m.new_int_var(0, (self.total - 1) * self.horizon_ns, f"steady_r{r}")
             extra = m.new_int_var(0, self.total - 1, f"extra_micro_batches_r{r}")
             m.add(extra == self.micro[r] - 1)

@@ -213,7 +213,8 @@ def interleaved_shape(ctx, assign, costs, counts, tau, links, virtual_stages: in
     return fill, bottleneck
 
 
-def _pipeline_shape(ctx, assign, costs, counts, schedule, links, warmup_depth: int | None = None):
+def _pipeline_shape(ctx, assign, costs, counts, schedule, links, warmup_depth: int | None = None,
+                    micro_batches=None):
     """(tau, fill, bottleneck): per (replica, stage) forward+backward seconds per micro-batch, and per
     replica the flow-shop fill and steady-state period (links as extra machines).
 
@@ -243,7 +244,9 @@ def _pipeline_shape(ctx, assign, costs, counts, schedule, links, warmup_depth: i
         bottleneck = np.maximum(bottleneck, nic_period)
     if schedule in (Schedule.ONE_F_ONE_B, Schedule.ZERO_BUBBLE) and S > 1:
         ranking = costs.warmup_depth if schedule == Schedule.ZERO_BUBBLE else _ranking_depth(ctx, costs)
-        bottleneck = np.maximum(bottleneck, window_period_s(tau, round_trip, warmup_depth or ranking))
+        held = _weight_gradient_s(ctx, assign, costs, counts) if schedule == Schedule.ZERO_BUBBLE else None
+        bottleneck = np.maximum(bottleneck, window_period_s(tau, round_trip, warmup_depth or ranking, held,
+                                                            _round_sizes(micro_batches, costs.micro_batches_per_round)))
     if schedule == Schedule.ZERO_BUBBLE and S > 1:
         # The first micro-batch's way back and the last one's drain carry input gradients only:
         # (S - 1)(F + B - W) instead of (S - 1)(F + B + W) (Qi et al. 2024, sec. 3.1). Stage s then
@@ -263,7 +266,8 @@ def _pipeline_shape(ctx, assign, costs, counts, schedule, links, warmup_depth: i
 _LOOPS_AT_ONCE = 1 << 18  # (R, S, S) loops computed in one array up to this many
 
 
-def window_period_s(tau: np.ndarray, round_trip: np.ndarray, depth: int) -> np.ndarray:
+def window_period_s(tau: np.ndarray, round_trip: np.ndarray, depth: int, off_loop: np.ndarray | None = None,
+                    round_size=0) -> np.ndarray:
     """(R,) the least period 1F1B's in-flight windows allow (ZB-H1's are the same), per replica.
 
     Stage s keeps ``w_s = k (S - s - 1) + 1`` micro-batches in flight at warm-up depth k and
@@ -284,20 +288,44 @@ def window_period_s(tau: np.ndarray, round_trip: np.ndarray, depth: int) -> np.n
     ``M - 1`` periods then run above the simulation by about ``(w_s' + k (s' - s)) / M`` of it where a
     short loop binds: the last ``w_s'`` micro-batches at s' need no forward from s, and the loops come
     whole (at 64 micro-batches and 4 stages, +4.8% at depth 1 and +10% at depth 2;
-    ``tests/test_window_period.py`` runs 256). O(R S^2)."""
+    ``tests/test_window_period.py`` runs 256).
+
+    ``off_loop`` (R, S): the part of each stage's ``tau`` that runs off the loop at the stages after
+    s (ZB-H1's weight gradients: between its input gradient of j and its forward of ``j + w_s`` a
+    stage runs one held weight gradient, so the gradient has gone upstream before it); stage s's own
+    stays on it. ``round_size`` m > 0 (per replica or one for all: its micro-batches, or a round's
+    under accumulation rounds): a stage that keeps ``w_s >= m`` in flight never alternates, so its
+    loops short of the last stage are left out (its whole round trip stays, as before): on small
+    batches they put the estimate up to 45% above the simulation. O(R S^2)."""
     R, S = tau.shape
-    done = np.cumsum(tau, axis=1)
+    done = np.cumsum(tau if off_loop is None else tau - off_loop, axis=1)
     crossed = np.concatenate([np.zeros((R, 1)), np.cumsum(round_trip, axis=1)], axis=1)  # (R, S): links < i
-    ends = done + crossed  # at s': the stages up to s' and the links before it
-    starts = done - tau + crossed  # at s: the stages and the links before it
+    ends = done + crossed  # at s': the stages up to s' (after s: less what runs off the loop) and the links before it
+    starts = done - (tau if off_loop is None else tau - off_loop) + crossed  # at s: the same before s
+    if off_loop is not None:
+        starts = starts - off_loop  # stage s's whole tau is on the loop
+    apart = np.arange(S)[None, :] - np.arange(S)[:, None]  # (s, s'): s' - s
+    window = np.where(apart > 0, depth * apart + 1.0, np.inf)
+    rounds = np.broadcast_to(np.asarray(round_size), (R,))
+    never = (rounds[:, None] > 0) & (depth * (S - 1 - np.arange(S))[None, :] + 1 >= rounds[:, None])  # (R, S)
+    short = np.arange(S) < S - 1  # s' short of the last stage
     if R * S * S <= _LOOPS_AT_ONCE:
-        apart = np.arange(S)[None, :] - np.arange(S)[:, None]  # (s, s'): s' - s
-        window = np.where(apart > 0, depth * apart + 1.0, np.inf)
-        return ((ends[:, None, :] - starts[:, :, None]) / window).max(axis=(1, 2))
+        loops = (ends[:, None, :] - starts[:, :, None]) / window
+        return np.where(never[:, :, None] & short[None, None, :], -np.inf, loops).max(axis=(1, 2))
     period = np.zeros(R)
     for d in range(1, S):  # s' = s + d, one distance at a time where every pair at once takes too much memory
-        period = np.maximum(period, (ends[:, d:] - starts[:, :S - d]).max(axis=1) / (depth * d + 1))
+        loops = (ends[:, d:] - starts[:, :S - d]) / (depth * d + 1)
+        period = np.maximum(period, np.where(never[:, :S - d] & short[None, d:], -np.inf, loops).max(axis=1))
     return period
+
+
+def _round_sizes(micro_batches, per_round: int):
+    """The micro-batches each replica runs in a round: its own (``micro_batches``, None: unknown) or at most
+    ``per_round`` under accumulation rounds; 0 where neither limits it."""
+    if micro_batches is None:
+        return per_round
+    sizes = np.asarray(micro_batches)
+    return np.minimum(sizes, per_round) if per_round > 0 else sizes
 
 
 def _ranking_depth(ctx, costs) -> int:
@@ -565,7 +593,7 @@ def split_ends_s(ctx: SearchContext, assign: np.ndarray, counts, micro_batches, 
                   warmup_depth):
         return None
     links = _links(ctx, assign, costs)
-    tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, links, warmup_depth)
+    tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, links, warmup_depth, micro_batches)
     if virtual_stages > 1 and S > 1:
         fill, bottleneck = interleaved_shape(ctx, assign, costs, counts, tau, links, virtual_stages)
     return _stage_ends_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck)
@@ -607,6 +635,7 @@ def _evaluate(ctx, assign, micro_batch_size, schedule, micro_batches, split) -> 
     micro_batches = np.asarray(micro_batches)
     # Alternate: layers for the micro-batches in flight, then micro-batches for those layers. Every
     # pair kept is consistent: its layer split holds its micro-batches in memory.
+    shaped = None  # the micro-batches the last shape was computed for (its loops depend on them)
     for _ in range(2):
         if split == "weighted":
             weighted = speed / (micro_batches + S - 1)[:, None]
@@ -614,7 +643,8 @@ def _evaluate(ctx, assign, micro_batch_size, schedule, micro_batches, split) -> 
                               even=split == "even", head_slowdown=head_slowdown, tensor=tensor)
         if counts is None:
             return None
-        tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, links)
+        tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, links, micro_batches=micro_batches)
+        shaped = micro_batches
         cap = _gpipe_caps(costs, counts, capacity, tensor) if schedule == Schedule.GPIPE else None
         new = split_batch(total, fill, bottleneck, cap)
         if new is None or np.array_equal(new, micro_batches) or not fits(costs, schedule, counts, new, capacity, tensor):
@@ -626,7 +656,9 @@ def _evaluate(ctx, assign, micro_batch_size, schedule, micro_batches, split) -> 
         depth = fitting_depth(costs, counts, micro_batches, capacity, tensor)
         if depth is None:
             return None
-        tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, links, depth)
+        tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, links, depth, micro_batches)
+    elif shaped is not micro_batches:  # the batch split moved after the last shape
+        tau, fill, bottleneck = _pipeline_shape(ctx, assign, costs, counts, schedule, links, micro_batches=micro_batches)
     score = _iteration_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottleneck)
     return Candidate(assign=assign, layer_counts=tuple(int(c) for c in counts),
                      micro_batches=tuple(int(m) for m in micro_batches), micro_batch_size=micro_batch_size,

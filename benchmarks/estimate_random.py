@@ -1,0 +1,115 @@
+"""The search's estimate against the simulator on random pipelines, before and after a change to
+the estimate: the one placement each instance names, its splits chosen by the estimate.
+
+    python benchmarks/estimate_random.py --before REV [--seeds 40] [--workers 2]
+
+Each instance (seeded): 3-6 stages x 1-2 replicas of A100s, every pair of devices its own link
+(0.1-80 ms, 25/100/400 Gbit/s, symmetric), micro-batch 1, warm-up depths 1, 2 and 3. The grid:
+the models ``small`` (compute negligible beside the links) and ``gpt3-xl``, global batches of 64-256
+or of 8-32 sequences (fewer micro-batches than the windows hold), one round or rounds of 8
+micro-batches, 1F1B and ZB-H1. Each tree (the planner at git revision ``REV``, ``git archive``,
+and this one) runs in its own processes. Prints per grid row the median, largest and least
+``estimate / simulated - 1`` and how many lie over +15% and under -15%, and writes
+``benchmarks/results/estimate_random.json``.
+"""
+
+import argparse
+import itertools
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from structural_moves import ROOT, _extract  # noqa: E402
+
+_INSTANCES = """
+import json, sys
+import numpy as np
+from planner.inputs.model import model_preset, parse_training
+from planner.inputs.topology import parse_topology
+from planner.prediction.predict import predict
+from planner.search.evaluate import evaluate_placement, make_context
+from planner.search.plans import candidate_to_plan
+model_name, batches, per_round, schedule, seeds = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+model = model_preset(model_name)
+errors = []
+for seed in range(seeds):
+    rng = np.random.default_rng(100 + seed)
+    S, R = int(rng.integers(3, 7)), int(rng.integers(1, 3))
+    global_batch = int(rng.choice([int(b) for b in batches.split(",")]))
+    n = S * R
+    latency = rng.uniform(0.1, 80.0, (n, n)); latency = (latency + latency.T) / 2; np.fill_diagonal(latency, 0.0)
+    bandwidth = rng.choice([25.0, 100.0, 400.0], (n, n)); bandwidth = np.maximum(bandwidth, bandwidth.T)
+    types = rng.choice(["A100-80GB", "A100-40GB", "A100-80GB"], n)
+    topology = parse_topology({"devices": [{"name": f"d{i}", "type": str(types[i]), "region": "r"} for i in range(n)],
+                               "network": {"matrix": {"latency_unit": "ms", "bandwidth_unit": "Gbps",
+                                                      "latency": latency.tolist(), "bandwidth": bandwidth.tolist()}}},
+                              name="random")
+    for depth in (1, 2, 3):
+        asked = {"global_batch": global_batch, "micro_batch_size": 1, "schedule": schedule, "precision": "fp16",
+                 "warmup_depth": depth}
+        if per_round:
+            asked["micro_batches_per_round"] = per_round
+        training = parse_training(asked)
+        ctx = make_context(topology, model, training)
+        candidate = evaluate_placement(ctx, np.arange(n).reshape(R, S), 1, schedule)
+        if candidate is None:
+            continue
+        simulated = predict(candidate_to_plan(ctx, candidate), topology, model, training)[0].iteration_s
+        errors.append(candidate.score_s / simulated - 1.0)
+print(json.dumps(errors))
+"""
+
+GRID = list(itertools.product(("small", "gpt3-xl"), ("64,128,256", "8,16,32"), (0, 8), ("1f1b", "zb-h1")))
+
+
+def _run(task: tuple) -> dict:
+    label, tree, (model, batches, per_round, schedule), seeds = task
+    done = subprocess.run([sys.executable, "-c", _INSTANCES, model, batches, str(per_round), schedule, str(seeds)],
+                          env={**os.environ, "PYTHONPATH": str(tree)}, cwd=str(tree), capture_output=True, text=True)
+    row = {"search": label, "model": model, "global_batches": batches, "micro_batches_per_round": per_round,
+           "schedule": schedule}
+    if done.returncode != 0:
+        return {**row, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
+    return {**row, "errors": json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def _summary(row: dict) -> str:
+    if "error" in row:
+        return row["error"][:50]
+    e = 100 * np.array(row["errors"])
+    return (f"median {np.median(e):+5.1f}% max {e.max():+6.1f}% min {e.min():+6.1f}% "
+            f"over 15%: {(e > 15).sum():2d} under -15%: {(e < -15).sum():2d} ({len(e)})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", required=True, help="git revision of the planner to compare with")
+    parser.add_argument("--seeds", type=int, default=40)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "estimate_random.json"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as before_tree:
+        before_commit = _extract(args.before, before_tree)
+        tasks = [(label, tree, cell, args.seeds) for cell in GRID
+                 for label, tree in (("before", before_tree), ("after", ROOT))]
+        with multiprocessing.Pool(args.workers) as pool:
+            rows = pool.map(_run, tasks)
+    for before, after in zip(rows[::2], rows[1::2]):
+        label = (f"{after['model']:8} batch {after['global_batches']:10} rounds {after['micro_batches_per_round']} "
+                 f"{after['schedule']:6}")
+        print(f"{label}  before: {_summary(before)}\n{'':44}  after:  {_summary(after)}")
+    Path(args.output).write_text(json.dumps({
+        "command": "python benchmarks/estimate_random.py " + " ".join(sys.argv[1:]), "before_commit": before_commit,
+        "seeds": args.seeds, "rows": rows}, indent=1) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
