@@ -31,11 +31,11 @@ ZERO_BUBBLE_ERROR = ("calibrated on 2x H200, the 2-stage GPT-3 XL plan was predi
                      "calibrated on 4x H200, 4 stages within 1.9% (0.3185 s; 1F1B 0.3383 s)")
 
 
-
 def held_text(schedule: str, depth: int) -> str:
     """What a ZB-H1 stage at warm-up ``depth`` holds back (``cost_models.schedule.stage_ops``); empty
     under 1F1B."""
     return f" and holds {depth} s weight gradients back" if schedule == Schedule.ZERO_BUBBLE else ""
+
 
 def _table(header: list, rows: list) -> list:
     widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]

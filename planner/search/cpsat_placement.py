@@ -239,11 +239,12 @@ class _PlacementModel:
                 depth, per_round = self.costs.warmup_depth, self.costs.micro_batches_per_round
                 for s in range(S):
                     held = depth * (S - 1 - s) + 1
-                    never = per_round > 0 and held >= per_round
-                    alternates = m.new_bool_var(f"alternates_r{r}_s{s}")
-                    m.add(self.micro[r] >= held + 1).only_enforce_if(alternates)
-                    m.add(self.micro[r] <= held).only_enforce_if(alternates.Not())
-                    for last in range(S - 1 if never else s + 1, S):
+                    short = not (per_round > 0 and held >= per_round) and s + 1 < S - 1  # loops short of S - 1
+                    if short:
+                        alternates = m.new_bool_var(f"alternates_r{r}_s{s}")
+                        m.add(self.micro[r] >= held + 1).only_enforce_if(alternates)
+                        m.add(self.micro[r] <= held).only_enforce_if(alternates.Not())
+                    for last in range(s + 1 if short else S - 1, S):
                         loop = (sum(self.tau[r, i] for i in range(s, last + 1))
                                 + sum(self.trip[r, i] for i in range(s, last)))
                         constraint = m.add((depth * (last - s) + 1) * period >= loop)
