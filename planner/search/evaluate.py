@@ -286,8 +286,7 @@ def window_period_s(tau: np.ndarray, round_trip: np.ndarray, depth: int, off_loo
     0.125 s, ``(0.165 + 0.035 + 0.049) / 2`` here, against the whole trip's 0.063 s. The makespan's
     ``M - 1`` periods then run above the simulation by about ``(w_s' + k (s' - s)) / M`` of it where a
     short loop binds: the last ``w_s'`` micro-batches at s' need no forward from s, and the loops come
-    whole (at 64 micro-batches and 4 stages, +4.8% at depth 1 and +10% at depth 2;
-    ``tests/test_window_period.py`` runs 256).
+    whole (``tests/test_window_period.py`` runs 256 micro-batches to keep that within 3%).
 
     ``off_loop`` (R, S): the part of each stage's ``tau`` that runs off the loop at the stages after
     s (ZB-H1's weight gradients: between its input gradient of j and its forward of ``j + w_s`` a
