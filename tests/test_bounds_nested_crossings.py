@@ -25,6 +25,17 @@ def test_split_three_by_hand():
     assert np.isclose(split_three_s(24, np.array([1, 0, 7]), np.array([2.0, 1.0, 0.0]), l), 2.0 + 1.34)
 
 
+def test_split_three_tiny_block_time_holds_every_block_quietly():
+    """A class whose block time is a hair above zero (1e-305 s) holds every block: the slow class's
+    one block a stage decides, with no float overflow warned on the way (the 1,024-device bound
+    printed one to the user before)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = split_three_s(24, np.array([50, 5]), np.array([1e-305, 1000.0]), np.array([0.0, 0.0]))
+    assert got == 1000.0
+
+
 def test_split_three_is_every_splits_least_or_below():
     """Against the least over every split of random sizes and costs: never above it, and equal on
     most (the window from the relaxed least on)."""

@@ -56,7 +56,7 @@ def split_three_s(layers: int, counts: np.ndarray, block_s: np.ndarray, latency_
     present = counts > 0
     least = np.where(present, block_s + latency_s, -np.inf).max(axis=0)
     free = (present & (block_s <= 0)).any(axis=0)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a tiny s_k: a stage holds any L
         rate = np.where(present & (block_s > 0), counts / block_s, 0.0)
         relaxed = (layers + (rate * latency_s).sum(axis=0)) / rate.sum(axis=0)
         start = np.maximum(relaxed, least)
@@ -67,7 +67,8 @@ def split_three_s(layers: int, counts: np.ndarray, block_s: np.ndarray, latency_
         tried = tried.reshape((-1,) + counts.shape[1:])  # (W K, ...)
         # a stage's most blocks, rounding errors counted for it (a time a hair low only lowers the bound)
         held = np.nan_to_num(np.floor((tried[:, None] - latency_s[None]) / block_s[None] + 1e-9), nan=np.inf)
-        held = np.where(present[None], np.maximum(held, 0.0) * counts[None], 0.0).sum(axis=1)
+        held = np.clip(held, 0.0, layers)  # no stage needs more than L: a tiny s_k overflows no product
+        held = np.where(present[None], held * counts[None], 0.0).sum(axis=1)
     mine = np.broadcast_to(present[None], (_WINDOW,) + present.shape).reshape(tried.shape)  # a present class's
     limit = np.where(mine, tried, np.inf).reshape((_WINDOW,) + present.shape).max(axis=0)
     limit = np.where(present, limit, np.inf).min(axis=0)  # every present class's times up to it were tried
