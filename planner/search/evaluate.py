@@ -22,7 +22,7 @@ from planner.prediction.stage_model import (layer_costs, message_codec_s, optimi
                                             stage_compress_s, stage_gradient_bytes, stage_memory_bytes,
                                             stage_parameters, stage_step_bytes, tensor_layer_s)
 from planner.search.balance import split_batch, split_layers
-from planner.search.locality import best_ring
+from planner.search.locality import best_ring, sorted_ring
 
 __all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "score_split", "split_ends_s", "fits",
            "stage_costs", "ring_cost", "sync_route", "asked_groups", "charges_groups", "gradient_bytes", "step_seconds",
@@ -374,7 +374,7 @@ def sync_route(ctx, sync: Sync, members) -> tuple:
     (``Network.parameter_server_of``; None otherwise); memoised per member set."""
     key = tuple(sorted(int(m) for m in members))
     if (sync, key) not in ctx.routes:
-        order = [key[i] for i in ctx.network.ring_order(key, improve=False)]
+        order = sorted_ring(ctx.topology, key, ctx.rings)
         server = ctx.network.parameter_server_of(order) if sync == Sync.PARAMETER_SERVER else None
         ctx.routes[(sync, key)] = (order, server)
     return ctx.routes[(sync, key)]

@@ -9,7 +9,7 @@ from scipy.sparse.csgraph import connected_components
 from cost_models.comm import ring_allreduce_time_s
 from cost_models.links import LevelMatrix
 
-__all__ = ["locality_order", "symmetric_bandwidth", "bandwidth_clusters", "cluster_order", "chained_ring", "best_ring", "MAX_LEVELS",
+__all__ = ["locality_order", "symmetric_bandwidth", "bandwidth_clusters", "cluster_order", "chained_ring", "best_ring", "sorted_ring", "MAX_LEVELS",
            "MAX_THRESHOLDS", "MAX_CLUSTER_DEVICES", "MAX_HOST_CLUSTER_DEVICES", "MAX_RING_REGIONS", "MAX_TWO_OPT"]
 
 MAX_LEVELS = 3  # cluster levels kept: the finest, and coarser ones evenly spread
@@ -220,3 +220,12 @@ def best_ring(topology, members, cache: dict | None = None, *, improve: bool = T
         if cost(improved) < cost(ring) - 1e-12:
             ring = improved
     return ring
+
+
+def sorted_ring(topology, members, cache: dict | None = None) -> list:
+    """``members`` (device indices) in ``best_ring``'s order over them sorted, without
+    ``Network.ring_order``'s 2-opt: the order the search's estimate times a hierarchical sync by
+    (``evaluate.sync_route``, memoised per member set) and the plan then syncs in
+    (``sync_choice.plan_with_sync``), so that the two time the same sync."""
+    key = sorted(int(m) for m in members)
+    return [key[i] for i in best_ring(topology, key, cache, improve=False)]
