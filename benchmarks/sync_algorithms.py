@@ -1,13 +1,15 @@
 """Gradient sync algorithms on the shipped topologies: predicted iteration per algorithm, and what
 ``training.sync: auto`` gains over the ring.
 
-    python benchmarks/sync_algorithms.py [--time-limit 4] [--seed 0]
+    python benchmarks/sync_algorithms.py [--budget 3] [--time-limit 120] [--seed 0]
 
 For each topology: the plan searched with the ring, predicted again with each algorithm (the same
 placement; ``shard_optimizer`` off where the algorithm sums whole gradients, so the step and memory
 change with it: "no fit" where it no longer fits), and the plan searched with ``sync: auto`` (the
 placement may follow the algorithm), with the one it chose. Gain: ring-searched iteration over
-auto-searched iteration. Prints a table and writes ``benchmarks/results/sync_algorithms.json``.
+auto-searched iteration. Each search runs on the work budget ``--budget`` under a time limit long
+enough that the budget, not the clock, ends it: the same plans whatever the machine's load. Prints
+a table and writes ``benchmarks/results/sync_algorithms.json``.
 """
 
 import argparse
@@ -48,11 +50,12 @@ def _per_algorithm(plan, topology, model, training) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--time-limit", type=float, default=4.0)
+    parser.add_argument("--budget", type=float, default=3.0, metavar="SECONDS")
+    parser.add_argument("--time-limit", type=float, default=120.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sync_algorithms.json"))
     args = parser.parse_args()
-    options = SearchOptions(time_limit_s=args.time_limit, seed=args.seed)
+    options = SearchOptions(time_limit_s=args.time_limit, budget_s=args.budget, seed=args.seed)
     rows = []
     for path in TOPOLOGIES:
         job = load_job(ROOT / path)
@@ -68,8 +71,8 @@ def main() -> None:
         print(_line(row), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python", "benchmarks/sync_algorithms.py"] + sys.argv[1:])
-    Path(args.out).write_text(json.dumps({"command": command, "time_limit_s": args.time_limit, "seed": args.seed,
-                                          "rows": rows}, indent=1))
+    Path(args.out).write_text(json.dumps({"command": command, "budget_s": args.budget, "time_limit_s": args.time_limit,
+                                          "seed": args.seed, "rows": rows}, indent=1))
 
 
 def _line(row) -> str:

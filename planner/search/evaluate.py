@@ -109,13 +109,13 @@ def stage_costs(ctx: SearchContext, micro_batch_size: int, stages: int, replicas
 
 def ring_cost(ctx: SearchContext, members: np.ndarray) -> tuple:
     """(seconds per byte, latency seconds) of the all-reduce ring the plan will use for ``members``
-    (``locality.best_ring``: the fastest of nearest-neighbour ``Network.ring_order`` and the ring
-    that chains regions, improved by a vectorised 2-opt; the plan's ring adds ``Network.ring_order``'s
-    own 2-opt and is never slower), memoised per member set: local search changes few groups at a time."""
+    (``locality.sorted_ring``: the fastest of nearest-neighbour ``Network.ring_order`` and the ring
+    that chains regions, improved by a vectorised 2-opt; the plan keeps it unless a ring with
+    ``Network.ring_order``'s own 2-opt is no slower per byte and no longer in latency,
+    ``plans.plan_ring``), memoised per member set: local search changes few groups at a time."""
     key = tuple(sorted(members.tolist()))
     if key not in ctx.rings:
-        order = [key[i] for i in best_ring(ctx.topology, key, ctx.rings, improve=False)]
-        ctx.rings[key] = ctx.network.ring_cost(order)
+        ctx.rings[key] = ctx.network.ring_cost(sorted_ring(ctx.topology, key, ctx.rings))
     return ctx.rings[key]
 
 
