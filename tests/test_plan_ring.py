@@ -4,7 +4,9 @@
 no slower per byte and no longer in latency; a parameter server is chosen among equal ones in the
 estimate's order (``sync_choice.plan_with_sync``). Before, the plan's 2-opt ring on the replicas'
 order could be slower than the estimate's (seed 26 below: the estimate 5.0% under the simulation)
-and an equal server on another host could queue behind the pipeline's messages (seed 15: 22.6% over)."""
+or leave a host twice, holding its shared NIC twice as long as the estimate's ring (seed 39: 12.2%
+under), and an equal server on another host could queue behind the pipeline's messages (seed 15:
+22.6% over)."""
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from planner.inputs.model import model_preset, parse_training
 from planner.inputs.topology import parse_topology
 from planner.prediction.predict import predict
-from planner.search.evaluate import evaluate_placement, make_context, ring_cost
+from planner.search.evaluate import evaluate_placement, make_context, ring_cost, timed_ring
 from planner.search.plans import candidate_to_plan
 
 
@@ -48,14 +50,14 @@ def _estimate_and_simulation(seed: int, sync: str):
     return ctx, assign, plan, candidate.score_s, predict(plan, topology, model, training)[0].iteration_s
 
 
-@pytest.mark.parametrize("seed,sync,within", [(26, "ring", 1e-9), (15, "parameter-server", 1e-3)])
+@pytest.mark.parametrize("seed,sync,within", [(26, "ring", 1e-9), (39, "ring", 3e-3), (15, "parameter-server", 1e-3)])
 def test_estimate_equals_the_simulation(seed, sync, within):
-    """(Seed 15's estimate lies 0.06% under the simulation of the same servers.)"""
+    """(Seed 15's estimate lies 0.06% under the simulation of the same servers, seed 39's 0.13%.)"""
     _, _, _, estimate, simulated = _estimate_and_simulation(seed, sync)
     assert estimate == pytest.approx(simulated, rel=within)
 
 
-@pytest.mark.parametrize("seed", [*range(8), 26])
+@pytest.mark.parametrize("seed", [*range(8), 26, 39])
 def test_plan_ring_never_slower_than_the_estimate(seed):
     ctx, assign, plan, estimate, simulated = _estimate_and_simulation(seed, "ring")
     for s in range(assign.shape[1]):
@@ -63,4 +65,6 @@ def test_plan_ring_never_slower_than_the_estimate(seed):
         per_byte, latency = ctx.network.ring_cost(devices)
         timed_per_byte, timed_latency = ring_cost(ctx, assign[:, s])
         assert per_byte <= timed_per_byte + 1e-18 and latency <= timed_latency + 1e-12
+        timed_nics = dict(ctx.network.ring_nic_rates(timed_ring(ctx, tuple(sorted(assign[:, s].tolist())))))
+        assert all(rate <= timed_nics[nic] for nic, rate in ctx.network.ring_nic_rates(devices))
     assert simulated <= estimate * (1 + 0.05)

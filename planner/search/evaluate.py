@@ -43,7 +43,9 @@ class SearchContext:
     codec_bw: np.ndarray  # per device, Device.codec_bandwidth
     network: object  # cost_models.network.Network: the simulator's own network
     costs: dict  # (micro_batch_size, stages) -> LayerCosts
-    rings: dict  # sorted member tuple -> (all-reduce seconds per byte, latency seconds); ("regions", ids) -> their ring
+    # sorted member tuple -> (all-reduce seconds per byte, latency seconds); ("order", tuple) -> its
+    # ring order (``timed_ring``); ("regions", ids) -> their ring
+    rings: dict
     ring_nics: dict  # sorted member tuple -> its ring's shared NICs and their seconds per byte (Network.ring_nic_rates)
     groups: object = None  # planner.plan.tensor.TensorGroups: the real topology and its tensor groups
     tensor: np.ndarray = None  # per device: its tensor degree
@@ -115,8 +117,17 @@ def ring_cost(ctx: SearchContext, members: np.ndarray) -> tuple:
     ``plans.plan_ring``), memoised per member set: local search changes few groups at a time."""
     key = tuple(sorted(members.tolist()))
     if key not in ctx.rings:
-        ctx.rings[key] = ctx.network.ring_cost(sorted_ring(ctx.topology, key, ctx.rings))
+        ctx.rings[key] = ctx.network.ring_cost(timed_ring(ctx, key))
     return ctx.rings[key]
+
+
+def timed_ring(ctx: SearchContext, key: tuple) -> list:
+    """``locality.sorted_ring`` of ``key`` (a sorted member tuple): the ring order the estimate times
+    every sync by (its cost, its shared NICs, a hierarchical sync's hosts), memoised per member set."""
+    memo = ("order", key)
+    if memo not in ctx.rings:  # an array: 8 bytes a member, where a list of ints takes 36
+        ctx.rings[memo] = np.asarray(sorted_ring(ctx.topology, key, ctx.rings), dtype=np.int64)
+    return ctx.rings[memo].tolist()
 
 
 def _ring_seconds_per_byte(ctx, members) -> float:
@@ -374,7 +385,7 @@ def sync_route(ctx, sync: Sync, members) -> tuple:
     (``Network.parameter_server_of``; None otherwise); memoised per member set."""
     key = tuple(sorted(int(m) for m in members))
     if (sync, key) not in ctx.routes:
-        order = sorted_ring(ctx.topology, key, ctx.rings)
+        order = timed_ring(ctx, key)
         server = ctx.network.parameter_server_of(order) if sync == Sync.PARAMETER_SERVER else None
         ctx.routes[(sync, key)] = (order, server)
     return ctx.routes[(sync, key)]
@@ -501,8 +512,7 @@ def _rounds_makespan(micro_batches: np.ndarray, per_round: int, fill, bottleneck
 def _queued_sync_starts(ctx, assign, finish, sync, grads, algorithm: Sync = Sync.RING) -> np.ndarray:
     """Start of each stage's sync when syncs that cross the same shared NIC queue for it in the
     order they become ready, each holding a NIC for its bytes through it at the NIC's rate (the
-    simulator's rule, ``Network.sync_holds``; a ring taken in device order, one crossing per
-    host)."""
+    simulator's rule, ``Network.sync_holds``; a ring in the order the plan takes, ``timed_ring``)."""
     holds = []
     for s in range(len(finish)):
         key = tuple(sorted(assign[:, s].tolist()))
@@ -515,7 +525,7 @@ def _queued_sync_starts(ctx, assign, finish, sync, grads, algorithm: Sync = Sync
             holds.append(ctx.routes[memo])
             continue
         if key not in ctx.ring_nics:
-            ctx.ring_nics[key] = ctx.network.ring_nic_rates(key)
+            ctx.ring_nics[key] = ctx.network.ring_nic_rates(timed_ring(ctx, key))
         holds.append(ctx.network.ring_nic_holds(key, float(grads[s]), float(sync[s]), ctx.ring_nics[key])
                      if ctx.ring_nics[key] else [])
     return _queued_starts(finish, holds)
