@@ -12,6 +12,9 @@ On ``benchmarks/scale.py``'s generated topology (GPT-3 6.7B, two sequences a dev
   RTX 4090 ones;
 - a region-local layout: a stage per device type (H100, A100-80GB, A100-40GB, RTX 4090, V100), a
   replica's five hosts in one region, three per region and type;
+- pipelines inside hosts: a replica per host, its 8 GPUs its 8 stages (no pipeline message
+  leaves a host; every stage group spans the regions), and the region-local layout, each synced by
+  every algorithm (ring, hierarchical, parameter server, sharded);
 - for g = 2 .. regions, the least over paths through g regions of ``2 (sum of latencies) + 2 m
   (slowest hop's message)`` at m = the batch over the plan's replicas: what a bound term pricing a
   replica's path through the regions could add (one sequence's activation a message).
@@ -73,6 +76,14 @@ def _region_local(topology) -> np.ndarray:
     return np.array(rows)
 
 
+def _in_host(topology) -> np.ndarray:
+    """R x 8: a replica per 8-GPU host, its GPUs in order its stages."""
+    members = collections.defaultdict(list)
+    for i, d in enumerate(topology.devices):
+        members[d.host].append(i)
+    return np.array([m for m in members.values() if len(m) == 8])
+
+
 def _path_terms(topology, message_bytes: float, sequences: float) -> dict:
     """{g: least over paths through g distinct regions of 2 (latencies) + 2 m (slowest hop's message)}."""
     regions = topology.regions
@@ -123,6 +134,11 @@ def main() -> int:
         report[label] = _simulated(ctx, assign[~np.isin(types, dropped)], training, topology, model, plan.schedule)
     report["region-local, a stage per type"] = _simulated(ctx, _region_local(topology), training, topology, model,
                                                           plan.schedule)
+    for name, layout in (("in host", _in_host(topology)), ("region-local", _region_local(topology))):
+        for sync in ("ring", "hierarchical", "parameter-server", "sharded"):
+            synced = replace(training, sync=sync, shard_optimizer="auto")  # sharded where the algorithm allows
+            report[f"{name}, {sync}"] = _simulated(make_context(topology, model, synced), layout, synced, topology,
+                                                   model, plan.schedule)
     message = model.sequence * model.hidden * training.activation_bytes
     sequences = training.global_batch / plan.replicas
     report["path_term_s"] = {"sequences_per_replica": sequences,
@@ -138,6 +154,12 @@ def main() -> int:
         print(f"{label:36} " + (f"{row['stages']} x {row['replicas']}: {row['simulated_s']:.3f} s, sync "
                                 f"{row['breakdown_s']['gradient_sync_s']:.3f} s, bubble {row['breakdown_s']['bubble_s']:.3f} s"
                                 if row.get("fits") else "does not fit"))
+    for name in ("in host", "region-local"):
+        print(f"{name:12} by sync: " + ", ".join(
+            f"{sync} {row['simulated_s']:.3f} s (sync {row['breakdown_s']['gradient_sync_s']:.3f}, bubble "
+            f"{row['breakdown_s']['bubble_s']:.3f})" if row.get("fits") else f"{sync} does not fit"
+            for sync in ("ring", "hierarchical", "parameter-server", "sharded")
+            for row in [report[f"{name}, {sync}"]]))
     print("path term by regions crossed: " + ", ".join(f"{g}: {s:.3f} s" for g, s in
                                                           report["path_term_s"]["by_regions"].items()))
     path_out = Path(args.out) / f"generated_layouts_{args.devices}.json"
