@@ -13,20 +13,12 @@ and this one) runs in its own processes. Prints per grid row the median, largest
 ``benchmarks/results/estimate_random.json``.
 """
 
-import argparse
 import itertools
-import json
-import multiprocessing
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from structural_moves import ROOT, _extract  # noqa: E402
+from tree_errors import errors_in_trees, summary, tree_arguments, write_rows  # noqa: E402
 
 _INSTANCES = """
 import json, sys
@@ -69,46 +61,17 @@ print(json.dumps(errors))
 GRID = list(itertools.product(("small", "gpt3-xl"), ("64,128,256", "8,16,32"), (0, 8), ("1f1b", "zb-h1")))
 
 
-def _run(task: tuple) -> dict:
-    label, tree, (model, batches, per_round, schedule), seeds = task
-    done = subprocess.run([sys.executable, "-c", _INSTANCES, model, batches, str(per_round), schedule, str(seeds)],
-                          env={**os.environ, "PYTHONPATH": str(tree)}, cwd=str(tree), capture_output=True, text=True)
-    row = {"search": label, "model": model, "global_batches": batches, "micro_batches_per_round": per_round,
-           "schedule": schedule}
-    if done.returncode != 0:
-        return {**row, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
-    return {**row, "errors": json.loads(done.stdout.strip().splitlines()[-1])}
-
-
-def _summary(row: dict) -> str:
-    if "error" in row:
-        return row["error"][:50]
-    e = 100 * np.array(row["errors"])
-    return (f"median {np.median(e):+5.1f}% max {e.max():+6.1f}% min {e.min():+6.1f}% "
-            f"over 15%: {(e > 15).sum():2d} under -15%: {(e < -15).sum():2d} ({len(e)})")
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", required=True, help="git revision of the planner to compare with")
-    parser.add_argument("--seeds", type=int, default=40)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "estimate_random.json"))
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as before_tree:
-        before_commit = _extract(args.before, before_tree)
-        tasks = [(label, tree, cell, args.seeds) for cell in GRID
-                 for label, tree in (("before", before_tree), ("after", ROOT))]
-        with multiprocessing.Pool(args.workers) as pool:
-            rows = pool.map(_run, tasks)
+    args = tree_arguments(__doc__.splitlines()[0], "estimate_random.json")
+    cells = [({"model": model, "global_batches": batches, "micro_batches_per_round": per_round, "schedule": schedule},
+              [model, batches, str(per_round), schedule, str(args.seeds)], None)
+             for model, batches, per_round, schedule in GRID]
+    before_commit, rows = errors_in_trees(args.before, _INSTANCES, cells, args.workers)
     for before, after in zip(rows[::2], rows[1::2]):
         label = (f"{after['model']:8} batch {after['global_batches']:10} rounds {after['micro_batches_per_round']} "
                  f"{after['schedule']:6}")
-        print(f"{label}  before: {_summary(before)}\n{'':44}  after:  {_summary(after)}")
-    Path(args.output).write_text(json.dumps({
-        "command": "python benchmarks/estimate_random.py " + " ".join(sys.argv[1:]), "before_commit": before_commit,
-        "seeds": args.seeds, "rows": rows}, indent=1) + "\n")
-    print(f"wrote {args.output}")
+        print(f"{label}  before: {summary(before, 15)}\n{'':44}  after:  {summary(after, 15)}")
+    write_rows(args, "estimate_random.py", before_commit, rows)
 
 
 if __name__ == "__main__":

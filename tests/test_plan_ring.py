@@ -8,9 +8,9 @@ or leave a host twice, holding its shared NIC twice as long as the estimate's ri
 under), and an equal server on another host could queue behind the pipeline's messages (seed 15:
 22.6% over)."""
 
-import numpy as np
 import pytest
 
+from benchmarks.estimate_syncs import instance
 from planner.inputs.model import model_preset, parse_training
 from planner.inputs.topology import parse_topology
 from planner.prediction.predict import predict
@@ -20,23 +20,8 @@ from planner.search.plans import candidate_to_plan
 
 def _instance(seed: int):
     """``benchmarks/estimate_syncs.py``'s instance ``seed``: (topology, assignment)."""
-    rng = np.random.default_rng(seed)
-    regions = int(rng.integers(1, 6))
-    hosts, per = int(rng.integers(max(4, regions), 17)), int(rng.integers(2, 9))
-    devices = [{"name": f"h{h}", "count": per, "type": "A100-80GB", "host": f"host{h}", "region": f"r{h % regions}"}
-               for h in range(hosts)]
-    pairs = [{"regions": [f"r{a}", f"r{b}"], "latency": f"{rng.uniform(5, 80):.1f}ms",
-              "bandwidth": f"{rng.uniform(1, 25):.2f}Gbps"} for a in range(regions) for b in range(a + 1, regions)]
-    network = {"host": {"latency": "0.01ms", "bandwidth": "2400Gbps"},
-               "region": {"latency": "0.1ms", "bandwidth": f"{rng.choice([25, 100])}Gbps"},
-               "global": {"latency": "100ms", "bandwidth": "1Gbps"}, "region_pairs": pairs}
-    if rng.random() < 0.6:
-        network["nic"] = f"{rng.choice([10, 25, 100])}Gbps"
-    topology = parse_topology({"name": "random", "devices": devices, "network": network}, name="random")
-    n = topology.size
-    S = int(rng.integers(1, min(3, n) + 1))
-    R = min(int(rng.integers(2, max(3, n // S + 1))), n // S)
-    return topology, rng.permutation(n)[:S * R].reshape(R, S)
+    document, assign = instance(seed)
+    return parse_topology(document, name="random"), assign
 
 
 def _estimate_and_simulation(seed: int, sync: str):
