@@ -22,7 +22,7 @@ from planner.prediction.stage_model import (layer_costs, message_codec_s, optimi
                                             stage_compress_s, stage_gradient_bytes, stage_memory_bytes,
                                             stage_parameters, stage_step_bytes, tensor_layer_s)
 from planner.search.balance import split_batch, split_layers
-from planner.search.locality import best_ring, sorted_ring
+from planner.search.locality import sorted_ring
 
 __all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "score_split", "split_ends_s", "fits",
            "stage_costs", "ring_cost", "sync_route", "asked_groups", "charges_groups", "gradient_bytes", "step_seconds",
@@ -476,11 +476,12 @@ def charges_groups(training, replicas: int) -> bool:
 
 def _grouped_sync(ctx, devices: np.ndarray, groups: tuple, message_bytes: float, sync_every: int) -> tuple:
     """(seconds per iteration, shared NICs' holds) of one stage's grouped syncs: the prediction's
-    ``planner.plan.sync_groups.grouped_sync`` over the ring the plan will use (``best_ring``),
-    memoised per devices, groups and bytes."""
+    ``planner.plan.sync_groups.grouped_sync`` over the ring the plan will use (``timed_ring``, as
+    ``plans.plan_ring`` keeps it exactly where groups are charged), memoised per devices, groups and bytes."""
     memo = ("groups", tuple(int(d) for d in devices), groups, message_bytes, sync_every)
     if memo not in ctx.routes:
-        order = best_ring(ctx.topology, devices, ctx.rings, improve=False)
+        position = {int(d): r for r, d in enumerate(devices)}
+        order = [position[d] for d in timed_ring(ctx, tuple(sorted(position)))]
         seconds, holds = grouped_sync(ctx.network, [int(d) for d in devices], order, groups, message_bytes,
                                       sync_every)
         ctx.routes[memo] = (seconds, [(k, busy) for k, busy in holds if k[0] != "link"])

@@ -6,14 +6,14 @@ from cost_models.schedule import run_depth
 from planner.plan.dims import Compression, Sync
 from planner.plan.plan import Plan
 from planner.plan.sync import AUTO
-from planner.search.evaluate import Candidate, timed_ring
+from planner.search.evaluate import Candidate, charges_groups, timed_ring
 from planner.search.locality import best_ring
 from planner.search.sync_choice import plan_with_sync
 
 __all__ = ["candidate_to_plan", "plan_ring"]
 
 
-def plan_ring(ctx, members: np.ndarray) -> list:
+def plan_ring(ctx, members: np.ndarray, *, exact: bool = False) -> list:
     """The ring order (positions into ``members``, a stage's devices by replica) the plan syncs
     in: the ring the search's estimate timed (``evaluate.ring_cost``: ``locality.sorted_ring``),
     or ``best_ring``'s on the replicas' order with ``Network.ring_order``'s 2-opt where that one is
@@ -22,16 +22,20 @@ def plan_ring(ctx, members: np.ndarray) -> list:
     host twice holds its NIC twice as long: ``Network.ring_nic_rates``). (The 2-opt ring alone took
     stage 2 of a random 15-replica placement over 5 regions to 2.95 ns/byte and 1.47 s against the
     estimate's 2.86 and 1.30, simulated 5% above the estimate; and on another, left a host twice, so
-    the other stage's sync queued 0.8 s longer for its NIC: 12% above.)"""
+    the other stage's sync queued 0.8 s longer for its NIC: 12% above.) ``exact``: the timed ring
+    only, for local steps in sync groups (``evaluate.charges_groups``), whose inner rings and leads'
+    ring are parts of it that a faster whole ring need not keep fast."""
     members = [int(m) for m in members]
     timed = timed_ring(ctx, tuple(sorted(members)))
+    position = {d: i for i, d in enumerate(members)}
+    if exact:
+        return [position[d] for d in timed]
     improved = [members[i] for i in best_ring(ctx.topology, members, ctx.rings)]
     per_byte, latency = ctx.network.ring_cost(timed)
     better_per_byte, better_latency = ctx.network.ring_cost(improved)
     nics = dict(ctx.network.ring_nic_rates(timed))
     no_busier = all(rate <= nics.get(nic, -1.0) for nic, rate in ctx.network.ring_nic_rates(improved))
     chosen = improved if better_per_byte <= per_byte and better_latency <= latency and no_busier else timed
-    position = {d: i for i, d in enumerate(members)}
     return [position[d] for d in chosen]
 
 
@@ -43,7 +47,8 @@ def candidate_to_plan(ctx, candidate: Candidate) -> Plan:
     bounds = np.concatenate([[0], np.cumsum(candidate.layer_counts)]).tolist()
     assignment = tuple(tuple(names[d] for d in row) for row in candidate.assign)
     R, S = candidate.assign.shape
-    rings = tuple(tuple(plan_ring(ctx, candidate.assign[:, s])) for s in range(S))
+    exact = charges_groups(ctx.training, R)  # group rings are parts of the ring: only the timed one holds
+    rings = tuple(tuple(plan_ring(ctx, candidate.assign[:, s], exact=exact)) for s in range(S))
     used = sorted(set(candidate.assign.ravel().tolist()))
     members = ctx.groups.members if ctx.groups is not None else tuple((name,) for name in names)
     working = {name for d in used for name in members[d]}
