@@ -70,3 +70,22 @@ def test_local_steps_in_sync_groups_sync_in_the_timed_ring():
     plan = with_asked_groups(candidate_to_plan(ctx, candidate), topology, training)
     assert len(plan.sync_groups) > 1
     assert predict(plan, topology, model, training)[0].iteration_s == pytest.approx(candidate.score_s, rel=1e-9)
+
+
+def test_replanned_parameter_servers_are_chosen_again():
+    """Re-planning that drops a replica (``replan._drop_rows``) chooses each stage's parameter server
+    again among the replicas left: the old indices pointed one past the end (seed 2: servers 0, 4, 0
+    of 5 replicas; without replica 0 there are 4)."""
+    from planner.plan.plan import validate_plan
+    from planner.search.replan import _drop_rows, _with_topology
+
+    topology, assign = _instance(2)
+    model = model_preset("gpt3-xl")
+    training = parse_training({"global_batch": 8 * assign.shape[0], "micro_batch_size": 1, "precision": "bf16",
+                               "sync": "parameter-server", "shard_optimizer": False})
+    ctx = make_context(topology, model, training)
+    plan = candidate_to_plan(ctx, evaluate_placement(ctx, assign, 1, "1f1b"))
+    assert plan.replicas - 1 in plan.sync_servers
+    dropped = _with_topology(plan, topology, **_drop_rows(plan, {0}))
+    assert dropped.replicas == plan.replicas - 1 and max(dropped.sync_servers) < dropped.replicas
+    validate_plan(dropped, topology, model, training)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from cost_models import flops, memory
+from cost_models.network import Sync
 from cost_models.schedule import AUTO_WARMUP_DEPTHS, DEEPENED_SCHEDULES
 from planner.errors import InputError
 from planner.inputs.units import format_bytes
@@ -35,6 +36,7 @@ from planner.plan.sync_groups import kept_groups
 from planner.prediction.predict import predict
 from planner.prediction.stage_model import head_outputs, optimizer_shards
 from planner.search.bounds import lower_bound_s
+from planner.search.sync_choice import plan_with_sync
 from planner.search.zero_bubble import measured_schedules, runnable_start
 
 __all__ = ["DEFAULT_MOVE_WEIGHT", "Move", "Moves", "MoveAwareTime", "ReplanResult", "state_pieces", "holdings",
@@ -354,10 +356,16 @@ def changed_topology(document: dict, *, lost=(), added: dict | None = None, sour
 
 
 def _with_topology(plan: Plan, topology, **changes) -> Plan:
+    """``plan`` with ``changes`` on ``topology``; a parameter server's or a hierarchical sync's route
+    chosen again (``sync_choice.plan_with_sync``): dropped replicas or stages leave the old servers'
+    replica indices pointing elsewhere or past the end."""
     plan = replace(plan, topology_name=topology.name, topology_sha256=topology.sha256, prediction=None, search={},
                    **changes)
     used = set(plan.used_devices)
-    return replace(plan, idle=tuple(d for d in topology.names if d not in used))
+    plan = replace(plan, idle=tuple(d for d in topology.names if d not in used))
+    if plan.sync in (Sync.PARAMETER_SERVER, Sync.HIERARCHICAL):
+        plan = plan_with_sync(plan, topology, plan.sync)
+    return plan
 
 
 def _without_groups_of(plan: Plan, leads: set) -> tuple:
