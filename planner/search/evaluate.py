@@ -25,8 +25,8 @@ from planner.search.balance import split_batch, split_layers
 from planner.search.locality import sorted_ring
 
 __all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "score_split", "split_ends_s", "fits",
-           "stage_costs", "ring_cost", "sync_route", "asked_groups", "charges_groups", "gradient_bytes", "step_seconds",
-           "backward_share", "interleaved_shape"]
+           "stage_costs", "ring_cost", "timed_ring", "ring_nic_rates", "sync_route", "asked_groups", "charges_groups",
+           "gradient_bytes", "step_seconds", "backward_share", "interleaved_shape"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -128,6 +128,14 @@ def timed_ring(ctx: SearchContext, key: tuple) -> list:
     if memo not in ctx.rings:  # an array: 8 bytes a member, where a list of ints takes 36
         ctx.rings[memo] = np.asarray(sorted_ring(ctx.topology, key, ctx.rings), dtype=np.int64)
     return ctx.rings[memo].tolist()
+
+
+def ring_nic_rates(ctx: SearchContext, key: tuple) -> list:
+    """``Network.ring_nic_rates`` of ``timed_ring``'s ring over ``key`` (a sorted member tuple),
+    memoised per member set."""
+    if key not in ctx.ring_nics:
+        ctx.ring_nics[key] = ctx.network.ring_nic_rates(timed_ring(ctx, key))
+    return ctx.ring_nics[key]
 
 
 def _ring_seconds_per_byte(ctx, members) -> float:
@@ -525,10 +533,8 @@ def _queued_sync_starts(ctx, assign, finish, sync, grads, algorithm: Sync = Sync
                     algorithm, order, float(grads[s]), float(sync[s]), server, links=False) if k[0] != "link"]
             holds.append(ctx.routes[memo])
             continue
-        if key not in ctx.ring_nics:
-            ctx.ring_nics[key] = ctx.network.ring_nic_rates(timed_ring(ctx, key))
-        holds.append(ctx.network.ring_nic_holds(key, float(grads[s]), float(sync[s]), ctx.ring_nics[key])
-                     if ctx.ring_nics[key] else [])
+        rates = ring_nic_rates(ctx, key)
+        holds.append(ctx.network.ring_nic_holds(key, float(grads[s]), float(sync[s]), rates) if rates else [])
     return _queued_starts(finish, holds)
 
 

@@ -67,8 +67,7 @@ def split_three_s(layers: int, counts: np.ndarray, block_s: np.ndarray, latency_
         tried = tried.reshape((-1,) + counts.shape[1:])  # (W K, ...)
         # a stage's most blocks, rounding errors counted for it (a time a hair low only lowers the bound)
         held = np.nan_to_num(np.floor((tried[:, None] - latency_s[None]) / block_s[None] + 1e-9), nan=np.inf)
-        held = np.clip(held, 0.0, layers)  # no stage needs more than L: a tiny s_k overflows no product
-        held = np.where(present[None], held * counts[None], 0.0).sum(axis=1)
+        held = np.where(present[None], np.maximum(held, 0.0) * counts[None], 0.0).sum(axis=1)
     mine = np.broadcast_to(present[None], (_WINDOW,) + present.shape).reshape(tried.shape)  # a present class's
     limit = np.where(mine, tried, np.inf).reshape((_WINDOW,) + present.shape).max(axis=0)
     limit = np.where(present, limit, np.inf).min(axis=0)  # every present class's times up to it were tried

@@ -6,7 +6,7 @@ from cost_models.schedule import run_depth
 from planner.plan.dims import Compression, Sync
 from planner.plan.plan import Plan
 from planner.plan.sync import AUTO
-from planner.search.evaluate import Candidate, charges_groups, timed_ring
+from planner.search.evaluate import Candidate, charges_groups, ring_cost, ring_nic_rates, timed_ring
 from planner.search.locality import best_ring
 from planner.search.sync_choice import plan_with_sync
 
@@ -26,14 +26,15 @@ def plan_ring(ctx, members: np.ndarray, *, exact: bool = False) -> list:
     only, for local steps in sync groups (``evaluate.charges_groups``), whose inner rings and leads'
     ring are parts of it that a faster whole ring need not keep fast."""
     members = [int(m) for m in members]
-    timed = timed_ring(ctx, tuple(sorted(members)))
+    key = tuple(sorted(members))
+    timed = timed_ring(ctx, key)
     position = {d: i for i, d in enumerate(members)}
     if exact:
         return [position[d] for d in timed]
     improved = [members[i] for i in best_ring(ctx.topology, members, ctx.rings)]
-    per_byte, latency = ctx.network.ring_cost(timed)
+    per_byte, latency = ring_cost(ctx, np.asarray(key))  # the estimate's, memoised
     better_per_byte, better_latency = ctx.network.ring_cost(improved)
-    nics = dict(ctx.network.ring_nic_rates(timed))
+    nics = dict(ring_nic_rates(ctx, key))
     no_busier = all(rate <= nics.get(nic, -1.0) for nic, rate in ctx.network.ring_nic_rates(improved))
     chosen = improved if better_per_byte <= per_byte and better_latency <= latency and no_busier else timed
     return [position[d] for d in chosen]

@@ -26,26 +26,26 @@ def plan_with_sync(plan, topology, sync: Sync):
     """``plan`` syncing by ``sync`` (its prediction dropped); with a parameter server, each stage's
     server is its fastest-serving replica."""
     sync = Sync(sync)
-    if sync == Sync.HIERARCHICAL:
-        return replace(plan, sync=sync, sync_servers=(), ring_orders=_sorted_rings(plan, topology), prediction=None)
-    if sync != Sync.PARAMETER_SERVER:
+    if sync not in (Sync.HIERARCHICAL, Sync.PARAMETER_SERVER):
         return replace(plan, sync=sync, sync_servers=(), prediction=None)
     virtual = groups_of_plan(topology, plan).virtual
+    orders = _sorted_rings(plan, virtual)
+    if sync == Sync.HIERARCHICAL:
+        return replace(plan, sync=sync, sync_servers=(), ring_orders=orders, prediction=None)
     servers = []
-    for s in range(plan.stages):  # of equal servers, the first in the order the estimate takes them
-        replica_of = {virtual.index(plan.assignment[r][s]): r for r in range(plan.replicas)}
-        servers.append(replica_of[virtual.network.parameter_server_of(sorted_ring(virtual, list(replica_of)))])
+    for s, order in enumerate(orders):  # of equal servers, the first in the order the estimate takes them
+        ring = [virtual.index(plan.assignment[r][s]) for r in order]
+        servers.append(order[ring.index(virtual.network.parameter_server_of(ring))])
     return replace(plan, sync=sync, sync_servers=tuple(servers), prediction=None)
 
 
-def _sorted_rings(plan, topology) -> tuple:
+def _sorted_rings(plan, virtual) -> tuple:
     """Each stage's replicas in ``locality.sorted_ring``'s order of their devices: the order the
     search's estimate times a hierarchical sync by (and takes equal parameter servers in). A
     hierarchical sync groups the ring's members by host and runs a ring among the hosts' leads in
     that order, so the ring the plan keeps for a ring all-reduce can time it otherwise than the
     estimate did: across 8 regions of one replica each, 39.70 s estimated, 14.60 s simulated before
-    (``tests/test_hierarchical_order.py``)."""
-    virtual = groups_of_plan(topology, plan).virtual
+    (``tests/test_hierarchical_order.py``). ``virtual``: the topology as the plan groups it."""
     orders = []
     for s in range(plan.stages):
         replica_of = {virtual.index(plan.assignment[r][s]): r for r in range(plan.replicas)}
