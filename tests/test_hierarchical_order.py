@@ -45,3 +45,24 @@ def test_estimate_equals_the_simulation(generated, per_region):
                               "recompute": True, "flash_attention": True}, "sync": "auto"})
     _, _, tried = choose_sync(plan, topology, model, auto)
     assert tried["hierarchical"] == pytest.approx(candidate.score_s, rel=1e-9)
+
+
+def test_a_plan_made_elsewhere_syncs_in_the_estimates_order(generated):
+    """``plan_with_sync`` sets a hierarchical plan's ring orders itself (plans of other engines and
+    re-plans reach it with ring orders of their own): from the replicas' order, one replica a region,
+    the plan simulates at the estimate's time."""
+    from dataclasses import replace
+
+    from planner.search.sync_choice import plan_with_sync
+
+    topology, rows, regions = generated
+    assign = rows[np.concatenate([np.flatnonzero(regions == g)[:1] for g in topology.regions])]
+    model = model_preset("gpt3-6.7b")
+    training = parse_training({"global_batch": 4 * len(assign), "micro_batch_size": 1, "precision": "fp16",
+                               "recompute": True, "flash_attention": True, "sync": "hierarchical"})
+    ctx = make_context(topology, model, training)
+    candidate = evaluate_placement(ctx, assign, 1, "gpipe")
+    plan = candidate_to_plan(ctx, candidate)
+    elsewhere = replace(plan, ring_orders=tuple(tuple(range(plan.replicas)) for _ in range(plan.stages)))
+    plan = plan_with_sync(elsewhere, topology, "hierarchical")
+    assert predict(plan, topology, model, training)[0].iteration_s == pytest.approx(candidate.score_s, rel=1e-9)
