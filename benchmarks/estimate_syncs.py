@@ -1,7 +1,7 @@
 """The search's estimate against the simulator for each gradient sync algorithm on random
 placements over hosts, shared NICs and regions, before and after a change.
 
-    python benchmarks/estimate_syncs.py --before REV [--seeds 40] [--workers 2]
+    python benchmarks/estimate_syncs.py --before REV [--seeds 40] [--workers 2] [--no-nics]
 
 Each instance (seeded): 4-16 hosts of 2-8 A100-80GB each, in 1-5 regions (each pair of regions
 5-80 ms and 1-25 Gbit/s, inside a region 0.1 ms and 25 or 100 Gbit/s, inside a host 2,400 Gbit/s),
@@ -54,8 +54,9 @@ print(json.dumps(errors))
 """
 
 
-def instance(seed: int) -> tuple:
-    """(topology document, R x S device indices) of instance ``seed`` (the module description)."""
+def instance(seed: int, nics: bool = True) -> tuple:
+    """(topology document, R x S device indices) of instance ``seed`` (the module description);
+    ``nics`` False: the same instance without its shared NICs, where it has them."""
     rng = np.random.default_rng(seed)
     regions = int(rng.integers(1, 6))
     hosts, per = int(rng.integers(max(4, regions), 17)), int(rng.integers(2, 9))
@@ -67,7 +68,9 @@ def instance(seed: int) -> tuple:
                "region": {"latency": "0.1ms", "bandwidth": f"{rng.choice([25, 100])}Gbps"},
                "global": {"latency": "100ms", "bandwidth": "1Gbps"}, "region_pairs": pairs}
     if rng.random() < 0.6:
-        network["nic"] = f"{rng.choice([10, 25, 100])}Gbps"
+        nic = f"{rng.choice([10, 25, 100])}Gbps"
+        if nics:
+            network["nic"] = nic
     n = hosts * per
     S = int(rng.integers(1, min(3, n) + 1))
     R = min(int(rng.integers(2, max(3, n // S + 1))), n // S)
@@ -75,8 +78,10 @@ def instance(seed: int) -> tuple:
 
 
 def main() -> None:
-    args = tree_arguments(__doc__.splitlines()[0], "estimate_syncs.json")
-    instances = json.dumps([(document, assign.tolist()) for document, assign in map(instance, range(args.seeds))])
+    args = tree_arguments(__doc__.splitlines()[0], "estimate_syncs.json",
+                          no_nics="the same instances without shared NICs (what the NICs' queues cost the estimate)")
+    instances = json.dumps([(document, assign.tolist())
+                            for document, assign in (instance(seed, not args.no_nics) for seed in range(args.seeds))])
     cells = [({"sync": sync}, [sync], instances) for sync in SYNCS]
     before_commit, rows = errors_in_trees(args.before, _ESTIMATES, cells, args.workers)
     for before, after in zip(rows[::2], rows[1::2]):

@@ -134,11 +134,12 @@ def main() -> int:
         report[label] = _simulated(ctx, assign[~np.isin(types, dropped)], training, topology, model, plan.schedule)
     report["region-local, a stage per type"] = _simulated(ctx, _region_local(topology), training, topology, model,
                                                           plan.schedule)
-    for name, layout in (("in host", _in_host(topology)), ("region-local", _region_local(topology))):
-        for sync in ("ring", "hierarchical", "parameter-server", "sharded"):
-            synced = replace(training, sync=sync, shard_optimizer="auto")  # sharded where the algorithm allows
-            report[f"{name}, {sync}"] = _simulated(make_context(topology, model, synced), layout, synced, topology,
-                                                   model, plan.schedule)
+    local = (("in host", _in_host(topology)), ("region-local", _region_local(topology)))
+    for sync in ("ring", "hierarchical", "parameter-server", "sharded"):
+        synced = replace(training, sync=sync, shard_optimizer="auto")  # sharded where the algorithm allows
+        synced_ctx = make_context(topology, model, synced)  # one a sync, for both layouts
+        for name, layout in local:
+            report[f"{name}, {sync}"] = _simulated(synced_ctx, layout, synced, topology, model, plan.schedule)
     message = model.sequence * model.hidden * training.activation_bytes
     sequences = training.global_batch / plan.replicas
     report["path_term_s"] = {"sequences_per_replica": sequences,

@@ -18,14 +18,17 @@ from structural_moves import ROOT, _extract
 __all__ = ["tree_arguments", "errors_in_trees", "summary", "write_rows"]
 
 
-def tree_arguments(description: str, output: str):
+def tree_arguments(description: str, output: str, **switches):
     """The command line of such a benchmark: ``--before``, ``--seeds``, ``--workers``, ``--output``
-    (default ``benchmarks/results/<output>``), parsed."""
+    (default ``benchmarks/results/<output>``) and a ``--name`` switch for each of ``switches``
+    (name: help; ``no_nics`` is ``--no-nics``), parsed."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--before", required=True, help="git revision of the planner to compare with")
     parser.add_argument("--seeds", type=int, default=40)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / output))
+    for name, text in switches.items():
+        parser.add_argument("--" + name.replace("_", "-"), action="store_true", help=text)
     return parser.parse_args()
 
 
