@@ -28,22 +28,32 @@ def generated():
     return topology, rows, regions
 
 
-@pytest.mark.parametrize("per_region", [1, 2, 3])
-def test_estimate_equals_the_simulation(generated, per_region):
+MODEL = model_preset("gpt3-6.7b")
+
+
+def _job(per_region: int, sync: str = "hierarchical") -> dict:
+    return {"global_batch": 4 * 8 * per_region, "micro_batch_size": 1, "precision": "fp16", "recompute": True,
+            "flash_attention": True, "sync": sync}
+
+
+def _searched(generated, per_region: int) -> tuple:
+    """(training, candidate, plan): ``per_region`` replicas a region, a hierarchical sync."""
     topology, rows, regions = generated
     assign = rows[np.concatenate([np.flatnonzero(regions == g)[:per_region] for g in topology.regions])]
-    model = model_preset("gpt3-6.7b")
-    training = parse_training({"global_batch": 4 * len(assign), "micro_batch_size": 1, "precision": "fp16",
-                               "recompute": True, "flash_attention": True, "sync": "hierarchical"})
-    ctx = make_context(topology, model, training)
+    training = parse_training(_job(per_region))
+    ctx = make_context(topology, MODEL, training)
     candidate = evaluate_placement(ctx, assign, 1, "gpipe")
-    plan = candidate_to_plan(ctx, candidate)
-    simulated = predict(plan, topology, model, training)[0].iteration_s
+    return training, candidate, candidate_to_plan(ctx, candidate)
+
+
+@pytest.mark.parametrize("per_region", [1, 2, 3])
+def test_estimate_equals_the_simulation(generated, per_region):
+    topology = generated[0]
+    training, candidate, plan = _searched(generated, per_region)
+    simulated = predict(plan, topology, MODEL, training)[0].iteration_s
     assert simulated == pytest.approx(candidate.score_s, rel=1e-9)
     # sync: auto picks the algorithm on the simulator with the same order: hierarchical's time is the estimate's
-    auto = parse_training({**{"global_batch": 4 * len(assign), "micro_batch_size": 1, "precision": "fp16",
-                              "recompute": True, "flash_attention": True}, "sync": "auto"})
-    _, _, tried = choose_sync(plan, topology, model, auto)
+    _, _, tried = choose_sync(plan, topology, MODEL, parse_training(_job(per_region, "auto")))
     assert tried["hierarchical"] == pytest.approx(candidate.score_s, rel=1e-9)
 
 
@@ -55,14 +65,8 @@ def test_a_plan_made_elsewhere_syncs_in_the_estimates_order(generated):
 
     from planner.search.sync_choice import plan_with_sync
 
-    topology, rows, regions = generated
-    assign = rows[np.concatenate([np.flatnonzero(regions == g)[:1] for g in topology.regions])]
-    model = model_preset("gpt3-6.7b")
-    training = parse_training({"global_batch": 4 * len(assign), "micro_batch_size": 1, "precision": "fp16",
-                               "recompute": True, "flash_attention": True, "sync": "hierarchical"})
-    ctx = make_context(topology, model, training)
-    candidate = evaluate_placement(ctx, assign, 1, "gpipe")
-    plan = candidate_to_plan(ctx, candidate)
+    topology = generated[0]
+    training, candidate, plan = _searched(generated, 1)
     elsewhere = replace(plan, ring_orders=tuple(tuple(range(plan.replicas)) for _ in range(plan.stages)))
     plan = plan_with_sync(elsewhere, topology, "hierarchical")
-    assert predict(plan, topology, model, training)[0].iteration_s == pytest.approx(candidate.score_s, rel=1e-9)
+    assert predict(plan, topology, MODEL, training)[0].iteration_s == pytest.approx(candidate.score_s, rel=1e-9)
