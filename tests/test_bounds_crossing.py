@@ -4,6 +4,7 @@ some-but-not-all stages and replicas cross needs a cluster of ``S + D - 1`` cell
 then sync (``planner.search.stage_split``): hand-computed cases on the shipped home topologies, where
 each binds, and the link values against the dense matrices."""
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -142,8 +143,13 @@ def test_home_consumer_four_by_three_splits_stages_over_the_slower_line(monkeypa
     busiest replica's 86 sequences through every block on one RTX 4090 and ``Y`` every block's bf16
     gradients times ``2 (D - 1) / D``: ``1 / (3 / A + 1 / X_in)`` = 40.81 s with shares of a block,
     and in whole blocks (12 on the crossing stages, 4 each, and 12 inside) ``max(4 A, 12 X_in) / 24``
-    = 40.82 s, which binds (32.13 s with the crossing ring priced at the faster direction's 200 Mbit/s),
-    the slow uplink's term left out (``planner.search.slow_uplinks``: 52.70 s with it)."""
+    = 40.82 s (32.13 s with the crossing ring priced at the faster direction's 200 Mbit/s), the slow
+    uplink's term left out (``planner.search.slow_uplinks``: 52.70 s with it). And the inside replicas
+    carry what the crossing ones cannot (``cluster_bound._loaded_split_s``): in ``T`` = 41.68 s a
+    crossing replica passes at most ``floor(T 256 / P)`` = 74 sequences across (``P`` = 143.17 s,
+    the batch's 8 MiB activations a sequence at 15 MB/s), so the two inside replicas hold 182 at
+    least, the busiest 91, not 86: with ``K`` for 91 sequences the same split gives 41.68 s, which
+    binds (the bisection stops within 1e-3 below it)."""
     import planner.search.bounds as bounds
 
     monkeypatch.setattr(bounds, "uplink_chains_s", lambda *a, **k: np.zeros(np.shape(k["replicas"])))
@@ -153,13 +159,25 @@ def test_home_consumer_four_by_three_splits_stages_over_the_slower_line(monkeypa
     job = _job("hetero/home-consumer-gpus")
     topology, model, training = job.topology, job.model, job.training
     costs = layer_costs(model, training, 1, 1)
-    busiest_s = 86 * model.layers * costs.layer_flops * _least_block_slowdown(topology, training) / float(
+    sequence_s = model.layers * costs.layer_flops * _least_block_slowdown(topology, training) / float(
         topology.effective_flops(training.precision).max())
     sync_bytes = model.layers * costs.layer_params * 2 * (4 / 3)
-    crossing, inside = busiest_s + sync_bytes / (120e6 / 8), busiest_s + sync_bytes / (500e6 / 8)
+
+    def split_s(sequences):  # whole blocks, the busiest replica holding that many sequences
+        crossing, inside = (sequences * sequence_s + sync_bytes / (120e6 / 8),
+                            sequences * sequence_s + sync_bytes / (500e6 / 8))
+        return crossing, inside, max(4 * crossing, 12 * inside) / 24
+    crossing, inside, evenly = split_s(86)
     assert 1.0 / (3 / crossing + 1 / inside) == pytest.approx(40.81, abs=0.01)
-    expected = max(4 * crossing, 12 * inside) / 24
-    assert _pair_bounds_s(topology, model, training)[4][2] == pytest.approx(expected, rel=1e-9)
+    assert evenly == pytest.approx(40.82, abs=0.01)
+    batch_s = 256 * 2048 * 2048 * 2 / (120e6 / 8)
+    assert batch_s == pytest.approx(143.17, abs=0.01)
+    expected = split_s(91)[2]
+    assert expected == pytest.approx(41.68, abs=0.01)
+    assert math.floor(expected * 256 / batch_s) == 74 and math.ceil((256 - 74) / 2) == 91
+    assert math.floor(split_s(90)[2] * 256 / batch_s) == 74  # so 90 sequences are too few
+    bound = _pair_bounds_s(topology, model, training)[4][2]
+    assert expected * (1 - 1e-3) <= bound <= expected
 
 
 def test_crossing_extra_counts_the_fewest_crossings_both_ways():

@@ -217,8 +217,10 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
         all_cross = np.maximum(all_cross, np.ceil(B / replicas) * P / B
                                + crossing.end_sync_bytes * share / sync_tau + lam)
     if stages > 1 and inside_sync_s is not None:
-        both = np.maximum(both, _split_stages_s(stages, replicas, cells, level.sizes.max(), A,
-                                                busiest_s + inside_sync_s, layers=L))
+        # refined only where it can lower nothing less than itself: below the other cases and inside
+        needed = np.where(every_stage | every_replica, 0.0, np.minimum.reduce([one, two, inside]))
+        both = np.maximum(both, _loaded_split_s(stages, replicas, cells, level.sizes.max(), A - busiest_s,
+                                                inside_sync_s, busiest_s, batch=B, batch_s=P, layers=L, cap=needed))
     crossing_s = np.where(every_stage, all_cross if every_replica else two,
                           one if every_replica else np.minimum.reduce([one, two, both]))
     return np.minimum(inside, crossing_s)
@@ -259,6 +261,61 @@ def _split_stages_s(stages: int, replicas: np.ndarray, cells: np.ndarray, larges
             least = least.copy()
             least[room] = np.maximum(least[room], whole.min(axis=0))
     return least
+
+
+def _loaded_split_s(stages: int, replicas: np.ndarray, cells: np.ndarray, largest: int, crossing_sync_s: np.ndarray,
+                    inside_sync_s: np.ndarray, busiest_s: np.ndarray, *, batch: int, batch_s: float,
+                    layers: int, cap: np.ndarray | None = None) -> np.ndarray:
+    """``_split_stages_s`` with the busiest replica's load that case (iii) of ``cluster_bound`` forces:
+    the least ``T`` with ``T >= split(T)``, where ``split(T)`` is ``_split_stages_s`` with ``X = K(T)
+    + crossing_sync_s`` for a crossing stage and ``K(T) + inside_sync_s`` for the others.
+
+    In case (iii) some replica stays inside one cluster and ``r`` of the ``D`` replicas cross
+    (``1 <= r <= D - 1``). A crossing replica sends each of its sequences' activations across and
+    their gradients back over one pair of clusters, ``m`` bytes each way a sequence, so in ``T`` it
+    holds at most ``x = floor(T B / P)`` sequences (``batch_s``: ``P``, the whole batch's ``B``
+    sequences both ways). The inside replicas hold the rest, at least ``B - r x`` over ``D - r``
+    of them, whose least over ``r`` is ``(B - x) / (D - 1)`` where ``D x <= B`` (at ``r = 1``) and
+    at most ``B / D`` otherwise, so the busiest replica holds at least ``b(T) = max(ceil(B / D),
+    ceil((B - x) / (D - 1)))`` sequences, and ``K(T)``, every block on one cell for it, is
+    ``busiest_s`` (``K`` for ``ceil(B / D)``) times ``b(T) / ceil(B / D)``; and ``T >= P / B``, a
+    crossing replica holding one sequence at least. ``split`` is non-increasing in ``T``, so the
+    wanted ``T`` lies between ``max(split(inf), P / B)`` (``split(inf)``: ``_split_stages_s`` at
+    ``ceil(B / D)``) and ``split`` of that; a bisection returns a ``T`` below it, within 1e-3 of
+    it (relative). Given ``cap`` (D,), a value the caller takes the least of with this one, ``T`` is
+    sought only up to it (time: at 16,384 devices most pairs need no more than ``split(inf)``)."""
+    least = np.ceil(batch / replicas)
+    spare = np.maximum(replicas - 1, 1)
+
+    def split(T):  # (D,) _split_stages_s with the busiest replica's load at T
+        crossers = np.floor(np.where(np.isfinite(T), T, 0.0) * batch / batch_s)
+        loaded = np.where(np.isfinite(T), np.maximum(least, np.ceil((batch - crossers) / spare)), least)
+        K = busiest_s * loaded / least
+        return _split_stages_s(stages, replicas, cells, largest, K + crossing_sync_s, K + inside_sync_s,
+                               layers=layers)
+    # at ceil(B / D), and a crossing replica's one sequence at least: a bound already
+    lo = np.maximum(split(np.full(np.shape(replicas), np.inf)), batch_s / batch)
+    limit = np.full(lo.shape, np.inf) if cap is None else np.broadcast_to(cap, lo.shape)
+    room = np.flatnonzero(np.isfinite(lo) & (lo > 0) & (lo < limit))
+    if room.size == 0:
+        return lo
+    full = np.full(lo.shape, np.inf)
+    full[room] = lo[room]
+    # T >= split(T) at split(lo) (split(split(lo)) <= split(lo)); past the cap, the cap will do
+    below, above = lo[room], np.minimum(split(full)[room], limit[room])
+    while True:
+        open_ = above > below * (1.0 + 1e-3)
+        if not open_.any():
+            break
+        mid = np.where(open_, 0.5 * (below + above), below)
+        full = np.full(np.shape(replicas), np.inf)
+        full[room] = mid
+        holds = mid >= split(full)[room]
+        above = np.where(open_ & holds, mid, above)
+        below = np.where(open_ & ~holds, mid, below)
+    lo = lo.copy()
+    lo[room] = below
+    return lo
 
 
 def _whole_blocks_s(layers: int, stages: int, crossing: np.ndarray, crossing_s: np.ndarray,
