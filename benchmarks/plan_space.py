@@ -70,7 +70,7 @@ def _run(topology, model, training, options) -> dict:
             "used": len(plan.used_devices), "idle": len(plan.idle), "tensor_groups": [list(g) for g in plan.tensor_groups],
             "recompute": result.training.recompute, "shard_optimizer": result.training.shard_optimizer,
             "precision": result.training.precision, "schedule": str(plan.schedule), "warmup_depth": plan.warmup_depth,
-            "wall_s": time.perf_counter() - started}
+            "lower_bound_s": result.lower_bound_s, "gap": result.gap, "wall_s": time.perf_counter() - started}
 
 
 def main() -> int:
