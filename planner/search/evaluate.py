@@ -43,9 +43,9 @@ class SearchContext:
     codec_bw: np.ndarray  # per device, Device.codec_bandwidth
     network: object  # cost_models.network.Network: the simulator's own network
     costs: dict  # (micro_batch_size, stages) -> LayerCosts
-    # sorted member tuple -> (all-reduce seconds per byte, latency seconds); ("order", tuple) -> its
-    # ring order (``timed_ring``); ("regions", ids) -> their ring
-    rings: dict
+    ring_costs: dict  # sorted member tuple -> (all-reduce seconds per byte, latency seconds) (``ring_cost``)
+    ring_orders: dict  # sorted member tuple -> its ring order, an int64 array (``timed_ring``)
+    region_orders: dict  # sorted region ids -> the regions' ring order (``locality.chained_ring``)
     ring_nics: dict  # sorted member tuple -> its ring's shared NICs and their seconds per byte (Network.ring_nic_rates)
     groups: object = None  # planner.plan.tensor.TensorGroups: the real topology and its tensor groups
     tensor: np.ndarray = None  # per device: its tensor degree
@@ -97,7 +97,8 @@ def make_context(topology, model, training, groups: tuple = ()) -> SearchContext
                          split_block_slowdown=topology.block_slowdowns(training.recompute, split_backward=True),
                          mem_bw=topology.memory_bandwidths(),
                          codec_bw=topology.codec_bandwidths(),
-                         network=topology.network, costs={}, rings={}, ring_nics={}, groups=grouped,
+                         network=topology.network, costs={}, ring_costs={}, ring_orders={}, region_orders={},
+                         ring_nics={}, groups=grouped,
                          tensor=grouped.degree)
 
 
@@ -116,18 +117,17 @@ def ring_cost(ctx: SearchContext, members: np.ndarray) -> tuple:
     ``Network.ring_order``'s own 2-opt is no slower per byte and no longer in latency,
     ``plans.plan_ring``), memoised per member set: local search changes few groups at a time."""
     key = tuple(sorted(members.tolist()))
-    if key not in ctx.rings:
-        ctx.rings[key] = ctx.network.ring_cost(timed_ring(ctx, key))
-    return ctx.rings[key]
+    if key not in ctx.ring_costs:
+        ctx.ring_costs[key] = ctx.network.ring_cost(timed_ring(ctx, key))
+    return ctx.ring_costs[key]
 
 
 def timed_ring(ctx: SearchContext, key: tuple) -> list:
     """``locality.sorted_ring`` of ``key`` (a sorted member tuple): the ring order the estimate times
     every sync by (its cost, its shared NICs, a hierarchical sync's hosts), memoised per member set."""
-    memo = ("order", key)
-    if memo not in ctx.rings:  # an array: 8 bytes a member, where a list of ints takes 36
-        ctx.rings[memo] = np.asarray(sorted_ring(ctx.topology, key, ctx.rings), dtype=np.int64)
-    return ctx.rings[memo].tolist()
+    if key not in ctx.ring_orders:  # an array: 8 bytes a member, where a list of ints takes 36
+        ctx.ring_orders[key] = np.asarray(sorted_ring(ctx.topology, key, ctx.region_orders), dtype=np.int64)
+    return ctx.ring_orders[key].tolist()
 
 
 def ring_nic_rates(ctx: SearchContext, key: tuple) -> list:

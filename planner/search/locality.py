@@ -146,24 +146,24 @@ def cluster_order(topology, devices: np.ndarray, labels: np.ndarray, speed: np.n
     return order
 
 
-def chained_ring(topology, members, cache: dict | None = None) -> list | None:
+def chained_ring(topology, members, region_orders: dict | None = None) -> list | None:
     """A ring over ``members`` (device indices) that visits each region's members together (by host,
     then index), the regions in the order ``Network.ring_order`` (nearest neighbour, then 2-opt)
     gives their first devices in the topology: a ring crosses each slow link between regions once
     and closes over a fast one. Positions into ``members``; None when they span one region or more
-    than ``MAX_RING_REGIONS``. ``cache`` memoises the regions' order per set of regions."""
+    than ``MAX_RING_REGIONS``. ``region_orders`` memoises the regions' order per set of regions."""
     members = [int(m) for m in members]
     regions = topology.region_ids[members]
     present = sorted(set(regions.tolist()))
     if not 1 < len(present) <= MAX_RING_REGIONS:
         return None
-    key = ("regions", tuple(present))
-    if cache is None or key not in cache:
+    key = tuple(present)
+    order = region_orders.get(key) if region_orders is not None else None
+    if order is None:
         first = [int(np.flatnonzero(topology.region_ids == g)[0]) for g in present]
         order = [present[i] for i in topology.network.ring_order(first)]
-        if cache is not None:
-            cache[key] = order
-    order = cache[key] if cache is not None else order
+        if region_orders is not None:
+            region_orders[key] = order
     hosts = topology.host_ids[members]
     position = np.lexsort((np.array(members), hosts, np.array([order.index(g) for g in regions.tolist()])))
     return position.tolist()
@@ -200,10 +200,11 @@ def _two_opt(network, ring: np.ndarray) -> np.ndarray:
         ring, current = candidates[best], float(cost[best])
 
 
-def best_ring(topology, members, cache: dict | None = None, *, improve: bool = True) -> list:
+def best_ring(topology, members, region_orders: dict | None = None, *, improve: bool = True) -> list:
     """The fastest ring (all-reduce time of a gigabyte) of ``Network.ring_order`` (2-opt when
-    ``improve``) and ``chained_ring``; on networks without shared NICs and up to ``MAX_TWO_OPT``
-    members, the better of them improved by a vectorised 2-opt. Positions into ``members``."""
+    ``improve``) and ``chained_ring`` (``region_orders``: its memo); on networks without shared NICs
+    and up to ``MAX_TWO_OPT`` members, the better of them improved by a vectorised 2-opt. Positions
+    into ``members``."""
     network = topology.network
     members = [int(m) for m in members]
 
@@ -211,7 +212,7 @@ def best_ring(topology, members, cache: dict | None = None, *, improve: bool = T
         return network.ring_allreduce_s(1e9, [members[i] for i in order])
 
     ring = network.ring_order(members, improve=improve)
-    chained = chained_ring(topology, members, cache)
+    chained = chained_ring(topology, members, region_orders)
     if chained is not None and cost(chained) < cost(ring) - 1e-12:
         ring = chained
     if not network.has_shared_nics and 3 < len(members) <= MAX_TWO_OPT:
@@ -222,10 +223,10 @@ def best_ring(topology, members, cache: dict | None = None, *, improve: bool = T
     return ring
 
 
-def sorted_ring(topology, members, cache: dict | None = None) -> list:
+def sorted_ring(topology, members, region_orders: dict | None = None) -> list:
     """``members`` (device indices) in ``best_ring``'s order over them sorted, without
     ``Network.ring_order``'s 2-opt: the order the search's estimate times a hierarchical sync by
     (``evaluate.sync_route``, memoised per member set) and the plan then syncs in
     (``sync_choice.plan_with_sync``), so that the two time the same sync."""
     key = sorted(int(m) for m in members)
-    return [key[i] for i in best_ring(topology, key, cache, improve=False)]
+    return [key[i] for i in best_ring(topology, key, region_orders, improve=False)]

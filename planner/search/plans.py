@@ -31,7 +31,7 @@ def plan_ring(ctx, members: np.ndarray, *, exact: bool = False) -> list:
     position = {d: i for i, d in enumerate(members)}
     if exact:
         return [position[d] for d in timed]
-    improved = [members[i] for i in best_ring(ctx.topology, members, ctx.rings)]
+    improved = [members[i] for i in best_ring(ctx.topology, members, ctx.region_orders)]
     per_byte, latency = ring_cost(ctx, np.asarray(key))  # the estimate's, memoised
     better_per_byte, better_latency = ctx.network.ring_cost(improved)
     nics = dict(ring_nic_rates(ctx, key))
