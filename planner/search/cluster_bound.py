@@ -158,7 +158,8 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
         outside both do ``(1 - f)(1 - phi)`` of the blocks' work), at least ``A / L + Lambda`` and
         ``P / B`` (a stage has a block, a replica a sequence); and, unless every stage or every
         replica crosses (cases (ii), (i)), ``_crowded_s`` and ``_split_stages_s`` (no cluster
-        holding ``S + D - 1`` cells rules it out).
+        holding ``S + D - 1`` cells rules it out) at the busiest replica's load that the crossing
+        replicas' slow messages force (``_loaded_split_s``).
 
     Where no cluster has ``D`` devices, every stage group crosses, so (ii)'s bound holds whatever
     the replicas do; where none has ``S``, every replica crosses and (i)'s holds; both where both.
@@ -217,7 +218,7 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
         all_cross = np.maximum(all_cross, np.ceil(B / replicas) * P / B
                                + crossing.end_sync_bytes * share / sync_tau + lam)
     if stages > 1 and inside_sync_s is not None:
-        # refined only where it can lower nothing less than itself: below the other cases and inside
+        # refined only up to the least of the other cases and inside: past it, it cannot change the result
         needed = np.where(every_stage | every_replica, 0.0, np.minimum.reduce([one, two, inside]))
         both = np.maximum(both, _loaded_split_s(stages, replicas, cells, level.sizes.max(), A - busiest_s,
                                                 inside_sync_s, busiest_s, batch=B, batch_s=P, layers=L, cap=needed))
@@ -280,10 +281,11 @@ def _loaded_split_s(stages: int, replicas: np.ndarray, cells: np.ndarray, larges
     ceil((B - x) / (D - 1)))`` sequences, and ``K(T)``, every block on one cell for it, is
     ``busiest_s`` (``K`` for ``ceil(B / D)``) times ``b(T) / ceil(B / D)``; and ``T >= P / B``, a
     crossing replica holding one sequence at least. ``split`` is non-increasing in ``T``, so the
-    wanted ``T`` lies between ``max(split(inf), P / B)`` (``split(inf)``: ``_split_stages_s`` at
-    ``ceil(B / D)``) and ``split`` of that; a bisection returns a ``T`` below it, within 1e-3 of
-    it (relative). Given ``cap`` (D,), a value the caller takes the least of with this one, ``T`` is
-    sought only up to it (time: at 16,384 devices most pairs need no more than ``split(inf)``)."""
+    wanted ``T`` is ``lo = max(split(inf), P / B)`` (``split(inf)``: ``_split_stages_s`` at
+    ``ceil(B / D)``) where ``split(lo) <= lo``, and otherwise lies between ``lo`` and ``split(lo)``;
+    a bisection returns a ``T`` below it, within 1e-3 of it (relative). Given ``cap`` (D,), a value
+    the caller takes the least of with this one, ``T`` is sought only up to it (within 1e-3 below
+    the cap where the cap binds; time: at 16,384 devices most pairs need no more than ``lo``)."""
     least = np.ceil(batch / replicas)
     spare = np.maximum(replicas - 1, 1)
 
