@@ -3,6 +3,7 @@ by hand, on DTFM's spot case (8 hosts of 4 V100s and 32 single ones) where it ra
 crossings term, and below the simulated time of random and pinned plans, tensor groups included."""
 
 import numpy as np
+import pytest
 
 from planner.search.cell_gains import grouped_sequences_per_s, least_chained_time_s
 
@@ -52,6 +53,7 @@ def test_raises_the_spot_case():
     assert 0.85 * without <= with_groups <= without
 
 
+@pytest.mark.slow
 def test_random_plans_above_their_pair_bounds():
     """Random plans (tensor groups, uneven splits, every sync) on random clustered topologies."""
     from tests.test_bounds_clusters import assert_random_plans_above_their_pair_bounds

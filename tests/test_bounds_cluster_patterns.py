@@ -114,6 +114,7 @@ def test_raises_the_emulated_world_wide_case():
     assert bounds.lower_bound_s(job.topology, job.model, job.training) == pytest.approx(pairs[4][1])
 
 
+@pytest.mark.slow
 def test_random_plans_above_their_pair_bounds():
     """Random plans (tensor groups, uneven splits, every sync) on random clustered topologies."""
     from tests.test_bounds_clusters import assert_random_plans_above_their_pair_bounds
@@ -122,6 +123,7 @@ def test_random_plans_above_their_pair_bounds():
 
 
 @pytest.mark.parametrize("stages, replicas", [(4, 2), (3, 2), (8, 1), (5, 1)])
+@pytest.mark.slow
 def test_pinned_world_wide_plans_above_their_pair_bounds(stages, replicas):
     """The search pinned to the emulated world-wide case's lifted pairs: each plan above its bound."""
     from tests.test_bounds_clusters import pair_bound_and_pinned_plan_s

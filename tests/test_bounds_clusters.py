@@ -135,6 +135,7 @@ def _checked_plans(seed: int, count: int, bound_of):
     return out
 
 
+@pytest.mark.slow
 def test_lower_bound_stays_below_random_plans_on_clustered_topologies():
     """Hosts, regions, slow asymmetric region pairs, shared NICs, pair entries; tensor groups, uneven
     layer and batch splits, int8 messages, PowerSGD, local steps, every sync algorithm, sharded

@@ -79,6 +79,7 @@ def test_home_consumer_least_pairs_are_raised():
 
 
 @pytest.mark.parametrize("stages, replicas, seed", [(3, 3, 1), (4, 3, 2), (2, 5, 3)])
+@pytest.mark.slow
 def test_home_consumer_pinned_plans_stay_above_their_pair_bounds(stages, replicas, seed):
     """The search pinned to the pairs this raised finds plans above their bounds."""
     bound, plan_s = pair_bound_and_pinned_plan_s(_HOME, stages, replicas, seed=seed)
@@ -121,6 +122,7 @@ def test_home_consumer_city_groups_stay_above_their_pair_bounds():
     assert checked >= 8
 
 
+@pytest.mark.slow
 def test_stays_below_random_plans():
     """Random plans on random clustered topologies (``tests.test_bounds_clusters._checked_plans``)
     never simulate below their pair's bound with the crossing link and whole blocks counted."""

@@ -3,6 +3,7 @@ hand, the term above ``replica_crossings``' on DTFM's on-demand case (8 hosts of
 the simulated time of random and pinned plans."""
 
 import numpy as np
+import pytest
 
 from planner.search.end_groups import end_counts
 
@@ -47,6 +48,7 @@ def test_raises_the_on_demand_case():
     assert bounds.lower_bound_s(topology, model, training) > 9.0
 
 
+@pytest.mark.slow
 def test_random_plans_above_their_pair_bounds():
     """Random plans (tensor groups, uneven splits, every sync) on random clustered topologies."""
     from tests.test_bounds_clusters import assert_random_plans_above_their_pair_bounds

@@ -6,6 +6,7 @@ raised and still below the plans it bounds."""
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from planner.search.slow_crossings import every_group_crosses
 
@@ -34,6 +35,7 @@ def _worldwide():
     return load_job("topologies/dtfm/case5-worldwide.yaml")
 
 
+@pytest.mark.slow
 def test_worldwide_pairs_are_raised_and_stay_below_their_plans(monkeypatch):
     """3 x 21 and 4 x 16: a stage group of 21 (16) cells needs three (two) regions, so its ring has a
     hop of at most 1.16 Gbit/s even where it stays out of Tokyo and Seoul, while a group with a
@@ -76,6 +78,7 @@ def test_worldwide_pairs_are_raised_and_stay_below_their_plans(monkeypatch):
     assert before[3][20] < 18.6 and before[4][15] < 19.15
 
 
+@pytest.mark.slow
 def test_stays_below_random_plans():
     """Random plans on random clustered topologies (``tests.test_bounds_clusters._checked_plans``:
     tensor groups, uneven splits, every sync and schedule, groups filled region by region or replicas

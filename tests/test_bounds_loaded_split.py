@@ -120,6 +120,7 @@ def test_home_consumer_plans_with_a_small_crossing_replica_stay_above_their_pair
     assert checked >= 8
 
 
+@pytest.mark.slow
 def test_stays_below_random_plans():
     """Random plans on random clustered topologies (``tests.test_bounds_clusters._checked_plans``)
     never simulate below their pair's bound with the busiest replica's load counted."""

@@ -7,6 +7,7 @@ import itertools
 import math
 
 import numpy as np
+import pytest
 
 from planner.search.nested_crossings import split_three_s
 
@@ -64,6 +65,7 @@ def _worldwide():
     return load_job("topologies/dtfm/case5-worldwide.yaml")
 
 
+@pytest.mark.slow
 def test_worldwide_eight_by_eight_is_raised_and_stays_below_its_plans(monkeypatch):
     """8 x 8 uses every device, Tokyo's and Seoul's 16 too: either a group with a device there syncs
     over 0.694 Gbit/s, or their groups cross the other regions' 1.16 Gbit/s links, or both sets of
@@ -96,6 +98,7 @@ def test_worldwide_eight_by_eight_is_raised_and_stays_below_its_plans(monkeypatc
     assert bounds._pair_bounds_s(topology, model, training)[8][7] < 19.7
 
 
+@pytest.mark.slow
 def test_stays_below_random_plans():
     """Random plans on random clustered topologies (``tests.test_bounds_clusters._checked_plans``:
     hosts, regions, slow region pairs, tensor groups, uneven splits, every sync and schedule) never

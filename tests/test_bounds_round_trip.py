@@ -21,6 +21,7 @@ def _random_training(rng):
                            "sync": str(rng.choice(["ring", "parameter-server"]))})
 
 
+@pytest.mark.slow
 def test_round_trips_stay_below_random_plans_under_every_schedule():
     """Random plans of two stages or more (tensor groups, uneven layer and batch splits, int8
     messages) on random clustered topologies never simulate below their own pair's bound, with

@@ -3,6 +3,7 @@ split by hand, and on DTFM's regional case (4 regions of 16 devices) above the r
 below the simulated time of the plans it bounds."""
 
 import numpy as np
+import pytest
 
 from planner.search.slow_crossings import fewest_clusters, fewest_crossing_groups, group_counts, split_sync_s
 
@@ -100,6 +101,7 @@ def test_split_sync_agrees_with_every_split():
         assert np.isclose(got, want), (layers, stages, x)
 
 
+@pytest.mark.slow
 def test_stays_below_random_plans_and_raises_some(monkeypatch):
     """Random plans (tensor groups, uneven splits, every sync, 1F1B/GPipe/ZB-H1 by the random job,
     stage groups filled region by region or replicas so) on random clustered topologies never
@@ -175,6 +177,7 @@ def test_below_every_placement_of_three_regions_of_two():
             assert bound <= best, (schedule, stages, replicas, bound, best)
 
 
+@pytest.mark.slow
 def test_the_least_pair_is_found_without_every_pair_crossings_term():
     """``lower_bound_s`` computes the term only for the stage counts that can still give the least
     pair: the same least as over every pair's whole bound (DTFM's regional and world-wide cases,

@@ -110,6 +110,7 @@ def test_home_consumer_plans_on_every_home_stay_above_their_pair_bounds():
     assert checked >= 8
 
 
+@pytest.mark.slow
 def test_stays_below_random_plans():
     """Random plans on random clustered topologies (``tests.test_bounds_clusters._checked_plans``)
     never simulate below their pair's bound with the slow NICs counted."""

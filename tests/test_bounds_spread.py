@@ -7,6 +7,7 @@ import math
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from planner.search.gpipe_idle import gpipe_idle_s
 from planner.search.pure_groups import cluster_totals, spread_floors_s
@@ -63,6 +64,7 @@ def _free_trips(b, lam, phases_b, phases_lam, deepest_s, cells_work_s):
     return np.zeros(np.shape(cells_work_s))
 
 
+@pytest.mark.slow
 def test_random_plans_stay_above_their_pair_bounds():
     """GPipe and 1F1B plans of random degrees, splits and syncs on random clustered topologies
     (``test_bounds_clusters``): none simulated below its pair's bound, these terms included."""

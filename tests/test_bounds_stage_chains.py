@@ -123,6 +123,7 @@ def test_home_three_by_two_stays_below_every_split_of_its_placement(micro_batch_
     assert simulated >= 20
 
 
+@pytest.mark.slow
 def test_stays_below_random_plans_and_raises_some(monkeypatch):
     """Random plans (tensor groups, uneven splits, every sync, 1F1B/GPipe/ZB-H1 by the random job,
     interleaving) on random clustered topologies never simulate below their pair's bound; the term

@@ -159,6 +159,7 @@ def test_topology_calibration_naming_no_device_is_refused(tmp_path, write_yaml, 
 
 
 @pytest.mark.runtime
+@pytest.mark.slow
 def test_plan_calibrate_measures_this_cpu_and_the_file_plans(tmp_path, capsys):
     pytest.importorskip("torch")
     from tests.runtime_helpers import cpu_topology

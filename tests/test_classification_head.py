@@ -60,6 +60,7 @@ def test_the_cost_model_charges_the_last_position_only():
 
 
 @pytest.mark.runtime
+@pytest.mark.slow
 def test_classification_training_equals_single_process(tmp_path):
     torch = pytest.importorskip("torch")
     from planner.runtime.launch import LaunchOptions, launch

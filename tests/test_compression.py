@@ -661,6 +661,7 @@ def _runtime_plan(folder, messages: str, gradients: str = "off", model=None, bou
 
 
 @pytest.mark.runtime
+@pytest.mark.slow
 def test_runtime_int8_messages_count_the_predicted_bytes_and_train_close_to_uncompressed(tmp_path):
     from planner.runtime.launch import LaunchOptions, launch
     from planner.runtime.reference import train_single_process
@@ -699,6 +700,7 @@ ITERATIONS, LR = 4, 0.5
 
 
 @pytest.mark.runtime
+@pytest.mark.slow
 def test_runtime_powersgd_counts_the_predicted_bytes_and_trains_close_to_uncompressed(tmp_path):
     from planner.runtime.launch import LaunchOptions, launch
     from planner.runtime.reference import train_single_process

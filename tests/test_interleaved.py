@@ -176,6 +176,7 @@ def test_interleaved_training_equals_single_process(tmp_path, case):
     assert chunks == {(0, 0), (0, 1), (1, 0), (1, 1)}
 
 
+@pytest.mark.slow
 def test_same_loss_as_torch_interleaved_pipelining(tmp_path):
     """The runtime's interleaved 1F1B and ``ScheduleInterleaved1F1B`` on the same four pieces (rank 0
     holds layers 0 and 2, rank 1 layers 1 and 3): the same losses (CPU, gloo, fp32)."""

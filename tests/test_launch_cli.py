@@ -112,6 +112,7 @@ def test_hostfile_launch_runs_torchrun_per_host_and_trains_like_a_local_launch(t
     assert across_hosts == pytest.approx(local, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_profile_writes_each_ranks_operator_table_and_the_dry_run_passes_it_on(tmp_path, two_stage_plan, capsys):
     pytest.importorskip("torch")
     out_dir = tmp_path / "profiled"

@@ -121,6 +121,7 @@ def _kill_and_check(launcher, everything: set, sig) -> str:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.slow
 def test_emulated_launch_leaves_nothing_when_the_launcher_dies(tmp_path, plan, sig):
     launcher = _start(tmp_path, [plan, "--emulate", "--time-scale", "5", "--iterations", "10000", "--out",
                                  tmp_path / "run"])

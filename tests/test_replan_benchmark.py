@@ -29,6 +29,7 @@ def measured(tmp_path_factory) -> tuple:
     return replan_rows(TOPOLOGY, budget_s=BUDGET_S, seed=0, folder=folder), folder
 
 
+@pytest.mark.slow
 def test_same_budget_and_seed_give_the_same_numbers(measured, tmp_path):
     first, _ = measured
     again = replan_rows(TOPOLOGY, budget_s=BUDGET_S, seed=0, folder=tmp_path)

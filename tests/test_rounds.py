@@ -53,6 +53,7 @@ def test_rounds_cost_a_fill_each_and_cut_gpipe_memory(tmp_path):
 
 
 @pytest.mark.runtime
+@pytest.mark.slow
 def test_training_in_rounds_equals_single_process(tmp_path):
     pytest.importorskip("torch")
     from planner.runtime.launch import LaunchOptions, launch

@@ -134,6 +134,7 @@ def test_padded_vocabulary_rows_start_at_zero_and_get_no_gradient():
         assert not weight[100:].any() and not weight.grad[100:].any() and weight.grad[:100].any()
 
 
+@pytest.mark.slow
 def test_same_loss_as_torch_pipelining_on_one_split(tmp_path):
     # A vocabulary that is padded (100 -> 128) runs the padded-logits path of both runtimes.
     spec = dataclasses.replace(model_preset("tiny"), tied_embeddings=False, vocabulary=100)
@@ -175,6 +176,7 @@ def _cmdline(pid: int) -> str:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.slow
 def test_killed_rank_fails_the_launch_fast_with_its_name_and_no_orphans(tmp_path):
     topology = cpu_topology(tmp_path / "topology.yaml")
     plan = write_test_plan(tmp_path, topology, assignment=[["a0", "a1", "b0"]], layer_bounds=[0, 1, 2, 4],

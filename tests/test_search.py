@@ -64,6 +64,7 @@ def test_batch_split_water_filling_is_optimal():
     assert split_batch(2, fill, bottleneck) is None
 
 
+@pytest.mark.slow
 def test_same_seed_same_plan(write_yaml):
     job = load_job(write_yaml(small_topology()))
     plans = [search(job.topology, job.model, job.training, SearchOptions(seed=7, time_limit_s=60)).plan
@@ -254,6 +255,7 @@ def test_gpipe_estimate_counts_a_slow_link_in_each_phase():
     assert estimate == pytest.approx(prediction.iteration_s, rel=0.01)
 
 
+@pytest.mark.slow
 def test_search_starts_from_a_given_plan_and_keeps_it_when_nothing_beats_it():
     """Re-planning: ``x0`` joins the candidates, so a budget too small to find it still returns it."""
     from dataclasses import replace as dc_replace

@@ -115,6 +115,7 @@ def test_a_tensor_group_is_named_as_a_whole_and_a_calibrated_plan_is_told_to_low
     assert "peak_flops: 25GFLOP/s on a0" in record["summary"]
 
 
+@pytest.mark.slow
 def test_an_emulated_straggler_is_named_from_the_measurements_with_what_it_cost(tmp_path):
     plan = _plan(tmp_path)
     lines = []
@@ -142,6 +143,7 @@ def test_an_emulated_straggler_is_named_from_the_measurements_with_what_it_cost(
         "compute_overrun"]["warning"]
 
 
+@pytest.mark.slow
 def test_a_run_with_nothing_slow_names_no_straggler(tmp_path):
     plan = _plan(tmp_path)
     lines = []

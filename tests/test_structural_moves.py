@@ -169,6 +169,7 @@ def _four_regions():
     return make_context(topology, model_preset("gpt3-xl"), training)
 
 
+@pytest.mark.slow
 def test_structural_moves_leave_the_optimum_the_swaps_cannot_reach():
     """2 x 2 starting on the A100 regions (a stage group in each): a single swap or an idle H100
     brought in makes a stage's all-reduce cross a 1 Gbit/s link, so the swap-only search stays

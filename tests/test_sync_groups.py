@@ -341,6 +341,7 @@ def test_plan_and_topology_files_with_sync_groups_match_their_schemas(job):
         assert caught.value.field == "training.sync_groups"
 
 
+@pytest.mark.slow
 def test_auto_compares_every_grouping_at_a_small_budget():
     """The search keeps a share of its limit for auto's simulations: on the shipped two-region
     cluster at budget 2 every distinct grouping is simulated (with only the work the search left,

@@ -215,6 +215,7 @@ def _generated(write_yaml, devices: int):
     return write_yaml(document)
 
 
+@pytest.mark.slow
 def test_the_command_ends_within_its_limit_at_a_thousand_devices(write_yaml, tmp_path, capsys):
     """Reading, search, why-idle report and output together: within the limit plus max(2 s, 5%)."""
     path, out, limit = _generated(write_yaml, 1024), tmp_path / "plan.json", 6.0

@@ -278,6 +278,7 @@ def test_the_bound_stays_below_random_deepened_plans(schedule):
 
 @pytest.mark.runtime
 @pytest.mark.parametrize("schedule, depth", [("1f1b", 3), ("zb-h1", 3)])
+@pytest.mark.slow
 def test_training_at_a_deeper_warm_up_equals_single_process(tmp_path, schedule, depth):
     """Three stages at depth 3 (stage 0 runs 6 warm-up forwards; under ZB-H1 stage s holds 3 s weight
     gradients back) on gloo: the same losses and parameters as one process, and the trace shows the

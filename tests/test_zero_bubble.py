@@ -149,6 +149,7 @@ def _calibrated(name: str, topology: str) -> tuple:
                                                     ("accuracy_gpu4_h200_traced_2", "h100-x4", 4),
                                                     ("accuracy_gpu4_h200_auto", "h100-x4", 4),
                                                     ("accuracy_gpu_h200x2_auto", "h100-x2", 2)])
+@pytest.mark.slow
 def test_calibrated_schedule_auto_picks_zb_h1_which_measured_fastest(name, topology, stages):
     """On each calibration of real GPUs (2x H200; two 4x H200 hosts), ``schedule: auto`` with one
     chunk per device returns ZB-H1 for the GPT-3 XL pipeline, the fastest schedule measured there
@@ -311,6 +312,7 @@ def test_schedule_auto_with_interleaving_picks_what_measured_fastest_beside_zb_h
     assert (plan.schedule, plan.virtual_stages) == ("1f1b", 4)
 
 
+@pytest.mark.slow
 def test_the_report_of_a_zero_bubble_plan_says_what_its_prediction_is_worth(tmp_path, capsys):
     """The runtime's ZB-H1 (blocks compiled whole, the split product traced) was predicted within
     2.2% on 2x H200 (two hosts) and 2.5% on a tensor group (``benchmarks/results/accuracy_gpu_h200x2_traced.json``,
