@@ -66,12 +66,11 @@ def main() -> int:
             for key in ("depth_1", "auto"):
                 for suffix in ("", "_compressed"):
                     a, f = row[f"all_devices{suffix}"][key], row[f"fastest_type_alone{suffix}"][key]
-                    row[f"all_vs_alone{suffix}_{key}"] = (f["predicted_s"] / a["predicted_s"]
-                                                          if a["fits"] and f["fits"] else None)
+                    both = a["fits"] and f["fits"]
+                    row[f"all_vs_alone{suffix}_{key}"] = f["predicted_s"] / a["predicted_s"] if both else None
                     # the most any plan on all devices can buy over the alone plan found: no plan
                     # beats the all-devices search's lower bound
-                    row[f"all_vs_alone_most{suffix}_{key}"] = (f["predicted_s"] / a["lower_bound_s"]
-                                                               if a["fits"] and f["fits"] else None)
+                    row[f"all_vs_alone_most{suffix}_{key}"] = f["predicted_s"] / a["lower_bound_s"] if both else None
         rows.append(row)
         print(json.dumps({"topology": row["topology"], "speedup": row["as_asked"]["speedup"]}), flush=True)
 

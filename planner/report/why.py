@@ -289,9 +289,8 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
         now = evaluate_placement(ctx, assign, plan.micro_batch_size, plan.schedule)
         capacity = ctx.capacity.copy()
         capacity[topology.index(fullest)] *= MEMORY_FACTOR
-        more = evaluate_placement(replace(ctx, capacity=capacity, costs={}, ring_costs={}, ring_orders={},
-                                                   region_orders={}, ring_nics={}), assign,
-                                  plan.micro_batch_size, plan.schedule)
+        # the context's memos (costs, rings, routes) do not depend on memory: the copy shares them
+        more = evaluate_placement(replace(ctx, capacity=capacity), assign, plan.micro_batch_size, plan.schedule)
         change = (more.score_s - now.score_s) / now.score_s if now is not None and more is not None else float("nan")
         effect = (f"with {MEMORY_FACTOR:g}x its memory the estimate changes {100 * change:+.1f}%"
                   if np.isfinite(change) else "")

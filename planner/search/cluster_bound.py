@@ -187,7 +187,8 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
     # and any sync across two clusters crosses both ways (``slower_way_between``)
     sync_tau = np.where(replicas == 2, min(level.both_ways_bytes_per_s, level.slower_way_bytes_per_s),
                         level.slower_way_bytes_per_s)
-    A = busiest_s + crossing.model_sync_bytes * share / sync_tau
+    crossing_sync_s = crossing.model_sync_bytes * share / sync_tau  # every block's sync across
+    A = busiest_s + crossing_sync_s
     steps = 2.0 * (replicas - 1) if crossing.ring_only and crossing.sync_every == 1 else 2.0
     lam = steps * latency / crossing.sync_every
     P = crossing.batch_bytes / level.both_ways_bytes_per_s  # a boundary's messages go both ways
@@ -220,7 +221,7 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
     if stages > 1 and inside_sync_s is not None:
         # refined only up to the least of the other cases and inside: past it, it cannot change the result
         needed = np.where(every_stage | every_replica, 0.0, np.minimum.reduce([one, two, inside]))
-        both = np.maximum(both, _loaded_split_s(stages, replicas, cells, level.sizes.max(), A - busiest_s,
+        both = np.maximum(both, _loaded_split_s(stages, replicas, cells, level.sizes.max(), crossing_sync_s,
                                                 inside_sync_s, busiest_s, batch=B, batch_s=P, layers=L, cap=needed))
     crossing_s = np.where(every_stage, all_cross if every_replica else two,
                           one if every_replica else np.minimum.reduce([one, two, both]))

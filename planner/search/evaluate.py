@@ -25,7 +25,7 @@ from planner.search.balance import split_batch, split_layers
 from planner.search.locality import sorted_ring
 
 __all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "score_split", "split_ends_s", "fits",
-           "stage_costs", "ring_cost", "timed_ring", "ring_nic_rates", "sync_route", "asked_groups", "charges_groups",
+           "stage_costs", "ring_cost", "timed_ring", "timed_positions", "ring_nic_rates", "sync_route", "asked_groups", "charges_groups",
            "gradient_bytes", "step_seconds", "backward_share", "interleaved_shape"]
 
 
@@ -128,6 +128,12 @@ def timed_ring(ctx: SearchContext, key: tuple) -> list:
     if key not in ctx.ring_orders:  # an array: 8 bytes a member, where a list of ints takes 36
         ctx.ring_orders[key] = np.asarray(sorted_ring(ctx.topology, key, ctx.region_orders), dtype=np.int64)
     return ctx.ring_orders[key].tolist()
+
+
+def timed_positions(ctx: SearchContext, members) -> list:
+    """``timed_ring``'s order over ``members`` (device indices) as positions into ``members``."""
+    position = {int(d): i for i, d in enumerate(members)}
+    return [position[d] for d in timed_ring(ctx, tuple(sorted(position)))]
 
 
 def ring_nic_rates(ctx: SearchContext, key: tuple) -> list:
@@ -488,8 +494,7 @@ def _grouped_sync(ctx, devices: np.ndarray, groups: tuple, message_bytes: float,
     ``plans.plan_ring`` keeps it exactly where groups are charged), memoised per devices, groups and bytes."""
     memo = ("groups", tuple(int(d) for d in devices), groups, message_bytes, sync_every)
     if memo not in ctx.routes:
-        position = {int(d): r for r, d in enumerate(devices)}
-        order = [position[d] for d in timed_ring(ctx, tuple(sorted(position)))]
+        order = timed_positions(ctx, devices)
         seconds, holds = grouped_sync(ctx.network, [int(d) for d in devices], order, groups, message_bytes,
                                       sync_every)
         ctx.routes[memo] = (seconds, [(k, busy) for k, busy in holds if k[0] != "link"])

@@ -6,7 +6,7 @@ from cost_models.schedule import run_depth
 from planner.plan.dims import Compression, Sync
 from planner.plan.plan import Plan
 from planner.plan.sync import AUTO
-from planner.search.evaluate import Candidate, charges_groups, ring_cost, ring_nic_rates, timed_ring
+from planner.search.evaluate import Candidate, charges_groups, ring_cost, ring_nic_rates, timed_positions, timed_ring
 from planner.search.locality import best_ring
 from planner.search.sync_choice import plan_with_sync
 
@@ -25,12 +25,12 @@ def plan_ring(ctx, members: np.ndarray, *, exact: bool = False) -> list:
     the other stage's sync queued 0.8 s longer for its NIC: 12% above.) ``exact``: the timed ring
     only, for local steps in sync groups (``evaluate.charges_groups``), whose inner rings and leads'
     ring are parts of it that a faster whole ring need not keep fast."""
+    if exact:
+        return timed_positions(ctx, members)
     members = [int(m) for m in members]
     key = tuple(sorted(members))
     timed = timed_ring(ctx, key)
     position = {d: i for i, d in enumerate(members)}
-    if exact:
-        return [position[d] for d in timed]
     improved = [members[i] for i in best_ring(ctx.topology, members, ctx.region_orders)]
     per_byte, latency = ring_cost(ctx, np.asarray(key))  # the estimate's, memoised
     better_per_byte, better_latency = ctx.network.ring_cost(improved)
