@@ -98,16 +98,27 @@ def _city_plans(rng, topology, model, training, stages: int):
                 schedule="gpipe" if rng.random() < 0.3 else "1f1b")
 
 
-def test_home_consumer_plans_with_a_small_crossing_replica_stay_above_their_pair_bounds():
+def test_home_consumer_plans_with_a_small_crossing_replica_stay_above_their_pair_bounds(monkeypatch):
     """Without recomputation, 3 x 2 and 4 x 2 plans whose crossing replica holds 1-79 of the 256
-    sequences (the shape the argument prices): none simulates below its pair's bound."""
+    sequences (the shape the argument prices): none simulates below its pair's bound, nor below
+    the argument's own value at the cities' level uncapped (the pair bound takes it only up to the
+    other cases' least, which these plans are far above; uncapped, it is 33.75 s at 4 x 2)."""
+    import planner.search.cluster_bound as cluster_bound
     from planner.prediction.predict import predict
     from planner.search import bounds
 
+    uncapped = {}  # (stages, largest cluster) -> (D,) the argument's value without its cap
+    loaded = cluster_bound._loaded_split_s
+
+    def recording(stages, replicas, cells, largest, *args, **kwargs):
+        uncapped[(stages, int(largest))] = loaded(stages, replicas, cells, largest, *args, **{**kwargs, "cap": None})
+        return loaded(stages, replicas, cells, largest, *args, **kwargs)
+    monkeypatch.setattr(cluster_bound, "_loaded_split_s", recording)
     job = load_job(_HOME)
     topology, model = job.topology, job.model
     training = replace(job.training, recompute=False)
     pairs = bounds._pair_bounds_s(topology, model, training)
+    assert 33.75 * (1 - 1e-3) <= uncapped[(4, 6)][1] <= 33.76  # the cities hold six homes each
     rng = np.random.default_rng(3)
     checked = 0
     for stages in (3, 4) * 6:
@@ -116,6 +127,7 @@ def test_home_consumer_plans_with_a_small_crossing_replica_stay_above_their_pair
         if not prediction.fits:
             continue
         assert prediction.iteration_s >= pairs[stages][1], (stages, prediction.iteration_s, pairs[stages][1])
+        assert prediction.iteration_s >= uncapped[(stages, 6)][1], (stages, prediction.iteration_s)
         checked += 1
     assert checked >= 8
 
