@@ -57,8 +57,8 @@ def tensor_allreduces(recompute: bool) -> tuple:
     runs per micro-batch: two in forward (after the row-parallel attention projection and fc2) and
     two in backward (the input gradients of the column-parallel QKV and fc1), Shoeybi et al. 2019,
     sec. 3, Fig. 4 (the ``g`` and ``f`` operators); full recomputation re-runs the forward's two in
-    backward."""
-    return 2, (4 if recompute else 2)
+    backward; selective recomputation re-runs the attention core only, between them."""
+    return 2, (4 if recompute and recompute != "selective" else 2)
 
 
 def measured_tensor_block_s(table, micro_batch_size: int) -> float:
@@ -77,11 +77,13 @@ def measured_tensor_block_s(table, micro_batch_size: int) -> float:
     return float(np.interp(micro_batch_size, sizes, seconds))
 
 
-def tensor_block_issue_s(floor_s, recompute: bool):
+def tensor_block_issue_s(floor_s, passes: float):
     """The least seconds one block of a tensor group takes per micro-batch, forward and backward
     together, on devices whose floor is ``floor_s`` (a device type's ``tensor_block_issue``: a
     member issues its block's kernels and the 4 all-reduces of ``tensor_allreduces`` and waits in
     each for the slowest member's launches, so its share cannot run faster however small it is; the
     catalog's value and its origin are in ``topologies/devices/``, ``plan calibrate`` measures it).
-    Full recomputation issues the forward, a third of the passes' work, once more. Vectorised."""
-    return np.asarray(floor_s, dtype=float) * (4.0 / 3.0 if recompute else 1.0)
+    ``passes``: the block's FLOPs over a plain block's (4/3 with full recomputation, which issues
+    the forward, a third of the passes' work, once more; ``stage_model.recompute_multiple``); the
+    floor is taken to grow with them. Vectorised."""
+    return np.asarray(floor_s, dtype=float) * passes

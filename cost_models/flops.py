@@ -17,6 +17,8 @@ __all__ = [
     "layer_weight_gradient_flops",
     "zero_bubble_trip_share",
     "training_flops_multiplier",
+    "attention_core_forward_flops",
+    "recomputed_layer_flops",
     "megatron_iteration_flops",
 ]
 
@@ -127,8 +129,26 @@ def training_flops_multiplier(recompute: bool) -> float:
     """Forward + backward as a multiple of forward: backward is 2x forward, full recomputation adds
     1x (Chen et al. 2016; Korthikanti et al. 2022, sec. 4: 4/3 of a plain block's FLOPs). Where a
     calibration measured the recomputed block, its time comes from that instead
-    (``planner.inputs.topology.Device.block_slowdown``)."""
+    (``planner.inputs.topology.Device.block_slowdown``). Selective recomputation's multiple depends
+    on the shape: ``recomputed_layer_flops``."""
     return 4.0 if recompute else 3.0
+
+
+def attention_core_forward_flops(b: int, s: int, h: int) -> float:
+    """Forward FLOPs of a block's attention core, the scores ``Q K^T`` and their product with the
+    values, ``2 * 2*b*s^2*h`` (the ``4*b*s^2*h`` term of ``layer_forward_flops``): what selective
+    recomputation runs again in backward (Korthikanti et al. 2022, sec. 5; the softmax's
+    element-wise work is not counted, as in ``layer_forward_flops``)."""
+    return 4.0 * b * s * s * h
+
+
+def recomputed_layer_flops(forward_flops: float, core_forward_flops: float, recompute) -> float:
+    """A block's forward + backward FLOPs under ``recompute`` (False, True or "selective"): 3 forwards,
+    4 with full recomputation (``training_flops_multiplier``), 3 forwards and the attention core's
+    forward again with selective recomputation (``attention_core_forward_flops``)."""
+    if recompute == "selective":
+        return 3.0 * forward_flops + core_forward_flops
+    return forward_flops * training_flops_multiplier(bool(recompute))
 
 
 def megatron_iteration_flops(batch: int, s: int, l: int, h: int, v: int, *, recompute: bool) -> float:

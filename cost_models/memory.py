@@ -52,7 +52,7 @@ def weight_bytes_per_parameter(precision: str) -> float:
 
 
 def layer_activation_bytes(s: int, b: int, h: int, a: int, *, dtype_bytes: int = 2, flash_attention: bool = False,
-                           recompute: bool = False, tensor: int = 1) -> float:
+                           recompute: bool | str = False, tensor: int = 1) -> float:
     """Activations one block keeps for backward, per micro-batch, on each member of a tensor group
     of ``tensor`` devices.
 
@@ -69,11 +69,14 @@ def layer_activation_bytes(s: int, b: int, h: int, a: int, *, dtype_bytes: int =
     only the block input, ``2*s*b*h``, whole on every member (sec. 4). Scaled by ``dtype_bytes / 2``
     for other precisions. (The compiled block's saved tensors, listed by ``torch.compile``'s
     partitioner, are these.)
-    """
+    Selective recomputation (``recompute="selective"``, sec. 5) recomputes the attention core in
+    backward and keeps what flash attention keeps: the softmax term goes."""
     scale = dtype_bytes / 2.0
-    if recompute:
+    selective = recompute == "selective"
+    if recompute and not selective:
         return 2.0 * s * b * h * scale
-    per_token = 8.0 + 24.0 / tensor + (0.0 if flash_attention else 2.0 * a * s / (h * tensor))
+    scores = not (flash_attention or selective)
+    per_token = 8.0 + 24.0 / tensor + (2.0 * a * s / (h * tensor) if scores else 0.0)
     return s * b * h * per_token * scale
 
 

@@ -87,7 +87,9 @@ class TrainingSpec:
     micro_batch_size: int = 0  # 0: the search picks it
     precision: str = "auto"
     optimizer: str = "adam"
-    recompute: bool | str = False  # "auto": the search plans with and without and keeps the faster
+    # True: full recomputation, "selective": the attention core only (``planner.plan.recompute``);
+    # "auto": the search gives each worker the lightest that fits
+    recompute: bool | str = False
     flash_attention: bool = False
     schedule: str = "auto"  # "auto": the search picks gpipe or 1f1b, and zb-h1 where its blocks were measured
     # ZeRO stage 1 over each stage's replicas: "auto" (and True) shard wherever a stage has two or
@@ -143,8 +145,9 @@ class TrainingSpec:
             raise InputError(f"{self.precision!r} is not one of {', '.join(_PRECISION_BYTES)}", field="training.precision")
         if self.optimizer not in ("adam", "sgd"):
             raise InputError(f"{self.optimizer!r} is not one of adam, sgd", field="training.optimizer")
-        if not (isinstance(self.recompute, bool) or self.recompute == "auto"):
-            raise InputError(f"{self.recompute!r} is not one of true, false, auto", field="training.recompute")
+        if not (isinstance(self.recompute, bool) or self.recompute in ("selective", "auto")):
+            raise InputError(f"{self.recompute!r} is not one of true, false, selective, auto",
+                             field="training.recompute")
         if not (isinstance(self.shard_optimizer, bool) or self.shard_optimizer == "auto"):
             raise InputError(f"{self.shard_optimizer!r} is not one of true, false, auto", field="training.shard_optimizer")
         if self.schedule not in SCHEDULES + ("auto",):

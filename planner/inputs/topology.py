@@ -67,7 +67,7 @@ class Device:
         """How many times longer the head takes than its FLOPs at the blocks' efficiency suggest."""
         return self.efficiency / self.head_efficiency if self.head_efficiency else 1.0
 
-    def block_slowdown(self, recompute: bool, split_backward: bool = False) -> float:
+    def block_slowdown(self, recompute: bool | str, split_backward: bool = False) -> float:
         """How many times longer a block's forward and backward take than its FLOPs
         (``cost_models.flops.training_flops_multiplier``) at the blocks' efficiency suggest: 1 without
         recomputation; with it, ``efficiency / recompute_efficiency`` where a calibration measured the
@@ -75,9 +75,11 @@ class Device:
         Korthikanti et al. 2022 sec. 4). ``split_backward`` (a ZB-H1 plan, whose blocks run the
         runtime's split backward: eager linear layers, deferred weight gradients) multiplies it by
         ``efficiency / split_backward_efficiency`` where a calibration measured that block, else by 1
-        (the two measured apart, their product where both apply). ``recompute`` must be resolved."""
-        assert isinstance(recompute, bool), "recompute 'auto' is a search decision: resolve it first"
-        slowdown = self.efficiency / self.recompute_efficiency if recompute and self.recompute_efficiency else 1.0
+        (the two measured apart, their product where both apply). ``recompute`` must be resolved: selective
+        recomputation's block runs at the plain block's efficiency (its measured one is full recomputation's)."""
+        assert isinstance(recompute, bool) or recompute == "selective", "recompute 'auto': resolve it first"
+        full = bool(recompute) and recompute != "selective"
+        slowdown = self.efficiency / self.recompute_efficiency if full and self.recompute_efficiency else 1.0
         if split_backward and self.split_backward_efficiency:
             slowdown *= self.efficiency / self.split_backward_efficiency
         return slowdown

@@ -35,7 +35,8 @@ def plan_to_document(plan: Plan, *, model=None, training=None, topology_source: 
         "sync": plan.sync,
         "stages": [{"index": s, **_stage_layers(plan, s), "devices": plan.stage_devices(s), "ring": plan.ring(s),
                     **({"server": plan.server(s)} if plan.sync_servers else {})} for s in range(S)],
-        "replicas": [{"index": r, "micro_batches": plan.micro_batches[r], "devices": list(plan.assignment[r])}
+        "replicas": [{"index": r, "micro_batches": plan.micro_batches[r], "devices": list(plan.assignment[r]),
+                      **({"recompute": list(plan.recompute[r])} if plan.recompute else {})}
                      for r in range(plan.replicas)],
         "idle": list(plan.idle),
     }
@@ -153,11 +154,12 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
             servers.append(e.raw("server", None))
             _check_index(e, k)
             e.finish()
-        assignment, micro_batches = [], []
+        assignment, micro_batches, recompute = [], [], []
         for k, entry in enumerate(replicas):
             e = Fields(entry, f"replicas[{k}]")
             assignment.append(tuple(str(d) for d in e.list("devices")))
             micro_batches.append(e.int("micro_batches"))
+            recompute.append(tuple(str(m) for m in e.list("recompute", [])))
             _check_index(e, k)
             e.finish()
         _check_stage_devices(stage_devices, assignment)
@@ -187,6 +189,7 @@ def plan_from_document(document, *, source: str = "plan") -> Plan:
             micro_batches_per_round=f.int("micro_batches_per_round", 0, minimum=0),
             compression=_compression(f), virtual_stages=virtual_stages,
             warmup_depth=f.int("warmup_depth", 1, minimum=1),
+            recompute=tuple(recompute) if any(recompute) else (),
         )
         topo.raw("path", "")
         topo.finish()

@@ -10,6 +10,7 @@ from planner.inputs.model import SCHEDULES
 from cost_models.schedule import DEEPENED_SCHEDULES, interleaving_problem, warmup_depth_problem
 from planner.plan.dims import Compression, Degrees, Schedule, Sync
 from planner.plan.precision import plan_precision_problem
+from planner.plan.recompute import RELAXED_ORDER, mode_of, recompute_table_problem
 from planner.plan.sync import sync_problem
 from planner.plan.sync_groups import sync_groups_problem
 from planner.plan.tensor import tensor_degree_problem
@@ -84,6 +85,9 @@ class Plan:
     # 1F1B's warm-up forwards per stage downstream (``cost_models.schedule.one_f_one_b_warmup``; 1:
     # PipeDream-Flush).
     warmup_depth: int = 1
+    # Activation recomputation per worker, shaped as ``assignment``: "none", "selective" or "full"
+    # (``planner.plan.recompute``); (): every worker in the training's mode.
+    recompute: tuple = ()
 
     @property
     def stages(self) -> int:
@@ -214,6 +218,7 @@ def validate_plan(plan: Plan, topology, model, training) -> None:
     if len(set(used)) != len(used):
         twice = sorted({d for d in used if used.count(d) > 1})
         raise InputError(f"device {twice[0]} is used more than once", field="replicas")
+    _check_recompute(plan, training)
     problem = plan_precision_problem(topology, used, training.precision)
     if problem:
         raise InputError(problem, field="training.precision")
@@ -261,6 +266,24 @@ def validate_plan(plan: Plan, topology, model, training) -> None:
                     key=lambda d: plan.prediction.memory_bytes[d] / plan.prediction.capacity_bytes[d])
         raise InputError(f"device {worst} needs {plan.prediction.memory_bytes[worst] / 1e9:.2f} GB of "
                          f"{plan.prediction.capacity_bytes[worst] / 1e9:.2f} GB", field="memory")
+
+
+def _check_recompute(plan: Plan, training) -> None:
+    """One known mode per worker, none heavier than the training's (a resolved training names the
+    heaviest mode the plan's workers run; ``auto`` allows any)."""
+    problem = recompute_table_problem(plan)
+    if problem:
+        raise InputError(problem, field="replicas.recompute")
+    if not plan.recompute or training.recompute == "auto":
+        return
+    most = RELAXED_ORDER.index(mode_of(training.recompute))
+    for r, row in enumerate(plan.recompute):
+        for s, mode in enumerate(row):
+            if RELAXED_ORDER.index(mode_of(mode)) > most:
+                asked = str(training.recompute).lower()  # as the YAML spells it
+                raise InputError(f"stage {s} runs {mode} recomputation, more than training.recompute {asked} "
+                                 "allows: make both agree or plan again",
+                                 field=f"replicas[{r}].recompute")
 
 
 def _check_warmup_depth(plan: Plan, training) -> None:

@@ -5,6 +5,7 @@ and collectives from the network model (``cost_models.network``).
 """
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -12,13 +13,15 @@ from cost_models import memory
 from cost_models.schedule import Schedule
 from cost_models.simulator import PipelineJob, Timeline, simulate
 from planner.plan.plan import CostModel, Plan, Prediction
+from planner.plan.recompute import mode_of, plan_modes, training_value
 from planner.plan.sync_groups import grouped_sync, grouped_sync_bytes
 from planner.plan.tensor import groups_of_plan
 from planner.prediction.stage_model import (LayerCosts, StageProfile, iteration_flops, layer_costs, message_codec_s,
                                             optimizer_time_s, powersgd_pass_s, stage_compress_s, stage_memory_bytes,
                                             stage_parameters, stage_profile, stage_step_bytes, tensor_layer_s)
 
-__all__ = ["sync_time_s", "sync_members", "build_pipeline_job", "predict", "estimated_prediction",
+__all__ = ["sync_time_s", "sync_members", "build_pipeline_job", "mode_costs", "worker_memory_bytes", "predict",
+           "estimated_prediction",
            "model_flops_per_iteration", "communication_bytes", "chunk_shares", "memory_compressed"]
 
 
@@ -50,8 +53,40 @@ def sync_members(topology, plan: Plan, stage: int) -> tuple:
     return ring, (topology.index(server) if server is not None else None)
 
 
+def mode_costs(plan: Plan, model, training, *, compiled: bool = True) -> dict:
+    """The stage model's costs of each recomputation mode ``plan``'s workers run
+    (``planner.plan.recompute.plan_modes``), by mode name."""
+    modes = sorted({m for row in plan_modes(plan, training) for m in row})
+    return {m: layer_costs(model, replace(training, recompute=training_value(m)), plan.micro_batch_size, plan.stages,
+                           plan.replicas, compiled=compiled) for m in modes}
+
+
 def build_pipeline_job(plan: Plan, topology, model, training, costs: LayerCosts | None = None) -> PipelineJob:
-    """The simulator's input for ``plan`` (``costs``: the stage model's, when the caller has them).
+    """The simulator's input for ``plan`` (``costs``: the stage model's, when the caller has them and
+    every worker runs the training's recomputation).
+
+    Where the plan's workers differ in recomputation (``Plan.recompute``), each worker's forward and
+    backward are those of its own mode's job: a mode changes nothing but its workers' blocks (their
+    FLOPs, tensor all-reduces and efficiency) and memory."""
+    table = plan_modes(plan, training)
+    modes = sorted({m for row in table for m in row})
+    if len(modes) == 1:
+        uniform = replace(training, recompute=training_value(modes[0]))
+        return _uniform_job(replace(plan, recompute=()), topology, model, uniform,
+                            costs if mode_of(training.recompute) == modes[0] else None)
+    uniform_plan = replace(plan, recompute=())
+    jobs = {m: _uniform_job(uniform_plan, topology, model, replace(training, recompute=training_value(m))) for m in modes}
+    cell = np.array(table)  # (R, S) mode names
+    first = jobs[modes[0]]
+
+    def blend(name):
+        return sum(np.where(cell == m, getattr(job, name), 0.0) for m, job in jobs.items())
+    return replace(first, forward_s=blend("forward_s"), backward_s=blend("backward_s"),
+                   weight_gradient_share=blend("weight_gradient_share"))
+
+
+def _uniform_job(plan: Plan, topology, model, training, costs: LayerCosts | None = None) -> PipelineJob:
+    """The simulator's input for ``plan`` whose workers all run the training's recomputation.
 
     A tensor group runs as one device of its members' summed FLOP/s for the blocks (the head at one
     member's speed), plus each block's all-reduces among its members, forward and backward; each
@@ -170,8 +205,8 @@ def predict(plan: Plan, topology, model, training, *, keep_records: bool = False
     when ``time.perf_counter()`` passes ``deadline`` before the simulation ends. ``compiled``: the
     runtime compiles the loss (memory: ``cost_models.memory.loss_bytes``), as ``plan launch`` does
     on GPUs; False for an eager run (``--compile off``)."""
-    costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas, compiled=compiled)
-    job = build_pipeline_job(plan, topology, model, training, costs)
+    costs = mode_costs(plan, model, training, compiled=compiled)
+    job = build_pipeline_job(plan, topology, model, training, _only(costs))
     timeline: Timeline = simulate(job, keep_records=keep_records, deadline=deadline)
     prediction = _prediction(plan, topology, model, training, costs, float(timeline.iteration_s),
                              {k: float(v) for k, v in timeline.breakdown_s.items()})
@@ -182,8 +217,13 @@ def estimated_prediction(plan: Plan, topology, model, training, iteration_s: flo
     """The ``Prediction`` of ``plan`` with the search's estimate ``iteration_s`` in place of a
     simulation (no breakdown; memory from the stage model, as ``predict``'s): for a plan whose
     simulation the time limit did not hold."""
-    costs = layer_costs(model, training, plan.micro_batch_size, plan.stages, plan.replicas)
-    return _prediction(plan, topology, model, training, costs, float(iteration_s), {}, cost_model=CostModel.ESTIMATE)
+    return _prediction(plan, topology, model, training, mode_costs(plan, model, training), float(iteration_s), {},
+                       cost_model=CostModel.ESTIMATE)
+
+
+def _only(costs: dict) -> LayerCosts | None:
+    """The costs of the one mode in ``costs``, None where the plan's workers run several."""
+    return next(iter(costs.values())) if len(costs) == 1 else None
 
 
 def memory_compressed(plan: Plan) -> list:
@@ -195,8 +235,10 @@ def memory_compressed(plan: Plan) -> list:
     return plan.compression.message_mask(plan.stages)
 
 
-def _prediction(plan, topology, model, training, costs, seconds: float, breakdown_s: dict,
-                cost_model: CostModel = CostModel.SIMULATOR) -> Prediction:
+def worker_memory_bytes(plan: Plan, topology, costs: dict, table) -> tuple:
+    """(used, capacity): each used device's predicted peak bytes (its reserve included) and its
+    memory, each worker at the stage model's ``costs[table[r][s]]`` (``mode_costs``; ``table``: the
+    workers' recomputation modes, ``plan_modes``)."""
     counts = np.diff(plan.stage_bounds)
     used, capacity = {}, {}
     compressed = memory_compressed(plan)
@@ -212,12 +254,19 @@ def _prediction(plan, topology, model, training, costs, seconds: float, breakdow
                 if s == plan.stages - 1 else in_flight
             members = plan.members(name)
             for k, member in enumerate(members):  # the lead also steps the whole parameters
-                need = float(stage_memory_bytes(costs, counts[s], s, in_flight, len(members), lead=k == 0,
-                                                outputs=outputs, gradients=gradients, heads=heads,
+                need = float(stage_memory_bytes(costs[table[r][s]], counts[s], s, in_flight, len(members),
+                                                lead=k == 0, outputs=outputs, gradients=gradients, heads=heads,
                                                 compressed=compressed))
                 dev = topology.devices[topology.index(member)]
                 used[member] = need + dev.memory_reserved_bytes
                 capacity[member] = dev.memory_bytes
+    return used, capacity
+
+
+def _prediction(plan, topology, model, training, costs: dict, seconds: float, breakdown_s: dict,
+                cost_model: CostModel = CostModel.SIMULATOR) -> Prediction:
+    """``costs``: ``mode_costs``'s, each worker's memory by its own mode's."""
+    used, capacity = worker_memory_bytes(plan, topology, costs, plan_modes(plan, training))
     model_flops = model_flops_per_iteration(model, plan.global_batch)
     peak = sum(topology.devices[topology.index(d)].peak_flops_for(training.precision) for d in plan.used_devices)
     return Prediction(

@@ -24,7 +24,7 @@ __all__ = ["OPTIMIZER_BYTES_PER_PARAMETER", "OUTER_STATE_BYTES_PER_PARAMETER", "
            "optimizer_time_s",
            "iteration_flops", "optimizer_shards", "tensor_layer_s", "head_outputs", "message_codec_s",
            "stage_gradient_bytes", "stage_compress_flops", "stage_compress_s", "least_gradient_bytes_per_param",
-           "powersgd_pass_s"]
+           "powersgd_pass_s", "recompute_multiple"]
 
 # Bytes the optimizer update moves per parameter (read + write), a roofline estimate of a fused
 # Adam step: fp32 master, m and v read and written (24 B), the 16-bit gradient read and the 16-bit
@@ -88,7 +88,7 @@ class LayerCosts:
     tensor_message_bytes: float = 0.0
     tensor_allreduces_forward: int = 0
     tensor_allreduces_backward: int = 0
-    recompute: bool = False  # full recomputation (a group's block floor grows with it, comm.tensor_block_issue_s)
+    recompute: bool | str = False  # False, True (full) or "selective" (``planner.plan.recompute``)
     sync_every: int = 1  # iterations between data-parallel syncs (local steps; 1: every iteration)
     layer_weight_gradient_flops: float = 0.0  # the weight gradients' part of a block's backward
     micro_batches_per_round: int = 0  # accumulation rounds (``cost_models.schedule.round_sizes``; 0: one round)
@@ -162,8 +162,9 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
     for ``stages`` stages of ``replicas`` replicas each (the optimizer state's shards); ``compiled``:
     whether the runtime compiles the loss (``plan launch`` does on GPUs), which changes what the
     loss keeps (``cost_models.memory.loss_bytes``)."""
-    if not isinstance(training.recompute, bool):
+    if not (isinstance(training.recompute, bool) or training.recompute == "selective"):
         raise ValueError("recompute 'auto' is a search decision: resolve it before costing a plan")
+    full_recompute = training.recompute is True  # (a bool or "selective", checked above)
     b, s, h, a = micro_batch_size, model.sequence, model.hidden, model.heads
     v = flops.padded_vocabulary(model.vocabulary)  # the embedding's rows, as the runtime trains them
     outputs, positions = head_outputs(model)
@@ -180,6 +181,14 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
     half_full = memory.layer_activation_bytes(s, b, h, a, dtype_bytes=dtype, flash_attention=training.flash_attention,
                                               tensor=2)
     tensor_forward, tensor_backward = comm.tensor_allreduces(training.recompute)
+    # Recomputation's working set in backward, on top of what stays: a block's full set (full), or
+    # (selective) the attention core's softmax output that flash attention would not keep.
+    if full_recompute:
+        recomputed, half_recomputed = full, half_full
+    elif training.recompute == "selective" and not training.flash_attention:
+        recomputed, half_recomputed = full - kept, half_full - half_kept
+    else:
+        recomputed = half_recomputed = 0.0
     boundary = float(b * s * h * dtype)
     last_params = flops.head_parameters(outputs, h, tied=model.tied_embeddings, biases=model.biases)
     if model.tied_embeddings and stages > 1:
@@ -191,7 +200,7 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         last_params = 0.0
     # Recomputation re-runs a block's forward in backward and keeps one block's full set meanwhile.
     # The receive buffer (the sent message is held until the sync: ``held_messages``).
-    transient = boundary + (full if training.recompute else 0.0)
+    transient = boundary + recomputed
     shards = optimizer_shards(training, replicas)
     state = memory.state_bytes_per_parameter(training.precision, training.optimizer)
     sharded_state = memory.optimizer_state_bytes_per_parameter(training.precision, training.optimizer)
@@ -213,7 +222,7 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         passes = POWERSGD_PASS_BYTES_PER_PARAMETER
     return LayerCosts(**powersgd,
         stages=stages, layers=model.layers, micro_batch_size=b, layer_forward_flops=fwd,
-        layer_flops=fwd * flops.training_flops_multiplier(training.recompute),
+        layer_flops=flops.recomputed_layer_flops(fwd, flops.attention_core_forward_flops(b, s, h), training.recompute),
         head_forward_flops=head_fwd, head_flops=3.0 * head_fwd,
         layer_params=float(flops.layer_parameters(h, model.ffn_hidden, gated_mlp=model.gated_mlp,
                                                   biases=model.biases)),
@@ -238,7 +247,7 @@ def layer_costs(model, training, micro_batch_size: int, stages: int, replicas: i
         layer_split_params=float(flops.tensor_split_parameters(h, model.ffn_hidden, gated_mlp=model.gated_mlp,
                                                                biases=model.biases)),
         layer_split_kept_bytes=2.0 * (kept - half_kept),
-        split_transient_bytes=2.0 * (full - half_full) if training.recompute else 0.0,
+        split_transient_bytes=2.0 * (recomputed - half_recomputed),
         tensor_message_bytes=boundary, tensor_allreduces_forward=tensor_forward,
         tensor_allreduces_backward=tensor_backward, recompute=training.recompute,
         weight_bytes_per_param=memory.weight_bytes_per_parameter(training.precision),
@@ -389,11 +398,18 @@ def tensor_layer_s(costs: LayerCosts, allreduce_per_byte_s, allreduce_latency_s,
     estimate and the simulator's input both call it."""
     one = costs.tensor_message_bytes * np.asarray(allreduce_per_byte_s) + np.asarray(allreduce_latency_s)
     allreduces = (costs.tensor_allreduces_forward + costs.tensor_allreduces_backward) * one
-    floor = comm.tensor_block_issue_s(issue_s, costs.recompute)
+    multiple = recompute_multiple(costs)
+    floor = comm.tensor_block_issue_s(issue_s, multiple)
     modelled = np.maximum(allreduces, np.where(np.asarray(degree) > 1, floor - np.asarray(block_compute_s), 0.0))
     timed_s = np.asarray(timed_s, dtype=float)
-    multiple = flops.training_flops_multiplier(costs.recompute) / flops.training_flops_multiplier(False)
     return np.where(timed_s > 0, timed_s * multiple * np.asarray(slowdown) - np.asarray(block_compute_s), modelled)
+
+
+def recompute_multiple(costs: LayerCosts) -> float:
+    """A block's forward + backward FLOPs under the costs' recomputation over a plain block's: 1,
+    4/3 with full recomputation, ``1 + core / (3 forward)`` with selective
+    (``cost_models.flops.recomputed_layer_flops``)."""
+    return costs.layer_flops / (flops.training_flops_multiplier(False) * costs.layer_forward_flops)
 
 
 def message_codec_s(costs: LayerCosts, codec_bandwidth_bytes_per_s, compressed=None) -> tuple:
@@ -531,7 +547,7 @@ def stage_profile(costs: LayerCosts, layer_bounds, compressed=None, tensor=1) ->
                         weight_gradient_flops=weight)
 
 
-def iteration_flops(model, global_batch: int, *, recompute: bool, head_slowdown: float = 1.0,
+def iteration_flops(model, global_batch: int, *, recompute: bool | str, head_slowdown: float = 1.0,
                     block_slowdown: float = 1.0) -> float:
     """FLOPs of one iteration over ``global_batch`` sequences: every block's forward and backward
     (plus a forward with recomputation) and the head's, the blocks' counted ``block_slowdown`` times
@@ -541,5 +557,6 @@ def iteration_flops(model, global_batch: int, *, recompute: bool, head_slowdown:
                                       gated_mlp=model.gated_mlp)
     outputs, positions = head_outputs(model, padded=False)
     head = flops.head_forward_flops(global_batch, positions, model.hidden, outputs)
-    return float(model.layers * layer * flops.training_flops_multiplier(recompute) * block_slowdown
+    core = flops.attention_core_forward_flops(global_batch, model.sequence, model.hidden)
+    return float(model.layers * flops.recomputed_layer_flops(layer, core, recompute) * block_slowdown
                  + 3.0 * head * head_slowdown)

@@ -1,13 +1,16 @@
 """Human-readable rendering of a plan (what ``plan TOPOLOGY`` prints)."""
 
 import math
+from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 
 from cost_models.schedule import Schedule
 from planner.inputs.units import format_bytes, format_flops, format_seconds
 from planner.plan.plan import CostModel
-from planner.prediction.predict import communication_bytes
+from planner.plan.recompute import RELAXED_ORDER, RecomputeMode, plan_modes, uniform_modes
+from planner.prediction.predict import communication_bytes, mode_costs, worker_memory_bytes
 from planner.plan.sync_groups import outer_weights
 from planner.plan.tensor import groups_of_plan
 from planner.runtime.graphs import group_ungraphed
@@ -157,6 +160,33 @@ def _timed_block_text(plan, topology) -> list:
             for (kind, t, received), seconds in sorted(seen.items())]
 
 
+def _recompute_lines(plan, training) -> list:
+    """What the workers recompute (``planner.plan.recompute``), and what the search tried under ``auto``."""
+    table = plan_modes(plan, training)
+    counts = Counter(m for row in table for m in row)
+    tried = plan.search.get("recompute_tried") if plan.search else None
+    if len(counts) == 1 and not tried:
+        return []
+    what = (f"{next(iter(counts))} on every worker" if len(counts) == 1 else "per worker, the lightest under which "
+            "it fits (" + ", ".join(f"{mode} on {counts[mode]}" for mode in RELAXED_ORDER if mode in counts) + ")")
+    return [f"Recomputation: {what}" + (" (chosen by the search: " + ", ".join(f"{k} {v:.4g} s" for k, v in
+                                                                              tried.items()) + ")" if tried else "")]
+
+
+def _recompute_memory(plan, topology, model, training) -> tuple:
+    """({device: its worker's recomputation}, {device: its predicted peak bytes without it}) where
+    some worker recomputes; two empty dicts where none does."""
+    table = plan_modes(plan, training)
+    if all(m == RecomputeMode.NONE for row in table for m in row):
+        return {}, {}
+    none = str(RecomputeMode.NONE)
+    costs = mode_costs(replace(plan, recompute=()), model, replace(training, recompute=False))
+    plain, _ = worker_memory_bytes(plan, topology, costs, uniform_modes(none, plan.replicas, plan.stages))
+    modes = {m: table[r][s] for r, row in enumerate(plan.assignment) for s, name in enumerate(row)
+             for m in plan.members(name)}
+    return modes, plain
+
+
 def _cell(plan, name: str) -> str:
     """A (replica, stage) cell: its device, or its tensor group's lead and degree."""
     t = len(plan.members(name))
@@ -197,6 +227,7 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
            *_local_steps_lines(plan, training),
            *_interleaving_lines(plan),
            *_compression_lines(plan),
+           *_recompute_lines(plan, training),
            (f"Calibration: {plan.calibration['path']} (measured {plan.calibration['measured_at_utc']})"
             + "".join(f"; tensor-group block floor {name} {1e3 * floor_s:.3g} ms" for name, floor_s in
                       plan.calibration.get("tensor_block_issue_s", {}).items())
@@ -270,13 +301,15 @@ def render_plan(plan, topology, model, training, *, result=None) -> str:
         out += ["", "Memory (predicted peak / capacity):"]
         mem_rows = []
         degree = {m: len(g) for g in plan.tensor_groups for m in g}
+        modes, plain = _recompute_memory(plan, topology, model, training)
         for name in sorted(p.memory_bytes, key=topology.index):
             used, cap = p.memory_bytes[name], p.capacity_bytes[name]
             mem_rows.append([name, topology.devices[topology.index(name)].type_name, format_bytes(used),
                              format_bytes(cap), f"{100 * used / cap:.0f}%"]
-                            + ([degree.get(name, 1)] if plan.tensor_groups else []))
-        out += _table(["device", "type", "used", "capacity", "%"] + (["tensor"] if plan.tensor_groups else []),
-                      mem_rows)
+                            + ([degree.get(name, 1)] if plan.tensor_groups else [])
+                            + ([modes[name], format_bytes(plain[name])] if modes else []))
+        out += _table(["device", "type", "used", "capacity", "%"] + (["tensor"] if plan.tensor_groups else [])
+                      + (["recompute", "without it"] if modes else []), mem_rows)
     return "\n".join(out)
 
 

@@ -176,8 +176,21 @@ def lower_bound_s(topology, model, training) -> float:
     the least state per parameter (sharded over every device where sharding is allowed), over ``t``
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning
     applied to the devices a pair uses, so at least as tight as it.
+
+    With ``training.recompute`` auto, each worker of a plan may run any recomputation mode
+    (``planner.plan.recompute``): the bound takes every block's FLOPs without recomputation, the
+    fewest, and asks whether GPipe fits under full recomputation, the least memory.
     """
-    return _lower_bound_s(topology, model, measured_schedules(training, topology), clusters=True)
+    training, fits_training = _per_worker_recompute(measured_schedules(training, topology))
+    return _lower_bound_s(topology, model, training, clusters=True, fits_training=fits_training)
+
+
+def _per_worker_recompute(training) -> tuple:
+    """(training for the FLOPs, training for the memory) of the bound: both ``training`` where its
+    recomputation is resolved; under ``auto``, recomputation off and full recomputation."""
+    if training.recompute != "auto":
+        return training, training
+    return replace(training, recompute=False), replace(training, recompute=True)
 
 
 @lru_cache(maxsize=4)
@@ -211,13 +224,14 @@ def pair_bounds_s(topology, model, training) -> dict:
 _FLOORED = (end_groups_s, replica_crossings_s)  # deferred terms that may stop short below a floor
 
 
-def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
+def _lower_bound_s(topology, model, training, *, clusters: bool, fits_training=None) -> float:
     """``lower_bound_s``, with or without the clusters' term. The slow crossings' and the stage
     chains' terms only raise a pair's bound, so they are computed for the stage counts whose other
     terms' least is below the least found so far, those with the lowest first, and no further once
     the stage count's least reaches it (the least over every pair all the same)."""
     deferred = {}
-    pairs = _pair_bounds_s(topology, model, training, clusters=clusters, deferred=deferred)
+    pairs = _pair_bounds_s(topology, model, training, clusters=clusters, deferred=deferred,
+                           fits_training=fits_training)
     best = np.inf
     for stages in sorted(pairs, key=lambda s: float(pairs[s].min())):
         if float(pairs[stages].min()) >= best:
@@ -236,13 +250,15 @@ def _lower_bound_s(topology, model, training, *, clusters: bool) -> float:
 
 
 def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_trips: bool = True,
-                   deferred: dict | None = None, spread: bool = True) -> dict:
+                   deferred: dict | None = None, spread: bool = True, fits_training=None) -> dict:
     """``{S: bounds}``: the bound on every plan of S stages and ``D = 1 .. len(bounds)`` replicas,
     for every S whose largest stage's state fits (``lower_bound_s``: their least); without the
     clusters' or the round trips' term where ``clusters`` or ``round_trips`` is False. Given a dict
     ``deferred``, the slow crossings' terms are left out of the bounds and put there instead, as
     ``{S: [callables giving (D,) seconds]}``. Without ``spread``, GPipe's idle and the stage
-    groups' spread are left out (``pair_bounds_s``)."""
+    groups' spread are left out (``pair_bounds_s``). ``fits_training``: the training whose memory
+    GPipe must fit in (``_per_worker_recompute``; ``training`` where None)."""
+    fits_training = fits_training or training
     topology = _as_fast_as_groups(topology, model, training)
     work = work_flops(topology, model, training)
     flops = topology.effective_flops(training.precision)
@@ -337,7 +353,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                  stage_split_s(block_work, cells_flops, crossing.model_sync_bytes * ring, stages)]
         crossing_trips = [None] * len(levels)  # each level's round trips where the busiest replica crosses it
         if stages > 1 and round_trips:
-            fits = (gpipe_fits(model, training, stages, busiest, tensor, n, float(memory.max()))
+            fits = (gpipe_fits(model, fits_training, stages, busiest, tensor, n, float(memory.max()))
                     if Schedule.GPIPE in training.schedules else None)
 
             def level_crossing(level):  # what a clustering adds to a trip (round_trip.crossing_extra_s)
@@ -350,7 +366,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
             def level_crossings(fewest):
                 return [level_crossing(level)(fewest=fewest) for level in levels]
             every = tuple(level_crossings(0))
-            trips = partial(_round_trips_s, model, training, stages, busiest, tensor, n, float(memory.max()),
+            trips = partial(_round_trips_s, model, fits_training, stages, busiest, tensor, n, float(memory.max()),
                             sequence_s=sequence_s, most_sequences=np.minimum(most_sequences, busiest),
                             micro_batch=training.micro_batch_size or math.inf,
                             first_sync_s=first_params * gradient_bytes * ring, fits=fits,
@@ -530,7 +546,9 @@ def _round_trips_s(model, training, stages, busiest, tensor, devices, capacity_b
 def work_flops(topology, model, training) -> float:
     """The iteration's training FLOPs as the cost model counts them (recomputation included; the
     head at the smallest calibrated head slowdown, never above 1: a faster head only lowers the bound;
-    the blocks at the smallest ``Device.block_slowdown``)."""
+    the blocks at the smallest ``Device.block_slowdown``; under ``recompute: auto`` none, the fewest:
+    ``_per_worker_recompute``)."""
+    training = _per_worker_recompute(training)[0]
     slowdown = min(float(topology.head_slowdowns().min()), 1.0)
     return iteration_flops(model, training.global_batch, recompute=training.recompute, head_slowdown=slowdown,
                            block_slowdown=_least_block_slowdown(topology, training))
@@ -539,6 +557,7 @@ def work_flops(topology, model, training) -> float:
 def _least_block_slowdown(topology, training) -> float:
     """The smallest ``Device.block_slowdown`` of the topology under ``training``'s recomputation and
     the schedules a plan may run (ZB-H1's split backward where it is one of them)."""
+    training = _per_worker_recompute(training)[0]
     return min(float(topology.block_slowdowns(training.recompute, split).min())
                for split in {schedule == Schedule.ZERO_BUBBLE for schedule in training.schedules})
 

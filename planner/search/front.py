@@ -32,6 +32,7 @@ from planner.plan.plan import Plan, validate_plan
 from planner.plan.precision import resolve_precision
 from planner.plan.sync import AUTO, syncs_for
 from planner.plan.tensor import TENSOR_DEGREES, grouping_groups, groupings
+from planner.search.recompute_cells import relaxed_plan, resplit
 from planner.search.bounds import pair_bounds_s, work_flops
 from planner.search.construct import layouts, probe_fallback, probe_layouts
 from planner.search.cpsat_placement import exact_placement, model_is_small_enough
@@ -248,25 +249,64 @@ def search(topology, model, training, options: SearchOptions = SearchOptions(), 
 
 
 def _best_recompute(topology, model, training, options, **kwargs) -> SearchResult:
-    """``recompute: auto``: the better of a search without recomputation and one with it, each on
-    half the time limit (recomputation costs a forward per block and saves memory, so it wins only
-    where memory binds). The bound is the smaller of the two, so it holds for either plan."""
+    """``recompute: auto``: the better of a search without recomputation and one with full
+    recomputation, each on half the time limit (recomputation costs a forward per block and saves
+    memory, so it wins only where memory binds), the second's plan with each worker at the lightest
+    recomputation under which it fits (``recompute_cells``) where that scores no worse. The bound
+    is the smaller of the two, so it holds for either plan, and where the second's workers were
+    given other modes, never above the bound over plans whose workers run any mode
+    (``bounds.lower_bound_s`` under ``auto``)."""
     half = options.share(0.5)
-    results, errors = [], []
+    deadline = time.perf_counter() + options.time_limit_s
+    results, tried, errors = [], {}, []
     for recompute in (False, True):
         try:
-            results.append(search(topology, model, replace(training, recompute=recompute), half, **kwargs))
+            found = search(topology, model, replace(training, recompute=recompute), half, **kwargs)
         except InputError as error:
             errors.append(error)
+            continue
+        tried[str(recompute).lower()] = found.objective_s
+        if recompute:
+            relaxed = _relaxed(found, topology, model, kwargs.get("objective") or IterationTime(), deadline)
+            if relaxed is not found:
+                found = relaxed
+                tried[PER_WORKER] = found.objective_s
+        results.append(found)
     if not results:
         raise errors[-1]  # the error with recomputation on: memory binds even then
     best = min(results, key=lambda r: r.objective_s)
     bound = min(r.lower_bound_s for r in results)
+    if PER_WORKER in tried:  # a plan per worker: the bound over plans whose workers run any mode
+        bound = min(bound, (kwargs.get("objective") or IterationTime()).lower_bound(topology, model, training))
     gap = max(0.0, (best.objective_s - bound) / best.objective_s) if best.objective_s > 0 else 0.0
-    tried = {"recompute_tried": {str(r.training.recompute).lower(): r.objective_s for r in results}}
+    tried = {"recompute_tried": tried}
     plan = replace(best.plan, search={**best.plan.search, "lower_bound_s": bound, "gap": gap, **tried})
     return replace(best, plan=plan, lower_bound_s=bound, gap=gap, wall_s=sum(r.wall_s for r in results),
                    pool=[entry for r in results for entry in r.pool])
+
+
+# ``recompute_tried``'s name for the plan of full recomputation with its workers then at their lightest modes
+PER_WORKER = "per worker"
+
+
+def _relaxed(result: SearchResult, topology, model, objective, deadline: float) -> SearchResult:
+    """``result`` with each worker at the lightest recomputation under which it fits, if the plan
+    so run scores no worse (``recompute_cells.relaxed_plan``), and then its layers moved while
+    that scores lower (``recompute_cells.resplit``), until ``deadline``."""
+    relaxed = relaxed_plan(result.plan, topology, model, result.training)
+    if relaxed is None:
+        return result
+    result = _if_no_worse(result, *relaxed, topology, model, objective)
+    if not result.plan.recompute:
+        return result
+
+    def score(plan, training):
+        predicted = plan.with_prediction(predict(plan, topology, model, training)[0])
+        return objective.score(predicted, topology, model, training) if predicted.prediction.fits else math.inf
+    plan, training, _ = resplit(result.plan, result.training, topology, model, score, deadline=deadline)
+    if plan is result.plan:
+        return result
+    return _if_no_worse(result, plan, training, topology, model, objective)
 
 
 _COMPRESSED = {"compress_messages": MessageCompression.INT8, "compress_gradients": GradientCompression.POWERSGD}
