@@ -27,7 +27,9 @@ def write_test_plan(folder: Path, topology_path: Path, *, assignment, layer_boun
                     schedule, model=None, optimizer="sgd", name="plan.yaml", shard_optimizer=True,
                     recompute=False, micro_batches_per_round=0, tensor_groups=(), sync_every=1, sync="ring",
                     ring_orders=(), virtual_stages=1, compress_gradients="off", powersgd_rank=4,
-                    warmup_depth=1) -> Path:
+                    warmup_depth=1, recompute_table=()) -> Path:
+    """A plan file of the tiny model (or ``model``) on ``topology_path``'s devices; ``recompute_table``:
+    per replica, each stage's recompute mode (``Plan.recompute``; empty: the training's mode)."""
     from planner.io import read_yaml
     from planner.inputs.topology import parse_topology
     from planner.plan.dims import Compression
@@ -49,7 +51,8 @@ def write_test_plan(folder: Path, topology_path: Path, *, assignment, layer_boun
                 micro_batches_per_round=micro_batches_per_round,
                 tensor_groups=tuple(tuple(group) for group in tensor_groups), sync_every=sync_every,
                 ring_orders=tuple(tuple(order) for order in ring_orders), virtual_stages=virtual_stages,
-                compression=Compression.of_training(training), warmup_depth=warmup_depth)
+                compression=Compression.of_training(training), warmup_depth=warmup_depth,
+                recompute=tuple(tuple(row) for row in recompute_table))
     if sync != "ring":  # the algorithm, and a parameter server per stage where it needs one
         from planner.search.sync_choice import plan_with_sync
 

@@ -59,6 +59,7 @@ import numpy as np
 from planner.inputs.calibration import CALIBRATION_FORMAT, write_calibration
 from planner.inputs.catalog import peak_for
 from planner.errors import InputError
+from planner.plan.recompute import mode_of
 from planner.runtime.graphs import graphed_stages, release_graphs, stage_graphed
 from planner.runtime.spawn import RankFailure, gather_from_ranks
 
@@ -528,7 +529,7 @@ def _compute_probe(job, options, device, threads) -> dict:
         blocks can be probed)."""
         blocks = [Block(model).to(device=device, dtype=dtype) for _ in range(PROBE_BLOCKS)]
         for block in blocks:
-            block.recompute = recompute  # as planner.runtime.gpt.build_stage sets it for training.recompute
+            block.recompute = mode_of(recompute)  # full or none, as planner.runtime.gpt.build_stage sets it
             if compiled:  # as planner.runtime.gpt.compile_stage does to every block
                 block.compile(mode="reduce-overhead" if graphs else None)
 

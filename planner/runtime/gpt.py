@@ -13,6 +13,9 @@ gradient is summed with the first stage's (Megatron-LM's embedding group).
 The embedding and the head have ``padded_vocabulary(V)`` rows (a multiple of 128, as Megatron-LM
 pads): the extra rows start at zero, are never looked up, and their logits are dropped before the
 loss, so they receive no gradient and training equals that of the unpadded model.
+
+Each block recomputes in backward as its ``recompute`` mode says (``planner.plan.recompute``): nothing,
+its attention core (selective) or its whole forward (full) (Korthikanti et al. 2022, sec. 4-5).
 """
 
 import torch
@@ -21,6 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from cost_models.flops import padded_vocabulary
+from planner.plan.recompute import RecomputeMode, mode_of
 
 __all__ = ["StageModule", "ChunkedStage", "build_stage", "vocabulary_logits", "lm_loss", "compile_stage",
            "compile_split_stage", "SPLIT_BACKWARD_OPTIONS", "INIT_STD"]
@@ -68,18 +72,33 @@ class Block(nn.Module):
         # inside ``forward``, so a compiled block compiles it too (one graph; the compiler's
         # partitioner places the recomputation in the compiled backward) instead of checkpointing a
         # compiled forward from outside (a second call of the forward graph under saved-tensor
-        # hooks; measured 9-11% slower than predicted on 4 GPUs).
-        self.recompute = False
+        # hooks; measured 9-11% slower than predicted on 4 GPUs). Selective recomputation keeps
+        # everything but the attention core's own tensors and re-runs ``_attend`` alone in backward
+        # (Korthikanti et al. 2022, sec. 5); ``_attend`` sits between the column- and row-parallel
+        # layers, so under tensor parallelism it re-runs no all-reduce.
+        self.recompute = RecomputeMode.NONE
+
+    @property
+    def recompute(self) -> RecomputeMode:
+        return self._recompute
+
+    @recompute.setter
+    def recompute(self, value) -> None:
+        self._recompute = mode_of(value)  # a mode, its name, or a bool (True: full, False: none)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.recompute and torch.is_grad_enabled():
+        if self.recompute is RecomputeMode.FULL and torch.is_grad_enabled():
             return checkpoint(self.layers, x, use_reentrant=False)
         return self.layers(x)
 
     def layers(self, x: torch.Tensor) -> torch.Tensor:
         """The block's computation: attention, then the MLP, each with its residual."""
         qkv = self.qkv(self.enter(self.norm1(x)))
-        x = x + self.proj(_attend(qkv, self.heads, self.rotary))
+        if self.recompute is RecomputeMode.SELECTIVE and torch.is_grad_enabled():
+            core = checkpoint(_attend, qkv, self.heads, self.rotary, use_reentrant=False)
+        else:
+            core = _attend(qkv, self.heads, self.rotary)
+        x = x + self.proj(core)
         y = self.enter(self.norm2(x))
         y = _activate(self.fc1(y), self.gate(y) if self.gated else None)
         return x + self.fc2(y)
@@ -106,8 +125,9 @@ def _activate(up: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
 class StageModule(nn.Module):
     """Layers ``[first, end)`` of the model; the first stage embeds tokens, the last returns logits."""
 
-    def __init__(self, spec, first: int, end: int, *, recompute: bool = False, padded_logits: bool = False):
+    def __init__(self, spec, first: int, end: int, *, recompute: bool | str = False, padded_logits: bool = False):
         super().__init__()
+        recompute = mode_of(recompute)  # a bool (False: none, True: full) or a mode's name
         self.spec, self.recompute, self.padded_logits = spec, recompute, padded_logits
         self.head_linear = F.linear  # the LM head's product (``planner.runtime.split_backward`` may replace it)
         self.first, self.end = first, end
@@ -246,10 +266,11 @@ def _init(module: nn.Module, seed: int, rows: int | None = None) -> None:
                     parameter[rows:].zero_()
 
 
-def build_stage(spec, first: int, end: int, *, seed: int = 0, recompute: bool = False,
+def build_stage(spec, first: int, end: int, *, seed: int = 0, recompute: bool | str = False,
                 padded_logits: bool = False) -> StageModule:
     """The stage holding layers ``[first, end)``, initialised deterministically (CPU, fp32);
-    ``recompute``: its blocks recompute their forward in backward; ``padded_logits``: the last
+    ``recompute``: what its blocks recompute in backward, a ``RecomputeMode`` or its name, or a bool
+    (True: full, False: none; ``planner.plan.recompute.mode_of``); ``padded_logits``: the last
     stage returns the padded vocabulary's logits (contiguous) for a loss that drops them itself."""
     module = StageModule(spec, first, end, recompute=recompute, padded_logits=padded_logits)
     base = seed * 1_000_003

@@ -64,7 +64,7 @@ def load_run_inputs(plan_path, topology_path=None) -> RunInputs:
     except InputError as error:
         raise error.located(source=source) from None
     _check_training_agrees(plan, training, source)
-    if not isinstance(training.recompute, bool):
+    if training.recompute == "auto":  # False, True and "selective" run (``planner.plan.recompute.mode_of``)
         raise InputError("is 'auto', which 'plan' decides: plan again and launch the plan it writes", source=source,
                          field="training.recompute")
     training = replace(training, schedule=plan.schedule, micro_batch_size=plan.micro_batch_size)

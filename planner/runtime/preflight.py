@@ -83,11 +83,15 @@ def cpu_flops(seconds: float = 0.3) -> float:
 
 def first_iteration_estimate(inputs, host_flops: float) -> float:
     """A lower bound on the seconds of one iteration of the plan's full model on this CPU: its model
-    FLOPs (with recomputation where the plan recomputes) over the host's matrix-product FLOP/s, all
-    ranks sharing the cores (norms, softmax and messages only add to it)."""
+    FLOPs (with the recomputation of the lightest mode any of its workers runs, so that mixed modes
+    keep it a bound) over the host's matrix-product FLOP/s, all ranks sharing the cores (norms,
+    softmax and messages only add to it)."""
+    from planner.plan.recompute import RELAXED_ORDER, mode_of, plan_modes, training_value
     from planner.prediction.stage_model import iteration_flops
 
-    flops = iteration_flops(inputs.model, inputs.plan.global_batch, recompute=inputs.training.recompute)
+    lightest = min((mode_of(mode) for row in plan_modes(inputs.plan, inputs.training) for mode in row),
+                   key=RELAXED_ORDER.index)
+    flops = iteration_flops(inputs.model, inputs.plan.global_batch, recompute=training_value(lightest))
     return flops / host_flops
 
 

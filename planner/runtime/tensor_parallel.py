@@ -11,7 +11,8 @@ twice: ``f`` (identity forward, all-reduce of the gradient backward) on the outp
 (the block's ``enter`` seam, so it holds whether the norms run as modules or compiled),
 ``g`` (all-reduce forward, identity backward) on the output of the attention projection and of fc2,
 before their biases: 2 all-reduces of the ``(b, s, h)`` activation in forward and 2 in backward
-(``cost_models.comm.tensor_allreduces``; with recompute the forward's two run again in backward).
+(``cost_models.comm.tensor_allreduces``; with full recomputation the forward's two run again in
+backward, with selective recomputation none: the attention core it re-runs lies between them).
 Every member ends a block with the same activation, so the whole-on-every-member parameters would
 get the same gradient on every member: only the lead (member 0) trains them (``follow_lead``: the
 other members sync and step nothing of them and receive them from the lead after each step, inside

@@ -25,6 +25,7 @@ from cost_models.schedule import Schedule
 from planner.prediction.predict import build_pipeline_job, model_flops_per_iteration, predict
 from planner.prediction.stage_model import optimizer_shards
 from planner.plan.document import plan_to_document
+from planner.plan.recompute import plan_modes
 from planner.plan.sync_groups import outer_weights
 from planner.runtime.checkpoint import checkpoint_due, checkpoint_meta, save_checkpoint
 from planner.runtime.emulation import Emulator, SharedResources, now_s, slowed_job
@@ -133,7 +134,8 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     local = plan.sync_every > 1 and layout.replicas > 1  # local steps: the outer step every sync_every iterations
     groups = make_groups(layout, stage, executed.tied_embeddings, local_steps=local,
                          sync_groups=plan.sync_groups if local else ())
-    chunks = [build_stage(executed, first, end, seed=config.seed, recompute=training.recompute is True)
+    recompute = plan_modes(plan, training)[replica][stage]  # this worker's mode, every chunk of it
+    chunks = [build_stage(executed, first, end, seed=config.seed, recompute=recompute)
               for first, end in plan.chunk_layers(stage)]
     module = chunks[0] if len(chunks) == 1 else ChunkedStage(chunks)  # interleaved 1F1B: v chunks
     degree = layout.degree(stage)
@@ -247,6 +249,8 @@ def _run(rank, config: WorkerConfig, inputs: RunInputs, layout, replica, stage, 
     report = {"rank": rank, "replica": replica, "stage": stage, "member": member, "device": device_name,
               "peak_memory_bytes": peak, "traces": traces, "data_parallel_bytes": sync_bytes,
               "pipeline_bytes": message_bytes, "graphed": graphed,
+              # the modes its blocks ran (planner.runtime.gpt.Block.recompute): one, its worker's
+              "recompute": ",".join(sorted({str(block.recompute) for block in module.blocks.values()})),
               # graphs torch.compile fell back from (planner.runtime.graphs: then the stage ran its kernels)
               "graph_skips": _graph_skips() if graphed else 0}
     gathered = [None] * layout.world if rank == 0 else None
@@ -339,6 +343,7 @@ def _write(config: WorkerConfig, inputs: RunInputs, executed, times, losses, rep
             "learning_rate": config.learning_rate, "emulated": config.emulate, "compiled": config.compile,
             "graphs": config.graphs, "graphed_stages": sorted({r["stage"] for r in reports if r.get("graphed")}),
             "graph_skips": sum(r.get("graph_skips", 0) for r in reports),
+            "recompute": {r["device"]: r["recompute"] for r in reports},  # each worker's mode, its members'
             "time_scale": config.time_scale,
             "executed_model": asdict(executed),
             "precision": {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32"), **scaling,
