@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from planner.errors import InputError  # noqa: E402
 from planner.inputs.job import load_job  # noqa: E402
 from planner.inputs.topology import parse_topology  # noqa: E402
 from planner.io import read_yaml  # noqa: E402
+from planner.plan.recompute import plan_modes  # noqa: E402
 from planner.search.front import SearchOptions, search  # noqa: E402
 
 
@@ -70,6 +72,8 @@ def _run(topology, model, training, options) -> dict:
             "used": len(plan.used_devices), "idle": len(plan.idle), "tensor_groups": [list(g) for g in plan.tensor_groups],
             "recompute": result.training.recompute, "shard_optimizer": result.training.shard_optimizer,
             "precision": result.training.precision, "schedule": str(plan.schedule), "warmup_depth": plan.warmup_depth,
+            "recompute_workers": dict(Counter(m for row in plan_modes(plan, result.training) for m in row)),
+            "recompute_tried": plan.search.get("recompute_tried"),
             "lower_bound_s": result.lower_bound_s, "gap": result.gap, "wall_s": time.perf_counter() - started}
 
 

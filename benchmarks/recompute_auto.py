@@ -9,6 +9,8 @@ search at the same seed and work budget (``auto`` splits it in half between a se
 recomputation and one with it: ``planner.search.front._best_recompute``); and the search without
 recomputation at half the budget, then again at the other half from its plan (``x0``, seed + 1):
 whether what ``auto`` leaves to the second half could be spent on the first search's plan instead.
+Under ``auto`` the plan of full recomputation has its workers at the lightest mode that fits and
+its layers moved (``planner.search.recompute_cells``): the last column counts its workers per mode.
 The limit is far above the budget, so the same plans on any machine. Prints a table and writes
 ``benchmarks/results/recompute_auto.json``.
 """
@@ -58,14 +60,16 @@ def main() -> int:
         return f"{result['predicted_s']:.3f}" if result.get("fits") else "no plan"
 
     print(f"\n{'topology':<30} {'mb':>3} {'auto s':>8} {'off s':>8} {'on s':>8} {'auto/best':>9} "
-          f"{'off half s':>10} {'then half s':>11}")
+          f"{'off half s':>10} {'then half s':>11}  auto's workers (none / selective / full)")
     for row in rows:
         fitting = [row[k]["predicted_s"] for k in ("false", "true") if row[k].get("fits")]
         ratio = row["auto"]["predicted_s"] / min(fitting) if fitting and row["auto"].get("fits") else None
         halves = row["off_half_then_half"]
+        workers = row["auto"].get("recompute_workers", {})
+        counts = " / ".join(str(workers.get(m, 0)) for m in ("none", "selective", "full"))
         print(f"{row['topology']:<30} {row['micro_batch_size']:>3} {cell(row['auto']):>8} {cell(row['false']):>8} "
               f"{cell(row['true']):>8} {(f'{ratio:.3f}' if ratio else '-'):>9} {halves['first_s']:>10.3f} "
-              f"{halves['again_s']:>11.3f}")
+              f"{halves['again_s']:>11.3f}  {counts}")
     Path(args.out).write_text(json.dumps({"command": "python benchmarks/recompute_auto.py", "budget_s": args.budget,
                                           "time_limit_s": args.time_limit, "seed": args.seed, "rows": rows},
                                          indent=1) + "\n")
