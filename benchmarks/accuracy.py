@@ -2,6 +2,7 @@
 
     python benchmarks/accuracy.py emulated   # CPU: >= 12 plans over 3 topologies, network and devices emulated
     python benchmarks/accuracy.py emulated --only tensor zb-h1   # just those dimensions (or labels); others kept
+    python benchmarks/accuracy.py gpu1       # 1 CUDA GPU: recomputation modes and fp16 (GPU1_CASES)
     python benchmarks/accuracy.py gpu        # 2 CUDA GPUs: calibrate, then every plan dimension and schedule (GPU_CASES)
     python benchmarks/accuracy.py gpu4       # 4 CUDA GPUs: the same on 4 (GPU4_CASES)
 
@@ -70,7 +71,8 @@ def _write(plan, job, topology_path: str, path: Path, calibration=None) -> Path:
 
 # The plan space's dimensions run on each topology where they are legal (``_dimension_plans``).
 DIMENSIONS = ("tensor", "zero1-uneven", "rounds", "sync-hierarchical", "sync-parameter-server", "sync-sharded",
-              "zb-h1", "interleaved", "int8-messages", "powersgd", "local-steps", "warmup-depth")
+              "zb-h1", "interleaved", "int8-messages", "powersgd", "local-steps", "warmup-depth", "recompute-per-worker",
+              "recompute-selective")
 
 
 def _hosts_of_two(topology) -> bool:
@@ -85,8 +87,9 @@ def _dimension_plans(pick, job, seed: int) -> dict:
     """label: (plan, job, dimension) of the new dimensions on ``pick`` (or on a search pinned to the
     dimension where the pick's shape cannot carry it): replicas carry the sync algorithms, PowerSGD,
     local steps and ZeRO-1 on uneven batch shares; stages carry accumulation rounds, ZB-H1,
-    interleaved 1F1B and int8 messages; hosts of two devices carry tensor groups, and hosts of several
-    devices a hierarchical sync over every device."""
+    interleaved 1F1B, int8 messages and recomputation per worker; every pick selective recomputation;
+    hosts of two devices carry tensor groups, and hosts of several devices a hierarchical sync over
+    every device."""
     from cost_models.network import Sync
     from planner.errors import InputError
     from planner.plan.dims import Compression
@@ -130,6 +133,10 @@ def _dimension_plans(pick, job, seed: int) -> dict:
                 interleave_plan(base, 2), trained(schedule="1f1b", virtual_stages=2), "interleaved")
         plans["int8-messages"] = (replace(pick, compression=Compression(messages="int8")),
                                   trained(compress_messages="int8"), "int8-messages")
+        # Recomputation per worker: full on the first stage (the most micro-batches in flight), none after it
+        table = tuple(("full",) + ("none",) * (S - 1) for _ in range(R))
+        plans["recompute-per-worker"] = (replace(pick, recompute=table, prediction=None), trained(recompute=True),
+                                         "recompute-per-worker")
         # 1F1B and ZB-H1 at the warm-up depth of 2-4 that the simulator gives the shortest iteration
         # that fits
         for schedule in ("1f1b", "zb-h1"):
@@ -145,18 +152,22 @@ def _dimension_plans(pick, job, seed: int) -> dict:
                 plans[f"{schedule}-warmup-depth-{k}"] = (deep[k][1], deep[k][2], "warmup-depth")
                 plans[f"{schedule}-warmup-depth-1"] = (replace(pick, schedule=schedule, warmup_depth=1, prediction=None),
                                                        trained(schedule=schedule, warmup_depth=1), "warmup-depth")
+    # selective recomputation on every worker
+    plans["recompute-selective"] = (replace(pick, recompute=(), prediction=None), trained(recompute="selective"),
+                                    "recompute-selective")
     if _hosts_of_two(topology):
         for stages in (1, 2):
             pinned = trained(shard_optimizer="auto")
             plan = search(topology, job.model, pinned.training,
-                          SearchOptions(seed=seed, time_limit_s=10, stages=stages, tensor_degrees=(2,))).plan
+                          SearchOptions(seed=seed, time_limit_s=120, budget_s=10, stages=stages,
+                                        tensor_degrees=(2,))).plan
             plans[f"tensor-2-{plan.stages}x{plan.replicas}"] = (plan, pinned, "tensor")
         # One stage on as many devices as fit: its replicas span hosts of several devices each.
         pinned = trained(sync="hierarchical", shard_optimizer=False)
         for replicas in range(topology.size, 1, -1):
             try:
                 plan = search(topology, job.model, pinned.training,
-                              SearchOptions(seed=seed, time_limit_s=10, stages=1, replicas=replicas,
+                              SearchOptions(seed=seed, time_limit_s=120, budget_s=10, stages=1, replicas=replicas,
                                             tensor_degrees=(1,))).plan
             except InputError:  # no plan of this many replicas fits in memory
                 continue
@@ -187,7 +198,8 @@ def emulated(out: Path, iterations: int, warmup: int, seed: int, only: tuple = (
     for topology_path in EMULATED_TOPOLOGIES:
         job = load_job(ROOT / topology_path)
         name = job.topology.name
-        result = search(job.topology, job.model, job.training, SearchOptions(seed=seed, time_limit_s=20))
+        # a work budget, not a time limit: the same picks under any load (``--only`` keeps earlier rows)
+        result = search(job.topology, job.model, job.training, SearchOptions(seed=seed, time_limit_s=300, budget_s=20))
         # The training the pick runs (precision and recompute resolved); sharding stays per plan.
         pick, job = result.plan, replace(job, training=replace(result.training, shard_optimizer="auto"))
         other = "gpipe" if pick.schedule == "1f1b" else "1f1b"
@@ -294,6 +306,19 @@ GPU_CASES = {
 GPU_SCHEDULE_ROWS = ("2x1-mb2-1f1b", "2x1-mb2-gpipe", "2x1-mb2-zb-h1-compiled", "2x1-mb2-1f1b-interleaved-v2",
                      "2x1-mb2-1f1b-interleaved-v4", "2x1-mb2-zb-h1-depth-2")
 
+GPU1_TOPOLOGY = "topologies/local/h100-x1.yaml"
+# One GPU: each recomputation mode at two micro-batch sizes, and fp16 with dynamic loss scaling.
+GPU1_CASES = {
+    "1x1-mb2-1f1b": Case(1, 1, "1f1b"),
+    "1x1-mb2-1f1b-selective": Case(1, 1, "1f1b", overrides={"recompute": "selective"}),
+    "1x1-mb2-1f1b-recompute": Case(1, 1, "1f1b", overrides={"recompute": True}),
+    "1x1-mb4-1f1b": Case(1, 1, "1f1b", overrides={"micro_batch_size": 4}),
+    "1x1-mb4-1f1b-selective": Case(1, 1, "1f1b", overrides={"micro_batch_size": 4, "recompute": "selective"}),
+    "1x1-mb4-1f1b-recompute": Case(1, 1, "1f1b", overrides={"micro_batch_size": 4, "recompute": True}),
+    "1x1-mb2-1f1b-fp16": Case(1, 1, "1f1b", overrides={"precision": "fp16"}),
+    "1x1-mb2-1f1b-fp16-recompute": Case(1, 1, "1f1b", overrides={"precision": "fp16", "recompute": True}),
+}
+GPU1_SCHEDULE_ROWS = ("1x1-mb2-1f1b",)
 GPU4_TOPOLOGY = "topologies/local/h100-x4.yaml"
 GPU4_CASES = {
     "4x1-mb2-1f1b": Case(4, 1, "1f1b"),
@@ -342,6 +367,11 @@ def _calibrated(topology_path: str, path: Path, compile: str, resume: bool = Fal
 def gpu(out: Path, iterations: int, warmup: int, seed: int, only: tuple = (), resume: bool = False) -> dict:
     """2 GPUs: ``GPU_CASES`` (``gpu_cases``)."""
     return gpu_cases(out, GPU_TOPOLOGY, GPU_CASES, GPU_SCHEDULE_ROWS, iterations, warmup, seed, only, resume)
+
+
+def gpu1(out: Path, iterations: int, warmup: int, seed: int, only: tuple = (), resume: bool = False) -> dict:
+    """1 GPU: ``GPU1_CASES`` (``gpu_cases``)."""
+    return gpu_cases(out, GPU1_TOPOLOGY, GPU1_CASES, GPU1_SCHEDULE_ROWS, iterations, warmup, seed, only, resume)
 
 
 def gpu4(out: Path, iterations: int, warmup: int, seed: int, only: tuple = (), resume: bool = False) -> dict:
@@ -419,7 +449,7 @@ def gpu_cases(out: Path, topology_path: str, all_cases: dict, schedule_rows: tup
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="Predicted vs measured iteration time of executed plans.")
-    parser.add_argument("mode", choices=["emulated", "gpu", "gpu4"])
+    parser.add_argument("mode", choices=["emulated", "gpu1", "gpu", "gpu4"])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
@@ -434,7 +464,7 @@ def main() -> int:
                         help="gpu, gpu4: keep the calibration and rows an earlier run on this host left in the "
                              "out folder (split the cases over several calls); without it, calibrate anew")
     args = parser.parse_args()
-    cases = {"gpu": GPU_CASES, "gpu4": GPU4_CASES}.get(args.mode)
+    cases = {"gpu1": GPU1_CASES, "gpu": GPU_CASES, "gpu4": GPU4_CASES}.get(args.mode)
     unknown = [label for label in args.only if cases is not None and label not in cases]
     if unknown:
         parser.error(f"--only: {', '.join(unknown)} not among the {args.mode} cases ({', '.join(cases)})")
@@ -442,6 +472,8 @@ def main() -> int:
     runs = out / f"accuracy_{args.mode}"
     if args.mode == "gpu":
         report = gpu(runs, args.iterations, args.warmup, args.seed, tuple(args.only), args.resume)
+    elif args.mode == "gpu1":
+        report = gpu1(runs, args.iterations, args.warmup, args.seed, tuple(args.only), args.resume)
     elif args.mode == "gpu4":
         report = gpu4(runs, args.iterations, args.warmup, args.seed, tuple(args.only), args.resume)
     else:

@@ -17,6 +17,7 @@ backward's time and its own memory, so for a fixed placement and split the light
 each worker is the fastest choice.
 """
 
+from dataclasses import replace
 from enum import StrEnum
 
 __all__ = ["RecomputeMode", "mode_of", "training_value", "uniform_modes", "plan_modes", "recompute_table_problem",
@@ -65,8 +66,6 @@ def plan_modes(plan, training) -> tuple:
 def with_modes(plan, training, table) -> tuple:
     """(plan, training) running ``table``'s modes: the plan keeps the table where its workers differ
     (one mode: the training's alone), and the training names the heaviest mode any worker runs."""
-    from dataclasses import replace
-
     modes = {mode_of(m) for row in table for m in row}
     heaviest = max(modes, key=RELAXED_ORDER.index)
     trained = replace(training, recompute=training_value(heaviest))

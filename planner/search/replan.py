@@ -287,7 +287,7 @@ def read_old_plan(path) -> tuple:
         training = parse_training(document["training"], where="training")
     except InputError as error:
         raise error.located(source=source) from None
-    if not isinstance(training.recompute, bool):
+    if training.recompute == "auto":
         raise InputError("is 'auto', which 'plan' decides: re-plan from the plan it wrote", source=source,
                          field="training.recompute")
     if plan.virtual_stages > 1:
@@ -358,9 +358,11 @@ def changed_topology(document: dict, *, lost=(), added: dict | None = None, sour
 def _with_topology(plan: Plan, topology, **changes) -> Plan:
     """``plan`` with ``changes`` on ``topology``; a parameter server's or a hierarchical sync's route
     chosen again (``sync_choice.plan_with_sync``): dropped replicas or stages leave the old servers'
-    replica indices pointing elsewhere or past the end."""
+    replica indices pointing elsewhere or past the end. Every worker runs the training's
+    recomputation (the heaviest any worker of the old plan ran, ``planner.plan.recompute``): the
+    old per-worker modes belong to the old cells."""
     plan = replace(plan, topology_name=topology.name, topology_sha256=topology.sha256, prediction=None, search={},
-                   **changes)
+                   recompute=(), **changes)
     used = set(plan.used_devices)
     plan = replace(plan, idle=tuple(d for d in topology.names if d not in used))
     if plan.sync in (Sync.PARAMETER_SERVER, Sync.HIERARCHICAL):
