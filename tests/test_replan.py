@@ -415,3 +415,30 @@ def test_a_replan_takes_a_calibration_or_the_old_plans(tmp_path, capsys):
     _calibration(cal, efficiency=0.06, kind="A100-80GB", names=("g0", "g2"))  # measured again since
     code, out, err = run_cli([new, "--from", tmp_path / "old-calibrated.yaml", "--budget", "1"], capsys)
     assert code == 2 and err.count("\n") == 1 and "field 'calibration.sha256'" in err and "--calibration" in err, err
+
+
+def test_a_plan_whose_workers_recompute_differently_is_replanned_at_the_trainings_mode(tmp_path):
+    """Per-worker recomputation (``Plan.recompute``) belongs to the old cells: a kept layout runs
+    every worker at the training's mode (the heaviest the old plan ran, which fits wherever the
+    lighter modes did); a plan file of a selective training re-plans."""
+    from dataclasses import replace
+
+    from planner.search.replan import _with_topology, read_old_plan
+
+    def host(names):
+        return {"name": "gpus", "network": _NETWORK,
+                "devices": [{"name": n, "type": "A100-80GB", "host": "n0"} for n in names]}
+
+    old_topology, new_topology = _parsed(host(["g0", "g1", "g2", "g3"])), _parsed(host(["g0", "g9", "g2", "g3"]))
+    old = Plan(layer_bounds=(0, 12, 24), assignment=(("g0", "g1"), ("g2", "g3")), micro_batches=(8, 8),
+               micro_batch_size=2, schedule="1f1b", topology_name=old_topology.name,
+               topology_sha256=old_topology.sha256, recompute=(("full", "none"), ("selective", "none")))
+    kept = _with_topology(old, new_topology, assignment=(("g0", "g9"), ("g2", "g3")))
+    assert kept.recompute == () and kept.assignment == (("g0", "g9"), ("g2", "g3"))
+    model, training = model_preset("gpt3-xl"), _training(32, recompute="selective")
+    path = tmp_path / "old.yaml"
+    write_plan(plan_to_document(replace(old, recompute=()), model=model, training=training), path)
+    plan, _, read = read_old_plan(path)
+    assert read.recompute == "selective"
+    result = replan(plan, new_topology, model, read, _OPTIONS)
+    assert result.plan.prediction.fits
