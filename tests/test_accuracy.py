@@ -102,9 +102,11 @@ def test_timeline_titles_name_the_clock():
 
 
 @pytest.mark.parametrize("pick, expected", [
-    ("dtfm-case5-mini--planner-3x2-1f1b", {"zero1-uneven", "local-steps", "sync-parameter-server", "sync-sharded",
-                                           "powersgd", "rounds", "zb-h1", "int8-messages", "warmup-depth"}),
-    ("home-mini--planner-2x1-1f1b", {"rounds", "zb-h1", "interleaved", "int8-messages", "warmup-depth"}),
+    ("dtfm-case5-mini--planner-4x2-1f1b", {"zero1-uneven", "local-steps", "sync-parameter-server", "sync-sharded",
+                                           "powersgd", "rounds", "zb-h1", "interleaved", "int8-messages",
+                                           "warmup-depth", "recompute-per-worker", "recompute-selective"}),
+    ("home-mini--planner-3x1-1f1b", {"rounds", "zb-h1", "int8-messages", "recompute-per-worker",
+                                     "recompute-selective"}),
 ])
 def test_emulated_dimension_plans_are_valid_plans(tmp_path, pick, expected):
     """Every plan the emulated benchmark adds for the plan space's dimensions passes the launch's checks."""
