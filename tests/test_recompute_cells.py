@@ -133,6 +133,7 @@ def test_auto_gives_each_worker_its_lightest_fitting_mode(mixed_result):
     tried = result.plan.search["recompute_tried"]
     assert set(tried) == {"false", "true", PER_WORKER} or set(tried) == {"true", PER_WORKER}
     assert result.objective_s == pytest.approx(tried[PER_WORKER]) and tried[PER_WORKER] < 0.85 * tried["true"]
+    assert result.plan.search["objective_s"] == result.objective_s
     assert result.plan.prediction.fits and len({m for row in result.plan.recompute for m in row}) > 1
     assert result.plan.recompute == lightest_modes(result.plan, job.topology, job.model, result.training)
     # the training names the heaviest mode a worker runs, the plan each worker's
@@ -166,12 +167,46 @@ def test_resplit_never_ends_above_where_it_began_and_keeps_every_worker_fitting(
         calls.append(candidate.layer_bounds)
         p = predict(candidate, topology, model, trained)[0]
         return p.iteration_s if p.fits else float("inf")
-    moved, trained, value = resplit(plan, training, topology, model, score)
-    assert value < score(plan, training) and moved.layer_bounds != plan.layer_bounds
+    moved, trained, value, cut = resplit(plan, training, topology, model, score)
+    assert value < score(plan, training) and moved.layer_bounds != plan.layer_bounds and not cut
     assert moved.recompute == () or moved.recompute == lightest_modes(moved, topology, model, training)
     assert predict(moved, topology, model, trained)[0].fits
     assert resplit(plan, training, topology, model, score)[0].layer_bounds == moved.layer_bounds  # deterministic
-    assert resplit(plan, training, topology, model, score, deadline=0.0)[0] is plan  # the clock's cap
+    stopped = resplit(plan, training, topology, model, score, deadline=0.0)  # the clock's cap, recorded
+    assert stopped[0] is plan and stopped[3]
+
+
+def test_a_per_worker_phase_the_clock_cut_is_recorded(mixed_result):
+    from planner.search.front import IterationTime, _relaxed
+
+    job, result = mixed_result
+    full = replace(result, plan=replace(result.plan, recompute=()),
+                   training=replace(result.training, recompute=True))
+    cut = _relaxed(full, job.topology, job.model, IterationTime(), deadline=0.0)
+    assert cut.plan.recompute == () and "recompute per worker" in cut.plan.search["clock_cut"]
+
+
+def test_gpipe_fits_each_worker_at_its_least_memory_under_auto(mixed_job):
+    """Under auto the last stage's and the deepest stage's workers each take the mode that needs
+    the least: at one micro-batch in flight full recomputation needs more than none (it keeps the
+    block's input beside the recomputed set), so auto fits where full recomputation alone does not."""
+    from planner.prediction.stage_model import stage_memory_bytes
+    from planner.search.round_trip import gpipe_fits
+
+    model = mixed_job.model
+    training = replace(mixed_job.training, precision="fp16", micro_batches_per_round=1)
+    stages, busiest = model.layers, np.array([1.0])  # one block a stage
+    last = {mode: float(stage_memory_bytes(layer_costs(model, replace(training, recompute=mode), 1, stages, 1),
+                                           1, stages - 1, 1.0, 1)) for mode in (False, "selective", True)}
+    assert last[True] > last[False]
+    only_auto = 0
+    for capacity in np.linspace(0.5, 1.5, 201) * last[False]:
+        auto = gpipe_fits(model, replace(training, recompute="auto"), stages, busiest, 1, 1, capacity)[0]
+        alone = [gpipe_fits(model, replace(training, recompute=mode), stages, busiest, 1, 1, capacity)[0]
+                 for mode in (False, "selective", True)]
+        assert auto >= max(alone)
+        only_auto += bool(auto and not alone[2])
+    assert only_auto > 0  # between the last stage's need without recomputation and with full
 
 
 def test_the_plan_file_keeps_each_workers_mode_and_refuses_a_heavier_one(mixed_result):
@@ -201,3 +236,26 @@ def test_the_report_says_what_each_worker_recomputes_and_what_that_saved(mixed_r
     header = next(line for line in text.splitlines() if line.startswith("device "))
     assert header.split()[-3:] == ["recompute", "without", "it"]
     assert any(line.split()[:1] == ["fast"] and "selective" in line for line in text.splitlines())
+
+
+def test_auto_recomputation_with_auto_compression_bounds_the_per_worker_plan(write_yaml):
+    """The per-worker plan's bound takes its own resolved training (compression chosen), not the
+    asked one, whose ``auto`` compression no cost model can price."""
+    job = load_job(write_yaml({**MIXED, "training": {**MIXED["training"], "compress_messages": "auto"}}))
+    result = search(job.topology, job.model, job.training, SearchOptions(seed=0, time_limit_s=120, budget_s=1))
+    assert PER_WORKER in result.plan.search["recompute_tried"] and result.plan.recompute
+    assert 0 < result.lower_bound_s <= result.objective_s
+    assert result.lower_bound_s <= lower_bound_s(job.topology, job.model, replace(
+        result.training, recompute="auto")) + 1e-12
+
+
+def test_selective_recomputations_backward_share_counts_the_attention_core(mixed_job):
+    from planner.search.evaluate import backward_share
+
+    costs = {mode: layer_costs(mixed_job.model, replace(mixed_job.training, recompute=mode, precision="fp16"), 8, 2)
+             for mode in (False, "selective", True)}
+    assert backward_share(costs[False]) == 2.0 / 3.0 and backward_share(costs[True]) == 0.75
+    forward, core = costs["selective"].layer_forward_flops, costs["selective"].layer_flops - 3 * \
+        costs["selective"].layer_forward_flops
+    assert backward_share(costs["selective"]) == pytest.approx((2 * forward + core) / (3 * forward + core))
+    assert 2.0 / 3.0 < backward_share(costs["selective"]) < 0.75

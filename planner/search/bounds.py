@@ -179,7 +179,8 @@ def lower_bound_s(topology, model, training) -> float:
 
     With ``training.recompute`` auto, each worker of a plan may run any recomputation mode
     (``planner.plan.recompute``): the bound takes every block's FLOPs without recomputation, the
-    fewest, and asks whether GPipe fits under full recomputation, the least memory.
+    fewest, and asks whether GPipe fits with each worker at the mode that needs the least memory
+    (``round_trip.gpipe_fits``).
     """
     training, fits_training = _per_worker_recompute(measured_schedules(training, topology))
     return _lower_bound_s(topology, model, training, clusters=True, fits_training=fits_training)
@@ -187,10 +188,11 @@ def lower_bound_s(topology, model, training) -> float:
 
 def _per_worker_recompute(training) -> tuple:
     """(training for the FLOPs, training for the memory) of the bound: both ``training`` where its
-    recomputation is resolved; under ``auto``, recomputation off and full recomputation."""
+    recomputation is resolved; under ``auto``, recomputation off, and ``training`` itself, whose
+    memory ``round_trip.gpipe_fits`` takes at each worker's least over the modes."""
     if training.recompute != "auto":
         return training, training
-    return replace(training, recompute=False), replace(training, recompute=True)
+    return replace(training, recompute=False), training
 
 
 @lru_cache(maxsize=4)

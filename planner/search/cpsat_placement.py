@@ -157,7 +157,7 @@ class _PlacementModel:
         self.forward_busy_ns = _ns(one_way).ravel().tolist()  # activation a -> b
         self.backward_busy_ns = _ns(one_way.T).ravel().tolist()  # gradient b -> a
         self.backward_latency_ns = _ns(lat.T).ravel().tolist()  # gradient b -> a
-        share = Fraction(backward_share(ctx.training)).limit_denominator(12)
+        share = Fraction(backward_share(c)).limit_denominator(12)
         self.share_num, self.share_den = share.numerator, share.denominator
         self.capacity_bytes = np.floor(ctx.capacity).astype(np.int64)
         self.slowest_stage_ns = int(self.L * self.layer_ns.max() + self.head_ns.max())

@@ -259,7 +259,7 @@ def _pipeline_shape(ctx, assign, costs, counts, schedule, links, warmup_depth: i
         tau = tau + sum(message_codec_s(costs, ctx.codec_bw[assign]))
     fill = tau.sum(axis=1) + link_fill
     if schedule == Schedule.GPIPE and S > 1:
-        share = backward_share(ctx.training)
+        share = backward_share(costs)
         bottleneck = (np.maximum((1.0 - share) * tau.max(axis=1), forward_busy.max(axis=1))
                       + np.maximum(share * tau.max(axis=1), backward_busy.max(axis=1)))
         return tau, fill, bottleneck
@@ -280,8 +280,8 @@ def _pipeline_shape(ctx, assign, costs, counts, schedule, links, warmup_depth: i
         # is k's but this bubble stays depth 1's: the extra warm-up forwards and held weight gradients
         # fill part of it, which the search leaves to the simulator (``zero_bubble.zero_bubble_variants``
         # simulates depth 1 and the deeper one side by side). ``weight``: from the windows above.
-        upstream_input = np.cumsum(tau * backward_share(ctx.training) - weight, axis=1) - \
-            (tau * backward_share(ctx.training) - weight)  # (R, S): input gradients of stages < s
+        upstream_input = np.cumsum(tau * backward_share(costs) - weight, axis=1) - \
+            (tau * backward_share(costs) - weight)  # (R, S): input gradients of stages < s
         late = (np.arange(S)[None, :] * weight - upstream_input)[:, 1:].max(axis=1) - weight[:, 0]
         fill = fill - 2.0 * weight[:, 1:].sum(axis=1) + np.maximum(late, 0.0)
     return tau, fill, bottleneck
@@ -387,10 +387,13 @@ def _weight_gradient_s(ctx, assign, costs, counts) -> np.ndarray:
     return weight / ctx.speed[assign]
 
 
-def backward_share(training) -> float:
-    """The backward pass's share of a block's training time (2 of 3 forward-equivalents, 3 of 4
-    with recomputation; formulas.md, FLOPs)."""
-    return 0.75 if training.recompute else 2.0 / 3.0
+def backward_share(costs) -> float:
+    """The backward pass's share of a block's training FLOPs under the costs' recomputation: 2 of 3
+    forward-equivalents, 3 of 4 with full recomputation (formulas.md, FLOPs), ``(2 F + c) / (3 F + c)``
+    with selective (``c``: the attention core's forward, ``cost_models.flops.recomputed_layer_flops``)."""
+    if costs.recompute == "selective":
+        return 1.0 - costs.layer_forward_flops / costs.layer_flops
+    return 0.75 if costs.recompute else 2.0 / 3.0
 
 
 def sync_route(ctx, sync: Sync, members) -> tuple:
@@ -429,7 +432,7 @@ def _drain_s(ctx, assign, costs, tau) -> np.ndarray:
     if S == 1:
         return np.zeros((R, 1))
     a, b = assign[:, :-1], assign[:, 1:]
-    back = tau[:, :-1] * backward_share(ctx.training) + ctx.network.busy_s(b, a, costs.boundary_bytes) \
+    back = tau[:, :-1] * backward_share(costs) + ctx.network.busy_s(b, a, costs.boundary_bytes) \
         + ctx.network.latency_s[b, a]
     return np.concatenate([np.zeros((R, 1)), np.cumsum(back, axis=1)], axis=1)
 

@@ -276,11 +276,14 @@ def _best_recompute(topology, model, training, options, **kwargs) -> SearchResul
         raise errors[-1]  # the error with recomputation on: memory binds even then
     best = min(results, key=lambda r: r.objective_s)
     bound = min(r.lower_bound_s for r in results)
-    if PER_WORKER in tried:  # a plan per worker: the bound over plans whose workers run any mode
-        bound = min(bound, (kwargs.get("objective") or IterationTime()).lower_bound(topology, model, training))
+    if PER_WORKER in tried:  # a plan per worker: the bound over plans whose workers run any mode (its own
+        # training otherwise: compression, precision and sharding as it resolved them)
+        per_worker = replace(results[-1].training, recompute="auto")
+        bound = min(bound, (kwargs.get("objective") or IterationTime()).lower_bound(topology, model, per_worker))
     gap = max(0.0, (best.objective_s - bound) / best.objective_s) if best.objective_s > 0 else 0.0
     tried = {"recompute_tried": tried}
-    plan = replace(best.plan, search={**best.plan.search, "lower_bound_s": bound, "gap": gap, **tried})
+    plan = replace(best.plan, search={**best.plan.search, "objective_s": best.objective_s, "lower_bound_s": bound,
+                                      "gap": gap, **tried})
     return replace(best, plan=plan, lower_bound_s=bound, gap=gap, wall_s=sum(r.wall_s for r in results),
                    pool=[entry for r in results for entry in r.pool])
 
@@ -292,21 +295,29 @@ PER_WORKER = "per worker"
 def _relaxed(result: SearchResult, topology, model, objective, deadline: float) -> SearchResult:
     """``result`` with each worker at the lightest recomputation under which it fits, if the plan
     so run scores no worse (``recompute_cells.relaxed_plan``), and then its layers moved while
-    that scores lower (``recompute_cells.resplit``), until ``deadline``."""
+    that scores lower (``recompute_cells.resplit``). Nothing starts after ``deadline``: what the
+    clock cut is recorded (``clock_cut``: "recompute per worker")."""
+    if time.perf_counter() > deadline:
+        return _cut(result)
     relaxed = relaxed_plan(result.plan, topology, model, result.training)
     if relaxed is None:
         return result
     result = _if_no_worse(result, *relaxed, topology, model, objective)
-    if not result.plan.recompute:
-        return result
 
     def score(plan, training):
         predicted = plan.with_prediction(predict(plan, topology, model, training)[0])
         return objective.score(predicted, topology, model, training) if predicted.prediction.fits else math.inf
-    plan, training, _ = resplit(result.plan, result.training, topology, model, score, deadline=deadline)
-    if plan is result.plan:
-        return result
-    return _if_no_worse(result, plan, training, topology, model, objective)
+    plan, training, _, cut = resplit(result.plan, result.training, topology, model, score, deadline=deadline)
+    if plan is not result.plan:
+        result = _if_no_worse(result, plan, training, topology, model, objective)
+    return _cut(result) if cut else result
+
+
+def _cut(result: SearchResult) -> SearchResult:
+    """``result`` with "recompute per worker" among the phases the clock cut (``clock_cut``)."""
+    search = result.plan.search
+    plan = replace(result.plan, search={**search, "clock_cut": search.get("clock_cut", []) + ["recompute per worker"]})
+    return replace(result, plan=plan)
 
 
 _COMPRESSED = {"compress_messages": MessageCompression.INT8, "compress_gradients": GradientCompression.POWERSGD}

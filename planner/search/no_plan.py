@@ -117,7 +117,8 @@ def no_fit_error(topology, model, training, pairs: list, micro_batch_sizes: list
     most_replicas = max(d for _, d in pairs)  # the most shards any tried plan could spread its state over
     floor = stage_memory_floor(model, training, b, most, most_replicas)
     largest = int(np.argmax(capacity))
-    recompute = "recompute on" if training.recompute else "recompute off"
+    recompute = {True: "full recomputation", "selective": "selective recomputation"}.get(training.recompute,
+                                                                                       "recompute off")
     layers = math.ceil(model.layers / most)
     if floor > capacity[largest]:
         # No device can hold a stage at this stage count: more stages, recomputation, a smaller
@@ -132,7 +133,7 @@ def no_fit_error(topology, model, training, pairs: list, micro_batch_sizes: list
                        <= capacity[largest]), None)
         if stages_pinned and enough is not None:
             return InputError(f"{cause}: use --stages {enough} or more", field="--stages")
-        if not training.recompute:
+        if training.recompute is not True:  # off or selective: full recomputation keeps the least
             return InputError(f"{cause}: set recompute: true", field="training.recompute")
         if b > 1:
             return InputError(f"{cause}: lower micro_batch_size", field="training.micro_batch_size")
@@ -154,7 +155,7 @@ def no_fit_error(topology, model, training, pairs: list, micro_batch_sizes: list
                           "--schedule 1f1b or accumulation rounds (--micro-batches-per-round)", field="--schedule")
     if r > 1:
         return InputError(f"{cause}: use fewer replicas (--replicas) or more stages", field="--replicas")
-    if not training.recompute:
+    if training.recompute is not True:
         return InputError(f"{cause}: set recompute: true", field="training.recompute")
     if b > 1:
         return InputError(f"{cause}: lower micro_batch_size or add devices with more memory",

@@ -58,22 +58,23 @@ def relaxed_plan(plan, topology, model, training) -> tuple | None:
 
 
 def resplit(plan, training, topology, model, score, *, deadline: float = math.inf) -> tuple:
-    """(plan, training, score) after moving one layer at a time across a stage boundary while the
-    best such move scores lower (``score(plan, training)``: the prediction's objective, ``inf``
-    where the plan does not fit), each split's workers at their ``lightest_modes`` under
-    ``training``'s heaviest mode; at most ``RESPLIT_PASSES`` passes, and none begun after
-    ``deadline`` (``time.perf_counter()``). ``plan`` must carry its prediction; one chunk per
-    device (interleaved plans are returned as they are)."""
+    """(plan, training, score, cut) after moving one layer at a time across a stage boundary while
+    the best such move scores lower (``score(plan, training)``: the prediction's objective, ``inf``
+    where the plan does not fit), each split's workers at their ``lightest_modes`` under full
+    recomputation; at most ``RESPLIT_PASSES`` passes (the work is the plan's alone, so the same
+    plan gives the same split), and no move scored after ``deadline`` (``time.perf_counter()``;
+    ``cut``: whether it stopped the passes). One chunk per device (interleaved plans are returned
+    as they are)."""
     best = (plan, training, score(plan, training))
     if plan.virtual_stages != 1 or plan.stages < 2:
-        return best
+        return (*best, False)
     full = replace(training, recompute=True)
     for _ in range(RESPLIT_PASSES):
         current = best
         for boundary in range(1, plan.stages):
             for delta in (-1, 1):
                 if time.perf_counter() > deadline:
-                    return best
+                    return (*best, True)
                 bounds = list(current[0].layer_bounds)
                 bounds[boundary] += delta
                 if bounds[boundary] <= bounds[boundary - 1] or bounds[boundary] >= bounds[boundary + 1]:
@@ -87,5 +88,5 @@ def resplit(plan, training, topology, model, score, *, deadline: float = math.in
                 if value < best[2]:
                     best = (moved, trained, value)
         if best is current:
-            return best
-    return best
+            return (*best, False)
+    return (*best, False)

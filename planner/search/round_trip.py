@@ -37,6 +37,7 @@ deepest stage's sync too (``last_sync_s``).
 """
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -94,12 +95,19 @@ def gpipe_fits(model, training, stages: int, busiest: np.ndarray, tensor: int, d
     rounds = training.micro_batches_per_round if training.micro_batches_per_round > 0 else math.inf
     kept = np.minimum(np.asarray(busiest, dtype=float), rounds)
     deepest = math.ceil(model.layers / stages)
+    # Under ``recompute: auto`` each worker runs its own mode (``planner.plan.recompute``): the last
+    # stage's and the deepest stage's workers each at the mode that needs the least (full
+    # recomputation keeps the least at many micro-batches, not always at one).
+    modes = (False, "selective", True) if training.recompute == "auto" else (training.recompute,)
 
     def need(replicas: int) -> np.ndarray:
-        costs = layer_costs(model, training, 1, stages, replicas)
-        last = stage_memory_bytes(costs, 1, stages - 1, kept, tensor)
-        deep = stage_memory_bytes(costs, deepest, np.arange(stages)[:, None], kept[None, :], tensor).min(axis=0)
-        return np.maximum(last, deep)
+        lasts, deeps = [], []
+        for mode in modes:
+            costs = layer_costs(model, replace(training, recompute=mode), 1, stages, replicas)
+            lasts.append(stage_memory_bytes(costs, 1, stages - 1, kept, tensor))
+            deeps.append(stage_memory_bytes(costs, deepest, np.arange(stages)[:, None], kept[None, :],
+                                            tensor).min(axis=0))
+        return np.maximum(np.minimum.reduce(lasts), np.minimum.reduce(deeps))
 
     # one replica holds no outer (local steps) or PowerSGD state; every device shards the optimizer's most
     return np.minimum(need(1), need(devices)) <= capacity_bytes
