@@ -253,9 +253,9 @@ def _best_recompute(topology, model, training, options, **kwargs) -> SearchResul
     recomputation, each on half the time limit (recomputation costs a forward per block and saves
     memory, so it wins only where memory binds), the second's plan with each worker at the lightest
     recomputation under which it fits (``recompute_cells``) where that scores no worse. The bound
-    is the smaller of the two, so it holds for either plan, and where the second's workers were
-    given other modes, never above the bound over plans whose workers run any mode
-    (``bounds.lower_bound_s`` under ``auto``)."""
+    holds for every plan auto may return, whatever modes its workers run: never above either
+    search's, nor above the bound over plans whose workers run any mode (``bounds.lower_bound_s``
+    under ``auto``, with each search's resolved training)."""
     half = options.share(0.5)
     deadline = time.perf_counter() + options.time_limit_s
     results, tried, errors = [], {}, []
@@ -275,11 +275,11 @@ def _best_recompute(topology, model, training, options, **kwargs) -> SearchResul
     if not results:
         raise errors[-1]  # the error with recomputation on: memory binds even then
     best = min(results, key=lambda r: r.objective_s)
-    bound = min(r.lower_bound_s for r in results)
-    if PER_WORKER in tried:  # a plan per worker: the bound over plans whose workers run any mode (its own
-        # training otherwise: compression, precision and sharding as it resolved them)
-        per_worker = replace(results[-1].training, recompute="auto")
-        bound = min(bound, (kwargs.get("objective") or IterationTime()).lower_bound(topology, model, per_worker))
+    # Over every plan auto may return, its workers in any modes: the bound over plans whose workers run
+    # any mode, under each search's own resolved training (compression, precision and sharding)
+    objective = kwargs.get("objective") or IterationTime()
+    bound = min([r.lower_bound_s for r in results]
+                + [objective.lower_bound(topology, model, replace(r.training, recompute="auto")) for r in results])
     gap = max(0.0, (best.objective_s - bound) / best.objective_s) if best.objective_s > 0 else 0.0
     tried = {"recompute_tried": tried}
     plan = replace(best.plan, search={**best.plan.search, "objective_s": best.objective_s, "lower_bound_s": bound,
