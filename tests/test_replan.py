@@ -223,8 +223,28 @@ def test_move_weight_without_from_is_refused(tmp_path, capsys):
     assert code == 2 and "field '--move-weight'" in err and "--from" in err
 
 
-@pytest.mark.parametrize("path", sorted(str(p) for p in Path(__file__).parent.parent.glob("topologies/*/*.yaml")
-                                        if "devices" in yaml.safe_load(p.read_text())))
+def _shipped_topologies(fewest_devices: int) -> list:
+    """The shipped topology files of at least ``fewest_devices`` devices."""
+    paths = []
+    for path in sorted(Path(__file__).parent.parent.glob("topologies/*/*.yaml")):
+        document = yaml.safe_load(path.read_text())
+        if "devices" in document and sum(d.get("count", 1) for d in document["devices"]) >= fewest_devices:
+            paths.append(str(path))
+    return paths
+
+
+def test_a_topology_without_its_only_device_is_refused_in_one_line():
+    from planner.errors import InputError
+    from planner.io import read_yaml
+    from planner.search.replan import topology_without
+
+    (path,) = [p for p in _shipped_topologies(1) if p not in _shipped_topologies(2)]
+    document = read_yaml(path)
+    with pytest.raises(InputError, match="non-empty list of devices"):
+        _parsed(topology_without(document, [_parsed(document).names[0]]))
+
+
+@pytest.mark.parametrize("path", _shipped_topologies(2))
 def test_topology_without_a_device_keeps_every_other_device_and_link(path):
     """The elastic launch writes the topology without a lost device: the rest parse to the same
     devices, hosts and links (counts written out one device each)."""
