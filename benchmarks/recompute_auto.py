@@ -15,7 +15,6 @@ The limit is far above the budget, so the same plans on any machine. Prints a ta
 ``benchmarks/results/recompute_auto.json``.
 """
 
-import argparse
 import json
 import sys
 from dataclasses import replace
@@ -25,19 +24,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from budgeted import budget_parser, search_options, write_rows  # noqa: E402
 from plan_space import _run  # noqa: E402
 from planner.inputs.job import load_job  # noqa: E402
-from planner.search.front import SearchOptions, search  # noqa: E402
+from planner.search.front import search  # noqa: E402
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget", type=float, default=5.0, metavar="SECONDS")
-    parser.add_argument("--time-limit", type=float, default=300.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "recompute_auto.json"))
-    args = parser.parse_args()
-    options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit, budget_s=args.budget)
+    args = budget_parser(__doc__.splitlines()[0], budget_s=5.0, time_limit_s=300.0,
+                         out_name="recompute_auto.json").parse_args()
+    options = search_options(args)
     cases = [(path, None) for path in sorted((ROOT / "topologies" / "hetero").glob("*.yaml"))]
     cases.append((ROOT / "topologies" / "hetero" / "a100-t4-small-memory.yaml", 8))
     rows = []
@@ -70,9 +66,7 @@ def main() -> int:
         print(f"{row['topology']:<30} {row['micro_batch_size']:>3} {cell(row['auto']):>8} {cell(row['false']):>8} "
               f"{cell(row['true']):>8} {(f'{ratio:.3f}' if ratio else '-'):>9} {halves['first_s']:>10.3f} "
               f"{halves['again_s']:>11.3f}  {counts}")
-    Path(args.out).write_text(json.dumps({"command": "python benchmarks/recompute_auto.py", "budget_s": args.budget,
-                                          "time_limit_s": args.time_limit, "seed": args.seed, "rows": rows},
-                                         indent=1) + "\n")
+    write_rows(args, "python benchmarks/recompute_auto.py", rows)
     print(f"\nwrote {args.out}")
     return 0
 

@@ -12,21 +12,21 @@ enough that the budget, not the clock, ends it: the same plans whatever the mach
 a table and writes ``benchmarks/results/sync_algorithms.json``.
 """
 
-import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from budgeted import budget_parser, search_options, write_rows  # noqa: E402
 from cost_models.network import Sync  # noqa: E402
 from planner.errors import InputError  # noqa: E402
 from planner.inputs.job import load_job  # noqa: E402
 from planner.prediction.predict import predict  # noqa: E402
-from planner.search.front import SearchOptions, search  # noqa: E402
+from planner.search.front import search  # noqa: E402
 from planner.search.sync_choice import choose_sync  # noqa: E402
 
 TOPOLOGIES = tuple(sorted(str(p.relative_to(ROOT)) for p in (ROOT / "topologies" / "dtfm").glob("*.yaml"))) + \
@@ -49,13 +49,9 @@ def _per_algorithm(plan, topology, model, training) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget", type=float, default=3.0, metavar="SECONDS")
-    parser.add_argument("--time-limit", type=float, default=120.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sync_algorithms.json"))
-    args = parser.parse_args()
-    options = SearchOptions(time_limit_s=args.time_limit, budget_s=args.budget, seed=args.seed)
+    args = budget_parser(__doc__.splitlines()[0], budget_s=3.0, time_limit_s=120.0,
+                         out_name="sync_algorithms.json").parse_args()
+    options = search_options(args)
     rows = []
     for path in TOPOLOGIES:
         job = load_job(ROOT / path)
@@ -69,10 +65,7 @@ def main() -> None:
                "gain": ring.predicted_s / auto.predicted_s, "wall_s": time.perf_counter() - started}
         rows.append(row)
         print(_line(row), flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python", "benchmarks/sync_algorithms.py"] + sys.argv[1:])
-    Path(args.out).write_text(json.dumps({"command": command, "budget_s": args.budget, "time_limit_s": args.time_limit,
-                                          "seed": args.seed, "rows": rows}, indent=1))
+    write_rows(args, " ".join(["python", "benchmarks/sync_algorithms.py"] + sys.argv[1:]), rows)
 
 
 def _line(row) -> str:

@@ -16,7 +16,6 @@ enough that the budget, not the clock, ends every search: the same plans on any 
 Prints a table and writes ``benchmarks/results/warmup_depth.json``.
 """
 
-import argparse
 import json
 import sys
 from dataclasses import replace
@@ -26,9 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from budgeted import budget_parser, search_options, write_rows  # noqa: E402
 from plan_space import _fastest_type_only, _run  # noqa: E402
 from planner.inputs.job import load_job  # noqa: E402
-from planner.search.front import SearchOptions  # noqa: E402
 
 
 def _pair(topology, model, training, options) -> dict:
@@ -40,13 +39,9 @@ def _pair(topology, model, training, options) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget", type=float, default=5.0, metavar="SECONDS")
-    parser.add_argument("--time-limit", type=float, default=120.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "warmup_depth.json"))
-    args = parser.parse_args()
-    options = SearchOptions(seed=args.seed, time_limit_s=args.time_limit, budget_s=args.budget)
+    args = budget_parser(__doc__.splitlines()[0], budget_s=5.0, time_limit_s=120.0,
+                         out_name="warmup_depth.json").parse_args()
+    options = search_options(args)
     rows = []
     paths = [*sorted((ROOT / "topologies" / "dtfm").glob("*.yaml")),
              *sorted((ROOT / "topologies" / "hetero").glob("*.yaml"))]
@@ -91,9 +86,7 @@ def main() -> int:
               f"{times(row.get('all_vs_alone_auto')):>14} {times(row.get('all_vs_alone_most_auto')):>14} "
               f"{times(row.get('all_vs_alone_compressed_depth_1')):>19} "
               f"{times(row.get('all_vs_alone_compressed_auto')):>6}")
-    Path(args.out).write_text(json.dumps({"command": "python benchmarks/warmup_depth.py", "budget_s": args.budget,
-                                          "time_limit_s": args.time_limit, "seed": args.seed, "rows": rows},
-                                         indent=1) + "\n")
+    write_rows(args, "python benchmarks/warmup_depth.py", rows)
     print(f"\nwrote {args.out}")
     return 0
 
