@@ -307,7 +307,8 @@ def _relaxed(result: SearchResult, topology, model, objective, deadline: float) 
     def score(plan, training):
         predicted = plan.with_prediction(predict(plan, topology, model, training)[0])
         return objective.score(predicted, topology, model, training) if predicted.prediction.fits else math.inf
-    plan, training, _, cut = resplit(result.plan, result.training, topology, model, score, deadline=deadline)
+    plan, training, _, cut = resplit(result.plan, result.training, topology, model, score, deadline=deadline,
+                                     score_s=result.objective_s)
     if plan is not result.plan:
         result = _if_no_worse(result, plan, training, topology, model, objective)
     return _cut(result) if cut else result

@@ -57,15 +57,16 @@ def relaxed_plan(plan, topology, model, training) -> tuple | None:
     return replace(relaxed, prediction=None), trained
 
 
-def resplit(plan, training, topology, model, score, *, deadline: float = math.inf) -> tuple:
+def resplit(plan, training, topology, model, score, *, deadline: float = math.inf,
+            score_s: float | None = None) -> tuple:
     """(plan, training, score, cut) after moving one layer at a time across a stage boundary while
     the best such move scores lower (``score(plan, training)``: the prediction's objective, ``inf``
     where the plan does not fit), each split's workers at their ``lightest_modes`` under full
     recomputation; at most ``RESPLIT_PASSES`` passes (the work is the plan's alone, so the same
     plan gives the same split), and no move scored after ``deadline`` (``time.perf_counter()``;
     ``cut``: whether it stopped the passes). One chunk per device (interleaved plans are returned
-    as they are)."""
-    best = (plan, training, score(plan, training))
+    as they are). ``score_s``: the starting plan's score, where the caller has it."""
+    best = (plan, training, score(plan, training) if score_s is None else score_s)
     if plan.virtual_stages != 1 or plan.stages < 2:
         return (*best, False)
     full = replace(training, recompute=True)
