@@ -24,7 +24,8 @@ from planner.search.nested_crossings import nested_crossing_s
 from planner.search.replica_crossings import replica_crossings_s
 from planner.search.round_trip import (bound_depth, crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s,
                                       least_latency_s, round_trip_s, schedule_windows)
-from planner.search.slow_crossings import every_group_crosses, group_counts, slow_crossing_s
+from planner.search.slow_crossings import every_group_crosses, group_counts, slow_crossing_s, windowed_crossing_s
+from planner.search.backward_window import WindowTerm, window_of
 from planner.search.slow_uplinks import nic_rates_bytes_per_s, slowest_used_rate, uplink_chains_s
 from planner.search.stage_chains import clustered_stage_chains_s, stage_chains_s
 from planner.search.stage_split import stage_split_s
@@ -143,6 +144,12 @@ def lower_bound_s(topology, model, training) -> float:
       ``1 + N - S D`` devices (every other cell holds one at least); a group pure at one threshold
       still syncs over a slower link of any finer one whose clusters all hold fewer than D devices
       (``slow_crossings.every_group_crosses``);
+    - the same cases with the backward passes' windows (``planner.search.backward_window``, up to
+      ``MAX_WINDOW_CLUSTERS`` clusters): a backward runs only after its micro-batch's round trip
+      through every cluster the replica visits, and the stage's last one before the way back or the
+      stage's sync, so the batch's backward FLOPs fit in the cells' FLOP/s times what is left of
+      the iteration; every group pure: the least over the sets of clusters that hold them, on their
+      devices' FLOP/s; some crossing: their cells wait for a crossing ring;
     - two of those thresholds at once (``planner.search.nested_crossings``, the lowest with each
       higher one whose clusters hold two devices or more: ``_nested_pairs``): the stage groups that
       cross the coarser's clusters sync over its links, those that cross only the finer's over the
@@ -300,8 +307,14 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     grouped = training.sync_every > 1 and training.sync_groups != REPLICA
     levels = cluster_levels(topology, training) if clusters else []
     counts = [group_counts(level.cluster_sizes, n, model.layers) for level in levels] if round_trips else []
+    # the backward passes' windows (``planner.search.backward_window``): terms of ``lower_bound_s`` only
+    windows = [window_of(topology.network, level.labels, flops, boundary_bytes) if round_trips else None
+               for level in levels]
     batch = training.global_batch
     block_work = batch * model.layers * sequence_layer_flops  # every block, every sequence
+    # of it, the backward FLOPs that wait for a round trip (ZB-H1's input gradients only, where it may run)
+    trip_share = zero_bubble_share if Schedule.ZERO_BUBBLE in training.schedules else 1.0
+    window_work = batch * model.layers * max(0.0, trip_share * sequence_layer_flops - per_sequence.layer_forward_flops)
     head_flops = (work - block_work) / batch  # one sequence's head, as work_flops counts it
     heaviest_by_stages = [_heaviest_stage_flops(model.layers, s, sequence_layer_flops, head_flops,
                                                 training.virtual_stages != 1) for s in range(1, model.layers + 1)]
@@ -393,6 +406,11 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                   sync_every=training.sync_every, pure_tau_bytes_per_s=pure_tau,
                                   pure_latency_s=pure_latency)
             crossings = [partial(slow_crossing_s, level, count, **crossed_kwargs) for level, count in zip(levels, counts)]
+            window_terms = dict(work_flops=work, window_flops=window_work, cells_flops=cells_flops,
+                                chain_s=model.layers * per_sequence.layer_forward_flops / cell_flops)
+            crossings += [partial(windowed_crossing_s, level, count, window=WindowTerm(window=window, **window_terms),
+                                  **crossed_kwargs)
+                          for level, count, window in zip(levels, counts, windows) if window is not None]
             # how far the stage groups spread: the least of its two cases at each clustering (``pure_groups``)
             spreads = dict(stages=stages, replicas=replicas, work_flops=work, cells_flops=cells_flops,
                           most_cells_flops=partial(_most_cells_flops, fastest, tensor, speedup), round_trips=crossed,

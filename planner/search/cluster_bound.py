@@ -70,6 +70,7 @@ class ClusterLevel:
     # each pair of clusters' least latency, ascending, every cluster (none merged); empty: not looked
     # up (``link_clusters.pair_latencies_between``), every pair then at least ``latency_s``
     pair_latencies_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    labels: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (N,) each device's cluster
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,7 +123,7 @@ def cluster_levels(topology, training) -> list:
                                    both_ways_bytes_per_s=both_ways,
                                    slower_way_bytes_per_s=min(float(tau), slower_way_between(network, labels)),
                                    sizes=sizes, memory_bytes=most, speed=speed, cluster_sizes=every_size,
-                                   pair_latencies_s=pair_latencies_between(network, labels)))
+                                   pair_latencies_s=pair_latencies_between(network, labels), labels=labels))
     return levels
 
 

@@ -59,7 +59,7 @@ MAX_CLUSTERS_CROSSED = 8  # clusters counted along a replica at most (fewer coun
 __all__ = ["MAX_CLUSTERS_CROSSED", "GroupCounts", "group_counts", "fewest_clusters", "fewest_pure_clusters",
            "crossing_sync_share", "crossing_extras", "fewest_crossing_groups",
            "split_sync_s", "every_group_crosses",
-           "slow_crossing_s"]
+           "slow_crossing_s", "windowed_crossing_s"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -202,7 +202,7 @@ def split_sync_s(layers: int, stages: int, crossing: np.ndarray, slow_s: np.ndar
 def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, replicas: np.ndarray,
                     round_trips, boundary_s: float, latency_s: float, sequence_bytes: float, block_s: np.ndarray,
                     block_sync_bytes: float, fast_rate: np.ndarray, ring_only: bool, sharded: bool,
-                    sync_every: int, pure_tau_bytes_per_s=math.inf, pure_latency_s=0.0) -> np.ndarray:
+                    sync_every: int, pure_tau_bytes_per_s=math.inf, pure_latency_s=0.0, window=None) -> np.ndarray:
     """(D,) the bound of the module description for plans of ``stages`` (S >= 2) stages and
     ``replicas`` (D = 1 .. len) replicas at ``level`` (a ``cluster_bound.ClusterLevel``).
 
@@ -212,7 +212,9 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
     the busiest replica's sequences through one block on one cell at its fastest; ``boundary_s``, ``latency_s``: one
     sequence's message over the fastest link and the least latency; ``sequence_bytes``: one
     sequence's message; ``block_sync_bytes``: one block's least sync bytes; ``fast_rate``: (D,)
-    seconds per sync byte of a pure group (``bounds``' ``ring``)."""
+    seconds per sync byte of a pure group (``bounds``' ``ring``); ``window``: a
+    ``backward_window.WindowTerm`` of ``level``'s clusters, whose cases (A) and (B) raise this one's
+    (``windowed_crossing_s``), or None."""
     tau, slow_latency = level.tau_bytes_per_s, level.latency_s
     D = np.asarray(replicas)
     rows = D - 1
@@ -247,8 +249,19 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
                         np.where(crossed, latency_s + extra_l, latency_s),
                         np.vstack([(math.ceil(layers / stages) * fast_s + steps * pure_latency)[None, :], deepest]))
     pure = np.where(k > 0, trips[0], np.inf)  # no plan of pure groups where k = 0
-    crossing = np.where(D > 1, np.maximum(trips[1:], widest).min(axis=0), np.inf)
+    crossed_rows = np.maximum(trips[1:], widest)
+    if window is not None:  # the backward passes wait for the round trip and for their stage's sync
+        pure_sync, crossing_sync = fast_s + steps * pure_latency, slow_s + steps * slow_latency  # one block's
+        pure = np.maximum(pure, window.pure_s(stages, D, pure_sync))
+        crossed_rows = np.maximum(crossed_rows, window.crossed_s(v + 1, D, pure_sync, crossing_sync))
+    crossing = np.where(D > 1, crossed_rows.min(axis=0), np.inf)
     return np.minimum(pure, crossing)
+
+
+def windowed_crossing_s(level, counts: GroupCounts, *, window, **terms) -> np.ndarray:
+    """``slow_crossing_s`` with the backward passes' window (``planner.search.backward_window``): a
+    term of ``lower_bound_s`` only, which the search's pair order (``bounds.pair_bounds_s``) leaves out."""
+    return slow_crossing_s(level, counts, window=window, **terms)
 
 
 def _pure_hops(cumulative: np.ndarray, pure: np.ndarray) -> np.ndarray:
