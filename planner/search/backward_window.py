@@ -14,13 +14,13 @@ least round trip of a walk through ``U``: a walk's crossings each way, the first
 forward through every block on the fastest cell (``chain_s``) too. Interleaved pieces walk through
 the same clusters, more than once; accumulation rounds only add round trips.
 
-A cell runs its ops one after the other, so replica r's backward FLOPs fit in ``(T - R(U_r))`` times
-its cells' FLOP/s, and the batch's backward FLOPs ``W_b`` (every block, every sequence: a block's
-training FLOPs at the least slowdown less its forward, ``cost_models.simulator.op_compute_s``; under
-ZB-H1 only the input gradients stay in the trip, ``cost_models.flops.zero_bubble_trip_share``) in
-``sum_r (T - R(U_r)) C_r``. With ``R(U_r) >= R_min`` on every replica and ``sum_r C_r <= C``:
-
-    T >= R_min + W_b / C.
+The stage's last backward is also followed by its sync (``y``: one block's at least, over a crossing
+ring where its group spans clusters), so a cell's backwards lie between ``chain + R(U) / 2`` (the
+first one's forward half of the walk; the hop costs are symmetric) and ``T - max(R(U) / 2, y)``.
+A cell runs its ops one after the other, so the batch's backward FLOPs ``W_b`` (every block, every
+sequence: a block's training FLOPs at the least slowdown less its forward,
+``cost_models.simulator.op_compute_s``; under ZB-H1 only the input gradients stay in the trip,
+``cost_models.flops.zero_bubble_trip_share``) fit in the cells' FLOP/s times those windows.
 
 ``R(U)`` is at least the least Hamiltonian path through ``U`` over the hop costs' metric closure (a
 walk through every cluster, shortcut where it revisits one, is such a path, no longer: the closure
@@ -32,9 +32,12 @@ the path through ``U'`` that contains ``U``). With the slow crossings' cases
 - (A) every stage group sits in one cluster: the groups fill a set ``U`` whose clusters hold S groups
   of D cells (``sum_{X in U} floor(n_X / D) >= S``), every used device lies in ``U``, and every
   replica has a cell in every group, so visits all of ``U``: the plan takes at least the least, over
-  such ``U``, of ``max(W / C(U), R(U) + W_b / C(U))`` (``C(U)``: the FLOP/s of ``U``'s devices);
-- (B) the pure groups fill ``v + 1`` clusters at least, which every replica visits: at least
-  ``P(v + 1) + W_b / C``, ``P(j)`` the least ``R`` over sets of ``j`` clusters.
+  such ``U``, of ``max(W / C(U), chain + R(U) / 2 + max(R(U) / 2, y) + W_b / C(U))`` (``C(U)``: the
+  FLOP/s of ``U``'s devices, at most the cells' ``cells_flops``);
+- (B) the pure groups fill ``j >= v + 1`` clusters, which every replica visits: the pure cells
+  (at most the FLOP/s of the ``j`` fastest clusters) wait as in (A), the crossing ones for a
+  crossing ring's ``y``; the least over how the FLOP/s split between them
+  (``WindowTerm.crossed_s``) and over ``j``.
 """
 
 from dataclasses import dataclass
