@@ -35,9 +35,12 @@ def _estimate_and_simulation(seed: int, sync: str):
     return ctx, assign, plan, candidate.score_s, predict(plan, topology, model, training)[0].iteration_s
 
 
-@pytest.mark.parametrize("seed,sync,within", [(26, "ring", 1e-9), (39, "ring", 3e-3), (15, "parameter-server", 1e-3)])
+@pytest.mark.parametrize("seed,sync,within", [(26, "ring", 1e-9), (39, "ring", 3e-3), (15, "parameter-server", 1e-3),
+                                              (61, "ring", 0.012)])
 def test_estimate_equals_the_simulation(seed, sync, within):
-    """(Seed 15's estimate lies 0.06% under the simulation of the same servers, seed 39's 0.13%.)"""
+    """(Seed 15's estimate lies 0.06% under the simulation of the same servers, seed 39's 0.13%; seed
+    61's 1.0% under, on shared NICs, where the estimate's ring had no 2-opt: 8.8% over, the plan
+    syncing in a faster 2-opt ring than the one timed.)"""
     _, _, _, estimate, simulated = _estimate_and_simulation(seed, sync)
     assert estimate == pytest.approx(simulated, rel=within)
 
@@ -53,6 +56,22 @@ def test_plan_ring_never_slower_than_the_estimate(seed):
         timed_nics = dict(ctx.network.ring_nic_rates(timed_ring(ctx, tuple(sorted(assign[:, s].tolist())))))
         assert all(rate <= timed_nics[nic] for nic, rate in ctx.network.ring_nic_rates(devices))
     assert simulated <= estimate * (1 + 0.05)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_two_opt_prices_many_rings_as_the_network_prices_one(seed):
+    """The vectorised 2-opt's hop bandwidths (``locality._hop_bandwidths``) are ``Network.ring_hops``'
+    on random rings, shared NICs split among the hops through them included."""
+    import numpy as np
+
+    from planner.search.locality import _hop_bandwidths
+
+    topology, _ = _instance(seed)
+    network = topology.network
+    rng = np.random.default_rng(seed)
+    rings = np.array([rng.permutation(network.size)[:min(10, network.size)] for _ in range(5)])
+    priced = _hop_bandwidths(network, rings, np.roll(rings, -1, axis=1))
+    assert np.allclose(priced, [network.ring_hops(ring)[1] for ring in rings])
 
 
 def test_local_steps_in_sync_groups_sync_in_the_timed_ring():

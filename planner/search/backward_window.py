@@ -15,8 +15,11 @@ forward through every block on the fastest cell (``chain_s``) too. Interleaved p
 the same clusters, more than once; accumulation rounds only add round trips.
 
 The stage's last backward is also followed by its sync (``y``: one block's at least, over a crossing
-ring where its group spans clusters), so a cell's backwards lie between ``chain + R(U) / 2`` (the
-first one's forward half of the walk; the hop costs are symmetric) and ``T - max(R(U) / 2, y)``.
+ring where its group spans clusters). On stage s, before its first backward come the first
+micro-batch's forward through every block and every crossing downstream, and the crossings back
+from the last stage to s; after its last backward, the crossings back from s to the first stage, or
+the sync, the longer. Together that is at least ``chain + R(U) / 2 + max(R(U) / 2, y)`` (the hop
+costs are symmetric, so each way is half a round trip): the time outside a cell's backwards.
 A cell runs its ops one after the other, so the batch's backward FLOPs ``W_b`` (every block, every
 sequence: a block's training FLOPs at the least slowdown less its forward,
 ``cost_models.simulator.op_compute_s``; under ZB-H1 only the input gradients stay in the trip,

@@ -221,7 +221,8 @@ def pair_bounds_s(topology, model, training) -> dict:
     (``benchmarks/bounds.py --generated 1024 --budget 5``). Kept for the last few jobs (a search asks
     once per tensor grouping); read-only."""
     deferred = {}
-    table = _pair_bounds_s(topology, model, measured_schedules(training, topology), spread=False, deferred=deferred)
+    table = _pair_bounds_s(topology, model, measured_schedules(training, topology), spread=False, deferred=deferred,
+                           windowed=False)
     for stages, terms in deferred.items():
         kept = [term() for term in terms if term.func is slow_crossing_s]
         table[stages] = np.maximum.reduce([table[stages], *kept])
@@ -259,14 +260,16 @@ def _lower_bound_s(topology, model, training, *, clusters: bool, fits_training=N
 
 
 def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_trips: bool = True,
-                   deferred: dict | None = None, spread: bool = True, fits_training=None) -> dict:
+                   deferred: dict | None = None, spread: bool = True, fits_training=None,
+                   windowed: bool = True) -> dict:
     """``{S: bounds}``: the bound on every plan of S stages and ``D = 1 .. len(bounds)`` replicas,
     for every S whose largest stage's state fits (``lower_bound_s``: their least); without the
     clusters' or the round trips' term where ``clusters`` or ``round_trips`` is False. Given a dict
     ``deferred``, the slow crossings' terms are left out of the bounds and put there instead, as
     ``{S: [callables giving (D,) seconds]}``. Without ``spread``, GPipe's idle and the stage
     groups' spread are left out (``pair_bounds_s``). ``fits_training``: the training whose memory
-    GPipe must fit in (``_per_worker_recompute``; ``training`` where None)."""
+    GPipe must fit in (``_per_worker_recompute``; ``training`` where None). Without ``windowed``, the
+    backward passes' windows (``planner.search.backward_window``) are left out."""
     fits_training = fits_training or training
     topology = _as_fast_as_groups(topology, model, training)
     work = work_flops(topology, model, training)
@@ -308,7 +311,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     levels = cluster_levels(topology, training) if clusters else []
     counts = [group_counts(level.cluster_sizes, n, model.layers) for level in levels] if round_trips else []
     # the backward passes' windows (``planner.search.backward_window``): terms of ``lower_bound_s`` only
-    windows = [window_of(topology.network, level.labels, flops, boundary_bytes) if round_trips else None
+    windows = [window_of(topology.network, level.labels, flops, boundary_bytes) if round_trips and windowed else None
                for level in levels]
     batch = training.global_batch
     block_work = batch * model.layers * sequence_layer_flops  # every block, every sequence

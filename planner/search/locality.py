@@ -182,29 +182,51 @@ def _reversals(k: int) -> np.ndarray:
 
 def _two_opt(network, ring: np.ndarray) -> np.ndarray:
     """``ring`` (device indices) improved by best-improvement 2-opt on the ring all-reduce time of a
-    gigabyte, all neighbours scored at once; for networks without shared NICs, where a hop's
-    bandwidth is its link's (``Network.ring_hops``)."""
+    gigabyte, all neighbours scored at once (``_hop_bandwidths``: each hop at its link's bandwidth,
+    a shared NIC split among the ring's hops through it, as ``Network.ring_hops``)."""
     reversals = _reversals(len(ring))
     if not len(reversals):
         return ring
-    current = float(ring_allreduce_time_s(1e9, network.latency_s[ring, np.roll(ring, -1)],
-                                          network.link_bandwidth_bytes_per_s[ring, np.roll(ring, -1)]))
+    current = float(network.ring_allreduce_s(1e9, ring))
     while True:
         candidates = ring[reversals]
         following = np.roll(candidates, -1, axis=1)
         cost = ring_allreduce_time_s(1e9, network.latency_s[candidates, following],
-                                     network.link_bandwidth_bytes_per_s[candidates, following])
+                                     _hop_bandwidths(network, candidates, following))
         best = int(np.argmin(cost))
         if cost[best] >= current - 1e-12:
             return ring
         ring, current = candidates[best], float(cost[best])
 
 
+def _hop_bandwidths(network, rings: np.ndarray, following: np.ndarray) -> np.ndarray:
+    """(C, k) each hop's bandwidth in each of the rings ``rings`` (C, k) (``following``: each hop's
+    next device): its link's, and where it leaves or enters a host with a shared NIC, at most that
+    NIC's rate over the ring's hops through it (``Network.ring_hops``, for many rings at once)."""
+    bandwidth = np.asarray(network.link_bandwidth_bytes_per_s[rings, following], dtype=float)
+    if not network.has_shared_nics:
+        return bandwidth
+    hosts = network.hosts
+    sender, receiver = network.host[rings], network.host[following]
+    between = sender != receiver
+    offset = np.arange(rings.shape[0])[:, None] * hosts  # one row of host counts per ring
+    out_count = np.bincount((sender + offset)[between], minlength=rings.shape[0] * hosts).reshape(-1, hosts)
+    in_count = np.bincount((receiver + offset)[between], minlength=rings.shape[0] * hosts).reshape(-1, hosts)
+    with np.errstate(divide="ignore"):
+        egress = np.where(between & np.isfinite(network.nic_egress_bytes_per_s[sender]),
+                          network.nic_egress_bytes_per_s[sender]
+                          / np.maximum(np.take_along_axis(out_count, sender, axis=1), 1), np.inf)
+        ingress = np.where(between & np.isfinite(network.nic_ingress_bytes_per_s[receiver]),
+                           network.nic_ingress_bytes_per_s[receiver]
+                           / np.maximum(np.take_along_axis(in_count, receiver, axis=1), 1), np.inf)
+    return np.minimum(bandwidth, np.minimum(egress, ingress))
+
+
 def best_ring(topology, members, region_orders: dict | None = None, *, improve: bool = True) -> list:
     """The fastest ring (all-reduce time of a gigabyte) of ``Network.ring_order`` (2-opt when
-    ``improve``) and ``chained_ring`` (``region_orders``: its memo); on networks without shared NICs
-    and up to ``MAX_TWO_OPT`` members, the better of them improved by a vectorised 2-opt. Positions
-    into ``members``."""
+    ``improve``) and ``chained_ring`` (``region_orders``: its memo); up to ``MAX_TWO_OPT`` members,
+    the better of them improved by a vectorised 2-opt (shared NICs split among the ring's hops through
+    them). Positions into ``members``."""
     network = topology.network
     members = [int(m) for m in members]
 
@@ -215,7 +237,7 @@ def best_ring(topology, members, region_orders: dict | None = None, *, improve: 
     chained = chained_ring(topology, members, region_orders)
     if chained is not None and cost(chained) < cost(ring) - 1e-12:
         ring = chained
-    if not network.has_shared_nics and 3 < len(members) <= MAX_TWO_OPT:
+    if 3 < len(members) <= MAX_TWO_OPT:
         position = {d: i for i, d in enumerate(members)}
         improved = [position[int(d)] for d in _two_opt(network, np.array([members[i] for i in ring]))]
         if cost(improved) < cost(ring) - 1e-12:
