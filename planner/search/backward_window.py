@@ -191,16 +191,13 @@ def _pair_extreme(matrix, labels: np.ndarray, pick, empty: float) -> np.ndarray:
                 out[labels[a], labels[b]] = pick(out[labels[a], labels[b]], float(value))
     else:
         dense = np.array(matrix, dtype=float)
-        np.fill_diagonal(dense, np.nan)
+        dense = np.where(np.isnan(dense), empty, dense)  # no link described: no value
+        np.fill_diagonal(dense, empty)
         for c in range(k):
-            rows = dense[labels == c]
-            row = (np.nanmin if pick is np.minimum else np.nanmax)(rows, axis=0) if rows.shape[0] else None
-            if row is None:
-                continue
-            row = np.where(np.isnan(row), empty, row)
             for d in range(k):
-                if d != c and np.any(labels == d):
-                    out[c, d] = pick(out[c, d], pick.reduce(row[labels == d]))
+                block = dense[np.ix_(labels == c, labels == d)]
+                if c != d and block.size:
+                    out[c, d] = pick(out[c, d], pick.reduce(block, axis=None))
     return pick(out, out.T)
 
 
