@@ -338,6 +338,26 @@ class Network:
         members = [int(m) for m in members]
         return min(members, key=lambda m: (self.parameter_server_s(1e9, members, m), members.index(m)))
 
+    def fastest_servers(self, members) -> list:
+        """The members (device indices) that serve ``members`` fastest as their parameter server, all
+        equally (``parameter_server_s`` of 1 GB, within a relative 1e-12), in ``members``' order."""
+        members = [int(m) for m in members]
+        seconds = np.array([self.parameter_server_s(1e9, members, m) for m in members])
+        return [m for m, t in zip(members, seconds) if t <= seconds.min() * (1.0 + 1e-12)]
+
+    def spread_servers(self, fastest) -> list:
+        """One parameter server per stage (``fastest``: each stage's ``fastest_servers``): the first
+        on a host that serves no stage before it, else the first. Servers of stages that sync at
+        about the same time then do not queue for one host's shared NIC: on
+        ``benchmarks/estimate_syncs.py``'s instance 58, two stages served from one host simulated
+        4.784 s, from two hosts 4.347 s."""
+        servers, serving = [], set()
+        for candidates in fastest:
+            server = next((m for m in candidates if int(self.host[m]) not in serving), candidates[0])
+            servers.append(int(server))
+            serving.add(int(self.host[server]))
+        return servers
+
     def host_groups(self, order) -> list:
         """``order``'s members by host, hosts in order of first appearance, each host's members in
         ``order``'s order (the first, the host's lead, in a hierarchical all-reduce)."""

@@ -408,15 +408,30 @@ def sync_route(ctx, sync: Sync, members) -> tuple:
     return ctx.routes[(sync, key)]
 
 
-def _sync_s(ctx, sync: Sync, members, message_bytes: float) -> float:
+def stage_servers(ctx, assign: np.ndarray) -> list:
+    """Each stage's parameter server (a device index) for the placement ``assign`` (R, S): of the
+    stage's fastest servers in ``timed_ring``'s order (memoised per member set), one on a host that
+    serves no earlier stage where there is one (``Network.spread_servers``; the plan's choice,
+    ``sync_choice.plan_with_sync``)."""
+    fastest = []
+    for s in range(assign.shape[1]):
+        key = tuple(sorted(int(m) for m in assign[:, s]))
+        if ("fastest", key) not in ctx.routes:
+            ctx.routes[("fastest", key)] = ctx.network.fastest_servers(timed_ring(ctx, key))
+        fastest.append(ctx.routes[("fastest", key)])
+    return ctx.network.spread_servers(fastest)
+
+
+def _sync_s(ctx, sync: Sync, members, message_bytes: float, server: int | None = None) -> float:
     """One stage's sync of ``message_bytes`` among ``members`` by ``sync`` (``Network.sync_s``, the
-    simulator's; the ring by its memoised per-byte cost)."""
+    simulator's; the ring by its memoised per-byte cost); a parameter server's at ``server``
+    (``stage_servers``), else at ``sync_route``'s."""
     if sync == Sync.RING:
         return message_bytes * _ring_seconds_per_byte(ctx, members) + _ring_latency(ctx, members)
-    memo = (sync, tuple(sorted(int(m) for m in members)), float(message_bytes))
+    memo = (sync, tuple(sorted(int(m) for m in members)), float(message_bytes), server)
     if memo not in ctx.routes:  # a stage's bytes take few values (its layer count), so this hits
-        order, server = sync_route(ctx, sync, members)
-        ctx.routes[memo] = ctx.network.sync_s(sync, message_bytes, order, server)
+        order, route_server = sync_route(ctx, sync, members)
+        ctx.routes[memo] = ctx.network.sync_s(sync, message_bytes, order, route_server if server is None else server)
     return ctx.routes[memo]
 
 
@@ -466,9 +481,10 @@ def _stage_ends_s(ctx, assign, costs, counts, micro_batches, tau, fill, bottlene
         return start + sync + step
     best = None
     for algorithm in syncs_for(ctx.training, R):
-        sync = np.array([_sync_s(ctx, algorithm, assign[:, s], grads[s] * H) / H for s in range(S)])
-        start = _queued_sync_starts(ctx, assign, finish, sync, grads, algorithm) if ctx.network.has_shared_nics \
-            else finish
+        servers = stage_servers(ctx, assign) if algorithm == Sync.PARAMETER_SERVER else [None] * S
+        sync = np.array([_sync_s(ctx, algorithm, assign[:, s], grads[s] * H, servers[s]) / H for s in range(S)])
+        start = _queued_sync_starts(ctx, assign, finish, sync, grads, algorithm, servers) \
+            if ctx.network.has_shared_nics else finish
         ends = start + sync + step
         if best is None or ends.max() < best.max():
             best = ends
@@ -526,17 +542,20 @@ def _rounds_makespan(micro_batches: np.ndarray, per_round: int, fill, bottleneck
     return rounds + np.where(rest > 0, fill + (rest - 1) * bottleneck, 0.0)
 
 
-def _queued_sync_starts(ctx, assign, finish, sync, grads, algorithm: Sync = Sync.RING) -> np.ndarray:
+def _queued_sync_starts(ctx, assign, finish, sync, grads, algorithm: Sync = Sync.RING, servers=None) -> np.ndarray:
     """Start of each stage's sync when syncs that cross the same shared NIC queue for it in the
     order they become ready, each holding a NIC for its bytes through it at the NIC's rate (the
-    simulator's rule, ``Network.sync_holds``; a ring in the order the plan takes, ``timed_ring``)."""
+    simulator's rule, ``Network.sync_holds``; a ring in the order the plan takes, ``timed_ring``; a
+    parameter server at ``servers[s]``, ``stage_servers``, where given)."""
     holds = []
     for s in range(len(finish)):
         key = tuple(sorted(assign[:, s].tolist()))
         if algorithm != Sync.RING:
-            memo = ("holds", algorithm, key, float(grads[s]), float(sync[s]))
+            server = None if servers is None else servers[s]
+            memo = ("holds", algorithm, key, float(grads[s]), float(sync[s]), server)
             if memo not in ctx.routes:
-                order, server = sync_route(ctx, algorithm, key)
+                order, route_server = sync_route(ctx, algorithm, key)
+                server = route_server if server is None else server
                 ctx.routes[memo] = [(k, busy) for k, busy in ctx.network.sync_holds(
                     algorithm, order, float(grads[s]), float(sync[s]), server, links=False) if k[0] != "link"]
             holds.append(ctx.routes[memo])

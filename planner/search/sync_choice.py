@@ -3,8 +3,9 @@
 by the simulator where the search's budget allows (``planner.search.front``'s finalists), or after
 the search for plans of other engines (``choose_sync``).
 
-A stage's parameter server is the replica whose device serves the stage fastest
-(``Network.parameter_server_of``: the best links to the others, the least shared NIC).
+A stage's parameter server is a replica whose device serves the stage fastest
+(``Network.fastest_servers``: the best links to the others, the least shared NIC), of equal ones one on
+a host that serves no earlier stage (``Network.spread_servers``).
 """
 
 from dataclasses import replace
@@ -24,7 +25,7 @@ __all__ = ["plan_with_sync", "choose_sync", "estimated_sync", "sync_training"]
 
 def plan_with_sync(plan, topology, sync: Sync):
     """``plan`` syncing by ``sync`` (its prediction dropped); with a parameter server, each stage's
-    server is its fastest-serving replica."""
+    server is a fastest-serving replica (``Network.spread_servers``)."""
     sync = Sync(sync)
     if sync not in (Sync.HIERARCHICAL, Sync.PARAMETER_SERVER):
         return replace(plan, sync=sync, sync_servers=(), prediction=None)
@@ -32,10 +33,11 @@ def plan_with_sync(plan, topology, sync: Sync):
     orders = _sorted_rings(plan, virtual)
     if sync == Sync.HIERARCHICAL:
         return replace(plan, sync=sync, sync_servers=(), ring_orders=orders, prediction=None)
-    servers = []
-    for s, order in enumerate(orders):  # of equal servers, the first in the order the estimate takes them
-        ring = [virtual.index(plan.assignment[r][s]) for r in order]
-        servers.append(order[ring.index(virtual.network.parameter_server_of(ring))])
+    # of equal servers, in the order the estimate takes them, one on a host serving no earlier stage
+    # where there is one (``evaluate.stage_servers``)
+    rings = [[virtual.index(plan.assignment[r][s]) for r in order] for s, order in enumerate(orders)]
+    chosen = virtual.network.spread_servers([virtual.network.fastest_servers(ring) for ring in rings])
+    servers = [order[ring.index(server)] for order, ring, server in zip(orders, rings, chosen)]
     return replace(plan, sync=sync, sync_servers=tuple(servers), prediction=None)
 
 
