@@ -197,27 +197,32 @@ class Network:
 
     # -- collectives -------------------------------------------------------------------------
     def ring_hops(self, order) -> tuple:
-        """Latency and bandwidth of each hop ``order[i] -> order[i+1]`` (cyclic) of a ring.
+        """Latency and bandwidth of each hop ``order[i] -> order[i+1]`` (cyclic) of a ring; ``order``
+        (C, k): C rings at once, each priced alone ((C, k) arrays).
 
         All hops run at once, so a host's shared NIC is split evenly among the ring's hops that
         leave (or enter) that host.
         """
         idx = np.asarray(order, dtype=np.int64)
-        if idx.size <= 1:
-            return np.zeros(0), np.zeros(0)
-        nxt = np.roll(idx, -1)
-        latency = self.latency_s[idx, nxt]
-        bandwidth = self.link_bandwidth_bytes_per_s[idx, nxt].astype(float)
-        ha, hb = self.host[idx], self.host[nxt]
+        if idx.shape[-1] <= 1:
+            return np.zeros(idx.shape[:-1] + (0,)), np.zeros(idx.shape[:-1] + (0,))
+        rings = idx.reshape(-1, idx.shape[-1])
+        nxt = np.roll(rings, -1, axis=1)
+        latency = self.latency_s[rings, nxt]
+        bandwidth = np.asarray(self.link_bandwidth_bytes_per_s[rings, nxt], dtype=float)
+        ha, hb = self.host[rings], self.host[nxt]
         between = ha != hb
-        out_count = np.bincount(ha[between], minlength=self.hosts)
-        in_count = np.bincount(hb[between], minlength=self.hosts)
+        offset = np.arange(rings.shape[0])[:, None] * self.hosts  # one row of host counts per ring
+        size = rings.shape[0] * self.hosts
+        out_count = np.bincount((ha + offset)[between], minlength=size).reshape(-1, self.hosts)
+        in_count = np.bincount((hb + offset)[between], minlength=size).reshape(-1, self.hosts)
         with np.errstate(divide="ignore"):
-            egress = np.where(between & self._nic_egress[ha],
-                              self.nic_egress_bytes_per_s[ha] / np.maximum(out_count[ha], 1), np.inf)
-            ingress = np.where(between & self._nic_ingress[hb],
-                               self.nic_ingress_bytes_per_s[hb] / np.maximum(in_count[hb], 1), np.inf)
-        return latency, np.minimum(bandwidth, np.minimum(egress, ingress))
+            egress = np.where(between & self._nic_egress[ha], self.nic_egress_bytes_per_s[ha]
+                              / np.maximum(np.take_along_axis(out_count, ha, axis=1), 1), np.inf)
+            ingress = np.where(between & self._nic_ingress[hb], self.nic_ingress_bytes_per_s[hb]
+                               / np.maximum(np.take_along_axis(in_count, hb, axis=1), 1), np.inf)
+        bandwidth = np.minimum(bandwidth, np.minimum(egress, ingress))
+        return latency.reshape(idx.shape), bandwidth.reshape(idx.shape)
 
     def ring_cost(self, order) -> tuple:
         """(seconds per byte, fixed seconds) of a ring all-reduce over ``order``: its time for ``n``

@@ -182,44 +182,19 @@ def _reversals(k: int) -> np.ndarray:
 
 def _two_opt(network, ring: np.ndarray) -> np.ndarray:
     """``ring`` (device indices) improved by best-improvement 2-opt on the ring all-reduce time of a
-    gigabyte, all neighbours scored at once (``_hop_bandwidths``: each hop at its link's bandwidth,
-    a shared NIC split among the ring's hops through it, as ``Network.ring_hops``)."""
+    gigabyte, all neighbours scored at once (``Network.ring_hops`` of every neighbour: each hop at
+    its link's bandwidth, a shared NIC split among the ring's hops through it)."""
     reversals = _reversals(len(ring))
     if not len(reversals):
         return ring
     current = float(network.ring_allreduce_s(1e9, ring))
     while True:
         candidates = ring[reversals]
-        following = np.roll(candidates, -1, axis=1)
-        cost = ring_allreduce_time_s(1e9, network.latency_s[candidates, following],
-                                     _hop_bandwidths(network, candidates, following))
+        cost = ring_allreduce_time_s(1e9, *network.ring_hops(candidates))
         best = int(np.argmin(cost))
         if cost[best] >= current - 1e-12:
             return ring
         ring, current = candidates[best], float(cost[best])
-
-
-def _hop_bandwidths(network, rings: np.ndarray, following: np.ndarray) -> np.ndarray:
-    """(C, k) each hop's bandwidth in each of the rings ``rings`` (C, k) (``following``: each hop's
-    next device): its link's, and where it leaves or enters a host with a shared NIC, at most that
-    NIC's rate over the ring's hops through it (``Network.ring_hops``, for many rings at once)."""
-    bandwidth = np.asarray(network.link_bandwidth_bytes_per_s[rings, following], dtype=float)
-    if not network.has_shared_nics:
-        return bandwidth
-    hosts = network.hosts
-    sender, receiver = network.host[rings], network.host[following]
-    between = sender != receiver
-    offset = np.arange(rings.shape[0])[:, None] * hosts  # one row of host counts per ring
-    out_count = np.bincount((sender + offset)[between], minlength=rings.shape[0] * hosts).reshape(-1, hosts)
-    in_count = np.bincount((receiver + offset)[between], minlength=rings.shape[0] * hosts).reshape(-1, hosts)
-    with np.errstate(divide="ignore"):
-        egress = np.where(between & np.isfinite(network.nic_egress_bytes_per_s[sender]),
-                          network.nic_egress_bytes_per_s[sender]
-                          / np.maximum(np.take_along_axis(out_count, sender, axis=1), 1), np.inf)
-        ingress = np.where(between & np.isfinite(network.nic_ingress_bytes_per_s[receiver]),
-                           network.nic_ingress_bytes_per_s[receiver]
-                           / np.maximum(np.take_along_axis(in_count, receiver, axis=1), 1), np.inf)
-    return np.minimum(bandwidth, np.minimum(egress, ingress))
 
 
 def best_ring(topology, members, region_orders: dict | None = None, *, improve: bool = True) -> list:
