@@ -25,7 +25,7 @@ from planner.search.balance import split_batch, split_layers
 from planner.search.locality import sorted_ring
 
 __all__ = ["SearchContext", "Candidate", "make_context", "evaluate_placement", "score_split", "split_ends_s", "fits",
-           "stage_costs", "ring_cost", "timed_ring", "timed_positions", "ring_nic_rates", "sync_route", "asked_groups", "charges_groups",
+           "stage_costs", "ring_cost", "timed_ring", "timed_positions", "ring_nic_rates", "stage_servers", "asked_groups", "charges_groups",
            "gradient_bytes", "step_seconds", "backward_share", "interleaved_shape"]
 
 
@@ -49,8 +49,8 @@ class SearchContext:
     ring_nics: dict  # sorted member tuple -> its ring's shared NICs and their seconds per byte (Network.ring_nic_rates)
     groups: object = None  # planner.plan.tensor.TensorGroups: the real topology and its tensor groups
     tensor: np.ndarray = None  # per device: its tensor degree
-    # (sync, sorted member tuple) -> (ring order, parameter server) of a stage's sync (``sync_route``);
-    # also a non-ring sync's seconds and NIC holds per member set and bytes
+    # a non-ring sync's seconds and NIC holds per member set, bytes and parameter server, and each
+    # member set's fastest parameter servers (``stage_servers``)
     routes: dict = field(default_factory=dict)
 
     def slowdown(self, schedule) -> np.ndarray:
@@ -396,18 +396,6 @@ def backward_share(costs) -> float:
     return 0.75 if costs.recompute else 2.0 / 3.0
 
 
-def sync_route(ctx, sync: Sync, members) -> tuple:
-    """(order, server) of a sync by ``sync`` among ``members`` (device indices): the ring order the
-    plan will use (``ring_cost``'s) and, for a parameter server, the member that serves fastest
-    (``Network.parameter_server_of``; None otherwise); memoised per member set."""
-    key = tuple(sorted(int(m) for m in members))
-    if (sync, key) not in ctx.routes:
-        order = timed_ring(ctx, key)
-        server = ctx.network.parameter_server_of(order) if sync == Sync.PARAMETER_SERVER else None
-        ctx.routes[(sync, key)] = (order, server)
-    return ctx.routes[(sync, key)]
-
-
 def stage_servers(ctx, assign: np.ndarray) -> list:
     """Each stage's parameter server (a device index) for the placement ``assign`` (R, S): of the
     stage's fastest servers in ``timed_ring``'s order (memoised per member set), one on a host that
@@ -424,14 +412,14 @@ def stage_servers(ctx, assign: np.ndarray) -> list:
 
 def _sync_s(ctx, sync: Sync, members, message_bytes: float, server: int | None = None) -> float:
     """One stage's sync of ``message_bytes`` among ``members`` by ``sync`` (``Network.sync_s``, the
-    simulator's; the ring by its memoised per-byte cost); a parameter server's at ``server``
-    (``stage_servers``), else at ``sync_route``'s."""
+    simulator's, in ``timed_ring``'s order; the ring by its memoised per-byte cost); a parameter
+    server's at ``server`` (``stage_servers``)."""
     if sync == Sync.RING:
         return message_bytes * _ring_seconds_per_byte(ctx, members) + _ring_latency(ctx, members)
-    memo = (sync, tuple(sorted(int(m) for m in members)), float(message_bytes), server)
+    key = tuple(sorted(int(m) for m in members))
+    memo = (sync, key, float(message_bytes), server)
     if memo not in ctx.routes:  # a stage's bytes take few values (its layer count), so this hits
-        order, route_server = sync_route(ctx, sync, members)
-        ctx.routes[memo] = ctx.network.sync_s(sync, message_bytes, order, route_server if server is None else server)
+        ctx.routes[memo] = ctx.network.sync_s(sync, message_bytes, timed_ring(ctx, key), server)
     return ctx.routes[memo]
 
 
@@ -554,10 +542,9 @@ def _queued_sync_starts(ctx, assign, finish, sync, grads, algorithm: Sync = Sync
             server = None if servers is None else servers[s]
             memo = ("holds", algorithm, key, float(grads[s]), float(sync[s]), server)
             if memo not in ctx.routes:
-                order, route_server = sync_route(ctx, algorithm, key)
-                server = route_server if server is None else server
                 ctx.routes[memo] = [(k, busy) for k, busy in ctx.network.sync_holds(
-                    algorithm, order, float(grads[s]), float(sync[s]), server, links=False) if k[0] != "link"]
+                    algorithm, timed_ring(ctx, key), float(grads[s]), float(sync[s]), server, links=False)
+                    if k[0] != "link"]
             holds.append(ctx.routes[memo])
             continue
         rates = ring_nic_rates(ctx, key)

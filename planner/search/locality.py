@@ -223,7 +223,7 @@ def best_ring(topology, members, region_orders: dict | None = None, *, improve: 
 def sorted_ring(topology, members, region_orders: dict | None = None) -> list:
     """``members`` (device indices) in ``best_ring``'s order over them sorted, without
     ``Network.ring_order``'s 2-opt: the order the search's estimate times a hierarchical sync by
-    (``evaluate.sync_route``, memoised per member set) and the plan then syncs in
+    (``evaluate.timed_ring``, memoised per member set) and the plan then syncs in
     (``sync_choice.plan_with_sync``), so that the two time the same sync."""
     key = sorted(int(m) for m in members)
     return [key[i] for i in best_ring(topology, key, region_orders, improve=False)]
