@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.links import LevelMatrix
+from planner.search.link_clusters import pair_latency_matrix
 
 __all__ = ["MAX_WINDOW_CLUSTERS", "Window", "WindowTerm", "window_of", "hop_costs_s", "least_walks_s"]
 
@@ -59,13 +60,14 @@ class Window:
     """One clustering's least round trips: ``walk_s[mask]`` the least round trip through the clusters
     of ``mask`` (bit i: cluster i; 0 for one cluster), ``speed[mask]`` their devices' FLOP/s,
     ``sizes`` the devices per cluster, ``least_s[j]`` the least ``walk_s`` over sets of ``j`` clusters,
-    ``top_speed[j]`` the most ``speed`` of them."""
+    ``top_speed[j]`` the most ``speed`` of them, ``members`` which clusters each set holds."""
 
     walk_s: np.ndarray  # (2^K,)
     speed: np.ndarray  # (2^K,)
     sizes: np.ndarray  # (K,)
     least_s: np.ndarray  # (K + 1,)
     top_speed: np.ndarray  # (K + 1,) the most FLOP/s of any j clusters
+    members: np.ndarray  # (2^K, K) 1 where the set holds the cluster
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -93,8 +95,7 @@ class WindowTerm:
         last backward: inf where no set of clusters holds S pure groups of D cells."""
         w = self.window
         D = np.asarray(replicas, dtype=np.int64)
-        bits = (np.arange(w.walk_s.size)[:, None] >> np.arange(w.sizes.size)[None, :]) & 1  # (2^K, K)
-        held = bits @ (w.sizes[:, None] // D[None, :])  # (2^K, D) pure groups each set holds
+        held = w.members @ (w.sizes[:, None] // D[None, :])  # (2^K, D) pure groups each set holds
         speed = np.minimum(w.speed[:, None], self.cells_flops[D - 1][None, :])
         gaps = self._gaps_s(w.walk_s[:, None], np.asarray(pure_sync_s)[None, :])
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -153,52 +154,49 @@ def window_of(network, labels: np.ndarray, flops: np.ndarray, sequence_bytes: fl
     speed = bits @ per_cluster
     top = np.zeros(k + 1)
     np.maximum.at(top, counts, speed)
-    return Window(walk_s=walk, speed=speed, sizes=np.bincount(labels, minlength=k), least_s=least, top_speed=top)
+    return Window(walk_s=walk, speed=speed, sizes=np.bincount(labels, minlength=k), least_s=least, top_speed=top,
+                  members=bits)
 
 
 def hop_costs_s(network, labels: np.ndarray, sequence_bytes: float) -> np.ndarray:
     """(K, K) the least a boundary between a cell of cluster X and one of Y adds to a round trip:
-    a message each way, each at least ``lambda + m / beta`` (the pair's least latency and fastest
-    link, either way; a shared NIC only slows it); 0 on the diagonal."""
-    latency = _pair_extreme(network.latency_s, labels, np.minimum, np.inf)
-    bandwidth = _pair_extreme(network.bandwidth_bytes_per_s, labels, np.maximum, 0.0)
+    a message each way, each at least ``lambda + m / beta`` (the pair's least latency either way,
+    ``link_clusters.pair_latency_matrix``, and its fastest link, ``_pair_fastest``; a shared NIC only
+    slows it); 0 on the diagonal."""
+    latency = pair_latency_matrix(network, labels)
+    bandwidth = _pair_fastest(network.bandwidth_bytes_per_s, labels)
     with np.errstate(divide="ignore", invalid="ignore"):
         cost = 2.0 * (latency + sequence_bytes / bandwidth)
     np.fill_diagonal(cost, 0.0)
     return cost
 
 
-def _pair_extreme(matrix, labels: np.ndarray, pick, empty: float) -> np.ndarray:
-    """(K, K) ``pick`` (np.minimum or np.maximum) of ``matrix[a, b]`` and ``matrix[b, a]`` over the
-    devices a of cluster X and b of Y, NaN entries (no link described) skipped; by levels from the
-    region table over the regions each cluster holds devices in (a pair in one region: its diagonal
-    entry; the host entry never joins two clusters) and the pair entries, never N x N."""
+def _pair_fastest(bandwidth, labels: np.ndarray) -> np.ndarray:
+    """(K, K) the most ``bandwidth[a, b]`` or ``bandwidth[b, a]`` over the devices a of cluster X and
+    b of Y, NaN entries (no link described) skipped, 0 where none; by levels from the region table
+    over the regions each cluster holds devices in (a pair in one region: its diagonal entry; the
+    host entry never joins two clusters) and the pair entries, never N x N."""
     k = int(labels.max()) + 1
-    out = np.full((k, k), empty)
-    if isinstance(matrix, LevelMatrix):
-        table = np.asarray(matrix.table, dtype=float)
-        regions = table.shape[0]
-        inside = np.zeros((k, regions), dtype=bool)
-        inside[labels, matrix.region] = True
-        both = (np.fmin if pick is np.minimum else np.fmax)(table, table.T)  # NaN: no entry either way
-        for a in range(regions):
-            for b in range(regions):
-                if not np.isnan(both[a, b]):
-                    hit = inside[:, a][:, None] & inside[:, b][None, :]
-                    out = np.where(hit, pick(out, both[a, b]), out)
-        for (a, b), value in matrix.overrides.items():
+    out = np.zeros((k, k))
+    if isinstance(bandwidth, LevelMatrix):
+        table = np.asarray(bandwidth.table, dtype=float)
+        inside = np.zeros((k, table.shape[0]), dtype=bool)
+        inside[labels, bandwidth.region] = True
+        both = np.fmax(table, table.T)  # NaN: no entry either way
+        for a, b in zip(*np.nonzero(~np.isnan(both))):
+            out = np.where(inside[:, a][:, None] & inside[:, b][None, :], np.maximum(out, both[a, b]), out)
+        for (a, b), value in bandwidth.overrides.items():
             if not np.isnan(value):
-                out[labels[a], labels[b]] = pick(out[labels[a], labels[b]], float(value))
+                out[labels[a], labels[b]] = max(out[labels[a], labels[b]], float(value))
     else:
-        dense = np.array(matrix, dtype=float)
-        dense = np.where(np.isnan(dense), empty, dense)  # no link described: no value
-        np.fill_diagonal(dense, empty)
+        dense = np.nan_to_num(np.array(bandwidth, dtype=float), nan=0.0, posinf=np.inf)  # NaN: no link
+        np.fill_diagonal(dense, 0.0)
         for c in range(k):
             for d in range(k):
                 block = dense[np.ix_(labels == c, labels == d)]
                 if c != d and block.size:
-                    out[c, d] = pick(out[c, d], pick.reduce(block, axis=None))
-    return pick(out, out.T)
+                    out[c, d] = max(out[c, d], float(block.max()))
+    return np.maximum(out, out.T)
 
 
 def least_walks_s(hop_s: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ from scipy.sparse.csgraph import connected_components
 
 from cost_models.links import LevelMatrix
 
-__all__ = ["least_latency_between", "pair_latencies_between", "fastest_both_ways_between", "slower_way_between",
+__all__ = ["least_latency_between", "pair_latencies_between", "pair_latency_matrix", "fastest_both_ways_between", "slower_way_between",
            "MAX_THRESHOLDS", "MAX_PAIRED_CLUSTERS", "link_thresholds", "clusters_at"]
 
 MAX_THRESHOLDS = 8  # thresholds tried per topology (each gives a valid bound; more only tighten)
@@ -123,14 +123,24 @@ def least_latency_between(network, labels: np.ndarray) -> float:
 
 def pair_latencies_between(network, labels: np.ndarray) -> np.ndarray:
     """Each pair of clusters' (``labels``) least latency, either way, the per-message overhead
-    included: ``K (K - 1) / 2`` values in ascending order; empty past ``MAX_PAIRED_CLUSTERS`` clusters.
-    By levels, a pair takes the least of the region table over the regions its two clusters hold
-    devices in, the host latency where they share a region, and its pair entries: no more than the
-    pair's least (a device pair the table lists may not exist), never N x N."""
+    included (``pair_latency_matrix``): ``K (K - 1) / 2`` values in ascending order; empty past
+    ``MAX_PAIRED_CLUSTERS`` clusters or where a pair has none."""
     labels = np.asarray(labels)
     k = int(labels.max()) + 1
     if k < 2 or k > MAX_PAIRED_CLUSTERS:
         return np.zeros(0)
+    upper = pair_latency_matrix(network, labels)[np.triu_indices(k, 1)]
+    return np.sort(upper[np.isfinite(upper)]) if np.isfinite(upper).all() else np.zeros(0)
+
+
+def pair_latency_matrix(network, labels: np.ndarray) -> np.ndarray:
+    """(K, K) each pair of clusters' (``labels``) least latency, either way, the per-message overhead
+    included (inf where no link joins them). By levels, a pair takes the least of the region table
+    over the regions its two clusters hold devices in, the host latency where they share a region,
+    and its pair entries: no more than the pair's least (a device pair the table lists may not
+    exist), never N x N."""
+    labels = np.asarray(labels)
+    k = int(labels.max()) + 1
     latency = network.latency_s
     least = np.full((k, k), np.inf)
     if not isinstance(latency, LevelMatrix):
@@ -153,9 +163,7 @@ def pair_latencies_between(network, labels: np.ndarray) -> np.ndarray:
             least = np.where(shared, np.minimum(least, float(latency.host_value)), least)
         for (a, b), value in latency.overrides.items():
             least[labels[a], labels[b]] = min(least[labels[a], labels[b]], float(value))
-    least = np.minimum(least, least.T)
-    upper = least[np.triu_indices(k, 1)]
-    return np.sort(upper[np.isfinite(upper)]) if np.isfinite(upper).all() else np.zeros(0)
+    return np.minimum(least, least.T)
 
 
 def fastest_both_ways_between(network, labels: np.ndarray) -> float:
