@@ -24,7 +24,7 @@ from planner.search.nested_crossings import nested_crossing_s
 from planner.search.replica_crossings import replica_crossings_s
 from planner.search.round_trip import (bound_depth, crossing_extra_s, gpipe_fits, gpipe_phases_s, last_sync_s,
                                       least_latency_s, round_trip_s, schedule_windows)
-from planner.search.slow_crossings import every_group_crosses, group_counts, slow_crossing_s, windowed_crossing_s
+from planner.search.slow_crossings import every_group_crosses, group_counts, slow_crossing_s
 from planner.search.backward_window import WindowTerm, window_of
 from planner.search.slow_uplinks import nic_rates_bytes_per_s, slowest_used_rate, uplink_chains_s
 from planner.search.stage_chains import clustered_stage_chains_s, stage_chains_s
@@ -408,12 +408,12 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                                   ring_only=crossing.ring_only, sharded=crossing.sharded,
                                   sync_every=training.sync_every, pure_tau_bytes_per_s=pure_tau,
                                   pure_latency_s=pure_latency)
-            crossings = [partial(slow_crossing_s, level, count, **crossed_kwargs) for level, count in zip(levels, counts)]
+            # each level's slow crossings, raised by its backward windows where it has them
             window_terms = dict(work_flops=work, window_flops=window_work, cells_flops=cells_flops,
                                 chain_s=model.layers * per_sequence.layer_forward_flops / cell_flops)
-            crossings += [partial(windowed_crossing_s, level, count, window=WindowTerm(window=window, **window_terms),
-                                  **crossed_kwargs)
-                          for level, count, window in zip(levels, counts, windows) if window is not None]
+            crossings = [partial(slow_crossing_s, level, count, **crossed_kwargs,
+                                 window=None if window is None else WindowTerm(window=window, **window_terms))
+                         for level, count, window in zip(levels, counts, windows)]
             # how far the stage groups spread: the least of its two cases at each clustering (``pure_groups``)
             spreads = dict(stages=stages, replicas=replicas, work_flops=work, cells_flops=cells_flops,
                           most_cells_flops=partial(_most_cells_flops, fastest, tensor, speedup), round_trips=crossed,

@@ -59,7 +59,7 @@ MAX_CLUSTERS_CROSSED = 8  # clusters counted along a replica at most (fewer coun
 __all__ = ["MAX_CLUSTERS_CROSSED", "GroupCounts", "group_counts", "fewest_clusters", "fewest_pure_clusters",
            "crossing_sync_share", "crossing_extras", "fewest_crossing_groups",
            "split_sync_s", "every_group_crosses",
-           "slow_crossing_s", "windowed_crossing_s"]
+           "slow_crossing_s"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -214,7 +214,8 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
     sequence's message; ``block_sync_bytes``: one block's least sync bytes; ``fast_rate``: (D,)
     seconds per sync byte of a pure group (``bounds``' ``ring``); ``window``: a
     ``backward_window.WindowTerm`` of ``level``'s clusters, whose cases (A) and (B) raise this one's
-    (``windowed_crossing_s``), or None."""
+    (``bounds.lower_bound_s`` builds them; the search's pair order, ``bounds.pair_bounds_s``, does not),
+    or None."""
     tau, slow_latency = level.tau_bytes_per_s, level.latency_s
     D = np.asarray(replicas)
     rows = D - 1
@@ -256,12 +257,6 @@ def slow_crossing_s(level, counts: GroupCounts, *, stages: int, layers: int, rep
         crossed_rows = np.maximum(crossed_rows, window.crossed_s(v + 1, D, pure_sync, crossing_sync))
     crossing = np.where(D > 1, crossed_rows.min(axis=0), np.inf)
     return np.minimum(pure, crossing)
-
-
-def windowed_crossing_s(level, counts: GroupCounts, *, window, **terms) -> np.ndarray:
-    """``slow_crossing_s`` with the backward passes' window (``planner.search.backward_window``): a
-    term of ``lower_bound_s`` only, which the search's pair order (``bounds.pair_bounds_s``) leaves out."""
-    return slow_crossing_s(level, counts, window=window, **terms)
 
 
 def _pure_hops(cumulative: np.ndarray, pure: np.ndarray) -> np.ndarray:
