@@ -26,6 +26,7 @@ from planner.search.round_trip import (bound_depth, crossing_extra_s, gpipe_fits
                                       least_latency_s, round_trip_s, schedule_windows)
 from planner.search.slow_crossings import every_group_crosses, group_counts, slow_crossing_s
 from planner.search.backward_window import WindowTerm, window_of
+from planner.search.slow_senders import sender_floor_s, sender_rates_bytes_per_s, slow_cut_bytes_per_s, without_devices
 from planner.search.slow_uplinks import nic_rates_bytes_per_s, slowest_used_rate, uplink_chains_s
 from planner.search.stage_chains import clustered_stage_chains_s, stage_chains_s
 from planner.search.stage_split import stage_split_s
@@ -34,6 +35,7 @@ from planner.search.zero_bubble import measured_schedules
 
 __all__ = ["lower_bound_s", "pair_bounds_s", "work_bound_s", "work_flops"]
 
+_SENDER_CUTS = 2  # how many times the bound splits at a slow sender (``_split_by_senders_s``)
 _CLUSTERED_CHAINS_DEVICES = 16  # the stage chains per cluster level only up to this many devices (time)
 # the end groups' four placements only up to this many devices: above, the replicas' crossings with
 # none (at 1,024 devices the placements took the pair table, which the search computes before its
@@ -184,13 +186,41 @@ def lower_bound_s(topology, model, training) -> float:
     members of a tensor group, on the largest device. Never below ``work_bound_s``'s reasoning
     applied to the devices a pair uses, so at least as tight as it.
 
+    Where a device sends so slowly that one replica's messages through it alone would outlast that
+    bound (``planner.search.slow_senders``: a cell's lead sends each of its replica's micro-batches
+    across a boundary once at least), the plans that use such a device are bounded with each pair
+    of two stages or more floored by the batch's messages over it and the other replicas' fastest
+    senders, and the others by the same bound over the faster devices alone; the least of the two.
+
     With ``training.recompute`` auto, each worker of a plan may run any recomputation mode
     (``planner.plan.recompute``): the bound takes every block's FLOPs without recomputation, the
     fewest, and asks whether GPipe fits with each worker at the mode that needs the least memory
     (``round_trip.gpipe_fits``).
     """
     training, fits_training = _per_worker_recompute(measured_schedules(training, topology))
-    return _lower_bound_s(topology, model, training, clusters=True, fits_training=fits_training)
+    return _split_by_senders_s(topology, model, training, fits_training, cuts=_SENDER_CUTS)
+
+
+def _split_by_senders_s(topology, model, training, fits_training, *, cuts: int) -> float:
+    """``_lower_bound_s``, split where a device sends too slowly for a pipeline
+    (``planner.search.slow_senders``): the least of the bound on the plans that use a device slower
+    than the cut (each pair's bound floored by what that device must send) and the bound on the
+    faster devices alone, split again there, ``cuts`` times at most."""
+    bound = _lower_bound_s(topology, model, training, clusters=True, fits_training=fits_training)
+    if cuts <= 0 or topology.size < 2:
+        return bound
+    rates = sender_rates_bytes_per_s(topology, _most_tensor_devices(topology, model, training))
+    sequence_bytes = _least_boundary_bytes(layer_costs(model, training, 1, 1), training)
+    cut = slow_cut_bytes_per_s(rates, batch=training.global_batch, sequence_bytes=sequence_bytes, bound_s=bound)
+    if cut is None:
+        return bound
+    floor = partial(sender_floor_s, batch=training.global_batch, sequence_bytes=sequence_bytes,
+                    slow_bytes_per_s=float(rates[rates < cut].max()), fastest_bytes_per_s=float(rates.max()))
+    with_slow = _lower_bound_s(topology, model, training, clusters=True, fits_training=fits_training,
+                               pair_floor_s=floor)
+    fast_only = _split_by_senders_s(without_devices(topology, rates >= cut), model, training, fits_training,
+                                    cuts=cuts - 1)
+    return min(with_slow, fast_only)
 
 
 def _per_worker_recompute(training) -> tuple:
@@ -234,14 +264,17 @@ def pair_bounds_s(topology, model, training) -> dict:
 _FLOORED = (end_groups_s, replica_crossings_s)  # deferred terms that may stop short below a floor
 
 
-def _lower_bound_s(topology, model, training, *, clusters: bool, fits_training=None) -> float:
+def _lower_bound_s(topology, model, training, *, clusters: bool, fits_training=None, pair_floor_s=None) -> float:
     """``lower_bound_s``, with or without the clusters' term. The slow crossings' and the stage
     chains' terms only raise a pair's bound, so they are computed for the stage counts whose other
     terms' least is below the least found so far, those with the lowest first, and no further once
-    the stage count's least reaches it (the least over every pair all the same)."""
+    the stage count's least reaches it (the least over every pair all the same). ``pair_floor_s(S,
+    D)``: (D,) seconds every plan of the pairs bounded takes besides (``_split_by_senders_s``)."""
     deferred = {}
     pairs = _pair_bounds_s(topology, model, training, clusters=clusters, deferred=deferred,
                            fits_training=fits_training)
+    if pair_floor_s is not None:
+        pairs = {s: np.maximum(b, pair_floor_s(s, np.arange(1, len(b) + 1))) for s, b in pairs.items()}
     best = np.inf
     for stages in sorted(pairs, key=lambda s: float(pairs[s].min())):
         if float(pairs[stages].min()) >= best:
