@@ -112,6 +112,26 @@ def _random_plan(rng, topology, model, training):
     return plan
 
 
+def _fitting_pipelines(rng, count: int, models, training_of=_random_training):
+    """(topology, model, training, plan, prediction) of each random plan of two stages or more that
+    fits, out of ``count`` drawn: a clustered topology, a model of ``models``, ``training_of(rng)``."""
+    from planner.errors import InputError
+    from planner.prediction.predict import predict
+
+    for _ in range(count):
+        topology, model = _clustered_topology(rng), model_preset(str(rng.choice(models)))
+        training = training_of(rng)
+        try:
+            plan = _random_plan(rng, topology, model, training)
+            if plan is None or plan.stages < 2:
+                continue
+            prediction, _ = predict(plan, topology, model, training)
+        except InputError:
+            continue
+        if prediction.fits:
+            yield topology, model, training, plan, prediction
+
+
 def _checked_plans(seed: int, count: int, bound_of):
     """(bound, predicted iteration) of up to ``count`` random fitting plans on random clustered topologies."""
     from planner.errors import InputError

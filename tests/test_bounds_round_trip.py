@@ -9,7 +9,7 @@ import pytest
 
 from planner.inputs.model import model_preset, parse_training
 from planner.inputs.topology import parse_topology
-from tests.test_bounds_clusters import _clustered_topology, _random_plan
+from tests.test_bounds_clusters import _clustered_topology, _fitting_pipelines
 
 
 def _random_training(rng):
@@ -27,24 +27,11 @@ def test_round_trips_stay_below_random_plans_under_every_schedule():
     messages) on random clustered topologies never simulate below their own pair's bound, with
     the job's schedule or with ``auto`` (GPipe's or 1F1B's, whichever allows less); and the
     round trips raise the bound by more than 10% on some of them."""
-    from planner.errors import InputError
-    from planner.prediction.predict import predict
     from planner.search.bounds import _pair_bounds_s
 
     rng = np.random.default_rng(11)
     checked = raised = 0
-    for _ in range(140):
-        topology, model = _clustered_topology(rng), model_preset(str(rng.choice(["small", "gpt3-xl"])))
-        training = _random_training(rng)
-        try:
-            plan = _random_plan(rng, topology, model, training)
-            if plan is None or plan.stages < 2:
-                continue
-            prediction, _ = predict(plan, topology, model, training)
-        except InputError:
-            continue
-        if not prediction.fits:
-            continue
+    for topology, model, training, plan, prediction in _fitting_pipelines(rng, 140, ["small", "gpt3-xl"], _random_training):
         s, d = plan.stages, plan.replicas - 1
         bound = _pair_bounds_s(topology, model, training)[s][d]
         assert bound <= prediction.iteration_s * (1 + 1e-9), (bound, prediction.iteration_s, s, d + 1, training)

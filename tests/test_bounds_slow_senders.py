@@ -88,28 +88,13 @@ def test_floor_stays_below_random_plans():
     """Random plans on random clustered topologies (shared NICs, slow pair entries, tensor groups):
     every plan of two stages or more simulates no faster than the floor its slowest sender sets,
     and the split bound stays below every plan; the floor is above half the plan on some."""
-    from planner.errors import InputError
-    from planner.inputs.model import model_preset
-    from planner.prediction.predict import predict
     from planner.prediction.stage_model import layer_costs
     from planner.search.bounds import _least_boundary_bytes, _most_tensor_devices, lower_bound_s
-    from tests.test_bounds_clusters import _clustered_topology, _random_plan, _random_training
+    from tests.test_bounds_clusters import _fitting_pipelines
 
-    rng = np.random.default_rng(31)
     pipelines = close = 0
-    for _ in range(120):
-        topology = _clustered_topology(rng)
-        model = model_preset(str(rng.choice(["small", "gpt3-xl", "gpt3-xl"])))
-        try:
-            training = _random_training(rng)
-            plan = _random_plan(rng, topology, model, training)
-            if plan is None or plan.stages < 2:
-                continue
-            prediction, _ = predict(plan, topology, model, training)
-        except InputError:
-            continue
-        if not prediction.fits:
-            continue
+    for topology, model, training, plan, prediction in _fitting_pipelines(np.random.default_rng(31), 120,
+                                                                          ["small", "gpt3-xl", "gpt3-xl"]):
         rates = sender_rates_bytes_per_s(topology, _most_tensor_devices(topology, model, training))
         used = {name for row in plan.assignment for name in row} | {n for g in plan.tensor_groups for n in g}
         slowest = min(rates[topology.index(name)] for name in used)

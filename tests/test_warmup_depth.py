@@ -247,26 +247,19 @@ def test_the_bound_stays_below_random_deepened_plans(schedule):
     """Random 1F1B (or ZB-H1) plans of two stages or more at depths 2-8 on random clustered topologies
     never simulate below their pair's bound, with the training's depth fixed to theirs or left to auto."""
     from planner.search.bounds import _pair_bounds_s
-    from tests.test_bounds_clusters import _clustered_topology, _random_plan
+    from tests.test_bounds_clusters import _fitting_pipelines
+
+    def training_of(rng):
+        depth = int(rng.choice([2, 3, 4, 8]))
+        return parse_training({"global_batch": int(rng.choice([8, 16])), "micro_batch_size": int(rng.choice([1, 2])),
+                               "schedule": schedule, "precision": "fp16", "warmup_depth": depth,
+                               "micro_batches_per_round": int(rng.choice([0, 0, 3])),
+                               "recompute": bool(rng.random() < 0.5)})
 
     rng = np.random.default_rng(5)
     checked = 0
-    for _ in range(60):
-        topology, model = _clustered_topology(rng), model_preset(str(rng.choice(["small", "gpt3-xl"])))
-        depth = int(rng.choice([2, 3, 4, 8]))
-        training = parse_training({"global_batch": int(rng.choice([8, 16])), "micro_batch_size": int(rng.choice([1, 2])),
-                                   "schedule": schedule, "precision": "fp16", "warmup_depth": depth,
-                                   "micro_batches_per_round": int(rng.choice([0, 0, 3])),
-                                   "recompute": bool(rng.random() < 0.5)})
-        try:
-            plan = _random_plan(rng, topology, model, training)
-            if plan is None or plan.stages < 2:
-                continue
-            prediction, _ = predict(plan, topology, model, training)
-        except InputError:
-            continue
-        if not prediction.fits:
-            continue
+    for topology, model, training, plan, prediction in _fitting_pipelines(rng, 60, ["small", "gpt3-xl"], training_of):
+        depth = training.warmup_depth
         s, d = plan.stages, plan.replicas - 1
         assert plan.warmup_depth == depth
         for asked in (depth, "auto"):
