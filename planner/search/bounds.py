@@ -16,6 +16,7 @@ from planner.plan.sync_groups import REPLICA
 from planner.plan.tensor import TENSOR_DEGREES
 from planner.prediction.stage_model import iteration_flops, layer_costs, least_gradient_bytes_per_param
 from planner.search.cluster_bound import Crossing, cluster_bound, cluster_levels
+from planner.search.crossing_pipe import crossing_pipe_s
 from planner.search.cluster_patterns import cluster_links, pattern_chains_s
 from planner.search.end_groups import end_groups_s
 from planner.search.gpipe_idle import gpipe_idle_s
@@ -139,6 +140,12 @@ def lower_bound_s(topology, model, training) -> float:
       every replica crosses, the busiest's round trips cross too, and its messages take the slower
       way before a stage's sync (``planner.search.crossing_link``); where some stages cross, their
       blocks are whole;
+    - the same clusters, where a replica's cells outnumber every cluster's devices
+      (``planner.search.crossing_pipe``): every replica has a boundary between clusters, whose link
+      carries the busiest replica's activations one after another; the micro-batch that crosses it
+      last then runs its backward on every stage before their syncs (the first stage's after its
+      gradient crossed back, the deepest stage's of ``ceil(L / S)`` blocks at least), each group
+      syncing across the clusters where D cells fit in none;
     - the same clusters' stage groups (``planner.search.slow_crossings``): either every stage group
       sits in one cluster, and every replica's round trips cross between the clusters they fill, or
       some cross, and the round trips' chain ends with a crossing group's sync (over the layer
@@ -427,6 +434,15 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                          crossing_sets=[every] + [every + (one,) for one in level_crossings(1)])
             terms.append(both[0])
             crossing_trips = both[1:]
+            # every replica across a slow link: its messages over it, then a sync (``crossing_pipe``)
+            terms += [crossing_pipe_s(level, stages=stages, layers=model.layers, replicas=replicas, batch=batch,
+                                      sequence_bytes=boundary_bytes, fastest_bytes_per_s=float(best_out[0]),
+                                      backward_block_s=window_work / (batch * model.layers * cell_flops),
+                                      block_sync_bytes=layer_params * gradient_bytes,
+                                      first_sync_bytes=first_params * gradient_bytes,
+                                      last_sync_bytes=(layer_params + two_stages.last_params) * gradient_bytes,
+                                      ring_s_per_byte=ring, ring_only=crossing.ring_only, sharded=crossing.sharded,
+                                      sync_every=training.sync_every) for level in levels]
             pure_tau, pure_latency = every_group_crosses(levels, replicas)
             cell_speedup = speedups[np.minimum(tensor, 1 + np.maximum(0, n - stages * replicas)) - 1]
             spared = partial(trips, sequence_s=work / batch / (cell_speedup * speed[0]))
