@@ -21,6 +21,9 @@ upstream after ``j``'s gradient came back), so:
   lambda_tau + b + y_last``;
 - the stage with the most blocks (``ceil(L / S)`` at least) runs ``j``'s backward through them,
   then syncs them: ``T >= n q / tau + lambda_tau + ceil(L / S) (b + y_block)``;
+- every stage syncs after ``j``'s arrival, and the largest sync holds at least the average stage's
+  parameters, the blocks' and both ends' extras over S: ``T >= n q / tau + lambda_tau +
+  y(P / S)``;
 
 whatever the schedule (every stage syncs after its last backward; interleaving only crosses the
 boundary more often). ``b`` is one sequence's backward through a block on the fastest cell (ZB-H1's
@@ -65,4 +68,6 @@ def crossing_pipe_s(level, *, stages: int, layers: int, replicas: np.ndarray, ba
     first = arrived + sequence_bytes / tau + lam + layers * backward_block_s + sync_s(first_sync_bytes)
     last = arrived + backward_block_s + sync_s(last_sync_bytes)
     deep = arrived + deepest * backward_block_s + sync_s(block_sync_bytes, deepest)
-    return np.maximum.reduce([first, last, deep])
+    every_sync_bytes = layers * block_sync_bytes + (first_sync_bytes - block_sync_bytes) + (last_sync_bytes - block_sync_bytes)
+    average = arrived + sync_s(every_sync_bytes / stages)
+    return np.maximum.reduce([first, last, deep, average])
