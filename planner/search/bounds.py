@@ -437,7 +437,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
             # every replica across a slow link: its messages over it, then a sync (``crossing_pipe``)
             terms += [crossing_pipe_s(level, stages=stages, layers=model.layers, replicas=replicas, batch=batch,
                                       sequence_bytes=boundary_bytes, fastest_bytes_per_s=float(best_out[0]),
-                                      backward_block_s=window_work / (batch * model.layers * cell_flops),
+                                      block_s=trip_share * sequence_layer_flops / cell_flops,
                                       block_sync_bytes=layer_params * gradient_bytes,
                                       first_sync_bytes=first_params * gradient_bytes,
                                       last_sync_bytes=(layer_params + two_stages.last_params) * gradient_bytes,
