@@ -212,8 +212,10 @@ def test_clusters_split_only_slow_links():
 def test_two_clusters_bound_is_the_batch_over_the_slow_link():
     """Two regions joined at 10 Mbit/s: two devices in one, a third in the other, each holding at
     most a third of the model, so every plan pipelines over three stages across the slow link; the
-    bound is the whole batch's activations over it, ``B s h 2 / tau`` (0.21 s here), where without
-    the clusters term it is the fastest link's (100 Gbit/s) and the compute's."""
+    bound is the whole batch's activations over it and the last one's gradient back,
+    ``(B + 1) s h 2 / tau`` (0.22 s here; ``planner.search.crossing_pipe``, whose blocks' compute on
+    the fastest cell adds 4 us), where without the clusters term it is the fastest link's (100
+    Gbit/s) and the compute's."""
     from planner.search.bounds import _lower_bound_s, lower_bound_s
 
     model = model_preset("small")  # 8 blocks, hidden 128
@@ -228,8 +230,8 @@ def test_two_clusters_bound_is_the_batch_over_the_slow_link():
                "global": {"latency": "0ms", "bandwidth": "0.01Gbps"}}
     topology = parse_topology({"devices": devices, "network": network}, name="two")
     tau = 0.01e9 / 8
-    expected = training.global_batch * model.sequence * model.hidden * 2 / tau
-    assert lower_bound_s(topology, model, training) == pytest.approx(expected, rel=1e-9)
+    expected = (training.global_batch + 1) * model.sequence * model.hidden * 2 / tau
+    assert expected <= lower_bound_s(topology, model, training) <= expected + 1e-5
     assert _lower_bound_s(topology, model, training, clusters=False) < expected / 10
 
 

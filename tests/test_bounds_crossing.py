@@ -78,13 +78,16 @@ def test_stage_split_is_the_work_plus_an_average_stage_sync(monkeypatch):
     """home-consumer-gpus, 2 stages x 6 replicas on all twelve homes: the blocks' work over the
     twelve devices' speed plus half of every block's ring all-reduce over a 500 Mbit/s hop
     (``2 (D - 1) / D`` of its bf16 gradients), 42.28 s, above every other term (39.82 s before)
-    but the stages' chains (``planner.search.stage_chains``, 75.61 s with the slow uplink's stage; left out)."""
+    but the stages' chains (``planner.search.stage_chains``, 75.61 s with the slow uplink's stage) and
+    the crossing replicas' activations before a sync (``planner.search.crossing_pipe``), both left out."""
     import planner.search.bounds as bounds
 
     monkeypatch.setattr(bounds, "stage_chains_s", lambda **k: np.zeros(np.shape(k["busiest"])))
     monkeypatch.setattr(bounds, "clustered_stage_chains_s", lambda *a, **k: np.zeros(np.shape(k["busiest"])))
     monkeypatch.setattr(bounds, "pattern_chains_s", lambda *a, **k: np.zeros(np.shape(k["busiest"])))
     monkeypatch.setattr(bounds, "uplink_chains_s", lambda *a, **k: np.zeros(np.shape(k["replicas"])))
+    # every replica of 2 stages crosses the homes' lines (``crossing_pipe``: 43.70 s here; left out)
+    monkeypatch.setattr(bounds, "crossing_pipe_s", lambda *a, **k: np.zeros(np.shape(k["replicas"])))
     from planner.prediction.stage_model import layer_costs
     from planner.search.bounds import _least_block_slowdown, _pair_bounds_s
 
@@ -153,6 +156,8 @@ def test_home_consumer_four_by_three_splits_stages_over_the_slower_line(monkeypa
     import planner.search.bounds as bounds
 
     monkeypatch.setattr(bounds, "uplink_chains_s", lambda *a, **k: np.zeros(np.shape(k["replicas"])))
+    # every replica of 2 stages crosses the homes' lines (``crossing_pipe``: 43.70 s here; left out)
+    monkeypatch.setattr(bounds, "crossing_pipe_s", lambda *a, **k: np.zeros(np.shape(k["replicas"])))
     from planner.prediction.stage_model import layer_costs
     from planner.search.bounds import _least_block_slowdown, _pair_bounds_s
 
