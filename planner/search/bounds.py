@@ -213,7 +213,9 @@ def _split_by_senders_s(topology, model, training, fits_training, *, cuts: int) 
     (``planner.search.slow_senders``): the least of the bound on the plans that use a device slower
     than the cut (each pair's bound floored by what that device must send) and the bound on the
     faster devices alone, split again there, ``cuts`` times at most."""
-    bound = _lower_bound_s(topology, model, training, clusters=True, fits_training=fits_training)
+    deferred, kept = {}, {}
+    pairs = _pair_bounds_s(topology, model, training, clusters=True, deferred=deferred, fits_training=fits_training)
+    bound = _least_pair_bound_s(topology, model, training, pairs, deferred, kept=kept)
     if cuts <= 0 or topology.size < 2:
         return bound
     rates = sender_rates_bytes_per_s(topology, _most_tensor_devices(topology, model, training))
@@ -223,8 +225,8 @@ def _split_by_senders_s(topology, model, training, fits_training, *, cuts: int) 
         return bound
     floor = partial(sender_floor_s, batch=training.global_batch, sequence_bytes=sequence_bytes,
                     slow_bytes_per_s=float(rates[rates < cut].max()), fastest_bytes_per_s=float(rates.max()))
-    with_slow = _lower_bound_s(topology, model, training, clusters=True, fits_training=fits_training,
-                               pair_floor_s=floor)
+    # the same table, floored: the terms computed for the bound above are not computed again
+    with_slow = _least_pair_bound_s(topology, model, training, pairs, deferred, pair_floor_s=floor, kept=kept)
     fast_only = _split_by_senders_s(without_devices(topology, rates >= cut), model, training, fits_training,
                                     cuts=cuts - 1)
     return min(with_slow, fast_only)
@@ -271,15 +273,25 @@ def pair_bounds_s(topology, model, training) -> dict:
 _FLOORED = (end_groups_s, replica_crossings_s)  # deferred terms that may stop short below a floor
 
 
-def _lower_bound_s(topology, model, training, *, clusters: bool, fits_training=None, pair_floor_s=None) -> float:
-    """``lower_bound_s``, with or without the clusters' term. The slow crossings' and the stage
-    chains' terms only raise a pair's bound, so they are computed for the stage counts whose other
-    terms' least is below the least found so far, those with the lowest first, and no further once
-    the stage count's least reaches it (the least over every pair all the same). ``pair_floor_s(S,
-    D)``: (D,) seconds every plan of the pairs bounded takes besides (``_split_by_senders_s``)."""
+def _lower_bound_s(topology, model, training, *, clusters: bool, fits_training=None) -> float:
+    """``lower_bound_s``, with or without the clusters' term (``_least_pair_bound_s`` over
+    ``_pair_bounds_s``' table and its deferred terms)."""
     deferred = {}
     pairs = _pair_bounds_s(topology, model, training, clusters=clusters, deferred=deferred,
                            fits_training=fits_training)
+    return _least_pair_bound_s(topology, model, training, pairs, deferred)
+
+
+def _least_pair_bound_s(topology, model, training, pairs: dict, deferred: dict, *, pair_floor_s=None,
+                        kept: dict | None = None) -> float:
+    """The least bound over ``pairs`` (``_pair_bounds_s``' table) raised by their ``deferred`` terms.
+    The slow crossings' and the stage chains' terms only raise a pair's bound, so they are computed
+    for the stage counts whose other terms' least is below the least found so far, those with the
+    lowest first, and no further once the stage count's least reaches it (the least over every pair
+    all the same). ``pair_floor_s(S, D)``: (D,) seconds every plan of the pairs bounded takes besides
+    (``_split_by_senders_s``). ``kept``: the values of the terms without a floor already computed on
+    this table, filled in as they are (another call on the same table reuses them)."""
+    kept = {} if kept is None else kept
     if pair_floor_s is not None:
         pairs = {s: np.maximum(b, pair_floor_s(s, np.arange(1, len(b) + 1))) for s, b in pairs.items()}
     best = np.inf
@@ -290,9 +302,12 @@ def _lower_bound_s(topology, model, training, *, clusters: bool, fits_training=N
         # the replicas' crossings first (where slow links split the replicas they bind most often, and
         # they may stop short below the others' bound)
         for term in sorted(deferred.get(stages, ()), key=lambda term: term.func not in _FLOORED):
-            # pairs already at the least found need no exact value: any bound at most theirs will do
-            floor = np.where(values >= best, np.inf, values)
-            values = np.maximum(values, term(floor=floor) if term.func in _FLOORED else term())
+            if term.func in _FLOORED:
+                # pairs already at the least found need no exact value: any bound at most theirs will do
+                raised = term(floor=np.where(values >= best, np.inf, values))
+            else:
+                raised = kept[term] if term in kept else kept.setdefault(term, term())
+            values = np.maximum(values, raised)
             if float(values.min()) >= best:  # this S cannot lower the least: its other terms are not needed
                 break
         best = min(best, float(values.min()))
