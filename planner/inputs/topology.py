@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from cost_models.links import LevelMatrix
+from cost_models.links import LevelMatrix, take
 from cost_models.network import Network
 from planner.inputs.catalog import PRECISIONS, device_type, peak_for
 from planner.errors import InputError
@@ -162,6 +162,17 @@ class Topology:
 
     def nic_of(self, host: str):
         return self.nic_bytes_per_s.get(host)
+
+    def on_devices(self, members, devices=None) -> "Topology":
+        """The topology of the devices ``members`` (indices), their links as they were (a network
+        described by levels stays so, ``cost_models.links.take``) and the NICs; ``devices`` (one per
+        member) in their place where given (a tensor group's lead standing for the group)."""
+        members = np.asarray(members, dtype=np.int64)
+        devices = tuple(self.devices[i] for i in members.tolist()) if devices is None else tuple(devices)
+        return type(self)(name=self.name, devices=devices, latency_s=take(self.latency_s, members),
+                          bandwidth_bytes_per_s=take(self.bandwidth_bytes_per_s, members),
+                          nic_bytes_per_s=dict(self.nic_bytes_per_s), message_overhead_s=self.message_overhead_s,
+                          sha256=self.sha256, source=self.source)
 
     @functools.cached_property
     def network(self) -> Network:

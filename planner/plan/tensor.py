@@ -23,7 +23,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from cost_models.comm import measured_tensor_block_s
-from cost_models.links import take
 from planner.runtime.graphs import group_ungraphed
 
 __all__ = ["TENSOR_DEGREES", "TensorGroups", "group_devices", "groups_of_plan", "tensor_degree_problem",
@@ -103,11 +102,7 @@ def group_devices(topology, groups) -> TensorGroups:
         # t times the blocks' FLOP/s; the head runs whole on every member, at one device's speed.
         devices.append(replace(d, peak_flops={p: v * t for p, v in d.peak_flops.items()},
                                head_efficiency=d.efficiency / (t * d.head_slowdown)) if t > 1 else d)
-    virtual = type(topology)(name=topology.name, devices=tuple(devices), latency_s=take(topology.latency_s, leads),
-                             bandwidth_bytes_per_s=take(topology.bandwidth_bytes_per_s, leads),
-                             nic_bytes_per_s=dict(topology.nic_bytes_per_s),
-                             message_overhead_s=topology.message_overhead_s, sha256=topology.sha256,
-                             source=topology.source)
+    virtual = topology.on_devices(leads, devices)
     per_byte, latency, issue = np.zeros(len(members)), np.zeros(len(members)), np.zeros(len(members))
     received_issue = np.zeros(len(members))
     timed, received = [()] * len(members), [()] * len(members)

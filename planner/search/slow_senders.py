@@ -23,8 +23,6 @@ lowers every pipeline's bound to what its compute would allow (``topologies/emul
 
 import numpy as np
 
-from cost_models.links import take
-
 __all__ = ["sender_rates_bytes_per_s", "sender_floor_s", "slow_cut_bytes_per_s", "without_devices"]
 
 
@@ -67,11 +65,5 @@ def slow_cut_bytes_per_s(rates: np.ndarray, *, batch: int, sequence_bytes: float
 
 def without_devices(topology, keep: np.ndarray):
     """``topology`` with only the devices where ``keep`` is True, their links and NICs as they were
-    (``cost_models.links.take``: a network described by levels stays so)."""
-    members = np.flatnonzero(keep)
-    return type(topology)(name=topology.name, devices=tuple(topology.devices[i] for i in members),
-                          latency_s=take(topology.latency_s, members),
-                          bandwidth_bytes_per_s=take(topology.bandwidth_bytes_per_s, members),
-                          nic_bytes_per_s=dict(topology.nic_bytes_per_s),
-                          message_overhead_s=topology.message_overhead_s, sha256=topology.sha256,
-                          source=topology.source, egress_usd_per_gb=None)
+    (``Topology.on_devices``)."""
+    return topology.on_devices(np.flatnonzero(keep))
