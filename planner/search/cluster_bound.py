@@ -45,6 +45,7 @@ import numpy as np
 from planner.search.crossing_link import crossing_link_s
 from planner.search.link_clusters import (clusters_at, fastest_both_ways_between, least_latency_between,
                                           link_thresholds, pair_latencies_between, slower_way_between)
+from planner.search.replica_throughput import replica_throughput_s
 from planner.search.stage_split import stage_split_s
 
 __all__ = ["MAX_CLUSTERS", "ClusterLevel", "Crossing", "cluster_levels", "cluster_bound"]
@@ -71,6 +72,14 @@ class ClusterLevel:
     # up (``link_clusters.pair_latencies_between``), every pair then at least ``latency_s``
     pair_latencies_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     labels: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (N,) each device's cluster
+    merged: int = 1  # how many clusters the last row of sizes, memory_bytes and speed stands for
+
+    @property
+    def multiplicity(self) -> np.ndarray:
+        """(K,) how many clusters each row of ``sizes``, ``memory_bytes`` and ``speed`` stands for."""
+        counts = np.ones(len(self.sizes), dtype=np.int64)
+        counts[-1] = self.merged
+        return counts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +118,7 @@ def cluster_levels(topology, training) -> list:
         speed = np.zeros((k, int(sizes.max())))
         speed[labels[order], rank] = flops[order]
         speed = np.cumsum(speed, axis=1)  # saturates at the cluster's total past its size
-        every_size = sizes
+        every_size, merged_count = sizes, 1
         most = np.full(k, -np.inf)
         np.maximum.at(most, labels, memory)
         if k > MAX_CLUSTERS:
@@ -118,12 +127,14 @@ def cluster_levels(topology, training) -> list:
             sizes = np.append(sizes[kept], sizes[merged].max())
             most = np.append(most[kept], most[merged].max())
             speed = np.vstack([speed[kept], speed[merged].max(axis=0)])
+            merged_count = len(merged)
         both_ways = min(float(tau), fastest_both_ways_between(network, labels))
         levels.append(ClusterLevel(tau_bytes_per_s=float(tau), latency_s=least_latency_between(network, labels),
                                    both_ways_bytes_per_s=both_ways,
                                    slower_way_bytes_per_s=min(float(tau), slower_way_between(network, labels)),
                                    sizes=sizes, memory_bytes=most, speed=speed, cluster_sizes=every_size,
-                                   pair_latencies_s=pair_latencies_between(network, labels), labels=labels))
+                                   pair_latencies_s=pair_latencies_between(network, labels), labels=labels,
+                                   merged=merged_count))
     return levels
 
 
@@ -226,7 +237,11 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
                                                 inside_sync_s, busiest_s, batch=B, batch_s=P, layers=L, cap=needed))
     crossing_s = np.where(every_stage, all_cross if every_replica else two,
                           one if every_replica else np.minimum.reduce([one, two, both]))
-    return np.minimum(inside, crossing_s)
+    # however many replicas cross, the batch goes through them and the clusters the others sit in
+    holds = (level.sizes >= stages)[:, None]  # a replica inside a cluster has S cells there
+    through = replica_throughput_s(np.where(holds, best_cluster, 0.0), level.multiplicity, cells_flops, block_flops,
+                                   replicas, P, crossing=stages > 1)
+    return np.maximum(np.minimum(inside, crossing_s), through)
 
 
 def _split_stages_s(stages: int, replicas: np.ndarray, cells: np.ndarray, largest: int, crossing_s: np.ndarray,
