@@ -48,9 +48,10 @@ def _brute_force_s(flops, multiplicity, cells, work, replicas, batch_s, crossing
     return np.array(out)
 
 
-def test_the_pieces_ends_give_the_best_choice():
-    """The term evaluates the maximised rate at the ends of its linear pieces only; a brute force over
-    every number of replicas inside agrees on random clusters, merged rows, caps and link speeds."""
+def test_the_peak_gives_the_best_choice():
+    """The term evaluates the maximised rate next to its peak only; a brute force over every number of
+    replicas inside agrees on random clusters, merged rows, caps (some exactly at a cluster's end),
+    link speeds (some exactly a cluster's worth, some infinitely slow)."""
     rng = np.random.default_rng(7)
     for _ in range(300):
         k = int(rng.integers(1, 6))
@@ -58,7 +59,12 @@ def test_the_pieces_ends_give_the_best_choice():
         flops = rng.choice([0.0, 1.0, 2.5, 4.0, 10.0], size=(k, 1)) * rng.uniform(0.5, 1.5, size=(k, replicas.size))
         multiplicity = rng.integers(1, 5, size=k) * (rng.random(k) < 0.7) + 1
         cells = flops.sum(axis=0) * rng.uniform(0.1, 3.0) * rng.uniform(0.8, 1.2, size=replicas.size)
+        if rng.random() < 0.2:  # the cap exactly where some clusters end
+            cells = np.full(replicas.size, float(np.sort(flops[:, 0])[::-1][:int(rng.integers(1, k + 1))].sum()))
+            flops = np.repeat(flops[:, :1], replicas.size, axis=1)
         work, batch_s, crossing = float(rng.uniform(1, 20)), float(rng.uniform(0.5, 40)), bool(rng.random() < 0.8)
+        if rng.random() < 0.2:  # a crossing replica worth exactly one cluster, or nothing
+            batch_s = float(work / flops[0, 0]) if flops[0, 0] > 0 and rng.random() < 0.5 else np.inf
         got = replica_throughput_s(flops, multiplicity, cells, work, replicas, batch_s, crossing)
         want = _brute_force_s(flops, multiplicity, cells, work, replicas, batch_s, crossing)
         np.testing.assert_allclose(got, want, rtol=1e-9)

@@ -21,7 +21,7 @@ and the links between them slow, a plan of few replicas either leaves most clust
 its whole share over a slow link.
 
 The maximised expression is concave and piecewise linear in ``D_in`` (the clusters' FLOP/s taken
-largest first, then capped), so it is evaluated at the ends of its pieces only.
+largest first, then capped), so it is evaluated at the whole numbers next to its peak only.
 """
 
 import numpy as np
@@ -42,30 +42,33 @@ def replica_throughput_s(cluster_flops: np.ndarray, multiplicity: np.ndarray, ce
     replicas = np.asarray(replicas, dtype=float)
     if crossing and batch_s <= 0:  # a crossing replica's messages take no time: no bound from them
         return np.zeros(replicas.shape)
+    per_crossing = 1.0 / batch_s if crossing else 0.0  # of the batch per second, each crossing replica
     order = np.argsort(-cluster_flops, axis=0, kind="stable")  # each column's clusters, fastest first
     values = np.take_along_axis(cluster_flops, order, axis=0)  # (K, D)
     counts = multiplicity.astype(float)[order]  # (K, D)
-    ends = np.cumsum(counts, axis=0)  # the number of clusters once each run is in
-    starts = ends - counts
-    before = np.cumsum(values * counts, axis=0) - values * counts  # FLOP/s of the runs above each
-    total = float(multiplicity.sum())
-    top = np.minimum(replicas, total)  # D_in beyond the clusters adds none
-    # where the running sum reaches every cell's FLOP/s (its cap), inside each run
+    starts = np.cumsum(counts, axis=0) - counts  # clusters before each run
+    before = np.cumsum(values * counts, axis=0) - values * counts  # their FLOP/s
+    top = np.minimum(replicas, float(multiplicity.sum()))  # D_in beyond the clusters adds none
+    # The rate rises by v / W - 1 / P a cluster while the runs' FLOP/s stay under the cap, and falls
+    # past it: its largest over real D_in is at the least of top, the clusters worth more than a
+    # crossing replica, and where the FLOP/s reach the cap; over whole D_in at the floor or ceiling.
+    worth = np.where(values / work_flops >= per_crossing, counts, 0.0).sum(axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
         into = np.where(values > 0, (cells_flops[None, :] - before) / values, np.inf)
-    reach = starts + np.clip(into, 0.0, counts)
-    candidates = np.concatenate([starts, ends, np.floor(reach), np.ceil(reach), np.zeros((1, replicas.size)),
-                                 top[None, :]])
-    inside = np.clip(candidates, 0.0, top[None, :])  # (C, D) choices of D_in
-
-    # F_k at every candidate k: the runs taken largest first, capped by every cell's FLOP/s
-    summed = np.zeros_like(inside)
-    for start, count, value in zip(starts, counts, values):  # (D,) each: one run per column
-        summed += value[None, :] * np.clip(inside - start[None, :], 0.0, count[None, :])
-    reached = np.minimum(summed, cells_flops[None, :])
-    rate = reached / work_flops  # of the batch per second
-    if crossing:
-        rate = rate + (replicas[None, :] - inside) / batch_s
-    best = rate.max(axis=0)
+    inside_run = (before <= cells_flops[None, :]) & (cells_flops[None, :] < before + values * counts)
+    reach = np.where(inside_run, starts + into, np.inf).min(axis=0)  # inf where the cap is never reached
+    peak = np.minimum.reduce([top, worth, reach])
+    best = np.maximum(_rate(np.floor(peak), starts, counts, values, cells_flops, work_flops, replicas, per_crossing),
+                      _rate(np.minimum(np.ceil(peak), top), starts, counts, values, cells_flops, work_flops, replicas,
+                            per_crossing))
     with np.errstate(divide="ignore"):
         return np.where(best > 0, 1.0 / best, np.inf)
+
+
+def _rate(inside, starts, counts, values, cells_flops, work_flops, replicas, per_crossing) -> np.ndarray:
+    """(D,) the share of the batch a second with ``inside`` replicas inside clusters: the runs taken
+    largest first (capped by every cell's FLOP/s) and the others crossing."""
+    summed = np.zeros(inside.shape)
+    for start, count, value in zip(starts, counts, values):  # (D,) each: one run per column
+        summed += value * np.clip(inside - start, 0.0, count)
+    return np.minimum(summed, cells_flops) / work_flops + (replicas - inside) * per_crossing
