@@ -214,8 +214,10 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
     if stages > 1 and inside_sync_s is not None:  # its messages over the slower way, then a stage's sync
         one = np.maximum(one, crossing_link_s(np.ceil(B / replicas), crossing.batch_bytes / B,
                                               level.slower_way_bytes_per_s, latency, inside_sync_s / L))
-    two = np.where(replicas > 1, np.maximum(math.ceil(L / stages) * A / L + lam,
-                                            np.maximum(lam, C * (A + lam) / (A + C))), np.inf)
+    two = np.where(replicas > 1, np.maximum.reduce([math.ceil(L / stages) * A / L + lam,
+                                                    np.maximum(lam, C * (A + lam) / (A + C)),
+                                                    stage_split_s(block_flops, cells_flops, crossing_sync_s, stages)
+                                                    + lam]), np.inf)
     if stages > 1:
         a, b = C / (A * P), -(C / A + C / P + 1.0)
         both = np.maximum.reduce([2.0 * C / (-b + np.sqrt(b * b - 4.0 * a * C)), A / L + lam,
