@@ -154,3 +154,28 @@ def test_every_stage_crossing_computes_then_syncs_across():
                         cells_flops=np.array([4e12]), work_flops=8e12, block_flops=8e12, busiest_s=np.array([1e-3]),
                         state_bytes=1.0)
     assert got[0] == pytest.approx(2.0 + 1.5 * 8e6 / 1e8 / 2 + 6 * 0.01)
+
+
+def test_the_search_orders_its_pairs_without_these_terms():
+    """Above 256 devices the search takes the degree pairs in the order of ``pair_bounds_s``, which
+    leaves the replicas' throughput and the crossing stages' split out: with them, 8 x 114 and
+    8 x 128 (every plan of them syncs across hosts) sort behind many-stage pairs whose bounds stay
+    looser, and a budget of 5 s ends before the search reaches them (20 x 28 at 11.913 s instead of
+    8 x 114 at 4.263 s, ``benchmarks/bounds.py --generated 1024``). Without them the two lead the order."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from scale import generated_topology
+
+    from planner.inputs.model import model_preset, parse_training
+    from planner.inputs.topology import parse_topology
+    from planner.search import bounds, front
+
+    topology = parse_topology(generated_topology(1024), name="generated-1024")
+    model = model_preset("gpt3-6.7b")
+    training = parse_training({"global_batch": 2048, "micro_batch_size": 1, "precision": "fp16",
+                               "recompute": True, "flash_attention": True, "shard_optimizer": True})
+    pairs = front._ordered_pairs(front._degree_pairs(1024, model.layers, front.SearchOptions()),
+                                 bounds.work_flops(topology, model, training), topology.effective_flops("fp16"))
+    first = [(s, d) for _, s, d in front._bound_ordered(pairs, topology, model, training)[:3]]
+    assert (8, 128) in first and (8, 114) in first
+    whole = bounds._pair_bounds_s(topology, model, training)
+    assert whole[8][113] > bounds.pair_bounds_s(topology, model, training)[8][113]

@@ -247,8 +247,9 @@ def pair_bounds_s(topology, model, training) -> dict:
     every S whose largest stage's state fits: ``lower_bound_s``'s terms but the deferred ones, which
     take seconds at scale (the nested crossings, the stage chains of every kind: plain, at the slow
     uplinks, per cluster pattern and clustered; the replicas' crossings and their end groups; the
-    rings' slow crossings kept), GPipe's idle and the stage groups' spread
-    (``_pair_bounds_s``' ``spread``). The search orders its degree pairs by it above
+    rings' slow crossings kept), and the terms that reorder the pairs worse (``_pair_bounds_s``'
+    ``reordering``: GPipe's idle, the stage groups' spread, the replicas' throughput and the crossing
+    stages' split). The search orders its degree pairs by it above
     ``DENSE_DEVICES`` (``front._bound_ordered``), before its phases and outside their time shares:
     with the deferred terms in it, ``plan`` on the 1,024 generated devices with ``--time-limit 6``
     took 9.9 s and its search was left with too few evaluations for a plan better than 43.01 s;
@@ -257,10 +258,12 @@ def pair_bounds_s(topology, model, training) -> dict:
     ``benchmarks/results/scale_command_1024_*.json``). GPipe's idle and the spread lift many-stage
     pairs above the work bound but not to what their plans take, and first in the order they cost
     the search its budget: with them, a 27 x 32 plan of 15.06 s instead of 8 x 114 at 4.263 s
-    (``benchmarks/bounds.py --generated 1024 --budget 5``). Kept for the last few jobs (a search asks
+    (``benchmarks/bounds.py --generated 1024 --budget 5``); with the crossing stages' split in
+    ``cluster_bound``, which lifts 8 x 114 (every plan of it syncs across hosts) above many-stage
+    pairs whose bounds stay looser, 20 x 28 at 11.913 s. Kept for the last few jobs (a search asks
     once per tensor grouping); read-only."""
     deferred = {}
-    table = _pair_bounds_s(topology, model, measured_schedules(training, topology), spread=False, deferred=deferred,
+    table = _pair_bounds_s(topology, model, measured_schedules(training, topology), reordering=False, deferred=deferred,
                            windowed=False)
     for stages, terms in deferred.items():
         kept = [term() for term in terms if term.func is slow_crossing_s]
@@ -315,14 +318,14 @@ def _least_pair_bound_s(topology, model, training, pairs: dict, deferred: dict, 
 
 
 def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_trips: bool = True,
-                   deferred: dict | None = None, spread: bool = True, fits_training=None,
+                   deferred: dict | None = None, reordering: bool = True, fits_training=None,
                    windowed: bool = True) -> dict:
     """``{S: bounds}``: the bound on every plan of S stages and ``D = 1 .. len(bounds)`` replicas,
     for every S whose largest stage's state fits (``lower_bound_s``: their least); without the
     clusters' or the round trips' term where ``clusters`` or ``round_trips`` is False. Given a dict
     ``deferred``, the slow crossings' terms are left out of the bounds and put there instead, as
-    ``{S: [callables giving (D,) seconds]}``. Without ``spread``, GPipe's idle and the stage
-    groups' spread are left out (``pair_bounds_s``). ``fits_training``: the training whose memory
+    ``{S: [callables giving (D,) seconds]}``. Without ``reordering``, GPipe's idle, the stage
+    groups' spread and ``cluster_bound``'s reordering terms are left out (``pair_bounds_s``). ``fits_training``: the training whose memory
     GPipe must fit in (``_per_worker_recompute``; ``training`` where None). Without ``windowed``, the
     backward passes' windows (``planner.search.backward_window``) are left out."""
     fits_training = fits_training or training
@@ -443,7 +446,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                             sequence_s=sequence_s, most_sequences=np.minimum(most_sequences, busiest),
                             micro_batch=training.micro_batch_size or math.inf,
                             first_sync_s=first_params * gradient_bytes * ring, fits=fits,
-                            cells_work_s=compute if spread else None, zero_bubble_share=zero_bubble_share)
+                            cells_work_s=compute if reordering else None, zero_bubble_share=zero_bubble_share)
             deepest_sync_s = deepest * layer_params * gradient_bytes * ring
             both = trips(boundary_s=boundary_s, latency_s=latency_s, deepest_sync_s=deepest_sync_s,
                          crossing_sets=[every] + [every + (one,) for one in level_crossings(1)])
@@ -484,7 +487,7 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                           boundary_s=boundary_s, latency_s=latency_s, sequence_bytes=boundary_bytes,
                           block_sync_bytes=layer_params * gradient_bytes, ring_only=crossing.ring_only,
                           sharded=crossing.sharded, sync_every=training.sync_every)
-            if spread:
+            if reordering:
                 terms += [np.minimum(*spread_floors_s(level, count, **spreads)) for level, count in zip(levels, counts)]
             crossings += [partial(nested_crossing_s, levels[i], counts[i], levels[j], counts[j], devices=n,
                                   **crossed_kwargs)
@@ -561,7 +564,8 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
                 deferred[stages] = crossings
         every_block = busiest * model.layers * sequence_layer_flops / cell_flops  # K of cluster_bound
         terms += [cluster_bound(level, crossing, stages, replicas, used, speedup, cells_flops, work, block_work,
-                                every_block, state / stages, crossing.model_sync_bytes * ring, trip)
+                                every_block, state / stages, crossing.model_sync_bytes * ring, trip,
+                                reordering=reordering)
                   for level, trip in zip(levels, crossing_trips)]
         pairs[stages] = np.maximum.reduce(terms)
     return pairs

@@ -141,7 +141,7 @@ def cluster_levels(topology, training) -> list:
 def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas: np.ndarray, used: np.ndarray,
                   speedup: float, cells_flops: np.ndarray, work_flops: float, block_flops: float,
                   busiest_s: np.ndarray, state_bytes: float, inside_sync_s: np.ndarray = None,
-                  crossing_trip_s: np.ndarray = None) -> np.ndarray:
+                  crossing_trip_s: np.ndarray = None, reordering: bool = True) -> np.ndarray:
     """A bound, per replica count ``replicas`` (D), on plans of ``stages`` (S) stages from the
     clusters of ``level`` (module description; ``used``: U; ``cells_flops``: the most FLOP/s the
     plan's cells reach together, the U fastest devices' at most and ``speedup`` (a tensor group's
@@ -165,7 +165,9 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
         over ``L``: ``crossing_link.crossing_link_s``; not counted where ``inside_sync_s`` is None);
     (ii) no replica crosses: every stage crosses, the deepest (``ceil(L / S)`` blocks) too:
         ``max(ceil(L / S) A / L + Lambda, C (A + Lambda) / (A + C))``, the second from
-        ``max(f A + Lambda, (1 - f) C)``, the other stages' blocks running elsewhere;
+        ``max(f A + Lambda, (1 - f) C)``, the other stages' blocks running elsewhere; and each stage
+        computes, then syncs its blocks across with ``Lambda``'s latencies (``stage_split``: the
+        blocks' work over ``cells_flops`` plus an average stage's crossing sync, plus ``Lambda``);
     (iii) some stage and some replica cross: ``T`` with ``T = (1 - T / A)(1 - T / P) C`` (the cells
         outside both do ``(1 - f)(1 - phi)`` of the blocks' work), at least ``A / L + Lambda`` and
         ``P / B`` (a stage has a block, a replica a sequence); and, unless every stage or every
@@ -179,6 +181,10 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
     replica's last gradient over a crossing link that carried all its ``ceil(B / D)`` sequences'
     gradients, and its sync (at least a block and the embeddings, ``end_sync_bytes``) crosses
     after it; the last stage's likewise waits for the activations and syncs a block and the head.
+
+    Whatever the case, the batch goes through the replicas inside clusters and those crossing
+    (``replica_throughput``). Without ``reordering`` (the table the search orders its degree pairs
+    by, ``bounds.pair_bounds_s``), neither that nor (ii)'s stage split is counted.
     """
     latency = level.latency_s
     cells = stages * replicas
@@ -214,10 +220,10 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
     if stages > 1 and inside_sync_s is not None:  # its messages over the slower way, then a stage's sync
         one = np.maximum(one, crossing_link_s(np.ceil(B / replicas), crossing.batch_bytes / B,
                                               level.slower_way_bytes_per_s, latency, inside_sync_s / L))
-    two = np.where(replicas > 1, np.maximum.reduce([math.ceil(L / stages) * A / L + lam,
-                                                    np.maximum(lam, C * (A + lam) / (A + C)),
-                                                    stage_split_s(block_flops, cells_flops, crossing_sync_s, stages)
-                                                    + lam]), np.inf)
+    two = np.maximum(math.ceil(L / stages) * A / L + lam, np.maximum(lam, C * (A + lam) / (A + C)))
+    if reordering:  # each stage computes, then syncs across (``stage_split``)
+        two = np.maximum(two, stage_split_s(block_flops, cells_flops, crossing_sync_s, stages) + lam)
+    two = np.where(replicas > 1, two, np.inf)
     if stages > 1:
         a, b = C / (A * P), -(C / A + C / P + 1.0)
         both = np.maximum.reduce([2.0 * C / (-b + np.sqrt(b * b - 4.0 * a * C)), A / L + lam,
@@ -239,11 +245,14 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
                                                 inside_sync_s, busiest_s, batch=B, batch_s=P, layers=L, cap=needed))
     crossing_s = np.where(every_stage, all_cross if every_replica else two,
                           one if every_replica else np.minimum.reduce([one, two, both]))
+    bound = np.minimum(inside, crossing_s)
+    if not reordering:
+        return bound
     # however many replicas cross, the batch goes through them and the clusters the others sit in
     holds = (level.sizes >= stages)[:, None]  # a replica inside a cluster has S cells there
     through = replica_throughput_s(np.where(holds, best_cluster, 0.0), level.multiplicity, cells_flops, block_flops,
                                    replicas, P, crossing=stages > 1)
-    return np.maximum(np.minimum(inside, crossing_s), through)
+    return np.maximum(bound, through)
 
 
 def _split_stages_s(stages: int, replicas: np.ndarray, cells: np.ndarray, largest: int, crossing_s: np.ndarray,
