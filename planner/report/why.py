@@ -48,6 +48,8 @@ from planner.search.zero_bubble import measured_schedules
 __all__ = ["IdleReason", "Binding", "idle_reasons", "binding_constraints", "render_why", "LINK_FACTOR"]
 
 LINK_FACTOR = 10.0  # "what would 10x this link's bandwidth buy"
+ALONE_MOVES = 0.01  # a link that alone moves the iteration less than this: the links near it are tried together
+NEAR_SLOWEST = 1.1  # those within 10% of the slowest the plan uses
 MEMORY_FACTOR = 2.0
 MAX_GROUPS = 8  # idle groups re-evaluated (each costs two simulations)
 SMALL_SHARE = 0.5  # an idle device below this share of the fastest used device's speed: its compute share is small
@@ -265,14 +267,47 @@ def _plan_links(plan, topology) -> list:
     return sorted(links)
 
 
-def _faster_link(topology, a: int, b: int, factor: float):
-    """The topology with the link a <-> b ``factor`` times faster (and the two hosts' NICs, if shared)."""
+def _faster_links(topology, pairs, factor: float):
+    """The topology with each link a <-> b of ``pairs`` ``factor`` times faster (and their hosts'
+    NICs, if shared)."""
     bandwidth = topology.bandwidth_bytes_per_s.copy()
-    bandwidth[a, b] *= factor
-    bandwidth[b, a] *= factor
-    hosts = {topology.devices[a].host, topology.devices[b].host}
+    hosts = set()
+    for a, b in pairs:
+        bandwidth[a, b] *= factor
+        bandwidth[b, a] *= factor
+        hosts |= {topology.devices[a].host, topology.devices[b].host}
     nics = {h: (tuple(x * factor for x in nic) if h in hosts else nic) for h, nic in topology.nic_bytes_per_s.items()}
     return replace(topology, bandwidth_bytes_per_s=bandwidth, nic_bytes_per_s=nics)
+
+
+def _where(topology, a: int, b: int) -> str:
+    """Where the link a -> b runs: in a host, in a region, or between two regions."""
+    da, db = topology.devices[a], topology.devices[b]
+    if da.host == db.host:
+        return "host " + da.host
+    return "region " + da.region if da.region == db.region else da.region + " -> " + db.region
+
+
+def _near_slowest_text(plan, topology, model, training, slowest: list, base: float, deadline: float) -> str:
+    """Where no link alone moves the iteration by ``ALONE_MOVES``: what the plan's links within
+    ``NEAR_SLOWEST`` of the slowest, ``LINK_FACTOR`` times faster together, would buy ("" where there
+    is one such link or no time to simulate it)."""
+    bandwidth = topology.network.bandwidth_bytes_per_s
+    near = [(a, b) for a, b in slowest if bandwidth[a, b] <= NEAR_SLOWEST * bandwidth[slowest[0]]]
+    pairs = sorted({(min(a, b), max(a, b)) for a, b in near})
+    if len(pairs) < 2 or not _time_for_simulation(plan, deadline):
+        return ""
+    try:
+        together = predict(plan, _faster_links(topology, pairs, LINK_FACTOR), model, training,
+                           deadline=deadline)[0].iteration_s
+    except SimulationCut:
+        return ""
+    change = (together - base) / base
+    places = sorted({_where(topology, a, b) for a, b in near})
+    shown = ", ".join(places[:4]) + (f" and {len(places) - 4} more" if len(places) > 4 else "")
+    return (f"; alone it moves little, but the plan's {len(pairs)} links within {100 * (NEAR_SLOWEST - 1):.0f}% of "
+            f"it ({shown}), each {LINK_FACTOR:g}x faster, would {'cut' if change < 0 else 'change'} the iteration "
+            f"{100 * abs(change):.1f}% ({_seconds(base)} -> {_seconds(together)} s)")
 
 
 def binding_constraints(plan, topology, model, training, *, deadline: float = math.inf) -> list:
@@ -314,7 +349,7 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
                 break
             tried.add(pair)
             try:
-                faster = predict(plan, _faster_link(topology, a, b, LINK_FACTOR), model, training,
+                faster = predict(plan, _faster_links(topology, [(a, b)], LINK_FACTOR), model, training,
                                  deadline=deadline)[0].iteration_s
             except SimulationCut:
                 break
@@ -327,12 +362,13 @@ def binding_constraints(plan, topology, model, training, *, deadline: float = ma
         faster, a, b = best
         da, db = topology.devices[a], topology.devices[b]
         change = (faster - base) / base
+        together = _near_slowest_text(plan, topology, model, training, slowest, base, deadline) \
+            if abs(change) < ALONE_MOVES else ""
         out.append(Binding(kind="link", change=change, text=(
             f"link: the slowest the plan uses is {da.name} -> {db.name} ({_gbit(bandwidth[a, b])}, "
-            f"{'host ' + da.host if da.host == db.host else 'region ' + da.region if da.region == db.region else da.region + ' -> ' + db.region}); "
-            f"a {_gbit(bandwidth[a, b] * LINK_FACTOR)} link there would "
+            f"{_where(topology, a, b)}); a {_gbit(bandwidth[a, b] * LINK_FACTOR)} link there would "
             f"{'cut' if change < 0 else 'change'} the iteration {100 * abs(change):.1f}% "
-            f"({_seconds(base)} -> {_seconds(faster)} s)")))
+            f"({_seconds(base)} -> {_seconds(faster)} s)" + together)))
     if not simulated:  # no timeline
         out.append(Binding(kind="bubble", text="bubble and gradient sync: not simulated (the plan's time is the "
                                                "search's estimate)"))
