@@ -179,3 +179,26 @@ def test_the_search_orders_its_pairs_without_these_terms():
     assert (8, 128) in first and (8, 114) in first
     whole = bounds._pair_bounds_s(topology, model, training)
     assert whole[8][113] > bounds.pair_bounds_s(topology, model, training)[8][113]
+
+
+def test_a_merged_row_counts_every_cluster_it_stands_for():
+    """20 regions of one GPU each: past ``MAX_CLUSTERS`` the smallest clusters share one row, which
+    the throughput term counts once per cluster it stands for, so every level's rows stand for all
+    its clusters."""
+    from planner.inputs.model import parse_training
+    from planner.inputs.topology import parse_topology
+    from planner.search.cluster_bound import MAX_CLUSTERS, cluster_levels
+
+    regions = [f"r{k}" for k in range(20)]
+    topology = parse_topology({"devices": [{"name": r, "type": "A100-80GB", "region": r} for r in regions],
+                               "network": {"region": {"latency": "0.1ms", "bandwidth": "100Gbps"},
+                                           "global": {"latency": "30ms", "bandwidth": "1Gbps"},
+                                           "region_pairs": [{"regions": ["r0", "r1"], "latency": "5ms",
+                                                             "bandwidth": "5Gbps"}]}}, name="twenty")
+    levels = cluster_levels(topology, parse_training({"global_batch": 8, "precision": "fp16"}))
+    merged = [level for level in levels if len(level.cluster_sizes) > MAX_CLUSTERS]
+    assert merged
+    for level in levels:
+        assert len(level.sizes) <= MAX_CLUSTERS
+        assert level.multiplicity.sum() == len(level.cluster_sizes)
+    assert merged[0].merged == len(merged[0].cluster_sizes) - (MAX_CLUSTERS - 1)
