@@ -58,16 +58,15 @@ def replica_throughput_s(cluster_flops: np.ndarray, multiplicity: np.ndarray, ce
     inside_run = (before <= cells_flops[None, :]) & (cells_flops[None, :] < before + values * counts)
     reach = np.where(inside_run, starts + into, np.inf).min(axis=0)  # inf where the cap is never reached
     peak = np.minimum.reduce([top, worth, reach])
-    best = np.maximum(_rate(np.floor(peak), starts, counts, values, cells_flops, work_flops, replicas, per_crossing),
-                      _rate(np.minimum(np.ceil(peak), top), starts, counts, values, cells_flops, work_flops, replicas,
-                            per_crossing))
+    whole = np.stack([np.floor(peak), np.minimum(np.ceil(peak), top)])  # (2, D)
+    best = _rate(whole, starts, counts, values, cells_flops, work_flops, replicas, per_crossing).max(axis=0)
     with np.errstate(divide="ignore"):
         return np.where(best > 0, 1.0 / best, np.inf)
 
 
 def _rate(inside, starts, counts, values, cells_flops, work_flops, replicas, per_crossing) -> np.ndarray:
-    """(D,) the share of the batch a second with ``inside`` replicas inside clusters: the runs taken
-    largest first (capped by every cell's FLOP/s) and the others crossing."""
+    """(..., D) the share of the batch a second with ``inside`` (..., D) replicas inside clusters: the
+    runs taken largest first (capped by every cell's FLOP/s) and the others crossing."""
     summed = np.zeros(inside.shape)
     for start, count, value in zip(starts, counts, values):  # (D,) each: one run per column
         summed += value * np.clip(inside - start, 0.0, count)
