@@ -17,7 +17,12 @@ On ``benchmarks/scale.py``'s generated topology (GPT-3 6.7B, two sequences a dev
   every algorithm (ring, hierarchical, parameter server, sharded);
 - for g = 2 .. regions, the least over paths through g regions of ``2 (sum of latencies) + 2 m
   (slowest hop's message)`` at m = the batch over the plan's replicas: what a bound term pricing a
-  replica's path through the regions could add (one sequence's activation a message).
+  replica's path through the regions could add (one sequence's activation a message);
+- ``c`` stage groups in each region (c = 1 .. 4, the regions in the plan's order, each region's hosts
+  dealt to its groups by speed, as many replicas as the smallest region holds): more stages, each
+  replica through the same regions;
+- the degree pairs of least bound (the deferred terms included) and the plan's, with each case of
+  ``cluster_bound`` at the regions' clustering: which case holds a pair's bound down.
 About a minute on a 2-core machine, most of it the search.
 """
 
@@ -41,6 +46,8 @@ from scale import generated_topology  # noqa: E402
 from planner.inputs.model import model_preset, parse_training  # noqa: E402
 from planner.inputs.topology import parse_topology  # noqa: E402
 from planner.prediction.predict import predict  # noqa: E402
+from planner.search import bounds  # noqa: E402
+from planner.search.cluster_bound import cluster_levels  # noqa: E402
 from planner.search.evaluate import evaluate_placement, make_context  # noqa: E402
 from planner.search.front import SearchOptions, search  # noqa: E402
 from planner.search.plans import candidate_to_plan  # noqa: E402
@@ -98,6 +105,45 @@ def _path_terms(topology, message_bytes: float, sequences: float) -> dict:
     return out
 
 
+def _regions_stacked(topology, speed: np.ndarray, order: list, per_region: int) -> np.ndarray:
+    """R x (c g): ``per_region`` (c) stage groups in each region of ``order``, the region's hosts by
+    ``speed`` (the search's) dealt to them in turn, a host's GPUs side by side; R: what the smallest
+    region holds."""
+    groups = []
+    for region in order:
+        hosts = collections.defaultdict(list)
+        for i, d in enumerate(topology.devices):
+            if d.region == region:
+                hosts[d.host].append(i)
+        ranked = sorted(hosts.values(), key=lambda members: (-speed[members[0]], members[0]))
+        groups += [sum(ranked[q::per_region], []) for q in range(per_region)]
+    replicas = min(len(g) for g in groups)
+    return np.array([g[:replicas] for g in groups]).T
+
+
+def _least_pairs(topology, model, training, plan_pair: tuple, count: int = 6) -> list:
+    """The ``count`` degree pairs of least bound (``bounds._pair_bounds_s`` with its deferred terms)
+    and ``plan_pair``, each with ``cluster_bound``'s cases at the clustering with a cluster per region."""
+    deferred, cases = {}, {}
+    table = bounds._pair_bounds_s(topology, model, training, deferred=deferred, cases=cases)
+    for stages, terms in deferred.items():
+        for term in terms:
+            table[stages] = np.maximum(table[stages], term(floor=np.zeros_like(table[stages]))
+                                       if term.func in bounds._FLOORED else term())
+    level = [k for k, lv in enumerate(cluster_levels(topology, training))
+             if lv.cluster_sizes.size == len(topology.regions)]
+    pairs = sorted((float(v), s, d + 1) for s, row in table.items() for d, v in enumerate(row))[:count]
+    if plan_pair not in [(s, d) for _, s, d in pairs]:
+        pairs.append((float(table[plan_pair[0]][plan_pair[1] - 1]), *plan_pair))
+    rows = []
+    for bound, stages, replicas in pairs:
+        parts = cases.get((stages, level[0]), {}) if level else {}
+        rows.append({"stages": stages, "replicas": replicas, "bound_s": bound,
+                     "regions_cases_s": {k: (bool(v[replicas - 1]) if v.dtype == bool else float(v[replicas - 1]))
+                                         for k, v in parts.items()}})
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="The generated topology's plan, other layouts and a path term.")
     parser.add_argument("--devices", type=int, default=1024)
@@ -144,6 +190,11 @@ def main() -> int:
     sequences = training.global_batch / plan.replicas
     report["path_term_s"] = {"sequences_per_replica": sequences,
                              "by_regions": _path_terms(topology, message, math.ceil(sequences))}
+    for per_region in (1, 2, 3, 4):
+        stacked = _regions_stacked(topology, ctx.speed, list(dict.fromkeys(path)), per_region)
+        report[f"{per_region} stage groups a region"] = _simulated(ctx, stacked, training, topology, model,
+                                                                   plan.schedule)
+    report["least pairs"] = _least_pairs(topology, model, training, (plan.stages, plan.replicas))
     print(f"plan {plan.stages} x {plan.replicas} {plan.schedule}: {plan.prediction.iteration_s:.3f} s "
           f"(bubble {plan.prediction.breakdown_s['bubble_s']:.3f} s), bound {result.lower_bound_s:.3f} s; "
           f"first replica through {path}, {report['plan']['first_replica_latency_s'] * 1e3:.1f} ms one way")
@@ -163,6 +214,18 @@ def main() -> int:
             for row in [report[f"{name}, {sync}"]]))
     print("path term by regions crossed: " + ", ".join(f"{g}: {s:.3f} s" for g, s in
                                                           report["path_term_s"]["by_regions"].items()))
+    for per_region in (1, 2, 3, 4):
+        row = report[f"{per_region} stage groups a region"]
+        print(f"{per_region} stage groups a region      " + (
+            f"{row['stages']} x {row['replicas']}: {row['simulated_s']:.3f} s, sync "
+            f"{row['breakdown_s']['gradient_sync_s']:.3f} s, bubble {row['breakdown_s']['bubble_s']:.3f} s"
+            if row.get("fits") else "does not fit"))
+    print("pairs of least bound; cluster_bound's cases at the regions' clustering (s):")
+    for row in report["least pairs"]:
+        cases = row["regions_cases_s"]
+        print(f"  {row['stages']:3d} x {row['replicas']:<4d} bound {row['bound_s']:.3f}: " + ", ".join(
+            f"{k} {v:.3f}" for k, v in cases.items() if not isinstance(v, bool)) + "".join(
+            f", {k}" for k, v in cases.items() if v is True))
     path_out = Path(args.out) / f"generated_layouts_{args.devices}.json"
     path_out.write_text(json.dumps(report, indent=1, default=float) + "\n")
     return 0

@@ -319,7 +319,7 @@ def _least_pair_bound_s(topology, model, training, pairs: dict, deferred: dict, 
 
 def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_trips: bool = True,
                    deferred: dict | None = None, reordering: bool = True, fits_training=None,
-                   windowed: bool = True) -> dict:
+                   windowed: bool = True, cases: dict | None = None) -> dict:
     """``{S: bounds}``: the bound on every plan of S stages and ``D = 1 .. len(bounds)`` replicas,
     for every S whose largest stage's state fits (``lower_bound_s``: their least); without the
     clusters' or the round trips' term where ``clusters`` or ``round_trips`` is False. Given a dict
@@ -327,7 +327,9 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
     ``{S: [callables giving (D,) seconds]}``. Without ``reordering``, GPipe's idle, the stage
     groups' spread and ``cluster_bound``'s reordering terms are left out (``pair_bounds_s``). ``fits_training``: the training whose memory
     GPipe must fit in (``_per_worker_recompute``; ``training`` where None). Without ``windowed``, the
-    backward passes' windows (``planner.search.backward_window``) are left out."""
+    backward passes' windows (``planner.search.backward_window``) are left out. Given a dict
+    ``cases``, ``cluster_bound``'s cases for S stages at the ``k``-th clustering level go in
+    ``cases[S, k]`` (its ``parts``)."""
     fits_training = fits_training or training
     topology = _as_fast_as_groups(topology, model, training)
     work = work_flops(topology, model, training)
@@ -565,8 +567,9 @@ def _pair_bounds_s(topology, model, training, *, clusters: bool = True, round_tr
         every_block = busiest * model.layers * sequence_layer_flops / cell_flops  # K of cluster_bound
         terms += [cluster_bound(level, crossing, stages, replicas, used, speedup, cells_flops, work, block_work,
                                 every_block, state / stages, crossing.model_sync_bytes * ring, trip,
-                                reordering=reordering)
-                  for level, trip in zip(levels, crossing_trips)]
+                                reordering=reordering,
+                                parts=None if cases is None else cases.setdefault((stages, k), {}))
+                  for k, (level, trip) in enumerate(zip(levels, crossing_trips))]
         pairs[stages] = np.maximum.reduce(terms)
     return pairs
 

@@ -141,7 +141,7 @@ def cluster_levels(topology, training) -> list:
 def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas: np.ndarray, used: np.ndarray,
                   speedup: float, cells_flops: np.ndarray, work_flops: float, block_flops: float,
                   busiest_s: np.ndarray, state_bytes: float, inside_sync_s: np.ndarray = None,
-                  crossing_trip_s: np.ndarray = None, reordering: bool = True) -> np.ndarray:
+                  crossing_trip_s: np.ndarray = None, reordering: bool = True, parts: dict | None = None) -> np.ndarray:
     """A bound, per replica count ``replicas`` (D), on plans of ``stages`` (S) stages from the
     clusters of ``level`` (module description; ``used``: U; ``cells_flops``: the most FLOP/s the
     plan's cells reach together, the U fastest devices' at most and ``speedup`` (a tensor group's
@@ -185,6 +185,10 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
     Whatever the case, the batch goes through the replicas inside clusters and those crossing
     (``replica_throughput``). Without ``reordering`` (the table the search orders its degree pairs
     by, ``bounds.pair_bounds_s``), neither that nor (ii)'s stage split is counted.
+
+    Given a dict ``parts``, each case's (D,) seconds go in it, for a reader of which case holds a
+    pair (``benchmarks/generated_layouts.py``): "inside", "(i)", "(ii)", "(iii)", "throughput", and
+    "every stage crosses" / "every replica crosses" (D,) where the cluster sizes force it.
     """
     latency = level.latency_s
     cells = stages * replicas
@@ -246,12 +250,17 @@ def cluster_bound(level: ClusterLevel, crossing: Crossing, stages: int, replicas
     crossing_s = np.where(every_stage, all_cross if every_replica else two,
                           one if every_replica else np.minimum.reduce([one, two, both]))
     bound = np.minimum(inside, crossing_s)
+    if parts is not None:
+        parts.update({"inside": inside, "(i)": one, "(ii)": two, "(iii)": both, "every stage crosses": every_stage,
+                      "every replica crosses": np.broadcast_to(every_replica, replicas.shape)})
     if not reordering:
         return bound
     # however many replicas cross, the batch goes through them and the clusters the others sit in
     holds = (level.sizes >= stages)[:, None]  # a replica inside a cluster has S cells there
     through = replica_throughput_s(np.where(holds, best_cluster, 0.0), level.multiplicity, cells_flops, block_flops,
                                    replicas, P, crossing=stages > 1)
+    if parts is not None:
+        parts["throughput"] = through
     return np.maximum(bound, through)
 
 
