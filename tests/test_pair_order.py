@@ -44,3 +44,58 @@ def test_a_pair_whose_probes_do_not_fit_is_judged_by_pipelines_that_mix_the_type
     assert (result.plan.stages, result.plan.replicas) == (4, 8)
     assert result.predicted_s < 18.96 * 0.95
     assert np.isfinite(result.lower_bound_s)
+
+
+def _generated(devices: int):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from scale import generated_topology
+
+    from planner.inputs.model import model_preset, parse_training
+    from planner.inputs.topology import parse_topology
+
+    topology = parse_topology(generated_topology(devices), name=f"generated-{devices}")
+    training = parse_training({"global_batch": 2 * devices, "micro_batch_size": 1, "precision": "bf16",
+                               "recompute": True, "flash_attention": True})
+    return topology, model_preset("gpt3-6.7b"), training
+
+
+def test_the_pairs_that_fill_one_region_are_probed_inside_it():
+    # 256 generated devices in two regions of 128 joined at 1-10 Gbit/s: for each stage count, the
+    # most replicas one region holds, probed as whole pipelines inside the regions; every device of
+    # the best probe lies in one region, and nothing goes first that does not beat the other probes.
+    import time
+
+    import numpy as np
+
+    from planner.search.construct import cluster_layouts
+    from planner.search.deadline import Budget
+    from planner.search.evaluate import make_context
+    from planner.search.front import _inside_one_cluster
+    from planner.search.locality import bandwidth_clusters
+
+    topology, model, training = _generated(256)
+    ctx = make_context(topology, model, training)
+    levels = bandwidth_clusters(topology)
+    assert np.bincount(levels[-1]).tolist() == [128, 128]
+    pairs = [(0.0, s, d) for s, d in ((18, 7), (16, 8), (4, 64), (18, 6), (8, 16), (2, 64))]
+    budget = Budget(limit_s=600.0, started=time.perf_counter(), work_s=60.0)
+    first, units = _inside_one_cluster(ctx, topology, pairs, 1, "1f1b", budget, np.inf, levels, {}, beat=np.inf)
+    # (18, 6) and (4, 64) do not fill a region (6 < 128 // 18, 4 x 64 is two regions' worth); the rest do
+    assert sorted(first) == [0, 1, 4, 5] and units > 0
+    best = first[0]
+    inside = cluster_layouts(topology, ctx.speed, ctx.capacity, *pairs[best][1:], levels[-1:], {})
+    inside = inside["clusters0-pipelines"]
+    assert len({topology.devices[i].region for i in inside.ravel()}) == 1
+    assert _inside_one_cluster(ctx, topology, pairs, 1, "1f1b", budget, np.inf, levels, {}, beat=0.0)[0] == []
+
+
+def test_a_plan_inside_one_region_is_found_at_256_devices():
+    # The probes' share of the budget reached 230 of the 1,028 pairs in the compute bound's order,
+    # never 18 x 7, and the search returned 16 x 16 at 3.308 s (4 x 64 at 1.971 s on a budget of 30);
+    # probed inside one region, 18 x 7 takes 1.551 s with the other region idle.
+    topology, model, training = _generated(256)
+    result = search(topology, model, training, SearchOptions(seed=0, time_limit_s=600, budget_s=5))
+    assert len({topology.devices[topology.index(name)].region for name in result.plan.used_devices}) == 1
+    assert result.predicted_s < 1.6
