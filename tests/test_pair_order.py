@@ -63,16 +63,15 @@ def _generated(devices: int):
 
 def test_the_pairs_that_fill_one_region_are_probed_inside_it():
     # 256 generated devices in two regions of 128 joined at 1-10 Gbit/s: for each stage count, the
-    # most replicas one region holds, probed as whole pipelines inside the regions; every device of
-    # the best probe lies in one region, and nothing goes first that does not beat the other probes.
+    # most replicas one region holds, probed as whole pipelines inside one region; nothing goes first
+    # that does not beat the other probes, and only the pairs from `after` on are probed.
     import time
 
     import numpy as np
 
-    from planner.search.construct import cluster_layouts
     from planner.search.deadline import Budget
     from planner.search.evaluate import make_context
-    from planner.search.front import _inside_one_cluster
+    from planner.search.front import _inside_layout, _inside_one_cluster
     from planner.search.locality import bandwidth_clusters
 
     topology, model, training = _generated(256)
@@ -81,14 +80,45 @@ def test_the_pairs_that_fill_one_region_are_probed_inside_it():
     assert np.bincount(levels[-1]).tolist() == [128, 128]
     pairs = [(0.0, s, d) for s, d in ((18, 7), (16, 8), (4, 64), (18, 6), (8, 16), (2, 64))]
     budget = Budget(limit_s=600.0, started=time.perf_counter(), work_s=60.0)
-    first, units = _inside_one_cluster(ctx, topology, pairs, 1, "1f1b", budget, np.inf, levels, {}, beat=np.inf)
+
+    def inside(beat, after=0):
+        return _inside_one_cluster(ctx, topology, pairs, 1, "1f1b", budget, np.inf, levels, beat=beat, after=after)
+    first, units = inside(np.inf)
     # (18, 6) and (4, 64) do not fill a region (6 < 128 // 18, 4 x 64 is two regions' worth); the rest do
     assert sorted(first) == [0, 1, 4, 5] and units > 0
-    best = first[0]
-    inside = cluster_layouts(topology, ctx.speed, ctx.capacity, *pairs[best][1:], levels[-1:], {})
-    inside = inside["clusters0-pipelines"]
-    assert len({topology.devices[i].region for i in inside.ravel()}) == 1
-    assert _inside_one_cluster(ctx, topology, pairs, 1, "1f1b", budget, np.inf, levels, {}, beat=0.0)[0] == []
+    for index in first:
+        layout = _inside_layout(ctx, topology, levels[-1], *pairs[index][1:])
+        assert layout.shape == pairs[index][:0:-1]
+        assert len({topology.devices[i].region for i in layout.ravel()}) == 1
+    assert inside(0.0)[0] == []
+    assert inside(np.inf, after=2)[0] == [i for i in first if i >= 2]
+
+
+def test_a_pair_that_fills_the_larger_of_two_regions_is_probed_inside_it(tmp_path):
+    # h100-a100-two-regions with its A100 region doubled (32 H100 beside 64 A100): 4 x 16 fills the
+    # A100 region; whole pipelines cut in the clusters' order would start in the H100 region and spill
+    # over into the other, the probe's layout stays in the one region that holds it.
+    import numpy as np
+    import yaml
+
+    from planner.inputs.job import load_job
+    from planner.search.evaluate import make_context
+    from planner.search.front import _inside_layout
+    from planner.search.locality import bandwidth_clusters
+
+    document = yaml.safe_load((ROOT / "topologies" / "hetero" / "h100-a100-two-regions.yaml").read_text())
+    for entry in document["devices"]:
+        if entry["type"] == "A100-40GB":
+            entry["count"] *= 2
+    path = tmp_path / "bigger-a100-region.yaml"
+    path.write_text(yaml.safe_dump(document))
+    job = load_job(path)
+    ctx = make_context(job.topology, job.model, job.training)
+    levels = bandwidth_clusters(job.topology)
+    sizes = sorted(np.bincount(levels[-1]).tolist())
+    assert sizes[-1] > sizes[0]
+    layout = _inside_layout(ctx, job.topology, levels[-1], 4, sizes[-1] // 4)
+    assert len({job.topology.devices[i].region for i in layout.ravel()}) == 1
 
 
 def test_a_plan_inside_one_region_is_found_at_256_devices():

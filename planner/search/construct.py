@@ -22,7 +22,7 @@ from planner.search.chain_order import MAX_CHAIN_GROUPS, group_bandwidth, widest
 from planner.search.dtfm_search import groups_to_pipelines
 from planner.search.locality import bandwidth_clusters, cluster_order, locality_order, symmetric_bandwidth
 
-__all__ = ["choose_devices", "cluster_layouts", "layouts", "probe_layouts", "MATCHED_STAGES", "MATCHED_DEVICES",
+__all__ = ["choose_devices", "cluster_layouts", "layouts", "probe_layouts", "within_cluster", "MATCHED_STAGES", "MATCHED_DEVICES",
            "WITHIN_CLUSTERS"]
 
 MATCHED_STAGES = 12  # the exact stage-order search behind the matched layouts is exponential in stages
@@ -79,10 +79,17 @@ def cluster_layouts(topology, speed: np.ndarray, capacity: np.ndarray, stages: i
         # but a slower one can be better connected inside (a home cluster without a slow uplink).
         alone = [c for c in cache[key][1:] if np.count_nonzero(labels == c) >= stages * replicas]
         for c in alone[:WITHIN_CLUSTERS]:
-            members = _fastest_first(devices[labels == c], speed, capacity)[:stages * replicas]
-            result[f"clusters{i}-within{c}-pipelines"] = np.array(
-                [locality_order(topology, row) for row in members.reshape(replicas, stages)])
+            result[f"clusters{i}-within{c}-pipelines"] = within_cluster(topology, speed, capacity, stages, replicas,
+                                                                       devices[labels == c])
     return result
+
+
+def within_cluster(topology, speed: np.ndarray, capacity: np.ndarray, stages: int, replicas: int,
+                   members: np.ndarray) -> np.ndarray:
+    """(replicas, stages): whole pipelines of the ``stages x replicas`` fastest of ``members`` (a
+    cluster's devices, at least that many), each in locality order."""
+    chosen = _fastest_first(np.asarray(members), speed, capacity)[:stages * replicas]
+    return np.array([locality_order(topology, row) for row in chosen.reshape(replicas, stages)])
 
 
 def _chained_stages(topology, groups: np.ndarray) -> np.ndarray | None:

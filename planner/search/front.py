@@ -34,7 +34,7 @@ from planner.plan.sync import AUTO, syncs_for
 from planner.plan.tensor import TENSOR_DEGREES, grouping_groups, groupings
 from planner.search.recompute_cells import relaxed_plan, resplit
 from planner.search.bounds import pair_bounds_s, work_flops
-from planner.search.construct import cluster_layouts, layouts, probe_fallback, probe_layouts
+from planner.search.construct import layouts, probe_fallback, probe_layouts, within_cluster
 from planner.search.cpsat_placement import exact_placement, model_is_small_enough
 from planner.search.deadline import (CONSTRUCT_UNITS_PER_S, ESTIMATES_PER_S, EXACT_WORK_PER_S,
                                      REFINE_ESTIMATES_PER_S, SIMULATION_MARGIN, SMALL_SIMULATION_S, Budget,
@@ -447,6 +447,7 @@ def _allocation_search(topology, model, training, options, *, rng, callback, x0,
 
 PROBE_SHARE = 0.5  # of the construction budget, at most, for the probes that order the pairs
 PROBE_FIRST = 8  # pairs with the best probes constructed first; the rest follow in bound order
+PROBE_INSIDE_SHARE = 0.25  # of PROBE_SHARE, at most, on top of it where the probes left pairs (_inside_one_cluster)
 
 
 def _probed_order(ctx, topology, pairs: list, micro_batch_size: int, schedule, budget, most_units: float,
@@ -460,12 +461,15 @@ def _probed_order(ctx, topology, pairs: list, micro_batch_size: int, schedule, b
     devices sit behind slow links (homes on 1 Gbit/s beside a GPU host) those pairs are the worst,
     and a pair of a few fast devices came too late for the construction budget. One layout's probe
     can also misjudge a pair that another layout serves well, so the bound order keeps the rest.
-    Before them go the pairs that fill one of the coarsest clusters whose probe inside it beats
-    every probe here (``_inside_one_cluster``)."""
-    scored, units = [], 0.0
+    Where these probes leave pairs, the ones that fill one of the coarsest clusters are probed inside
+    it, on ``PROBE_INSIDE_SHARE`` of the share more (together at most 5/8 of the construction budget,
+    give or take a probe), and go first where that probe beats every probe here
+    (``_inside_one_cluster``); where they reach every pair, nothing changes."""
+    scored, units, reached = [], 0.0, len(pairs)
     for index, (bound, stages, replicas) in enumerate(pairs):
         if units >= most_units or budget.out_of_time("construct"):
             scored += [(np.inf, i) for i in range(index, len(pairs))]
+            reached = index
             break
         best = np.inf
         probes = probe_layouts(topology, ctx.speed, ctx.capacity, stages, replicas, levels, orders)
@@ -479,44 +483,60 @@ def _probed_order(ctx, topology, pairs: list, micro_batch_size: int, schedule, b
             best = probe.score_s if probe is not None else np.inf
         scored.append((best, index))
     first = [i for score, i in sorted(scored)[:PROBE_FIRST] if np.isfinite(score)]
-    alone, alone_units = _inside_one_cluster(ctx, topology, pairs, micro_batch_size, schedule, budget, most_units,
-                                             levels, orders, beat=min([score for score, _ in scored], default=np.inf))
-    first = alone + [i for i in first if i not in alone]
+    alone, alone_units = _inside_one_cluster(ctx, topology, pairs, micro_batch_size, schedule, budget,
+                                             most_units * PROBE_INSIDE_SHARE, levels,
+                                             beat=min([score for score, _ in scored], default=np.inf), after=reached)
+    first = alone + first  # none of the probes above reached those
     chosen = set(first)
     return [pairs[i] for i in first] + [p for i, p in enumerate(pairs) if i not in chosen], units + alone_units
 
 
 def _inside_one_cluster(ctx, topology, pairs: list, micro_batch_size: int, schedule, budget, most_units: float,
-                        levels: list, orders: dict, *, beat: float) -> tuple:
-    """The indices in ``pairs`` of the pairs that fill the largest of the coarsest clusters
-    (``levels[-1]``: for each S, the most replicas it holds, ``D = floor(c / S)``) whose layout of
-    whole pipelines inside the coarsest clusters (``construct.cluster_layouts``) the estimate puts
-    below ``beat`` (the best of ``_probed_order``'s probes), best first, ``PROBE_FIRST`` at most; and
-    the construction units these probes took (``most_units`` at most, apart from the other probes').
+                        levels: list, *, beat: float, after: int) -> tuple:
+    """The indices in ``pairs``, from ``after`` on (those ``_probed_order``'s probes did not reach),
+    of the pairs that fill one of the coarsest clusters (``levels[-1]``; for each cluster size ``c``
+    and each S, the most replicas it holds, ``D = floor(c / S)``) whose layout inside one cluster
+    (``_inside_layout``) the estimate puts below ``beat`` (the best of those probes), best first,
+    ``PROBE_FIRST`` at most; and the construction units these probes took (``most_units`` at most,
+    give or take the last probe).
 
-    A plan inside one region, the others idle, uses fewer devices than most pairs, so the probes
-    reach it late in the bound order, and their layouts take the fastest devices, which lie in
-    several regions: on the 256 generated devices (two regions of 128 joined at 1-10 Gbit/s) the
-    probes' share of the budget reached 230 of 1,028 pairs and the search returned 4 x 64 at 1.971 s
-    where 18 x 7 inside one region takes 1.551 s. Only a probe below every other one goes first: a
-    pair constructed first takes the budget of one that would have been (on h100-a100-two-regions the
-    two regions' pairs of probes 17.0 s pushed 8 x 8 out, 14.321 -> 16.259 s)."""
+    A plan inside one region, the others idle, uses fewer devices than most pairs, so it comes late in
+    the compute bound's order and the probes' share of the budget ends first: on the 256 generated
+    devices (two regions of 128 joined at 1-10 Gbit/s) 18 x 7 is pair 535 of 1,028, the probes
+    reached 36 of them at ``--budget 5`` (223 at ``--budget 30``), and the search returned 16 x 16 at
+    3.308 s (4 x 64 at 1.971 s) where 18 x 7 inside one region takes 1.551 s. Only a probe below every
+    other one goes first, and only pairs the probes left: a pair constructed first takes the budget
+    of one that would have been (with every probe inside one cluster first, whatever its estimate,
+    DTFM case 4 went 22.107 -> 25.48 s and home-consumer-gpus under ``warmup_depth: auto`` 36.408 ->
+    46.135 s), and so do probes (on home-mini at ``--budget 1``, probing again the pairs already probed
+    left 2 x 1, 44.70 s, unbuilt: 45.91 s)."""
     if not levels:
         return [], 0.0
-    largest = int(np.bincount(levels[-1]).max())
-    filling = {(stages, largest // stages) for stages in range(1, largest + 1)}
+    sizes = np.bincount(levels[-1])
+    filling = {(stages, int(c) // stages) for c in np.unique(sizes) for stages in range(1, int(c) + 1)}
     scored, units = [], 0.0
-    for index, (_, stages, replicas) in enumerate(pairs):
+    for index, (_, stages, replicas) in enumerate(pairs[after:], start=after):
         if (stages, replicas) not in filling:
             continue
         if units >= most_units or budget.out_of_time("construct"):
             break
-        inside = cluster_layouts(topology, ctx.speed, ctx.capacity, stages, replicas, levels[-1:], orders)
         units += construct_units(stages * replicas)
-        probe = evaluate_placement(ctx, inside["clusters0-pipelines"], micro_batch_size, schedule)
+        probe = evaluate_placement(ctx, _inside_layout(ctx, topology, levels[-1], stages, replicas), micro_batch_size,
+                                   schedule)
         if probe is not None and probe.score_s < beat:
             scored.append((probe.score_s, index))
     return [i for _, i in sorted(scored)[:PROBE_FIRST]], units
+
+
+def _inside_layout(ctx, topology, labels: np.ndarray, stages: int, replicas: int) -> np.ndarray:
+    """(replicas, stages): whole pipelines inside the one cluster of ``labels`` whose ``S D`` fastest
+    devices compute most (ties: the first), among those with ``S D`` devices at least
+    (``construct.within_cluster``)."""
+    cells = stages * replicas
+    devices = np.arange(topology.size)
+    holding = [c for c in range(int(labels.max()) + 1) if np.count_nonzero(labels == c) >= cells]
+    best = max(holding, key=lambda c: (float(np.sort(ctx.speed[labels == c])[::-1][:cells].sum()), -c))
+    return within_cluster(topology, ctx.speed, ctx.capacity, stages, replicas, devices[labels == best])
 
 
 def _placement_search(topology, model, training, options, *, rng, callback, x0, started) -> tuple:
