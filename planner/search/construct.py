@@ -22,8 +22,8 @@ from planner.search.chain_order import MAX_CHAIN_GROUPS, group_bandwidth, widest
 from planner.search.dtfm_search import groups_to_pipelines
 from planner.search.locality import bandwidth_clusters, cluster_order, locality_order, symmetric_bandwidth
 
-__all__ = ["choose_devices", "cluster_layouts", "layouts", "probe_layouts", "within_cluster", "MATCHED_STAGES", "MATCHED_DEVICES",
-           "WITHIN_CLUSTERS"]
+__all__ = ["choose_devices", "cluster_layouts", "layouts", "probe_layouts", "within_cluster", "MATCHED_STAGES",
+           "MATCHED_DEVICES", "WITHIN_CLUSTERS"]
 
 MATCHED_STAGES = 12  # the exact stage-order search behind the matched layouts is exponential in stages
 MATCHED_DEVICES = 256
