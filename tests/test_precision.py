@@ -67,3 +67,26 @@ def test_the_plan_file_names_the_resolved_precision(write_yaml, tmp_path):
     assert main([str(write_yaml(small_topology())), "--stages", "1", "--replicas", "4", "-o", str(out),
                  "--time-limit", "5"]) == 0
     assert yaml.safe_load(out.read_text())["training"]["precision"] == "fp16"
+
+
+def test_recompute_auto_on_a_bf16_plan_beside_idle_t4s(write_yaml):
+    # 8 A100s on one host, 2 T4s in a far region: the plan leaves the T4s idle and resolves to bf16.
+    # The recomputation search then re-simulated that plan over the whole topology (its speeds
+    # looked up for every device, the T4s at bf16) and bounded it at bf16 over every device: both
+    # raised "no bf16 on this device" where a plan and its bound were due.
+    path = write_yaml({
+        "name": "a100s-and-far-t4s",
+        "devices": [{"name": "a100", "count": 8, "type": "A100-80GB", "gpus_per_host": 8, "host": "a100-node",
+                     "region": "east"},
+                    {"name": "t4", "count": 2, "type": "T4", "gpus_per_host": 2, "host": "t4-node", "region": "west"}],
+        "network": {"host": {"latency": "0.01ms", "bandwidth": "2400Gbps"},
+                    "region": {"latency": "0.05ms", "bandwidth": "100Gbps"},
+                    "global": {"latency": "50ms", "bandwidth": "1Gbps"}},
+        "model": "gpt3-xl",
+        "training": {"global_batch": 64, "precision": "auto", "recompute": "auto"}})
+    job = load_job(path)
+    result = search(job.topology, job.model, job.training, SearchOptions(seed=0, time_limit_s=60, budget_s=0.5))
+    assert result.training.precision == "bf16"
+    assert all(name.startswith("a100") for name in result.plan.used_devices)
+    assert 0.0 < result.lower_bound_s <= result.predicted_s
+    validate_plan(result.plan, job.topology, job.model, result.training)

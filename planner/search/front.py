@@ -276,10 +276,14 @@ def _best_recompute(topology, model, training, options, **kwargs) -> SearchResul
         raise errors[-1]  # the error with recomputation on: memory binds even then
     best = min(results, key=lambda r: r.objective_s)
     # Over every plan auto may return, its workers in any modes: the bound over plans whose workers run
-    # any mode, under each search's own resolved training (compression, precision and sharding)
+    # any mode, under each search's own resolved training (compression and sharding) at the asked
+    # precision, over every device as the searches' own bounds (a plan of bf16 devices alone resolves
+    # to bf16, which devices without it cannot be bounded at)
     objective = kwargs.get("objective") or IterationTime()
     bound = min([r.lower_bound_s for r in results]
-                + [objective.lower_bound(topology, model, replace(r.training, recompute="auto")) for r in results])
+                + [objective.lower_bound(topology, model, replace(r.training, recompute="auto",
+                                                                  precision=training.precision))
+                   for r in results])
     gap = max(0.0, (best.objective_s - bound) / best.objective_s) if best.objective_s > 0 else 0.0
     tried = {"recompute_tried": tried}
     plan = replace(best.plan, search={**best.plan.search, "objective_s": best.objective_s, "lower_bound_s": bound,
