@@ -139,8 +139,13 @@ class Topology:
     def has_device(self, name: str) -> bool:
         return name in self._index
 
-    def effective_flops(self, precision: str) -> np.ndarray:
-        return np.array([d.effective_flops(precision) for d in self.devices])
+    def effective_flops(self, precision: str, devices=None) -> np.ndarray:
+        """Each device's FLOP/s at ``precision``; given ``devices`` (an index array), theirs only, in
+        its shape: a precision a plan's devices run need not exist on the idle ones."""
+        if devices is None:
+            return np.array([d.effective_flops(precision) for d in self.devices])
+        devices = np.asarray(devices)
+        return np.array([self.devices[i].effective_flops(precision) for i in devices.ravel()]).reshape(devices.shape)
 
     def head_slowdowns(self) -> np.ndarray:
         return np.array([d.head_slowdown for d in self.devices])

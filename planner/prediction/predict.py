@@ -98,9 +98,7 @@ def _uniform_job(plan: Plan, topology, model, training, costs: LayerCosts | None
     topology = groups.virtual
     S = plan.stages
     device = np.array([[topology.index(d) for d in row] for row in plan.assignment])
-    # (R, S), the plan's devices only: a precision one of them runs need not exist on an idle device
-    speed = np.array([topology.devices[i].effective_flops(training.precision) for i in device.ravel()]).reshape(
-        device.shape)
+    speed = topology.effective_flops(training.precision, device)  # (R, S), the plan's devices only
     # The head runs at its own calibrated efficiency: its FLOPs count ``slowdown`` times.
     extra_head = profile.head_forward_flops[None, :] * (topology.head_slowdowns()[device] - 1.0)
     # A block's forward and backward at the device's calibrated block slowdown (with recomputation,
