@@ -386,3 +386,30 @@ def assert_random_plans_above_their_pair_bounds(seed: int, tries: int, least: in
     for pairs, predicted, plan in checked:
         bound = pairs[plan.stages][plan.replicas - 1]
         assert bound <= predicted * (1 + 1e-9), (bound, predicted, plan.stages, plan.replicas)
+
+
+def test_the_cases_recorded_for_a_reader_leave_every_bound_as_it_is():
+    # bounds._pair_bounds_s(cases=...) hands cluster_bound a dict per stage count and clustering level
+    # (benchmarks/generated_layouts.py prints it): the table is the same with and without it, and each
+    # level's cases are recorded, one value per replica count, none above what the bound took.
+    import numpy as np
+
+    from conftest import ROOT
+
+    from planner.inputs.job import load_job
+    from planner.search import bounds
+
+    job = load_job(ROOT / "topologies" / "dtfm" / "case5-worldwide.yaml")
+    training = job.training
+    plain = bounds._pair_bounds_s(job.topology, job.model, training)
+    cases = {}
+    recorded = bounds._pair_bounds_s(job.topology, job.model, training, cases=cases)
+    assert plain.keys() == recorded.keys()
+    assert all(np.array_equal(plain[s], recorded[s]) for s in plain)
+    assert cases and {s for s, _ in cases} == set(plain)
+    for (stages, _), parts in cases.items():
+        assert {"inside", "(i)", "(ii)", "(iii)", "throughput"} <= set(parts)
+        assert all(np.shape(v) == plain[stages].shape for v in parts.values())
+        least = np.minimum(parts["inside"], np.minimum.reduce([parts["(i)"], parts["(ii)"], parts["(iii)"]]))
+        assert np.all(plain[stages] >= least - 1e-12)
+        assert np.all(plain[stages] >= parts["throughput"] - 1e-12)
